@@ -1,0 +1,1 @@
+//! sm_90a (Hopper) kernel configuration and parameters.

@@ -1,0 +1,1 @@
+//! NVFP4 on the CPU.

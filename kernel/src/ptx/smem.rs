@@ -1,0 +1,74 @@
+//! Shared memory: the dynamic (launch-sized) window and 32-bit `.shared::cta` addresses.
+
+use core::arch::asm;
+
+/// A `.shared::cta` address (32 bits), as mbarrier, TMA, wgmma and tcgen05 operands take it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(transparent)]
+pub struct SmemAddr(pub u32);
+
+impl SmemAddr {
+    /// The address `bytes` further on.
+    #[inline(always)]
+    pub const fn add(self, bytes: u32) -> Self {
+        SmemAddr(self.0 + bytes)
+    }
+}
+
+/// Alignment carrier for the dynamic window: `.extern .shared .align 1024`, what the 128-byte
+/// swizzle patterns of TMA, wgmma and tcgen05 need (they repeat every 1024 bytes).
+#[repr(C, align(1024))]
+struct Align1024([u8; 1024]);
+
+/// Generic pointer to the start of the dynamic shared memory (`extern __shared__`).
+#[inline(always)]
+pub fn dynamic_ptr() -> *mut u8 {
+    // The intrinsic only names the `.extern .shared` symbol; its size is set at launch.
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align1024>() as *mut u8
+}
+
+/// `.shared::cta` address of the start of the dynamic shared memory (1024-byte aligned).
+///
+/// PTX: `cvta.to.shared.u64 d, p;` (PTX ISA 2.0).
+#[inline(always)]
+pub fn dynamic_base() -> SmemAddr {
+    let s: u64;
+    // SAFETY: address arithmetic only.
+    unsafe {
+        asm!("cvta.to.shared.u64 {s}, {p};", s = out(reg64) s, p = in(reg64) dynamic_ptr() as u64,
+             options(pure, nomem, nostack));
+    }
+    SmemAddr(s as u32)
+}
+
+/// `ld.shared.u32 d, [a];`
+///
+/// # Safety
+/// `a` must be a 4-byte aligned address inside this CTA's shared memory.
+#[inline(always)]
+pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
+    let v: u32;
+    asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) a.0, options(readonly, nostack));
+    v
+}
+
+/// `ld.shared.v2.u32 {d0, d1}, [a];`
+///
+/// # Safety
+/// `a` must be an 8-byte aligned address inside this CTA's shared memory.
+#[inline(always)]
+pub unsafe fn ld_v2_u32(a: SmemAddr) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    asm!("ld.shared.v2.u32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y, a = in(reg32) a.0,
+         options(readonly, nostack));
+    [x, y]
+}
+
+/// `st.shared.u32 [a], v;`
+///
+/// # Safety
+/// `a` must be a 4-byte aligned address inside this CTA's shared memory.
+#[inline(always)]
+pub unsafe fn st_u32(a: SmemAddr, v: u32) {
+    asm!("st.shared.u32 [{a}], {v};", a = in(reg32) a.0, v = in(reg32) v, options(nostack));
+}

@@ -1,0 +1,1 @@
+//! sm_100a kernels.
