@@ -12,16 +12,8 @@ use std::io::Write;
 pub fn gpu_or_skip(test: &str, want: Arch) -> Option<Gpu> {
     let reason = match Gpu::new(0) {
         Ok(gpu) if gpu.arch() == want => return Some(gpu),
-        Ok(gpu) => format!(
-            "needs {}, found {} ({})",
-            want.name(),
-            gpu.name(),
-            gpu.arch().name()
-        ),
-        Err(Error::NoDriver) => format!(
-            "needs a {} GPU; no CUDA driver on this machine",
-            want.name()
-        ),
+        Ok(gpu) => format!("needs {}, found {} ({})", want.name(), gpu.name(), gpu.arch().name()),
+        Err(Error::NoDriver) => format!("needs a {} GPU; no CUDA driver on this machine", want.name()),
         Err(e) => format!("needs a {} GPU; {e}", want.name()),
     };
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");

@@ -29,9 +29,8 @@ pub const E4M3_MAX_CODE: u8 = 0x7E;
 
 /// The value of every e2m1 code, indexed by the code (bit 3 sign, bits 2..1 exponent with bias 1,
 /// bit 0 mantissa).
-pub const E2M1_VALUES: [f32; 16] = [
-    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
-];
+pub const E2M1_VALUES: [f32; 16] =
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 
 /// The value of every e4m3fn code, indexed by the code (NaN at `0x7F` and `0xFF`).
 pub const E4M3_VALUES: [f32; 256] = {
@@ -116,10 +115,7 @@ pub const fn e4m3_is_nan(code: u8) -> bool {
 /// high nibble. An odd trailing code gets a zero high nibble. Only the low nibble of each input is
 /// used.
 pub fn pack_e2m1(codes: &[u8]) -> Vec<u8> {
-    codes
-        .chunks(2)
-        .map(|pair| (pair[0] & 0xF) | (pair.get(1).map_or(0, |&hi| hi & 0xF) << 4))
-        .collect()
+    codes.chunks(2).map(|pair| (pair[0] & 0xF) | (pair.get(1).map_or(0, |&hi| hi & 0xF) << 4)).collect()
 }
 
 /// Unpacks bytes into e2m1 codes (two per byte, the low nibble first); the inverse of
@@ -518,11 +514,7 @@ mod tests {
         }
         let above = below + 1;
         let (db, da) = (a - decode(below), decode(above) - a);
-        let pick = if db < da || (db == da && below & 1 == 0) {
-            below
-        } else {
-            above
-        };
+        let pick = if db < da || (db == da && below & 1 == 0) { below } else { above };
         sign | pick
     }
 

@@ -69,23 +69,16 @@ impl fmt::Display for FormatError {
             Self::BadK { k, multiple } => {
                 write!(f, "K = {k} must be a positive multiple of {multiple}")
             }
-            Self::BadLength {
-                what,
-                expected,
-                actual,
-            } => write!(f, "{what}: expected {expected} bytes/elements, got {actual}"),
+            Self::BadLength { what, expected, actual } => {
+                write!(f, "{what}: expected {expected} bytes/elements, got {actual}")
+            }
             Self::TooLarge { what, value } => {
                 write!(f, "{what} = {value} is too large (must fit in u32)")
             }
             Self::KMismatch { group, a_k, b_k } => {
                 write!(f, "group {group}: A has K = {a_k} but B has K = {b_k}")
             }
-            Self::ShapeMismatch {
-                what,
-                group,
-                expected,
-                actual,
-            } => {
+            Self::ShapeMismatch { what, group, expected, actual } => {
                 write!(f, "{what}")?;
                 if let Some(g) = group {
                     write!(f, " (group {g})")?;

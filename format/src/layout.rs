@@ -48,17 +48,11 @@ pub(crate) fn check_shape(rows: usize, k: usize, multiple: usize) -> Result<(u32
     if k == 0 || k % multiple != 0 {
         return Err(FormatError::BadK { k, multiple });
     }
-    let rows32 = u32::try_from(rows).map_err(|_| FormatError::TooLarge {
-        what: "rows",
-        value: rows,
-    })?;
+    let rows32 = u32::try_from(rows).map_err(|_| FormatError::TooLarge { what: "rows", value: rows })?;
     let k32 = u32::try_from(k).map_err(|_| FormatError::TooLarge { what: "K", value: k })?;
     // The padded row count must fit too.
     if rows32.checked_next_multiple_of(scale_layout::BLOCK_ROWS).is_none() {
-        return Err(FormatError::TooLarge {
-            what: "rows",
-            value: rows,
-        });
+        return Err(FormatError::TooLarge { what: "rows", value: rows });
     }
     Ok((rows32, k32))
 }
@@ -91,11 +85,7 @@ pub fn blocked_offset(i: usize, j: usize, k: usize) -> usize {
 pub fn plain_to_blocked(plain: &[u8], rows: usize, k: usize) -> Result<Vec<u8>, FormatError> {
     let expected = plain_len(rows, k)?;
     if plain.len() != expected {
-        return Err(FormatError::BadLength {
-            what: "plain scales",
-            expected,
-            actual: plain.len(),
-        });
+        return Err(FormatError::BadLength { what: "plain scales", expected, actual: plain.len() });
     }
     let mut blocked = vec![0u8; blocked_len(rows, k)?];
     let cols = scale_cols(k);
@@ -112,11 +102,7 @@ pub fn plain_to_blocked(plain: &[u8], rows: usize, k: usize) -> Result<Vec<u8>, 
 pub fn blocked_to_plain(blocked: &[u8], rows: usize, k: usize) -> Result<Vec<u8>, FormatError> {
     let expected = blocked_len(rows, k)?;
     if blocked.len() != expected {
-        return Err(FormatError::BadLength {
-            what: "blocked scales",
-            expected,
-            actual: blocked.len(),
-        });
+        return Err(FormatError::BadLength { what: "blocked scales", expected, actual: blocked.len() });
     }
     let cols = scale_cols(k);
     let rk = scale_layout::rest_k(k as u32);
@@ -162,17 +148,8 @@ mod tests {
         ((i / 128) * rest_k + j / 4) * 512 + (i % 32) * 16 + ((i % 128) / 32) * 4 + j % 4
     }
 
-    const SHAPES: [(usize, usize); 9] = [
-        (1, 16),
-        (1, 64),
-        (4, 48),
-        (40, 256),
-        (72, 512),
-        (128, 64),
-        (129, 80),
-        (256, 256),
-        (300, 7168),
-    ];
+    const SHAPES: [(usize, usize); 9] =
+        [(1, 16), (1, 64), (4, 48), (40, 256), (72, 512), (128, 64), (129, 80), (256, 256), (300, 7168)];
 
     #[test]
     fn plain_to_blocked_follows_the_formula_and_pads_with_zero() {
@@ -196,26 +173,11 @@ mod tests {
 
     #[test]
     fn shapes_are_checked() {
-        assert_eq!(
-            plain_to_blocked(&[], 1, 8),
-            Err(FormatError::BadK { k: 8, multiple: 16 })
-        );
-        assert_eq!(
-            plain_to_blocked(&[], 0, 0),
-            Err(FormatError::BadK { k: 0, multiple: 16 })
-        );
-        assert!(matches!(
-            plain_to_blocked(&[1, 2], 1, 16),
-            Err(FormatError::BadLength { expected: 1, actual: 2, .. })
-        ));
-        assert!(matches!(
-            blocked_to_plain(&[0; 511], 1, 16),
-            Err(FormatError::BadLength { expected: 512, .. })
-        ));
-        assert!(matches!(
-            blocked_len(usize::MAX, 16),
-            Err(FormatError::TooLarge { .. })
-        ));
+        assert_eq!(plain_to_blocked(&[], 1, 8), Err(FormatError::BadK { k: 8, multiple: 16 }));
+        assert_eq!(plain_to_blocked(&[], 0, 0), Err(FormatError::BadK { k: 0, multiple: 16 }));
+        assert!(matches!(plain_to_blocked(&[1, 2], 1, 16), Err(FormatError::BadLength { expected: 1, actual: 2, .. })));
+        assert!(matches!(blocked_to_plain(&[0; 511], 1, 16), Err(FormatError::BadLength { expected: 512, .. })));
+        assert!(matches!(blocked_len(usize::MAX, 16), Err(FormatError::TooLarge { .. })));
         assert_eq!(plain_to_blocked(&[], 0, 64).unwrap(), Vec::<u8>::new());
     }
 
@@ -286,11 +248,7 @@ mod tests {
         // Two row blocks or two column blocks: they differ.
         for (rows, k) in [(256, 64), (128, 128), (200, 512)] {
             let plain = distinct_plain(rows, k / 16);
-            assert_ne!(
-                logical(rows, k, &plain),
-                plain_to_blocked(&plain, rows, k).unwrap(),
-                "rows {rows} k {k}"
-            );
+            assert_ne!(logical(rows, k, &plain), plain_to_blocked(&plain, rows, k).unwrap(), "rows {rows} k {k}");
         }
     }
 

@@ -80,9 +80,8 @@ impl Gpu {
 
     /// Same as [`Gpu::new`] for a context the application already has.
     pub fn from_context(ctx: Arc<CudaContext>) -> Result<Gpu> {
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| Error::driver("reading the compute capability", e))?;
+        let (major, minor) =
+            ctx.compute_capability().map_err(|e| Error::driver("reading the compute capability", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
         let arch = Arch::from_compute_capability(major, minor).ok_or(Error::UnsupportedArch {
             major,
@@ -95,13 +94,7 @@ impl Gpu {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(arch.cubin().to_vec()))
             .map_err(|e| Error::driver("loading the kernel image", e))?;
-        Ok(Gpu {
-            ctx,
-            arch,
-            name,
-            sm_count,
-            module,
-        })
+        Ok(Gpu { ctx, arch, name, sm_count, module })
     }
 
     /// The CUDA context.
@@ -126,8 +119,6 @@ impl Gpu {
 
     /// A kernel of the loaded image by its exported name.
     pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
-        self.module
-            .load_function(name)
-            .map_err(|e| Error::driver("looking up a kernel", e))
+        self.module.load_function(name).map_err(|e| Error::driver("looking up a kernel", e))
     }
 }

@@ -39,19 +39,12 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn driver(during: &'static str, e: impl fmt::Display) -> Self {
-        Error::Driver {
-            during,
-            error: e.to_string(),
-        }
+        Error::Driver { during, error: e.to_string() }
     }
 
     #[allow(dead_code)]
     pub(crate) fn group(group: usize, field: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidGroup {
-            group,
-            field,
-            reason: reason.into(),
-        }
+        Error::InvalidGroup { group, field, reason: reason.into() }
     }
 }
 

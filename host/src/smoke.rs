@@ -32,17 +32,13 @@ pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
     let ctas = 2 * SMOKE_CLUSTER;
     let rows = ctas * SMOKE_TMA_ROWS;
     let n = (rows * SMOKE_TMA_COLS) as usize;
-    let input: Vec<u8> = (0..n)
-        .map(|i| (i.wrapping_mul(131) % 251) as u8 + 1)
-        .collect();
+    let input: Vec<u8> = (0..n).map(|i| (i.wrapping_mul(131) % 251) as u8 + 1).collect();
     let stream = gpu.context().default_stream();
     let d = |e| Error::driver("running the smoke test", e);
     let src = stream.clone_htod(&input).map_err(d)?;
     let tile_out = stream.clone_htod(&vec![0xAAu8; n]).map_err(d)?;
     let words_n = (ctas * SMOKE_THREADS * SMOKE_WORDS_PER_THREAD) as usize;
-    let words = stream
-        .clone_htod(&vec![0xDEAD_BEEFu32; words_n])
-        .map_err(d)?;
+    let words = stream.clone_htod(&vec![0xDEAD_BEEFu32; words_n]).map_err(d)?;
 
     let (src_ptr, _g0) = src.device_ptr(&stream);
     let map = TiledMap::<2> {
@@ -56,12 +52,8 @@ pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
     let maps = stream.clone_htod(&map.0).map_err(d)?;
 
     let f = gpu.function("smoke_tma_cluster")?;
-    let geom = LaunchGeometry {
-        grid: ctas,
-        block: SMOKE_THREADS,
-        cluster: SMOKE_CLUSTER,
-        smem_bytes: SMOKE_SMEM_BYTES,
-    };
+    let geom =
+        LaunchGeometry { grid: ctas, block: SMOKE_THREADS, cluster: SMOKE_CLUSTER, smem_bytes: SMOKE_SMEM_BYTES };
     set_max_dynamic_smem(&f, geom.smem_bytes)?;
     {
         let (mut p_maps, _g1) = maps.device_ptr(&stream);
@@ -87,9 +79,5 @@ pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
             c != &[cta % SMOKE_CLUSTER, SMOKE_CLUSTER, 1, 0xC0DE]
         })
         .count();
-    Ok(SmokeReport {
-        ctas,
-        tile_mismatches,
-        word_mismatches,
-    })
+    Ok(SmokeReport { ctas, tile_mismatches, word_mismatches })
 }

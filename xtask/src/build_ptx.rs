@@ -13,6 +13,8 @@ pub struct Arch {
     pub cfg: &'static str,
     /// Extra LLVM target features (PTX ISA version).
     pub features: &'static str,
+    /// Extra ptxas options (the register cap that warp-specialized kernels are sized for).
+    pub ptxas_flags: &'static [&'static str],
 }
 
 /// sm_90a (Hopper; PTX ISA 8.0 is rustc's default there) and sm_100a (Blackwell; `kind::mxf4nvf4`
@@ -22,12 +24,10 @@ pub const ARCHES: [Arch; 2] = [
         name: "sm_90a",
         cfg: "arch_sm90",
         features: "",
+        // 168 = nvfp4_gemm_abi::sm90::MAX_REGISTERS: 384 threads per CTA.
+        ptxas_flags: &["-maxrregcount=168"],
     },
-    Arch {
-        name: "sm_100a",
-        cfg: "arch_sm100",
-        features: "+ptx87",
-    },
+    Arch { name: "sm_100a", cfg: "arch_sm100", features: "+ptx87", ptxas_flags: &[] },
 ];
 
 const KERNEL_LIB: &str = "nvfp4_gemm_kernel";
@@ -35,8 +35,17 @@ const KERNEL_LIB: &str = "nvfp4_gemm_kernel";
 pub fn run(args: &[&str]) -> Result<()> {
     let check = args.contains(&"--check");
     let bless = args.contains(&"--bless");
-    if let Some(bad) = args.iter().find(|a| !matches!(**a, "--check" | "--bless")) {
-        return Err(Error::msg(format!("build-ptx: unknown option {bad}")));
+    // `--arch sm_90a` builds one architecture only (for quick iterations; CI builds both).
+    let only = args.iter().position(|a| *a == "--arch").and_then(|i| args.get(i + 1)).copied();
+    if let Some(bad) = args
+        .iter()
+        .enumerate()
+        .find(|(i, a)| !matches!(**a, "--check" | "--bless" | "--arch") && !(*i > 0 && args[i - 1] == "--arch"))
+    {
+        return Err(Error::msg(format!("build-ptx: unknown option {}", bad.1)));
+    }
+    if only.is_some_and(|o| !ARCHES.iter().any(|a| a.name == o)) {
+        return Err(Error::msg("build-ptx: --arch takes sm_90a or sm_100a"));
     }
     let root = repo_root();
     let ptxas = ptxas::locate_or_install()?;
@@ -51,6 +60,11 @@ pub fn run(args: &[&str]) -> Result<()> {
     let mut problems = vec![];
     let mut report = String::new();
     for arch in &ARCHES {
+        if only.is_some_and(|o| o != arch.name) {
+            // Keep the other architecture's table lines as they are.
+            blessed.push_str(&collectives::table_for(&table, arch.name));
+            continue;
+        }
         let ptx = build_arch(&root, arch)?;
         let ptx_text = std::fs::read_to_string(&ptx)?;
 
@@ -68,17 +82,11 @@ pub fn run(args: &[&str]) -> Result<()> {
         }
 
         let cubin = ptx.with_extension("cubin");
-        let (resources, _) = ptxas::assemble(&ptxas, arch.name, &ptx, &cubin)?;
+        let (resources, _) = ptxas::assemble(&ptxas, arch.name, arch.ptxas_flags, &ptx, &cubin)?;
         for r in &resources {
             report.push_str(&format!(
                 "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
-                arch.name,
-                r.name,
-                r.registers,
-                r.smem,
-                r.stack_frame,
-                r.spill_stores,
-                r.spill_loads
+                arch.name, r.name, r.registers, r.smem, r.stack_frame, r.spill_stores, r.spill_loads
             ));
             if r.spill_stores + r.spill_loads > 0 {
                 problems.push(format!(
@@ -96,13 +104,7 @@ pub fn run(args: &[&str]) -> Result<()> {
             let new = std::fs::read(src)?;
             if check {
                 if std::fs::read(&target).ok().as_deref() != Some(&new[..]) {
-                    stale.push(
-                        target
-                            .strip_prefix(&root)
-                            .unwrap_or(&target)
-                            .display()
-                            .to_string(),
-                    );
+                    stale.push(target.strip_prefix(&root).unwrap_or(&target).display().to_string());
                 }
             } else {
                 std::fs::create_dir_all(&dest)?;
@@ -120,20 +122,11 @@ pub fn run(args: &[&str]) -> Result<()> {
         println!("wrote {}", table_path.display());
     }
     if !stale.is_empty() {
-        problems.push(format!(
-            "stale generated files: {} (run `cargo xtask build-ptx` and commit them)",
-            stale.join(", ")
-        ));
+        problems
+            .push(format!("stale generated files: {} (run `cargo xtask build-ptx` and commit them)", stale.join(", ")));
     }
     if problems.is_empty() {
-        println!(
-            "build-ptx: ok{}",
-            if check {
-                " (committed PTX/cubins are up to date)"
-            } else {
-                ""
-            }
-        );
+        println!("build-ptx: ok{}", if check { " (committed PTX/cubins are up to date)" } else { "" });
         Ok(())
     } else {
         Err(Error::msg(problems.join("\n")))
@@ -143,10 +136,7 @@ pub fn run(args: &[&str]) -> Result<()> {
 /// Builds the kernel crate for one architecture and returns the path of the linked PTX.
 fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
     let target_dir = root.join("kernel/target").join(arch.name);
-    let mut rustflags = format!(
-        "-C target-cpu={} -C no-prepopulate-passes --cfg {}",
-        arch.name, arch.cfg
-    );
+    let mut rustflags = format!("-C target-cpu={} -C no-prepopulate-passes --cfg {}", arch.name, arch.cfg);
     if !arch.features.is_empty() {
         rustflags.push_str(&format!(" -C target-feature={}", arch.features));
     }
@@ -156,14 +146,7 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
     run_inherit(
         Command::new(cargo)
             .current_dir(root)
-            .args([
-                "build",
-                "--release",
-                "--quiet",
-                "--target",
-                "nvptx64-nvidia-cuda",
-                "-Zbuild-std=core",
-            ])
+            .args(["build", "--release", "--quiet", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
             .arg("--manifest-path")
             .arg(root.join("kernel/Cargo.toml"))
             .arg("--target-dir")
@@ -174,14 +157,9 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
             .env("CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER", exe)
             .env(link::LINKER_MODE_ENV, "1"),
     )?;
-    let ptx = target_dir
-        .join("nvptx64-nvidia-cuda/release")
-        .join(format!("{KERNEL_LIB}.ptx"));
+    let ptx = target_dir.join("nvptx64-nvidia-cuda/release").join(format!("{KERNEL_LIB}.ptx"));
     if !ptx.exists() {
-        return Err(Error::msg(format!(
-            "the kernel build produced no {}",
-            ptx.display()
-        )));
+        return Err(Error::msg(format!("the kernel build produced no {}", ptx.display())));
     }
     Ok(ptx)
 }

@@ -16,13 +16,13 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,c
 summary=""; fail=0
 for t in tests/*; do
   name=$(basename "$t")
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   ./"$t" --test-threads=1 "$@" > "logs/$name.log" 2>&1; rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+  secs=$(( ($(date +%s%N) - start) / 1000000 ))
   line=$(grep -E '^test result:' "logs/$name.log" | tail -1)
-  skips=$(grep -c '^SKIPPED' "logs/$name.log")
+  skips=$(grep -c 'SKIPPED' "logs/$name.log")
   [ $rc -ne 0 ] && fail=1
-  summary+=$(printf '%-24s rc=%-3s %-70s skipped=%s %ss' "$name" "$rc" "${line:-no result line}" "$skips" "$secs")$'\n'
+  summary+=$(printf '%-24s rc=%-3s %-70s skipped=%s %sms' "$name" "$rc" "${line:-no result line}" "$skips" "$secs")$'\n'
 done
 echo "== summary"; printf '%s' "$summary"
 exit $fail
@@ -41,14 +41,7 @@ pub fn run(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let json = Command::new(&cargo)
         .current_dir(&root)
-        .args([
-            "test",
-            "--release",
-            "--no-run",
-            "--message-format=json",
-            "-p",
-            "nvfp4-gemm-tests",
-        ])
+        .args(["test", "--release", "--no-run", "--message-format=json", "-p", "nvfp4-gemm-tests"])
         .stderr(Stdio::inherit())
         .output()?;
     if !json.status.success() {
@@ -80,15 +73,9 @@ pub fn run(args: &[&str]) -> Result<()> {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
     }
     let size: u64 = walk_size(&out)?;
-    println!(
-        "bundle: {n} test binaries, {:.1} MiB in {}",
-        size as f64 / (1 << 20) as f64,
-        out.display()
-    );
+    println!("bundle: {n} test binaries, {:.1} MiB in {}", size as f64 / (1 << 20) as f64, out.display());
     if size > 60 << 20 {
-        return Err(Error::msg(
-            "bundle is over 60 MiB; the device tool carries at most 64 MiB",
-        ));
+        return Err(Error::msg("bundle is over 60 MiB; the device tool carries at most 64 MiB"));
     }
     Ok(())
 }
@@ -105,11 +92,7 @@ fn walk_size(p: &Path) -> Result<u64> {
     for e in std::fs::read_dir(p)? {
         let e = e?;
         let m = e.metadata()?;
-        total += if m.is_dir() {
-            walk_size(&e.path())?
-        } else {
-            m.len()
-        };
+        total += if m.is_dir() { walk_size(&e.path())? } else { m.len() };
     }
     Ok(total)
 }

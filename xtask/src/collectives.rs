@@ -33,25 +33,11 @@ pub fn count(ptx: &str) -> Counts {
         if t.starts_with("//") {
             continue;
         }
-        let header = t
-            .trim_start_matches(".visible ")
-            .trim_start_matches(".weak ")
-            .trim_start_matches(".extern ");
-        if let Some(rest) = header
-            .strip_prefix(".entry ")
-            .or_else(|| header.strip_prefix(".func "))
-        {
+        let header = t.trim_start_matches(".visible ").trim_start_matches(".weak ").trim_start_matches(".extern ");
+        if let Some(rest) = header.strip_prefix(".entry ").or_else(|| header.strip_prefix(".func ")) {
             // `.func (.param .b32 r) name(` has a return list before the name.
-            let rest = if rest.starts_with('(') {
-                rest.split_once(')').map_or("", |x| x.1)
-            } else {
-                rest
-            };
-            let name: String = rest
-                .trim_start()
-                .chars()
-                .take_while(|c| *c != '(' && !c.is_whitespace())
-                .collect();
+            let rest = if rest.starts_with('(') { rest.split_once(')').map_or("", |x| x.1) } else { rest };
+            let name: String = rest.trim_start().chars().take_while(|c| *c != '(' && !c.is_whitespace()).collect();
             current = Some(name);
             continue;
         }
@@ -67,10 +53,7 @@ pub fn count(ptx: &str) -> Counts {
 
 /// Renders counts as table lines `arch kernel opcode count`.
 pub fn render(arch: &str, counts: &Counts) -> String {
-    counts
-        .iter()
-        .map(|((k, op), n)| format!("{arch} {k} {op} {n}\n"))
-        .collect()
+    counts.iter().map(|((k, op), n)| format!("{arch} {k} {op} {n}\n")).collect()
 }
 
 /// Lines of `table` that belong to `arch`, in the same format as [`render`].
@@ -93,10 +76,7 @@ mod tests {
         let c = count(ptx);
         assert_eq!(c[&("k".into(), "bar.sync".into())], 2);
         assert_eq!(c[&("k".into(), "wgmma.fence.sync.aligned".into())], 1);
-        assert_eq!(
-            c[&("k".into(), "barrier.cluster.arrive.release.aligned".into())],
-            1
-        );
+        assert_eq!(c[&("k".into(), "barrier.cluster.arrive.release.aligned".into())], 1);
         assert_eq!(c[&("f".into(), "elect.sync".into())], 1);
         assert_eq!(c.len(), 4);
     }

@@ -16,6 +16,11 @@ use crate::util::{llvm_bin, run, Error, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
+/// Kernels index register arrays (accumulators, fragments) in loops with constant trip counts;
+/// those loops must unroll fully or the arrays go to local memory. LLVM's default full-unroll
+/// threshold counts each inline-asm call as expensive and gives up on them.
+const UNROLL_THRESHOLD: &str = "-unroll-threshold=2000";
+
 /// Set (to anything) in the environment of the cargo build that uses this binary as linker.
 pub const LINKER_MODE_ENV: &str = "NVFP4_XTASK_LINK";
 
@@ -50,20 +55,11 @@ struct LinkArgs {
 }
 
 fn parse(args: &[String]) -> Result<LinkArgs> {
-    let mut a = LinkArgs {
-        exports: vec![],
-        inputs: vec![],
-        cpu: String::new(),
-        features: String::new(),
-        out: PathBuf::new(),
-    };
+    let mut a =
+        LinkArgs { exports: vec![], inputs: vec![], cpu: String::new(), features: String::new(), out: PathBuf::new() };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| Error::msg(format!("{arg} needs a value")))
-        };
+        let mut value = || it.next().cloned().ok_or_else(|| Error::msg(format!("{arg} needs a value")));
         match arg.as_str() {
             "--export-symbol" => a.exports.push(value()?),
             "--target-cpu" => a.cpu = value()?,
@@ -72,13 +68,9 @@ fn parse(args: &[String]) -> Result<LinkArgs> {
                 value()?;
             }
             "--debug" => {}
-            s if s.starts_with("--target-feature=") => {
-                a.features = s["--target-feature=".len()..].to_owned()
-            }
+            s if s.starts_with("--target-feature=") => a.features = s["--target-feature=".len()..].to_owned(),
             s if s.starts_with("-O") => {}
-            s if s.starts_with('-') => {
-                return Err(Error::msg(format!("nvptx link: unexpected argument {s}")))
-            }
+            s if s.starts_with('-') => return Err(Error::msg(format!("nvptx link: unexpected argument {s}"))),
             s => a.inputs.push(PathBuf::from(s)),
         }
     }
@@ -101,10 +93,7 @@ pub fn run_link(args: &[String]) -> Result<()> {
             if input.extension().is_some_and(|e| e == "rlib") {
                 let dir = tmp.join(format!("rlib{n}"));
                 std::fs::create_dir_all(&dir)?;
-                run(tool("llvm-ar")
-                    .arg("x")
-                    .arg(std::path::absolute(input)?)
-                    .current_dir(&dir))?;
+                run(tool("llvm-ar").arg("x").arg(std::path::absolute(input)?).current_dir(&dir))?;
                 let mut members: Vec<PathBuf> = std::fs::read_dir(&dir)?
                     .filter_map(|e| e.ok().map(|e| e.path()))
                     .filter(|p| p.extension().is_some_and(|e| e == "o"))
@@ -122,10 +111,7 @@ pub fn run_link(args: &[String]) -> Result<()> {
         let internal = tmp.join("internal.bc");
         run(tool("opt")
             .arg("-passes=internalize,globaldce")
-            .arg(format!(
-                "-internalize-public-api-list={}",
-                a.exports.join(",")
-            ))
+            .arg(format!("-internalize-public-api-list={}", a.exports.join(",")))
             .arg(&linked)
             .arg("-o")
             .arg(&internal))?;
@@ -137,11 +123,7 @@ pub fn run_link(args: &[String]) -> Result<()> {
         let marked_bc = tmp.join("convergent.bc");
         run(tool("llvm-as").arg(&marked_ll).arg("-o").arg(&marked_bc))?;
         let optimized = tmp.join("optimized.bc");
-        run(tool("opt")
-            .arg("-O3")
-            .arg(&marked_bc)
-            .arg("-o")
-            .arg(&optimized))?;
+        run(tool("opt").arg("-O3").arg(UNROLL_THRESHOLD).arg(&marked_bc).arg("-o").arg(&optimized))?;
         let mut llc = tool("llc");
         llc.arg("-O3").arg(format!("-mcpu={}", a.cpu));
         if !a.features.is_empty() {
@@ -172,9 +154,7 @@ pub fn mark_convergent(ir: &str) -> Result<String> {
                     out.push_str(&line[at..]);
                 }
                 None if side_effect => {
-                    return Err(Error::msg(format!(
-                        "inline asm without !srcloc, cannot mark convergent: {line}"
-                    )))
+                    return Err(Error::msg(format!("inline asm without !srcloc, cannot mark convergent: {line}")))
                 }
                 None => out.push_str(line),
             }

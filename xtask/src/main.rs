@@ -31,9 +31,7 @@ fn main() -> ExitCode {
         Some("build-ptx") => build_ptx::run(&rest),
         Some("ptxas-path") => ptxas::locate_or_install().map(|p| println!("{}", p.display())),
         Some("bundle") => bundle::run(&rest),
-        _ => Err(util::Error::msg(
-            "usage: cargo xtask <build-ptx [--check] [--bless] | ptxas-path | bundle>",
-        )),
+        _ => Err(util::Error::msg("usage: cargo xtask <build-ptx [--check] [--bless] | ptxas-path | bundle>")),
     };
     report(result)
 }

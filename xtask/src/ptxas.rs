@@ -19,27 +19,16 @@ pub fn locate_or_install() -> Result<PathBuf> {
     let target = repo_root().join(".tools/pypi");
     let ptxas = target.join("nvidia/cuda_nvcc/bin/ptxas");
     if !ptxas.exists() {
-        eprintln!(
-            "xtask: installing ptxas ({WHEEL}) into {}",
-            target.display()
-        );
+        eprintln!("xtask: installing ptxas ({WHEEL}) into {}", target.display());
         let pip = |python: &str| {
             Command::new(python)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--no-deps",
-                    "--disable-pip-version-check",
-                    "--target",
-                ])
+                .args(["-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check", "--target"])
                 .arg(&target)
                 .arg(WHEEL)
                 .status()
         };
-        let ok = pip("python3").map(|s| s.success()).unwrap_or(false)
-            || pip("python").map(|s| s.success()).unwrap_or(false);
+        let ok =
+            pip("python3").map(|s| s.success()).unwrap_or(false) || pip("python").map(|s| s.success()).unwrap_or(false);
         if !ok || !ptxas.exists() {
             return Err(Error::msg(format!(
                 "could not install ptxas: `python3 -m pip install --no-deps --target {} {WHEEL}` failed; \
@@ -63,10 +52,7 @@ pub fn locate_or_install() -> Result<PathBuf> {
 /// ptxas's version line, e.g. "Cuda compilation tools, release 12.9, V12.9.86".
 pub fn version(ptxas: &PathBuf) -> Result<String> {
     let v = run(Command::new(ptxas).arg("--version"))?;
-    Ok(v.lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .to_owned())
+    Ok(v.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_owned())
 }
 
 /// Resources of one function as ptxas `-v` reports them.
@@ -84,23 +70,21 @@ pub struct Resources {
 pub fn assemble(
     ptxas: &PathBuf,
     arch: &str,
+    flags: &[&str],
     ptx: &PathBuf,
     cubin: &PathBuf,
 ) -> Result<(Vec<Resources>, String)> {
     let out = Command::new(ptxas)
         .arg(format!("-arch={arch}"))
         .args(["-O3", "-v", "--warn-on-spills"])
+        .args(flags)
         .arg(ptx)
         .arg("-o")
         .arg(cubin)
         .output()?;
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(Error::msg(format!(
-            "ptxas -arch={arch} failed on {}:\n{text}",
-            ptx.display()
-        )));
+        return Err(Error::msg(format!("ptxas -arch={arch} failed on {}:\n{text}", ptx.display())));
     }
     Ok((parse_report(&text), text))
 }
@@ -114,10 +98,7 @@ pub fn parse_report(text: &str) -> Vec<Resources> {
     };
     for line in text.lines() {
         if let Some(rest) = line.split("Function properties for ").nth(1) {
-            all.push(Resources {
-                name: rest.trim().to_owned(),
-                ..Default::default()
-            });
+            all.push(Resources { name: rest.trim().to_owned(), ..Default::default() });
         } else if let Some(r) = all.last_mut() {
             if let Some(v) = num_before(line, "bytes stack frame") {
                 r.stack_frame = v;
@@ -129,11 +110,7 @@ pub fn parse_report(text: &str) -> Vec<Resources> {
                 r.spill_loads = v;
             }
             if line.contains("Used ") {
-                if let Some(v) = line
-                    .split("Used ")
-                    .nth(1)
-                    .and_then(|s| s.split_whitespace().next())
-                {
+                if let Some(v) = line.split("Used ").nth(1).and_then(|s| s.split_whitespace().next()) {
                     r.registers = v.parse().unwrap_or(0);
                 }
                 if let Some(v) = num_before(line, "bytes smem") {
@@ -157,14 +134,7 @@ mod tests {
                     ptxas info    : Used 40 registers, used 1 barriers, 1024 bytes smem, 384 bytes cmem[0]\n";
         let r = &parse_report(text)[0];
         assert_eq!(
-            (
-                r.name.as_str(),
-                r.registers,
-                r.stack_frame,
-                r.spill_stores,
-                r.spill_loads,
-                r.smem
-            ),
+            (r.name.as_str(), r.registers, r.stack_frame, r.spill_stores, r.spill_loads, r.smem),
             ("k", 40, 8, 4, 4, 1024)
         );
     }

@@ -30,17 +30,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// The repository root (the parent of `xtask/`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask has a parent")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
 }
 
 /// Runs a command, failing with its stderr when it exits non-zero; returns its stdout.
 pub fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .map_err(|e| Error(format!("cannot start {cmd:?}: {e}")))?;
+    let out = cmd.output().map_err(|e| Error(format!("cannot start {cmd:?}: {e}")))?;
     if !out.status.success() {
         return Err(Error(format!(
             "{cmd:?} failed ({}):\n{}{}",
@@ -54,9 +49,7 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 
 /// Runs a command with inherited stdout/stderr; fails when it exits non-zero.
 pub fn run_inherit(cmd: &mut Command) -> Result<()> {
-    let st = cmd
-        .status()
-        .map_err(|e| Error(format!("cannot start {cmd:?}: {e}")))?;
+    let st = cmd.status().map_err(|e| Error(format!("cannot start {cmd:?}: {e}")))?;
     if st.success() {
         Ok(())
     } else {
@@ -71,10 +64,7 @@ pub fn llvm_bin() -> Result<PathBuf> {
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .ok_or_else(|| Error::msg("rustc -vV printed no host line"))?;
-    let bin = Path::new(sysroot.trim())
-        .join("lib/rustlib")
-        .join(host)
-        .join("bin");
+    let bin = Path::new(sysroot.trim()).join("lib/rustlib").join(host).join("bin");
     if !bin.join("llc").exists() {
         return Err(Error(format!(
             "{} has no llc: install the llvm-tools component (rust-toolchain.toml lists it)",

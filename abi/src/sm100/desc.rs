@@ -251,11 +251,7 @@ impl SmemDescriptor {
             Some(s) => s,
             None => return None,
         };
-        let lbo_mode = if (self.0 >> LBO_MODE_SHIFT) & 1 == 1 {
-            LboMode::Absolute
-        } else {
-            LboMode::Relative
-        };
+        let lbo_mode = if (self.0 >> LBO_MODE_SHIFT) & 1 == 1 { LboMode::Absolute } else { LboMode::Relative };
         Some(SmemDescriptorFields {
             start_address: self.start_address(),
             leading_byte_offset: self.leading_byte_offset(),
@@ -284,14 +280,8 @@ mod tests {
 
     #[test]
     fn high_bits_are_the_seed_expression() {
-        assert_eq!(
-            seed_desc_encode(1024) << 32 | 1 << 46 | 2 << 61,
-            SEED_OPERAND_HIGH_BITS
-        );
-        assert_eq!(
-            seed_desc_encode(128) << 32 | 1 << 46,
-            SEED_SCALE_HIGH_BITS
-        );
+        assert_eq!(seed_desc_encode(1024) << 32 | 1 << 46 | 2 << 61, SEED_OPERAND_HIGH_BITS);
+        assert_eq!(seed_desc_encode(128) << 32 | 1 << 46, SEED_SCALE_HIGH_BITS);
     }
 
     /// Every operand address the seed can form: stage bases of both tile widths, each k step.
@@ -333,10 +323,7 @@ mod tests {
         let seed_sf_zero = seed_desc_encode(0) | seed_desc_encode(128) << 32 | 1 << 46;
         assert_eq!(SmemDescriptor::scale_factors(0).to_bits(), seed_sf_zero);
         // SFA/SFB offsets inside a stage: BLOCK_N=128 (32768, 34816), BLOCK_N=256 (49152, 51200).
-        for (stage_bytes, stages, sf_offs) in [
-            (36864u32, 6u32, [32768u32, 34816]),
-            (55296, 4, [49152, 51200]),
-        ] {
+        for (stage_bytes, stages, sf_offs) in [(36864u32, 6u32, [32768u32, 34816]), (55296, 4, [49152, 51200])] {
             for s in 0..stages {
                 for off in sf_offs {
                     let addr = 1024 + s * stage_bytes + off;
@@ -345,10 +332,7 @@ mod tests {
                     assert_eq!(base.to_bits(), seed);
                     assert_eq!(base.to_bits(), (addr as u64 >> 4) | SEED_SCALE_HIGH_BITS);
                     for k in 0..4u32 {
-                        assert_eq!(
-                            base.advance_bytes(k * SCALE_K_STEP_BYTES).to_bits(),
-                            seed + k as u64 * (512 >> 4)
-                        );
+                        assert_eq!(base.advance_bytes(k * SCALE_K_STEP_BYTES).to_bits(), seed + k as u64 * (512 >> 4));
                     }
                 }
             }
@@ -391,10 +375,7 @@ mod tests {
     #[test]
     fn address_is_masked_to_256_kib_and_advance_wraps_in_field() {
         // desc_encode masks with 0x3FFFF: an address in the next 256 KiB encodes the same.
-        assert_eq!(
-            SmemDescriptor::operand_k_major_sw128(0x4_0400),
-            SmemDescriptor::operand_k_major_sw128(0x400)
-        );
+        assert_eq!(SmemDescriptor::operand_k_major_sw128(0x4_0400), SmemDescriptor::operand_k_major_sw128(0x400));
         let top = SmemDescriptor::scale_factors(0x3_FFF0);
         assert_eq!(top.advance_bytes(16).start_address(), 0);
         assert_eq!(top.advance_bytes(16).stride_byte_offset(), SCALE_SBO_BYTES);

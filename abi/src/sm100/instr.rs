@@ -77,7 +77,7 @@ impl MmaShape {
         if m != MMA_M {
             return Err(MmaShapeError::MNot128);
         }
-        if n % MMA_N_STEP != 0 {
+        if !super::divides(MMA_N_STEP, n) {
             return Err(MmaShapeError::NNotMultipleOf8);
         }
         if n == 0 || n > MMA_N_MAX {

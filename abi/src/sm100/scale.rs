@@ -39,18 +39,8 @@ pub struct ScaleBulkCopy {
 /// inside the row block (the seed always copies `TMA_SFA_SMEM_BYTES` = 2048, which for the last
 /// row block would read past the end of the buffer) and the byte count is what `expect_tx` must
 /// count for the scales.
-pub const fn scale_stage_copy(
-    row0: u32,
-    k0: u32,
-    steps: u32,
-    rest_k: u32,
-    dst_offset: u32,
-) -> ScaleBulkCopy {
-    ScaleBulkCopy {
-        src_offset: scale_block_offset(row0, k0, rest_k),
-        dst_offset,
-        bytes: steps * BLOCK_BYTES,
-    }
+pub const fn scale_stage_copy(row0: u32, k0: u32, steps: u32, rest_k: u32, dst_offset: u32) -> ScaleBulkCopy {
+    ScaleBulkCopy { src_offset: scale_block_offset(row0, k0, rest_k), dst_offset, bytes: steps * BLOCK_BYTES }
 }
 
 /// The SFA copy of one stage for the A tile starting at row `m_offset`: one run of `steps`
@@ -77,13 +67,7 @@ pub const fn sfb_stage_copies(
     rest_k: u32,
 ) -> ([ScaleBulkCopy; 2], usize) {
     let first = scale_stage_copy(n_offset, k0, steps, rest_k, 0);
-    let second = scale_stage_copy(
-        n_offset + BLOCK_ROWS,
-        k0,
-        steps,
-        rest_k,
-        steps_per_stage * BLOCK_BYTES,
-    );
+    let second = scale_stage_copy(n_offset + BLOCK_ROWS, k0, steps, rest_k, steps_per_stage * BLOCK_BYTES);
     let count = block_n.div_ceil(BLOCK_ROWS) as usize;
     ([first, second], count)
 }

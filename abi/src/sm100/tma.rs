@@ -3,7 +3,7 @@
 //! An operand (A: `M x K`, B: `N x K`, both K-major, two e2m1 values per byte) is described to the
 //! driver with `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B`: dimensions count 4-bit values and 16 of
 //! them pack into 8 bytes without gaps, so the global memory image is exactly the torch
-//! `float4_e2m1fn_x2` tensor ([DRV] `cuTensorMapEncodeTiled`, BLACKWELL.md §5).
+//! `float4_e2m1fn_x2` tensor ((DRV) `cuTensorMapEncodeTiled`, BLACKWELL.md §5).
 //!
 //! One box is `R` rows x 256 values = `R` x 128 bytes, written with `SWIZZLE_128B`: row `r` fills
 //! bytes `[128r, 128r + 128)` and its 16-byte chunk `c` lands at `c ^ (r % 8)`. That is the K-major
@@ -15,6 +15,8 @@
 //!   end of the row is zero-filled, the MMA loop issues only the valid K=64 steps of the last
 //!   stage, and `expect_tx` still counts the full box.
 
+use super::divides;
+
 /// FP4 values per box row: 128 bytes, the span of the 128-byte swizzle and the seed's
 /// `TMA_BLOCK_K` (`TORCH_CHECK(shared_width == 256, ...)`).
 pub const BOX_K_VALUES: u32 = 256;
@@ -22,7 +24,7 @@ pub const BOX_K_VALUES: u32 = 256;
 /// Bytes per box row (`BOX_K_VALUES` 4-bit values).
 pub const BOX_ROW_BYTES: u32 = BOX_K_VALUES / 2;
 
-/// Largest box extent in any dimension ([DRV]: `boxDim[i]` ≤ 256).
+/// Largest box extent in any dimension ((DRV): `boxDim[i]` ≤ 256).
 pub const MAX_BOX_DIM: u32 = 256;
 
 /// `CUtensorMapDataType` values this crate uses (cuda.h `CUtensorMapDataType_enum`). The host
@@ -68,9 +70,9 @@ pub enum TensorMapL2Promotion {
     /// `CU_TENSOR_MAP_L2_PROMOTION_NONE`.
     None = 0,
     /// `CU_TENSOR_MAP_L2_PROMOTION_L2_128B`.
-    L2_128B = 2,
+    B128 = 2,
     /// `CU_TENSOR_MAP_L2_PROMOTION_L2_256B`.
-    L2_256B = 3,
+    B256 = 3,
 }
 
 /// `CUtensorMapFloatOOBfill` values (cuda.h). `NONE` fills out-of-bounds elements with zeros,
@@ -157,7 +159,7 @@ const fn check(rows: u32, k: u32, box_rows: u32) -> Result<(), TensorMapError> {
     if rows == 0 || k == 0 {
         return Err(TensorMapError::Empty);
     }
-    if k % 64 != 0 {
+    if !divides(64, k) {
         return Err(TensorMapError::KNotMultipleOf64);
     }
     if box_rows == 0 || box_rows > MAX_BOX_DIM {
@@ -179,7 +181,7 @@ impl Fp4TensorMap {
         if let Err(e) = check(rows, k, box_rows) {
             return Err(e);
         }
-        if k % BOX_K_VALUES != 0 {
+        if !divides(BOX_K_VALUES, k) {
             return Err(TensorMapError::KNotMultipleOf256);
         }
         Ok(Self {
@@ -219,7 +221,7 @@ impl Fp4TensorMap {
 
     /// The seed's 3D map when `K % 256 == 0`, the 2D map otherwise.
     pub const fn for_operand(rows: u32, k: u32, box_rows: u32) -> Result<Self, TensorMapError> {
-        if k % BOX_K_VALUES == 0 {
+        if divides(BOX_K_VALUES, k) {
             Self::chunked_3d(rows, k, box_rows)
         } else {
             Self::flat_2d(rows, k, box_rows)
@@ -231,14 +233,8 @@ impl Fp4TensorMap {
     /// off_k / 256, ...)`), `{k0, row0}` for the 2D map.
     pub const fn coords(self, row0: u32, k0: u32) -> TmaCoords {
         match self.layout {
-            Fp4MapLayout::Chunked3d => TmaCoords {
-                rank: 3,
-                coords: [0, row0 as i32, (k0 / BOX_K_VALUES) as i32],
-            },
-            Fp4MapLayout::Flat2d => TmaCoords {
-                rank: 2,
-                coords: [k0 as i32, row0 as i32, 0],
-            },
+            Fp4MapLayout::Chunked3d => TmaCoords { rank: 3, coords: [0, row0 as i32, (k0 / BOX_K_VALUES) as i32] },
+            Fp4MapLayout::Flat2d => TmaCoords { rank: 2, coords: [k0 as i32, row0 as i32, 0] },
         }
     }
 
@@ -316,10 +312,7 @@ mod tests {
         assert_eq!(m.coords(0, 256), TmaCoords { rank: 2, coords: [256, 0, 0] });
         // The box still writes (and expect_tx still counts) 128 rows of 128 bytes.
         assert_eq!(m.box_bytes(), 16384);
-        assert_eq!(
-            Fp4TensorMap::for_operand(72, 512, 128).unwrap().layout,
-            Fp4MapLayout::Chunked3d
-        );
+        assert_eq!(Fp4TensorMap::for_operand(72, 512, 128).unwrap().layout, Fp4MapLayout::Chunked3d);
     }
 
     #[test]

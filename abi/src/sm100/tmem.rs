@@ -32,11 +32,12 @@ pub const SCALE_COLUMNS_PER_COPY: u32 = 4;
 
 /// The TMEM base address the seed assumes `tcgen05.alloc` returns. The seed never reads the
 /// address back (its alloc writes it to the first word of stage 0 and its dealloc passes 0:
-/// `tcgen05_dealloc_cols_cta1(0, TMEM_COLS)`). With one CTA per SM owning all columns it is 0;
-/// with two CTAs per SM (the 3-stage variant) the second CTA gets a different base, so the
-/// alternative (BLACKWELL.md §1 ⚠, done by NA) is to read the allocated address from shared
-/// memory and add the plan's columns to it: see [`TmemAddress::from_bits`] and
-/// [`TmemAddress::add_columns`].
+/// `tcgen05_dealloc_cols_cta1(0, TMEM_COLS)`). That is proven only with one CTA per SM (both
+/// 221312-B variants). With two CTAs per SM (the 3-stage variant, which no seed benchmark
+/// reached) the second CTA's columns start elsewhere, so the alternative (BLACKWELL.md §1 ⚠, done
+/// by NA) is to read the allocated address from shared memory
+/// (`super::config::KernelConfig::tmem_slot_offset`) and add the plan's columns to it: see
+/// [`TmemAddress::from_bits`] and [`TmemAddress::add_columns`].
 pub const SEED_TMEM_BASE: TmemAddress = TmemAddress(0);
 
 /// A TMEM address: lane in bits 16–31, column in bits 0–15 (PTX §9.7.16.1.1).
@@ -95,11 +96,7 @@ pub const fn allocation_columns(used: u32) -> Option<u32> {
         return None;
     }
     let p = used.next_power_of_two();
-    Some(if p < TMEM_MIN_ALLOC_COLUMNS {
-        TMEM_MIN_ALLOC_COLUMNS
-    } else {
-        p
-    })
+    Some(if p < TMEM_MIN_ALLOC_COLUMNS { TMEM_MIN_ALLOC_COLUMNS } else { p })
 }
 
 /// A half-open range of TMEM columns.
@@ -166,10 +163,7 @@ impl TmemPlan {
         if steps_per_stage == 0 {
             return Err(TmemPlanError::NoSteps);
         }
-        let plan = Self {
-            block_n,
-            steps_per_stage,
-        };
+        let plan = Self { block_n, steps_per_stage };
         if plan.used_columns() > TMEM_COLUMNS {
             return Err(TmemPlanError::TooManyColumns);
         }
@@ -179,10 +173,7 @@ impl TmemPlan {
     /// Columns holding the fp32 accumulator: `[0, BLOCK_N)`, one column per output column
     /// (BLACKWELL.md §6; the seed's comment "2 columns per fp32" is wrong, see §4).
     pub const fn accumulator(self) -> ColumnRange {
-        ColumnRange {
-            start: 0,
-            len: self.block_n,
-        }
+        ColumnRange { start: 0, len: self.block_n }
     }
 
     /// Scale blocks (of 128 rows) that cover B's `BLOCK_N` rows: 1 or 2.
@@ -192,18 +183,12 @@ impl TmemPlan {
 
     /// Columns holding SFA for every step of a stage.
     pub const fn sfa(self) -> ColumnRange {
-        ColumnRange {
-            start: self.block_n,
-            len: SCALE_COLUMNS_PER_COPY * self.steps_per_stage,
-        }
+        ColumnRange { start: self.block_n, len: SCALE_COLUMNS_PER_COPY * self.steps_per_stage }
     }
 
     /// Columns holding SFB for every step of a stage.
     pub const fn sfb(self) -> ColumnRange {
-        ColumnRange {
-            start: self.sfa().end(),
-            len: SCALE_COLUMNS_PER_COPY * self.sfb_blocks() * self.steps_per_stage,
-        }
+        ColumnRange { start: self.sfa().end(), len: SCALE_COLUMNS_PER_COPY * self.sfb_blocks() * self.steps_per_stage }
     }
 
     /// Columns in use: 160 for BLOCK_N = 128, 304 for BLOCK_N = 256 (4 steps).
@@ -234,10 +219,7 @@ impl TmemPlan {
     /// `steps_per_stage` consecutive 512-byte blocks) into [`TmemPlan::sfa_column`].
     /// Source: seed `tcgen05_cp_nvfp4(SFA_tmem + k * 4, SFA_desc + k * (512 >> 4))`.
     pub const fn sfa_copy(self, k: u32) -> ScaleCopy {
-        ScaleCopy {
-            smem_offset: k * crate::scale_layout::BLOCK_BYTES,
-            tmem_column: self.sfa_column(k),
-        }
+        ScaleCopy { smem_offset: k * crate::scale_layout::BLOCK_BYTES, tmem_column: self.sfa_column(k) }
     }
 
     /// The copy of step `k`'s SFB block for B rows `128*half .. 128*half+127`. The stage's SFB

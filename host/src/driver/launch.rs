@@ -20,11 +20,8 @@ pub struct LaunchGeometry {
 
 /// Raises the kernel's dynamic shared memory limit to `bytes` (needed above 48 KiB).
 pub fn set_max_dynamic_smem(f: &CudaFunction, bytes: u32) -> Result<()> {
-    f.set_attribute(
-        sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        bytes as i32,
-    )
-    .map_err(|e| Error::driver("setting the kernel's shared memory size", e))
+    f.set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+        .map_err(|e| Error::driver("setting the kernel's shared memory size", e))
 }
 
 /// Launches `f` on `stream` with `geom`. `params` holds one pointer per kernel parameter, each
@@ -41,11 +38,7 @@ pub unsafe fn launch(
 ) -> Result<()> {
     let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-        x: geom.cluster,
-        y: 1,
-        z: 1,
-    };
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: geom.cluster, y: 1, z: 1 };
     let config = sys::CUlaunchConfig {
         gridDimX: geom.grid,
         gridDimY: 1,
@@ -58,12 +51,7 @@ pub unsafe fn launch(
         attrs: &mut attr,
         numAttrs: if geom.cluster > 1 { 1 } else { 0 },
     };
-    sys::cuLaunchKernelEx(
-        &config,
-        f.cu_function(),
-        params.as_mut_ptr(),
-        std::ptr::null_mut(),
-    )
-    .result()
-    .map_err(|e| Error::driver("launching a kernel", e))
+    sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+        .result()
+        .map_err(|e| Error::driver("launching a kernel", e))
 }

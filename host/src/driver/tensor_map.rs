@@ -82,15 +82,8 @@ impl<const R: usize> TiledMap<R> {
                 sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
         };
-        r.result().map_err(|e| {
-            Error::driver(
-                "encoding a tensor map",
-                format!("{e} for {self:?} at {base:#x}"),
-            )
-        })?;
+        r.result().map_err(|e| Error::driver("encoding a tensor map", format!("{e} for {self:?} at {base:#x}")))?;
         // SAFETY: CUtensorMap is 128 plain bytes, initialised by the driver.
-        Ok(TensorMap(unsafe {
-            std::mem::transmute::<sys::CUtensorMap, [u8; 128]>(map.assume_init())
-        }))
+        Ok(TensorMap(unsafe { std::mem::transmute::<sys::CUtensorMap, [u8; 128]>(map.assume_init()) }))
     }
 }

@@ -65,7 +65,7 @@ macro_rules! define_mma {
         pub fn $wait<const N: u32>(acc: &mut [f32; $acc]) {
             // SAFETY: waiting has no effect beyond ordering.
             unsafe {
-                asm!(concat!("wgmma.wait_group.sync.aligned {n}; // {", stringify!($first), "}" $(, " {", stringify!($i), "}")*), 
+                asm!(concat!("wgmma.wait_group.sync.aligned {n}; // {", stringify!($first), "}" $(, " {", stringify!($i), "}")*),
                      inout(reg32) acc[$first], $(inout(reg32) acc[$i],)* n = const N, options(nostack));
             }
         }

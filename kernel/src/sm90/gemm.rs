@@ -1,1 +1,202 @@
-//! placeholder
+//! `sm90_grouped_gemm`: persistent, warp-specialized swap-AB GEMM over all tiles of all groups.
+//!
+//! CTA = 3 warpgroups. Warpgroup 0 is the producer (one thread issues every TMA); warpgroups 1 and 2
+//! are consumers, each owning 64 of the tile's 128 weight rows. Per stage of 256 K values the
+//! producer loads, completing on `full[stage]`:
+//! - per valid 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace,
+//! - a `128 × 128`-byte box of packed weights (128-byte swizzle),
+//! - the weights' scale blocks (one contiguous 512-byte block per chunk, bulk copy).
+//!
+//! Consumers wait on `full[stage]`, and per chunk: load 8 bytes (16 e2m1 = one scale block) of each
+//! of their two weight rows, decode to f16 and multiply by the block scale (exact), which gives the
+//! A fragments of 4 wgmma k-steps; then `wgmma m64n64k16` against the token tile. After the stage
+//! each consumer warp arrives on `empty[stage]` so the producer can refill it.
+//! The epilogue scales by alpha, rounds once to f16/bf16 and stores the tile, masking rows ≥ M and
+//! columns ≥ N.
+
+use crate::ptx::mbarrier::{Mbarrier, RingState};
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{barrier, convert, fence, sreg, tma, wgmma};
+use nvfp4_gemm_abi::sm90::*;
+
+const CFG: GemmConfig = GemmConfig::M64;
+const STAGES: u32 = CFG.stages;
+type Ring = RingState<STAGES>;
+
+struct Stages {
+    base: SmemAddr,
+}
+
+impl Stages {
+    #[inline(always)]
+    fn stage(&self, s: u32) -> SmemAddr {
+        self.base.add(s * CFG.stage_bytes())
+    }
+    #[inline(always)]
+    fn full(&self, s: u32) -> Mbarrier {
+        Mbarrier(self.base.add(CFG.barrier_offset() + 8 * s))
+    }
+    #[inline(always)]
+    fn empty(&self, s: u32) -> Mbarrier {
+        Mbarrier(self.base.add(CFG.barrier_offset() + 8 * (STAGES + s)))
+    }
+}
+
+/// See the module docs. Launch: `THREADS` threads, `CFG.dynamic_shared_memory()` bytes, a
+/// persistent grid of at most one CTA per SM.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
+    let st = Stages { base: smem::dynamic_base() };
+    let tid = sreg::tid_x();
+    if tid == 0 {
+        for s in 0..STAGES {
+            st.full(s).init(1);
+            st.empty(s).init(4 * CONSUMER_WARPGROUPS);
+        }
+        fence::mbarrier_init();
+    }
+    barrier::sync_all();
+    let warpgroup = sreg::warp_id() / 4;
+    if warpgroup == 0 {
+        if tid == 0 {
+            produce(&st, &p);
+        }
+    } else {
+        consume(&st, &p, warpgroup - 1, tid % 128);
+    }
+}
+
+#[inline(always)]
+unsafe fn produce(st: &Stages, p: &KernelParams) {
+    let groups = p.groups as *const GroupParams;
+    let tiles = p.tiles as *const Tile;
+    let maps = p.tensor_maps as *const tma::TensorMap;
+    let mut ring = Ring::START;
+    let mut i = sreg::ctaid_x();
+    while i < p.tile_count {
+        let t = *tiles.add(i as usize);
+        let g = *groups.add(t.group as usize);
+        let token_map = maps.add(2 * t.group as usize);
+        let weight_map = maps.add(2 * t.group as usize + 1);
+        let scale_row_block =
+            (g.b_scales as *const u8).add(t.n_tile as usize * nvfp4_gemm_abi::scale_layout::rest_k(g.k) as usize * 512);
+        let k_stages = g.k.div_ceil(BLOCK_K);
+        for ks in 0..k_stages {
+            let chunks = valid_chunks(g.k, ks);
+            st.empty(ring.stage).wait(ring.phase ^ 1);
+            let full = st.full(ring.stage);
+            let stage = st.stage(ring.stage);
+            full.arrive_expect_tx(CFG.stage_tx_bytes(chunks));
+            for c in 0..chunks {
+                tma::load_2d(
+                    stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()),
+                    token_map,
+                    (ks * BLOCK_K + c * CHUNK_K) as i32,
+                    (t.m_tile as u32 * CFG.block_m) as i32,
+                    full,
+                );
+            }
+            tma::load_2d(
+                stage.add(CFG.weight_offset()),
+                weight_map,
+                (ks * BLOCK_K / 2) as i32,
+                (t.n_tile as u32 * BLOCK_N) as i32,
+                full,
+            );
+            tma::load_1d(
+                stage.add(CFG.scale_offset()),
+                scale_row_block.add(ks as usize * CHUNKS_PER_STAGE as usize * 512),
+                chunks * 512,
+                full,
+            );
+            ring.advance();
+        }
+        i += sreg::nctaid_x();
+    }
+}
+
+/// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale `s` (f16x2).
+#[inline(always)]
+fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
+    let lo = convert::e2m1x8_to_f16x2(w[0]);
+    let hi = convert::e2m1x8_to_f16x2(w[1]);
+    [
+        convert::mul_f16x2(lo[0], s),
+        convert::mul_f16x2(lo[1], s),
+        convert::mul_f16x2(lo[2], s),
+        convert::mul_f16x2(lo[3], s),
+        convert::mul_f16x2(hi[0], s),
+        convert::mul_f16x2(hi[1], s),
+        convert::mul_f16x2(hi[2], s),
+        convert::mul_f16x2(hi[3], s),
+    ]
+}
+
+#[inline(always)]
+unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
+    let groups = p.groups as *const GroupParams;
+    let tiles = p.tiles as *const Tile;
+    let (warp, lane) = (t / 32, t % 32);
+    let (g8, q) = (lane / 4, lane % 4);
+    // The thread's two weight rows within the 128-row tile.
+    let r0 = cw * WG_ROWS + 16 * warp + g8;
+    let r1 = r0 + 8;
+    // Byte offsets (inside the 128B-swizzled weight box) of the thread's 8 bytes of chunk c, and of
+    // its rows' scale words inside a chunk's 512-byte scale block.
+    let w_off = |r: u32, c: u32| r * 128 + (((2 * c + q / 2) ^ (r % 8)) * 16) + (q % 2) * 8;
+    let s_off = |r: u32| (r % 32) * 16 + (r / 32) * 4;
+    let mut ring = Ring::START;
+    let mut i = sreg::ctaid_x();
+    while i < p.tile_count {
+        let tile = *tiles.add(i as usize);
+        let g = *groups.add(tile.group as usize);
+        let mut acc = [0f32; 32];
+        let k_stages = g.k.div_ceil(BLOCK_K);
+        for ks in 0..k_stages {
+            let chunks = valid_chunks(g.k, ks);
+            st.full(ring.stage).wait(ring.phase);
+            let stage = st.stage(ring.stage);
+            for c in 0..chunks {
+                let wbase = stage.add(CFG.weight_offset());
+                let sbase = stage.add(CFG.scale_offset() + 512 * c);
+                let s0 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r0))), q);
+                let s1 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r1))), q);
+                let a0 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r0, c))), s0);
+                let a1 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r1, c))), s1);
+                let tokens = WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
+                wgmma::fence();
+                for j in 0..4 {
+                    let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+                    wgmma::mma_m64n64k16(&mut acc, frag, tokens.advance(32 * j as u32).0, 1);
+                }
+                wgmma::commit_group();
+                wgmma::wait_group_fenced_n64::<0>(&mut acc);
+            }
+            if lane == 0 {
+                st.empty(ring.stage).arrive();
+            }
+            ring.advance();
+        }
+        store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
+        i += sreg::nctaid_x();
+    }
+}
+
+/// Writes the warpgroup's 64 × `block_m` accumulator tile to C (transposed: C is tokens × weights).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn store_tile(acc: &[f32; 32], g: &GroupParams, tile: Tile, cw: u32, warp: u32, g8: u32, q: u32, bf16: bool) {
+    let c = g.c as *mut u16;
+    let n_base = tile.n_tile as u32 * BLOCK_N + cw * WG_ROWS + 16 * warp + g8;
+    let m_base = tile.m_tile as u32 * CFG.block_m + 2 * q;
+    for (i, &v) in acc.iter().enumerate() {
+        let i = i as u32;
+        let n = n_base + 8 * ((i / 2) % 2);
+        let m = m_base + 8 * (i / 4) + (i % 2);
+        if m < g.m && n < g.n {
+            let x = v * g.alpha;
+            let bits = if bf16 { convert::f32_to_bf16(x) } else { convert::f32_to_f16(x) };
+            *c.add(m as usize * g.n as usize + n as usize) = bits;
+        }
+    }
+}

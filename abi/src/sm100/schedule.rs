@@ -1,0 +1,344 @@
+//! The persistent schedule: the host-built list of output tiles each kernel variant walks.
+//!
+//! The seed launches one kernel per tile width, each over its own list of
+//! [`WorkItem`]s; CTA `b` takes items `b, b + grid, b + 2*grid, ...` (seed
+//! `shared_work_idx = work_idx + gridDim.x`). The order of the list is the schedule:
+//! - 128-wide tiles go N-tile-major across groups (for `tile_n`, for group, for `tile_m`), so a
+//!   wave of CTAs reads the same B column strip of several groups while it is in L2;
+//! - 256-wide tiles go group, `tile_m`, `tile_n`, and each `(group, tile_m)` run is padded to a
+//!   multiple of the cluster size, so the 4 CTAs of a cluster always share one A tile (which rank
+//!   0 multicasts).
+//!
+//! Everything here is allocation-free: the caller sizes the buffer with [`work_list_len`] and
+//! [`build_work_list`] fills it.
+
+use super::config::{choose_block_n, for_block_n, BlockN, BLOCK_M};
+
+/// One output tile: rows `128*tile_m ..`, columns `BLOCK_N*tile_n ..` of group `problem`.
+/// Read by the kernel from global memory; layout fixed by `#[repr(C)]` and the size assertion.
+/// Source: seed `struct WorkItem { int problem_idx; int tile_m; int tile_n; };` (the same 12
+/// bytes; unsigned here because no field is ever negative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct WorkItem {
+    /// Index of the group in the problem list.
+    pub problem: u32,
+    /// Tile index along M (units of 128 rows).
+    pub tile_m: u32,
+    /// Tile index along N (units of the variant's BLOCK_N).
+    pub tile_n: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<WorkItem>() == 12);
+const _: () = assert!(core::mem::align_of::<WorkItem>() == 4);
+
+/// The shape of one group's GEMM: `C[m, n] = A[m, k] · B[n, k]ᵀ`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GroupShape {
+    /// Rows of A and C (tokens); 0 skips the group.
+    pub m: u32,
+    /// Rows of B, columns of C.
+    pub n: u32,
+    /// Shared dimension, in FP4 values.
+    pub k: u32,
+}
+
+impl GroupShape {
+    /// The tile width the seed uses for this group ([`choose_block_n`]).
+    pub const fn block_n(self) -> BlockN {
+        choose_block_n(self.n, self.k)
+    }
+
+    /// Tiles along M: `ceil(m / 128)`. Source: seed `ceil_div((int)M, block_m)`.
+    pub const fn tiles_m(self) -> u32 {
+        self.m.div_ceil(BLOCK_M)
+    }
+
+    /// Tiles along N at this group's width: `ceil(n / BLOCK_N)`. Source: seed
+    /// `ceil_div((int)N, block_n)`.
+    pub const fn tiles_n(self) -> u32 {
+        self.n.div_ceil(self.block_n().get())
+    }
+}
+
+/// The buffer passed to [`build_work_list`] is shorter than the list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkListTooSmall {
+    /// The length the list needs ([`work_list_len`]).
+    pub needed: usize,
+}
+
+const fn in_list(g: GroupShape, block_n: BlockN) -> bool {
+    g.block_n() as u32 == block_n as u32
+}
+
+/// Length of the `block_n` list for `groups`, padding included.
+pub const fn work_list_len(groups: &[GroupShape], block_n: BlockN) -> usize {
+    let cluster = for_block_n(block_n).cluster_size();
+    let mut total = 0usize;
+    let mut i = 0;
+    while i < groups.len() {
+        let g = groups[i];
+        if in_list(g, block_n) {
+            let per_row = g.tiles_n().next_multiple_of(cluster);
+            let per_row = if g.tiles_n() == 0 { 0 } else { per_row };
+            total += g.tiles_m() as usize * per_row as usize;
+        }
+        i += 1;
+    }
+    total
+}
+
+/// Writes the seed's work list for the groups that use `block_n` tiles into `out` and returns
+/// its length; `Err` (with nothing promised about `out`) when `out` is too short.
+///
+/// - [`BlockN::N128`]: `for tile_n { for group { for tile_m } }`, skipping groups with fewer N
+///   tiles. Source: seed loop under "128-wide tiles: interleave by tile_n across groups".
+/// - [`BlockN::N256`]: `for group { for tile_m { for tile_n } }`, each `tile_m` run padded with
+///   copies of `(group, tile_m, 0)` up to a multiple of 4. A padding item recomputes tile
+///   `(group, tile_m, 0)` and stores the same values again: harmless, and it keeps its cluster
+///   full for the multicast. (Alternative: a flag telling the kernel to skip the store.)
+///   Source: seed loop under "256-wide path", `cached_work_items_256.push_back({(int)i, tm, 0})`.
+///
+/// Groups with `m = 0` or `n = 0` contribute nothing. Groups with `k = 0` still get items; the
+/// kernel must then store zeros without running an MMA (the seed does not handle `k = 0`).
+pub const fn build_work_list(
+    groups: &[GroupShape],
+    block_n: BlockN,
+    out: &mut [WorkItem],
+) -> Result<usize, WorkListTooSmall> {
+    let needed = work_list_len(groups, block_n);
+    if out.len() < needed {
+        return Err(WorkListTooSmall { needed });
+    }
+    let mut len = 0usize;
+    match block_n {
+        BlockN::N128 => {
+            let mut max_tn = 0;
+            let mut i = 0;
+            while i < groups.len() {
+                if in_list(groups[i], block_n) && groups[i].tiles_n() > max_tn {
+                    max_tn = groups[i].tiles_n();
+                }
+                i += 1;
+            }
+            let mut tn = 0;
+            while tn < max_tn {
+                let mut i = 0;
+                while i < groups.len() {
+                    let g = groups[i];
+                    if in_list(g, block_n) && tn < g.tiles_n() {
+                        let mut tm = 0;
+                        while tm < g.tiles_m() {
+                            out[len] = WorkItem { problem: i as u32, tile_m: tm, tile_n: tn };
+                            len += 1;
+                            tm += 1;
+                        }
+                    }
+                    i += 1;
+                }
+                tn += 1;
+            }
+        }
+        BlockN::N256 => {
+            let cluster = for_block_n(block_n).cluster_size();
+            let mut i = 0;
+            while i < groups.len() {
+                let g = groups[i];
+                if in_list(g, block_n) && g.tiles_n() > 0 {
+                    let padded = g.tiles_n().next_multiple_of(cluster);
+                    let mut tm = 0;
+                    while tm < g.tiles_m() {
+                        let mut tn = 0;
+                        while tn < padded {
+                            out[len] = WorkItem {
+                                problem: i as u32,
+                                tile_m: tm,
+                                tile_n: if tn < g.tiles_n() { tn } else { 0 },
+                            };
+                            len += 1;
+                            tn += 1;
+                        }
+                        tm += 1;
+                    }
+                }
+                i += 1;
+            }
+        }
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn shapes<const G: usize>(m: [u32; G], n: [u32; G], k: [u32; G]) -> [GroupShape; G] {
+        let mut out = [GroupShape { m: 0, n: 0, k: 0 }; G];
+        let mut i = 0;
+        while i < G {
+            out[i] = GroupShape { m: m[i], n: n[i], k: k[i] };
+            i += 1;
+        }
+        out
+    }
+
+    fn item(problem: u32, tile_m: u32, tile_n: u32) -> WorkItem {
+        WorkItem { problem, tile_m, tile_n }
+    }
+
+    fn build(groups: &[GroupShape], block_n: BlockN, buf: &mut [WorkItem]) -> usize {
+        let len = build_work_list(groups, block_n, buf).unwrap();
+        assert_eq!(len, work_list_len(groups, block_n));
+        len
+    }
+
+    /// Every real tile of the `block_n` groups appears, padding aside, and nothing else.
+    fn assert_covers(groups: &[GroupShape], block_n: BlockN, items: &[WorkItem]) {
+        let mut count = 0;
+        for (p, g) in groups.iter().enumerate() {
+            if g.block_n() != block_n {
+                assert!(items.iter().all(|w| w.problem != p as u32));
+                continue;
+            }
+            for tm in 0..g.tiles_m() {
+                for tn in 0..g.tiles_n() {
+                    let hits = items.iter().filter(|w| **w == item(p as u32, tm, tn)).count();
+                    let padding = if tn == 0 { g.tiles_n().next_multiple_of(4) - g.tiles_n() } else { 0 };
+                    let extra = if block_n == BlockN::N256 { padding as usize } else { 0 };
+                    assert_eq!(hits, 1 + extra, "group {p} tile ({tm}, {tn})");
+                    count += 1 + extra;
+                }
+            }
+        }
+        assert_eq!(count, items.len());
+    }
+
+    #[test]
+    fn competition_test_1_by_hand() {
+        let g = shapes([96, 128], [128, 256], [256, 512]);
+        let mut buf = [WorkItem::default(); 8];
+        let len = build(&g, BlockN::N128, &mut buf);
+        assert_eq!(&buf[..len], &[item(0, 0, 0), item(1, 0, 0), item(1, 0, 1)]);
+        assert_eq!(work_list_len(&g, BlockN::N256), 0);
+    }
+
+    #[test]
+    fn competition_test_4_by_hand() {
+        let g = shapes([80, 128, 256], [384, 256, 128], [256, 512, 256]);
+        let mut buf = [WorkItem::default(); 16];
+        let len = build(&g, BlockN::N128, &mut buf);
+        assert_eq!(
+            &buf[..len],
+            &[item(0, 0, 0), item(1, 0, 0), item(2, 0, 0), item(2, 1, 0), item(0, 0, 1), item(1, 0, 1), item(0, 0, 2),]
+        );
+    }
+
+    /// DESIGN.md §2's ten competition shapes: all 128-wide, tile_n-major, every tile once.
+    #[test]
+    fn all_competition_shapes() {
+        let tests: [&[GroupShape]; 10] = [
+            &shapes([96, 128], [128, 256], [256, 512]),
+            &shapes([256, 72], [512, 384], [256, 256]),
+            &shapes([128, 128], [128, 256], [512, 256]),
+            &shapes([80, 128, 256], [384, 256, 128], [256, 512, 256]),
+            &shapes([64, 72, 96], [128, 384, 512], [512, 512, 256]),
+            &shapes([64, 256, 128], [768, 128, 256], [512, 256, 512]),
+            &shapes([128, 128, 64], [256, 512, 512], [768, 256, 768]),
+            &shapes([128; 4], [128; 4], [512, 256, 512, 256]),
+            &shapes([40, 56, 384, 512], [512, 384, 256, 128], [256; 4]),
+            &shapes([512, 384, 256, 128], [256; 4], [512, 768, 512, 768]),
+        ];
+        let expected_len = [3, 11, 3, 7, 8, 10, 10, 4, 17, 20];
+        for (t, g) in tests.iter().enumerate() {
+            let mut buf = [WorkItem::default(); 64];
+            let len = build(g, BlockN::N128, &mut buf);
+            assert_eq!(len, expected_len[t], "test {}", t + 1);
+            let items = &buf[..len];
+            assert_covers(g, BlockN::N128, items);
+            assert!(items.windows(2).all(|w| w[0].tile_n <= w[1].tile_n), "test {}", t + 1);
+            assert_eq!(work_list_len(g, BlockN::N256), 0);
+        }
+    }
+
+    /// DESIGN.md §2 benchmarks: b0/b1 256-wide (no padding: 16 and 28 N tiles), b2/b3 128-wide.
+    #[test]
+    fn benchmark_shapes() {
+        let b0 = shapes([80, 176, 128, 72, 64, 248, 96, 160], [4096; 8], [7168; 8]);
+        let b1 = shapes([40, 76, 168, 72, 164, 148, 196, 160], [7168; 8], [2048; 8]);
+        let b2 = shapes([192, 320], [3072; 2], [4096; 2]);
+        let b3 = shapes([128, 384], [4096; 2], [1536; 2]);
+        let mut buf = [WorkItem::default(); 400];
+        for (g, wide, len) in [
+            (&b0[..], BlockN::N256, 176),
+            (&b1[..], BlockN::N256, 364),
+            (&b2[..], BlockN::N128, 120),
+            (&b3[..], BlockN::N128, 128),
+        ] {
+            assert_eq!(build(g, wide, &mut buf), len);
+            assert_covers(g, wide, &buf[..len]);
+        }
+        // b0: group 0 has one M tile, so items 0..16 are (0, 0, 0..16), then group 1 tile_m 0.
+        let len = build(&b0, BlockN::N256, &mut buf);
+        assert_eq!(len, 176);
+        assert!((0..16).all(|t| buf[t as usize] == item(0, 0, t)));
+        assert_eq!(buf[16], item(1, 0, 0));
+        assert_eq!(buf[32], item(1, 1, 0));
+    }
+
+    /// Every aligned run of 4 items in a 256-wide list shares (problem, tile_m): one A tile per
+    /// cluster, which is what the multicast needs.
+    #[test]
+    fn wide_list_is_padded_to_clusters() {
+        // N = 4608 = 18 tiles of 256 → 2 padding items per tile_m; N = 4352 = 17 → 3.
+        let g = shapes([200, 128, 0], [4608, 4352, 4096], [2048; 3]);
+        let mut buf = [WorkItem::default(); 64];
+        let len = build(&g, BlockN::N256, &mut buf);
+        assert_eq!(len, 2 * 20 + 20);
+        let items = &buf[..len];
+        assert_covers(&g, BlockN::N256, items);
+        for c in items.chunks(4) {
+            assert_eq!(c.len(), 4);
+            assert!(c.iter().all(|w| (w.problem, w.tile_m) == (c[0].problem, c[0].tile_m)));
+        }
+        // Padding repeats tile_n 0 of the same tile_m.
+        assert_eq!(&items[18..20], &[item(0, 0, 0), item(0, 0, 0)]);
+        assert_eq!(&items[57..60], &[item(1, 0, 0); 3]);
+    }
+
+    #[test]
+    fn mixed_widths_split_into_two_lists() {
+        let g = shapes([128, 64, 0, 300], [4096, 512, 4096, 8192], [4096, 512, 4096, 1024]);
+        let mut buf = [WorkItem::default(); 256];
+        let wide = build(&g, BlockN::N256, &mut buf);
+        assert_eq!(wide, 16);
+        assert_covers(&g, BlockN::N256, &buf[..wide]);
+        let narrow = build(&g, BlockN::N128, &mut buf);
+        // Group 1: 4 N tiles x 1; group 3 (K < 2048): 64 N tiles x 3.
+        assert_eq!(narrow, 4 + 64 * 3);
+        assert_covers(&g, BlockN::N128, &buf[..narrow]);
+    }
+
+    #[test]
+    fn short_buffer_is_an_error() {
+        let g = shapes([256], [256], [256]);
+        let mut buf = [WorkItem::default(); 3];
+        assert_eq!(build_work_list(&g, BlockN::N128, &mut buf), Err(WorkListTooSmall { needed: 4 }));
+        assert_eq!(build_work_list(&[], BlockN::N128, &mut []), Ok(0));
+    }
+
+    #[test]
+    fn const_evaluable() {
+        const G: [GroupShape; 2] = shapes([96, 128], [128, 256], [256, 512]);
+        const LIST: ([WorkItem; 3], usize) = {
+            let mut buf = [WorkItem { problem: 0, tile_m: 0, tile_n: 0 }; 3];
+            let len = match build_work_list(&G, BlockN::N128, &mut buf) {
+                Ok(l) => l,
+                Err(_) => panic!("too small"),
+            };
+            (buf, len)
+        };
+        assert_eq!(LIST.1, 3);
+        assert_eq!(LIST.0[2], item(1, 0, 1));
+    }
+}
