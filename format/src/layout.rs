@@ -50,8 +50,8 @@ pub(crate) fn check_shape(rows: usize, k: usize, multiple: usize) -> Result<(u32
     }
     let rows32 = u32::try_from(rows).map_err(|_| FormatError::TooLarge { what: "rows", value: rows })?;
     let k32 = u32::try_from(k).map_err(|_| FormatError::TooLarge { what: "K", value: k })?;
-    // The padded row count must fit too.
-    if rows32.checked_next_multiple_of(scale_layout::BLOCK_ROWS).is_none() {
+    // The padded row count and the element count must fit too.
+    if rows32.checked_next_multiple_of(scale_layout::BLOCK_ROWS).is_none() || rows.checked_mul(k).is_none() {
         return Err(FormatError::TooLarge { what: "rows", value: rows });
     }
     Ok((rows32, k32))

@@ -10,7 +10,7 @@
 //! * [`quantize()`]: NVIDIA's two-level recipe (global scale `amax / (6·448)`, e4m3 block scales per
 //!   16 values, e2m1 values, round to nearest even), for `f32`, `f64`, `f16` and `bf16` input.
 //! * [`generate`]: seeded inputs, the competition's distribution and a full-range one.
-//! * [`reference`]: the CPU reference grouped GEMM `C_g = alpha_g · A_g · B_gᵀ` (exact products,
+//! * [`reference`](mod@reference): the CPU reference grouped GEMM `C_g = alpha_g · A_g · B_gᵀ` (exact products,
 //!   `f64` accumulation, one rounding to fp16 or bf16), parallel with rayon.
 //! * [`compare()`]: `|got − ref| ≤ atol + rtol·|ref|` per element, the worst element and the
 //!   normalized error `‖got − ref‖ / ‖ref‖`.
@@ -30,17 +30,22 @@
 //! let qa = quantize(&a, m, k)?;
 //! let qb = quantize(&b, n, k)?;
 //! assert_eq!(qa.values().len(), m * k / 2); // two e2m1 values per byte
-//! assert_eq!(qa.scales().len(), 512); // one 128x4 block of e4m3 scales, zero-padded
+//! // e4m3 scales, one per 16 values: 8 scale columns = two 128x4 blocks (rows zero-padded to 128).
+//! assert_eq!(qa.scales().len(), 2 * 512);
 //!
 //! // alpha = 1: the reference multiplies by both global scales itself.
 //! let groups = vec![Group::new(qa, qb, 1.0)?];
 //! let reference = reference_grouped_gemm(&groups)?;
 //! assert_eq!((reference[0].rows, reference[0].cols), (m, n));
 //!
-//! // A kernel's fp16 output would go here; the reference itself passes trivially.
-//! let got: Vec<Vec<half::f16>> = reference.iter().map(|c| c.data.clone()).collect();
+//! // A kernel's fp16 output (one `Vec<f16>` per group, row-major) would go here.
+//! let mut got: Vec<Vec<half::f16>> = reference.iter().map(|c| c.data.clone()).collect();
 //! let report = compare(&got, &reference, Tolerance::COMPETITION)?;
 //! assert!(report.passed(), "{report}");
+//! got[0][5] = half::f16::NAN;
+//! let report = compare(&got, &reference, Tolerance::COMPETITION)?;
+//! assert!(!report.passed());
+//! println!("{report}"); // FAIL: 1/128 elements outside ...; worst: group 0 row 0 col 5: got NaN ...
 //!
 //! // The quantized product approximates the f32 product.
 //! let exact: f32 = (0..k).map(|c| a[c] * b[c]).sum();
@@ -66,8 +71,6 @@
 //! `f16::from_f64` goes through `f32` on F16C CPUs (two roundings) and its `bf16::from_f64` ignores
 //! the low 32 mantissa bits, so [`codec::f64_to_f16`] and [`codec::f64_to_bf16`] are written here
 //! (one rounding, tested against a brute-force oracle).
-
-#![warn(missing_docs)]
 
 pub mod codec;
 pub mod compare;

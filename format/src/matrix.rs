@@ -278,7 +278,7 @@ mod tests {
             for c in 0..32 {
                 assert_eq!(d[i * 32 + c], m.value(i, c));
                 let scale = [1.0, 2.0, 0.5, 4.0][i * 2 + c / 16];
-                assert_eq!(d[i * 32 + c], E2M1_VALUES[c % 16 ^ (i * 8)] * scale * 0.5);
+                assert_eq!(d[i * 32 + c], E2M1_VALUES[(c % 16) ^ (i * 8)] * scale * 0.5);
             }
         }
         let d16 = m.dequantize_block_scaled_f16();

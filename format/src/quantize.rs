@@ -107,17 +107,32 @@ mod tests {
 
     #[test]
     fn hand_checked_block() {
-        // One row of 16 whose amax is 6: g = 6/2688, block scale e4m3(6/6/g) = e4m3(448) = 448,
-        // unit = 448 g = 1, so the values are encoded as themselves.
-        let row: Vec<f32> = vec![6.0, -6.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, -0.5, 0.25, 0.75, 2.5, 5.0, -5.5, 1.25];
+        // One row of 16 whose amax is 6 * 448 = 2688: g = 2688 / 2688 = 1, block scale
+        // e4m3(2688 / 6 / 1) = 448, unit = 448, so the values are encoded as x / 448 (exactly, so
+        // the ties below are real ties).
+        let row: Vec<f32> = [6.0, -6.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, -0.5, 0.25, 0.75, 2.5, 5.0, -5.5, 1.25]
+            .iter()
+            .map(|x| x * 448.0)
+            .collect();
         let m = quantize(&row, 1, 16).unwrap();
-        assert_eq!(m.global_scale(), (6.0f64 / 2688.0) as f32);
+        assert_eq!(m.global_scale(), 1.0);
         assert_eq!(m.plain_scales(), vec![0x7E]);
         let codes: Vec<u8> = (0..16).map(|c| m.code(0, c)).collect();
-        // 0.25 -> 0 (tie to even), 0.75 -> 1.0, 2.5 -> 2.0, 5.0 -> 4.0, -5.5 -> -6, 1.25 -> 1.0.
+        // 0.25 -> 0 (tie to even), 0.75 -> 1.0 (tie to even), 2.5 -> 2.0, 5.0 -> 4.0, -5.5 -> -6,
+        // 1.25 -> 1.0.
         assert_eq!(codes, vec![7, 15, 0, 1, 2, 3, 4, 5, 6, 9, 0, 2, 4, 6, 15, 2]);
         let d = m.dequantize();
-        assert!((d[0] - 6.0).abs() < 1e-5 && (d[13] - 4.0).abs() < 1e-5);
+        assert_eq!((d[0], d[11], d[13]), (2688.0, 448.0, 1792.0));
+
+        // Amax 6: g = f32(6 / 2688) is not exactly 1/448, so the unit 448 g is 1 up to f32
+        // rounding and ties may go either way; the non-tie values still encode as themselves.
+        let small: Vec<f32> = row.iter().map(|x| x / 448.0).collect();
+        let m = quantize(&small, 1, 16).unwrap();
+        assert_eq!(m.global_scale(), (6.0f64 / 2688.0) as f32);
+        assert_eq!(m.plain_scales(), vec![0x7E]);
+        for c in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 14] {
+            assert_eq!(m.code(0, c), codes[c], "element {c}");
+        }
     }
 
     #[test]

@@ -94,6 +94,12 @@ pub struct GroupOutput<T> {
     pub data: Vec<T>,
 }
 
+impl<T> AsRef<[T]> for GroupOutput<T> {
+    fn as_ref(&self) -> &[T] {
+        &self.data
+    }
+}
+
 impl<T: Copy> GroupOutput<T> {
     /// Element `(i, j)`. Panics when out of range.
     pub fn get(&self, i: usize, j: usize) -> T {

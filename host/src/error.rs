@@ -42,7 +42,6 @@ impl Error {
         Error::Driver { during, error: e.to_string() }
     }
 
-    #[allow(dead_code)]
     pub(crate) fn group(group: usize, field: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidGroup { group, field, reason: reason.into() }
     }
