@@ -468,14 +468,14 @@ mod tests {
         assert_eq!(bad, 0);
     }
 
-    /// Every one of the 2^32 `f32` inputs (about 20 s on 2 cores; run with `--ignored`).
+    /// Every one of the 2^32 `f32` inputs (tens of seconds on 2 cores; run with `--ignored`).
     #[test]
     #[ignore = "exhaustive over all f32; slow"]
     fn e4m3_encode_every_f32() {
         exhaustive_f32(e4m3_from_f32, e4m3_definition, E4M3_MAX_CODE, 0x80, [0x7F, 0xFF]);
     }
 
-    /// Every one of the 2^32 `f32` inputs (about 20 s on 2 cores; run with `--ignored`).
+    /// Every one of the 2^32 `f32` inputs (tens of seconds on 2 cores; run with `--ignored`).
     #[test]
     #[ignore = "exhaustive over all f32; slow"]
     fn e2m1_encode_every_f32() {
