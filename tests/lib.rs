@@ -23,7 +23,7 @@ pub fn gpu_or_skip(test: &str, want: Arch) -> Option<Gpu> {
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::f16;
 use nvfp4_format::{compare, reference_grouped_gemm, Comparison, Group, GroupShape, InputDistribution, Tolerance};
-use nvfp4_gemm::{GemmPlan, GroupArgs, Nvfp4Operand, Output, OutputType, Problem};
+use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
 use std::sync::Arc;
 
 /// f16 bit pattern written before every run: a NaN, so an element the kernel never wrote fails the
@@ -36,6 +36,12 @@ pub const GUARD: usize = 64;
 pub struct CaseReport {
     /// Against the CPU reference.
     pub comparison: Comparison,
+    /// Largest `|got − ref| / (2⁻²⁴·Σ|a·b|·|alpha|)` over all elements: the error in units of the
+    /// fp32 rounding of the sum of absolute products (what fp32 accumulation can lose).
+    pub accumulation_ulps: f64,
+    /// Elements outside the strict tolerance that were accepted under [`accumulation_allowance`]
+    /// (only for cases run with the allowance).
+    pub within_allowance: usize,
     /// Guard elements around C that changed.
     pub guard_corruptions: usize,
     /// True when a second run on the same inputs gave bitwise the same C.
@@ -49,27 +55,35 @@ impl CaseReport {
     }
 }
 
-struct DeviceInputs {
-    a_values: CudaSlice<u8>,
-    a_scales: CudaSlice<u8>,
-    b_values: CudaSlice<u8>,
-    b_scales: CudaSlice<u8>,
+/// How far fp32 accumulation may move a result: `(K/16 + 2) · 2⁻²¹ · Σ|a_k·b_k| · |alpha|`.
+///
+/// wgmma adds 16 exact products at a time to an fp32 accumulator, truncating each sum to about
+/// 24 bits, so each of the K/16 steps can lose ~2⁻²³ of the running sum of magnitudes; we allow 4×
+/// that. With the competition's inputs every partial sum is exactly representable in fp32 (small
+/// multiples of 1/64), so those cases get no such allowance and must match to atol = rtol = 1e-3
+/// (in practice bit-exactly). Full-range inputs span 2⁻¹⁸..7·10⁶ per product and cancel heavily;
+/// no fp32-accumulating kernel can meet a pure 1e-3 bound there.
+pub fn accumulation_allowance(k: usize, abs_sum: f64) -> f64 {
+    (k as f64 / 16.0 + 2.0) * (-21f64).exp2() * abs_sum
 }
 
 /// Uploads `groups`, runs the plan twice (poisoning C first each time), checks the guards and the
 /// determinism, and compares with the CPU reference (fp16 output, `tol`).
-pub fn run_case(gpu: &nvfp4_gemm::Gpu, stream: &Arc<CudaStream>, groups: &[Group], tol: Tolerance) -> CaseReport {
+/// `fp32_allowance`: accept elements outside `tol` when they are within [`accumulation_allowance`]
+/// (for inputs whose partial sums are not exact in fp32).
+pub fn run_case(
+    gpu: &nvfp4_gemm::Gpu,
+    stream: &Arc<CudaStream>,
+    groups: &[Group],
+    tol: Tolerance,
+    fp32_allowance: bool,
+) -> CaseReport {
     let shapes: Vec<GroupShape> = groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect();
     let problem = Problem::new(shapes, OutputType::F16).expect("valid problem");
     let mut plan = GemmPlan::new(gpu, problem).expect("plan");
-    let inputs: Vec<DeviceInputs> = groups
+    let inputs: Vec<(DeviceNvfp4, DeviceNvfp4)> = groups
         .iter()
-        .map(|g| DeviceInputs {
-            a_values: upload(stream, g.a.values()),
-            a_scales: upload(stream, g.a.scales()),
-            b_values: upload(stream, g.b.values()),
-            b_scales: upload(stream, g.b.scales()),
-        })
+        .map(|g| (DeviceNvfp4::upload(stream, &g.a).expect("upload A"), DeviceNvfp4::upload(stream, &g.b).expect("upload B")))
         .collect();
     let mut cs: Vec<CudaSlice<f16>> =
         groups.iter().map(|g| stream.alloc_zeros::<f16>(g.m() * g.n() + 2 * GUARD).expect("alloc C")).collect();
@@ -89,9 +103,9 @@ pub fn run_case(gpu: &nvfp4_gemm::Gpu, stream: &Arc<CudaStream>, groups: &[Group
                 .iter()
                 .zip(views.iter_mut())
                 .zip(groups)
-                .map(|((d, c), g)| GroupArgs {
-                    a: Nvfp4Operand { values: &d.a_values, scales: &d.a_scales },
-                    b: Nvfp4Operand { values: &d.b_values, scales: &d.b_scales },
+                .map(|(((a, b), c), g)| GroupArgs {
+                    a: a.operand(),
+                    b: b.operand(),
                     c: Output::F16(c),
                     alpha: g.effective_alpha_f32(),
                 })
@@ -111,15 +125,51 @@ pub fn run_case(gpu: &nvfp4_gemm::Gpu, stream: &Arc<CudaStream>, groups: &[Group
     let deterministic = outputs[0] == outputs[1];
     let got: Vec<Vec<f16>> = outputs[0].iter().map(|g| g.iter().map(|&b| f16::from_bits(b)).collect()).collect();
     let expected = reference_grouped_gemm(groups).expect("reference");
-    let comparison = compare(&got, &expected, tol).expect("compare");
-    CaseReport { comparison, guard_corruptions, deterministic }
-}
-
-fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> CudaSlice<u8> {
-    if bytes.is_empty() {
-        return stream.alloc_zeros::<u8>(16).expect("alloc");
+    let mut comparison = compare(&got, &expected, tol).expect("compare");
+    // Σ|a·b|·|alpha| per element: the reference on the operands with their sign bits cleared.
+    let abs_groups: Vec<Group> = groups
+        .iter()
+        .map(|g| {
+            let mut g = g.clone();
+            g.a.values_mut().iter_mut().for_each(|v| *v &= 0x77);
+            g.b.values_mut().iter_mut().for_each(|v| *v &= 0x77);
+            g.alpha = g.alpha.abs();
+            g
+        })
+        .collect();
+    let abs = nvfp4_format::reference_grouped_gemm_f64(&abs_groups).expect("abs reference");
+    let exact = nvfp4_format::reference_grouped_gemm_f64(groups).expect("f64 reference");
+    let mut accumulation_ulps = 0f64;
+    let (mut failed, mut worst): (usize, Option<nvfp4_format::Element>) = (0, None);
+    for (gi, ((g, e), a)) in got.iter().zip(&exact).zip(&abs).enumerate() {
+        let k = groups[gi].k();
+        for (idx, ((x, r), s)) in g.iter().zip(&e.data).zip(&a.data).enumerate() {
+            let x = x.to_f64();
+            let err = (x - r).abs();
+            if *s > 0.0 {
+                accumulation_ulps = accumulation_ulps.max(err / ((-24f64).exp2() * s));
+            }
+            if fp32_allowance && !tol.accepts(x, *r) {
+                // Strictly-failing elements are re-judged with the accumulation allowance; a NaN
+                // or an error beyond it fails.
+                let allowed = tol.atol + tol.rtol * r.abs() + accumulation_allowance(k, *s);
+                if x.is_nan() || err > allowed {
+                    failed += 1;
+                    let excess = err / allowed;
+                    if worst.is_none_or(|w| excess > w.excess) {
+                        let (row, col) = (idx / e.cols, idx % e.cols);
+                        worst = Some(nvfp4_format::Element { group: gi, row, col, got: x, expected: *r, excess });
+                    }
+                }
+            }
+        }
     }
-    stream.clone_htod(bytes).expect("upload")
+    let within_allowance = if fp32_allowance { comparison.failed - failed } else { 0 };
+    if fp32_allowance && !comparison.passed() {
+        comparison.failed = failed;
+        comparison.worst = worst;
+    }
+    CaseReport { comparison, accumulation_ulps, within_allowance, guard_corruptions, deterministic }
 }
 
 /// Random groups of the given shapes and distribution; full-range inputs get a small alpha so the

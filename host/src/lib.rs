@@ -9,6 +9,29 @@
 //! Three types: a [`Problem`] (shapes, validated), a [`GemmPlan`] (the problem bound to a [`Gpu`]:
 //! configuration, work list, device tables; build once, reuse), and the per-call [`GroupArgs`]
 //! (borrowed device buffers).
+//!
+//! ```no_run
+//! use nvfp4_gemm::format::{random_groups, GroupShape, InputDistribution};
+//! use nvfp4_gemm::{DeviceNvfp4, GemmPlan, Gpu, GroupArgs, Output, OutputType, Problem};
+//!
+//! let gpu = Gpu::new(0)?; // a typed error without a driver or on an unsupported GPU
+//! let stream = gpu.context().default_stream();
+//! let shapes = vec![GroupShape::new(96, 256, 512), GroupShape::new(40, 512, 256)];
+//! let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::F16)?)?;
+//! let groups = random_groups(&shapes, InputDistribution::Competition, 1)?; // host NVFP4 matrices
+//! let dev = groups
+//!     .iter()
+//!     .map(|g| Ok((DeviceNvfp4::upload(&stream, &g.a)?, DeviceNvfp4::upload(&stream, &g.b)?)))
+//!     .collect::<nvfp4_gemm::Result<Vec<_>>>()?;
+//! let mut cs = shapes.iter().map(|s| stream.alloc_zeros::<half::f16>(s.m * s.n)).collect::<Result<Vec<_>, _>>()?;
+//! let mut args: Vec<GroupArgs> = dev
+//!     .iter()
+//!     .zip(cs.iter_mut())
+//!     .map(|((a, b), c)| GroupArgs { a: a.operand(), b: b.operand(), c: Output::F16(c), alpha: 1.0 })
+//!     .collect();
+//! plan.run(&stream, &mut args)?; // validates every buffer first; no allocation, no host sync
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![warn(missing_docs)]
 
 pub mod device;
@@ -18,8 +41,11 @@ pub mod plan;
 pub mod problem;
 mod sm90;
 pub mod smoke;
+pub mod upload;
 
 pub use device::{driver_present, Arch, Gpu};
 pub use error::{Error, Result};
 pub use plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, PlanSummary};
 pub use problem::{GroupShape, OutputType, Problem};
+pub use upload::DeviceNvfp4;
+pub use nvfp4_format as format;

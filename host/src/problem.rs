@@ -187,3 +187,90 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(e: Error) -> (usize, &'static str) {
+        match e {
+            Error::InvalidGroup { group, field, .. } => (group, field),
+            other => panic!("expected InvalidGroup, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn shape_rules() {
+        let ok = GroupShape::new(96, 256, 512);
+        assert!(Problem::new(vec![ok], OutputType::F16).is_ok());
+        assert!(Problem::new(vec![], OutputType::F16).is_ok(), "zero groups is a no-op problem");
+        assert!(Problem::new(vec![GroupShape::new(0, 256, 512)], OutputType::F16).is_ok(), "M = 0 is skipped");
+        let bad = |s: GroupShape| field_of(Problem::new(vec![ok, s], OutputType::F16).unwrap_err());
+        assert_eq!(bad(GroupShape::new(8, 256, 100)), (1, "k"));
+        assert_eq!(bad(GroupShape::new(8, 256, 0)), (1, "k"));
+        assert_eq!(bad(GroupShape::new(8, 250, 512)), (1, "n"));
+        assert_eq!(bad(GroupShape::new(8, 0, 512)), (1, "n"));
+        assert_eq!(bad(GroupShape::new(MAX_DIM + 1, 256, 512)), (1, "m"));
+        let too_many = vec![ok; MAX_GROUPS + 1];
+        assert!(matches!(Problem::new(too_many, OutputType::F16), Err(Error::InvalidProblem(_))));
+    }
+
+    fn good_buffers(s: &GroupShape) -> GroupBuffers {
+        let z = BufferSizes::of(s);
+        let v = |i: u64, len| BufferView { ptr: 0x10_0000 * i, len };
+        GroupBuffers {
+            a_values: v(1, z.a_values),
+            a_scales: v(2, z.a_scales),
+            b_values: v(3, z.b_values),
+            b_scales: v(4, z.b_scales),
+            c: v(5, z.c_elements),
+            c_type: OutputType::F16,
+            alpha: 1.0,
+        }
+    }
+
+    #[test]
+    fn buffer_rules_name_the_group_and_field() {
+        let s = GroupShape::new(72, 384, 256);
+        let p = Problem::new(vec![s, s], OutputType::F16).unwrap();
+        let good = good_buffers(&s);
+        assert!(validate_buffers(&p, &[good, good]).is_ok());
+        assert!(matches!(validate_buffers(&p, &[good]), Err(Error::InvalidProblem(_))));
+        let cases: [(&str, fn(&mut GroupBuffers)); 10] = [
+            ("a.values", |b| b.a_values.len -= 1),
+            ("a.scales", |b| b.a_scales.len = 72 * 16), // plain layout size, not padded to 128 rows
+            ("b.values", |b| b.b_values.len += 1),
+            ("b.scales", |b| b.b_scales.len = 0),
+            ("c", |b| b.c.len = 72 * 383),
+            ("a.values", |b| b.a_values.ptr += 8),
+            ("b.scales", |b| b.b_scales.ptr += 4),
+            ("c", |b| b.c.ptr += 2),
+            ("c", |b| b.c_type = OutputType::Bf16),
+            ("alpha", |b| b.alpha = f32::NAN),
+        ];
+        for (field, break_it) in cases {
+            let mut bad = good;
+            break_it(&mut bad);
+            assert_eq!(field_of(validate_buffers(&p, &[good, bad]).unwrap_err()), (1, field));
+        }
+    }
+
+    #[test]
+    fn skipped_groups_need_no_buffers() {
+        let s = GroupShape::new(0, 384, 256);
+        let p = Problem::new(vec![s], OutputType::F16).unwrap();
+        let mut b = good_buffers(&s);
+        b.b_values.len = 0;
+        assert!(validate_buffers(&p, &[b]).is_ok());
+    }
+
+    #[test]
+    fn sizes() {
+        let z = BufferSizes::of(&GroupShape::new(130, 264, 128));
+        assert_eq!(z.a_values, 130 * 64);
+        assert_eq!(z.a_scales, 256 * 8);
+        assert_eq!(z.b_values, 264 * 64);
+        assert_eq!(z.b_scales, 384 * 8);
+        assert_eq!(z.c_elements, 130 * 264);
+    }
+}

@@ -2,6 +2,9 @@
 //! the benchmark shapes, both input distributions, and 200 seeded random problems with tails.
 //! Each case poisons C (and guard elements around it) before each of two runs, then checks every
 //! element against the fp64 reference (atol = rtol = 1e-3), the guards, and bitwise determinism.
+//! Full-range inputs additionally get the fp32-accumulation allowance of
+//! `nvfp4_gemm_tests::accumulation_allowance` (their partial sums are not exact in fp32); the
+//! competition's inputs do not (theirs are, and the results match bit for bit).
 //! Skipped with a printed reason without an sm_90 GPU.
 
 use nvfp4_format::{GroupShape, InputDistribution, SplitMix64, Tolerance};
@@ -45,15 +48,17 @@ fn run_all(test: &str, cases: &[(Vec<GroupShape>, InputDistribution)], seed: u64
         {
             let dist = *dist;
             let groups = make_groups(shapes, dist, seed + i as u64);
-            let r = run_case(&gpu, &stream, &groups, Tolerance::COMPETITION);
+            let r = run_case(&gpu, &stream, &groups, Tolerance::COMPETITION, dist == InputDistribution::FullRange);
             let ms: Vec<usize> = shapes.iter().map(|s| s.m).collect();
             let line = format!(
-                "CASE {test}[{i}] {dist:?} g={} m={ms:?} n0={} k0={} guards={} deterministic={} {}",
+                "CASE {test}[{i}] {dist:?} g={} m={ms:?} n0={} k0={} guards={} deterministic={} acc_ulps={:.1} fp32_allowed={} {}",
                 shapes.len(),
                 shapes.first().map_or(0, |s| s.n),
                 shapes.first().map_or(0, |s| s.k),
                 r.guard_corruptions,
                 r.deterministic,
+                r.accumulation_ulps,
+                r.within_allowance,
                 r.comparison
             );
             println!("{line}");
@@ -98,4 +103,83 @@ fn random_shapes() {
         }
     }
     run_all("random_shapes", &cases, 3333);
+}
+
+/// bf16 output on two competition shapes; C is poisoned first.
+#[test]
+fn bf16_output() {
+    use half::bf16;
+    use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
+    let Some(gpu) = gpu_or_skip("bf16_output", Arch::Sm90a) else { return };
+    let stream = gpu.context().default_stream();
+    for (i, shapes) in competition_cases().iter().take(4).enumerate() {
+        let groups = make_groups(shapes, InputDistribution::Competition, 40 + i as u64);
+        let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::Bf16).unwrap()).unwrap();
+        let dev: Vec<_> = groups
+            .iter()
+            .map(|g| (DeviceNvfp4::upload(&stream, &g.a).unwrap(), DeviceNvfp4::upload(&stream, &g.b).unwrap()))
+            .collect();
+        let mut cs: Vec<_> =
+            groups.iter().map(|g| stream.clone_htod(&vec![bf16::from_bits(0x7FFF); g.m() * g.n()]).unwrap()).collect();
+        let mut args: Vec<GroupArgs> = dev
+            .iter()
+            .zip(cs.iter_mut())
+            .zip(&groups)
+            .map(|(((a, b), c), g)| GroupArgs { a: a.operand(), b: b.operand(), c: Output::Bf16(c), alpha: g.alpha })
+            .collect();
+        plan.run(&stream, &mut args).unwrap();
+        drop(args);
+        let got: Vec<Vec<bf16>> = cs.iter().map(|c| stream.clone_dtoh(c).unwrap()).collect();
+        let expected = nvfp4_format::reference_grouped_gemm_bf16(&groups).unwrap();
+        // bf16 keeps 8 significant bits: allow one rounding (2^-8 relative).
+        let cmp = nvfp4_format::compare(&got, &expected, Tolerance::new(1e-3, 4e-3)).unwrap();
+        println!("CASE bf16_output[{i}] {cmp}");
+        assert!(cmp.passed(), "{cmp}");
+    }
+}
+
+/// M = 0 groups are skipped, a problem of only such groups (or of no groups) launches nothing,
+/// and a buffer of the wrong size is a typed error with C left untouched.
+#[test]
+fn empty_groups_and_bad_buffers() {
+    use nvfp4_gemm::{DeviceNvfp4, Error, GemmPlan, GroupArgs, Output, OutputType, Problem};
+    let Some(gpu) = gpu_or_skip("empty_groups_and_bad_buffers", Arch::Sm90a) else { return };
+    let stream = gpu.context().default_stream();
+    let mut none = GemmPlan::new(&gpu, Problem::new(vec![], OutputType::F16).unwrap()).unwrap();
+    none.run(&stream, &mut []).unwrap();
+
+    let shapes = vec![GroupShape::new(0, 256, 512), GroupShape::new(24, 136, 192)];
+    let groups = make_groups(&shapes, InputDistribution::Competition, 5);
+    let dev: Vec<_> = groups
+        .iter()
+        .map(|g| (DeviceNvfp4::upload(&stream, &g.a).unwrap(), DeviceNvfp4::upload(&stream, &g.b).unwrap()))
+        .collect();
+    let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::F16).unwrap()).unwrap();
+    let poison = half::f16::from_bits(0x7FFF);
+    let mut c0 = stream.clone_htod(&[poison; 16]).unwrap();
+    let mut c1 = stream.clone_htod(&vec![poison; 24 * 136]).unwrap();
+    // Wrong: group 1's C one row short.
+    let mut short = stream.clone_htod(&vec![poison; 23 * 136]).unwrap();
+    {
+        let mut args = vec![
+            GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
+            GroupArgs { a: dev[1].0.operand(), b: dev[1].1.operand(), c: Output::F16(&mut short), alpha: 1.0 },
+        ];
+        let err = plan.run(&stream, &mut args).unwrap_err();
+        assert!(matches!(err, Error::InvalidGroup { group: 1, field: "c", .. }), "{err}");
+    }
+    stream.synchronize().unwrap();
+    assert!(stream.clone_dtoh(&short).unwrap().iter().all(|x| x.to_bits() == 0x7FFF), "C written despite the error");
+    {
+        let mut args = vec![
+            GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
+            GroupArgs { a: dev[1].0.operand(), b: dev[1].1.operand(), c: Output::F16(&mut c1), alpha: 1.0 },
+        ];
+        plan.run(&stream, &mut args).unwrap();
+    }
+    let got = vec![stream.clone_dtoh(&c0).unwrap()[..0].to_vec(), stream.clone_dtoh(&c1).unwrap()];
+    let cmp = nvfp4_format::compare(&got, &nvfp4_format::reference_grouped_gemm(&groups).unwrap(), Tolerance::COMPETITION)
+        .unwrap();
+    println!("CASE empty_groups {cmp}");
+    assert!(cmp.passed(), "{cmp}");
 }

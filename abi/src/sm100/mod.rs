@@ -9,11 +9,14 @@
 //! - [`scale`]: which scale blocks a stage copies;
 //! - [`tma`]: FP4 tensor-map parameters and box coordinates;
 //! - [`config`]: the kernel variants (tiles, stages, cluster, warp roles, smem map, launch);
-//! - [`schedule`]: the persistent work list.
+//! - [`schedule`]: the persistent work list;
+//! - [`params`]: the kernel parameters and the kernel's additions to [`config`] (accumulator
+//!   barriers, per-stage scale columns in TMEM).
 
 pub mod config;
 pub mod desc;
 pub mod instr;
+pub mod params;
 pub mod scale;
 pub mod schedule;
 pub mod tma;

@@ -21,6 +21,7 @@ pub mod mbarrier;
 pub mod smem;
 pub mod sreg;
 pub mod tma;
+pub mod warp;
 
 #[cfg(arch_sm100)]
 pub mod tcgen05;

@@ -50,3 +50,103 @@ pub unsafe fn load_1d(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier) 
         d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
         options(nostack));
 }
+
+/// An L2 cache eviction policy for the `.L2::cache_hint` form of the bulk copies: the 64-bit
+/// operand `createpolicy.fractional` would produce (PTX ISA §9.7.9.26), precomputed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(transparent)]
+pub struct CachePolicy(pub u64);
+
+impl CachePolicy {
+    /// Evict first: data read once (the streamed operand). Source: CUTLASS
+    /// `CacheHintSm90::EVICT_FIRST` / `CacheHintSm100`, seed `EVICT_FIRST` (BLACKWELL.md §1).
+    pub const EVICT_FIRST: Self = CachePolicy(0x12F0_0000_0000_0000);
+    /// Evict last: data other CTAs will read again soon (the reused operand). Source: CUTLASS
+    /// `CacheHintSm90::EVICT_LAST`, seed `EVICT_LAST` (BLACKWELL.md §1).
+    pub const EVICT_LAST: Self = CachePolicy(0x14F0_0000_0000_0000);
+}
+
+/// 2D tensor load with an L2 hint:
+/// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint
+/// [dst], [map, {c0, c1}], [bar], policy;` (PTX ISA 8.0, sm_90). As [`load_2d`], with the
+/// eviction policy applied to the lines it reads. One thread.
+///
+/// # Safety
+/// As [`load_2d`].
+#[inline(always)]
+pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: Mbarrier, policy: CachePolicy) {
+    asm!(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}}}], [{b}], {p};",
+        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
+        p = in(reg64) policy.0, options(nostack));
+}
+
+/// 3D tensor load with an L2 hint:
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint
+/// [dst], [map, {c0, c1, c2}], [bar], policy;` (PTX ISA 8.0, sm_90). `c0` is the innermost
+/// coordinate. One thread; out-of-bounds elements are zero-filled and still count toward the
+/// transaction bytes.
+///
+/// # Safety
+/// As [`load_2d`].
+#[inline(always)]
+pub unsafe fn load_3d_hint(
+    dst: SmemAddr,
+    map: *const TensorMap,
+    c: [i32; 3],
+    bar: Mbarrier,
+    policy: CachePolicy,
+) {
+    asm!(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {p};",
+        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
+        b = in(reg32) bar.0 .0, p = in(reg64) policy.0, options(nostack));
+}
+
+/// 2D tensor load multicast to several CTAs of the cluster:
+/// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster
+/// [dst], [map, {c0, c1}], [bar], ctaMask;` (PTX ISA 8.0, sm_90; PTX §9.7.9.27.1.2). The box is
+/// written at `dst`'s CTA-relative offset in every CTA whose rank bit is set in `cta_mask`, and
+/// each of those CTAs' barrier at `bar`'s offset is credited the box bytes. `dst` and `bar` are
+/// `.shared::cluster` addresses of the issuing CTA ([`super::cluster::map_shared`] to its own
+/// rank, as the seed does). One thread.
+///
+/// # Safety
+/// As [`load_2d`], in every destination CTA; each destination must have announced the bytes on its
+/// barrier (or will before the phase can complete) and must not exit before the data lands.
+#[inline(always)]
+pub unsafe fn load_2d_multicast(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: SmemAddr, cta_mask: u16) {
+    asm!(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}}}], [{b}], {k};",
+        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0,
+        k = in(reg16) cta_mask, options(nostack));
+}
+
+/// 3D tensor load multicast to several CTAs of the cluster:
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster
+/// [dst], [map, {c0, c1, c2}], [bar], ctaMask;` (PTX ISA 8.0, sm_90). See [`load_2d_multicast`].
+/// One thread.
+///
+/// # Safety
+/// As [`load_2d_multicast`].
+#[inline(always)]
+pub unsafe fn load_3d_multicast(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], bar: SmemAddr, cta_mask: u16) {
+    asm!(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {k};",
+        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
+        b = in(reg32) bar.0, k = in(reg16) cta_mask, options(nostack));
+}
+
+/// 1D bulk load with an L2 hint:
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [dst], [src],
+/// bytes, [bar], policy;` (PTX ISA 8.0, sm_90). One thread.
+///
+/// # Safety
+/// As [`load_1d`].
+#[inline(always)]
+pub unsafe fn load_1d_hint(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier, policy: CachePolicy) {
+    asm!(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{s}], {n}, [{b}], {p};",
+        d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
+        p = in(reg64) policy.0, options(nostack));
+}
