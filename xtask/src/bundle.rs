@@ -65,6 +65,15 @@ pub fn run(args: &[&str]) -> Result<()> {
         std::fs::copy(path, out.join("tests").join(name))?;
         n += 1;
     }
+    // The main job's binary (README's `cargo run --release --example demo`).
+    let demo = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["build", "--release", "--quiet", "-p", "nvfp4-gemm", "--example", "demo"])
+        .status()?;
+    if !demo.success() {
+        return Err(Error::msg("building the demo failed"));
+    }
+    std::fs::copy(root.join("target/release/examples/demo"), out.join("bin/demo"))?;
     let script = out.join("run-gpu-tests.sh");
     std::fs::write(&script, RUNNER)?;
     #[cfg(unix)]

@@ -90,13 +90,7 @@ pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i3
 /// # Safety
 /// As [`load_2d`].
 #[inline(always)]
-pub unsafe fn load_3d_hint(
-    dst: SmemAddr,
-    map: *const TensorMap,
-    c: [i32; 3],
-    bar: Mbarrier,
-    policy: CachePolicy,
-) {
+pub unsafe fn load_3d_hint(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], bar: Mbarrier, policy: CachePolicy) {
     asm!(
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {p};",
         d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],

@@ -152,30 +152,50 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
         let g = *groups.add(tile.group as usize);
         let mut acc = [0f32; 32];
         let k_stages = g.k.div_ceil(BLOCK_K);
+        // The stage whose last MMAs may still be reading it; released once they are known done.
+        let mut pending: Option<u32> = None;
         for ks in 0..k_stages {
             let chunks = valid_chunks(g.k, ks);
             st.full(ring.stage).wait(ring.phase);
             let stage = st.stage(ring.stage);
-            for c in 0..chunks {
-                let wbase = stage.add(CFG.weight_offset());
-                let sbase = stage.add(CFG.scale_offset() + 512 * c);
-                let s0 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r0))), q);
-                let s1 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r1))), q);
-                let a0 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r0, c))), s0);
-                let a1 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r1, c))), s1);
-                let tokens = WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
-                wgmma::fence();
-                for j in 0..4 {
-                    let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                    wgmma::mma_m64n64k16(&mut acc, frag, tokens.advance(32 * j as u32).0, 1);
+            // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
+            // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
+            // flight may read it (at most two groups are ever pending).
+            for c in 0..CHUNKS_PER_STAGE {
+                if c < chunks {
+                    let wbase = stage.add(CFG.weight_offset());
+                    let sbase = stage.add(CFG.scale_offset() + 512 * c);
+                    let s0 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r0))), q);
+                    let s1 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r1))), q);
+                    let a0 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r0, c))), s0);
+                    let a1 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r1, c))), s1);
+                    let tokens =
+                        WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
+                    wgmma::fence();
+                    for j in 0..4 {
+                        let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+                        wgmma::mma_m64n64k16(&mut acc, frag, tokens.advance(32 * j as u32).0, 1);
+                    }
+                    wgmma::commit_group();
+                    // Everything but this chunk's group is done: the previous stage is free.
+                    wgmma::wait_group_fenced_n64::<1>(&mut acc);
+                    if c == 0 {
+                        if let Some(prev) = pending.take() {
+                            if lane == 0 {
+                                st.empty(prev).arrive();
+                            }
+                        }
+                    }
                 }
-                wgmma::commit_group();
-                wgmma::wait_group_fenced_n64::<0>(&mut acc);
             }
-            if lane == 0 {
-                st.empty(ring.stage).arrive();
-            }
+            pending = Some(ring.stage);
             ring.advance();
+        }
+        wgmma::wait_group_fenced_n64::<0>(&mut acc);
+        if let Some(prev) = pending {
+            if lane == 0 {
+                st.empty(prev).arrive();
+            }
         }
         store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
         i += sreg::nctaid_x();
