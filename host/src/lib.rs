@@ -40,6 +40,7 @@ pub mod error;
 pub mod plan;
 pub mod problem;
 mod sm90;
+mod sm100;
 pub mod smoke;
 pub mod upload;
 

@@ -5,6 +5,7 @@ use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
 use crate::error::{Error, Result};
 use crate::problem::{validate_buffers, BufferView, GroupBuffers, OutputType, Problem};
+use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Layout;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use half::{bf16, f16};
@@ -56,6 +57,7 @@ pub struct PlanSummary {
 }
 
 enum ArchPlan {
+    Sm100(Sm100Plan),
     Sm90 {
         layout: Sm90Layout,
         gemm: CudaFunction,
@@ -145,9 +147,23 @@ impl GemmPlan {
                 };
                 Ok(GemmPlan { problem, plan, summary, signature: vec![] })
             }
-            Arch::Sm100a => Err(Error::InvalidProblem(
-                "the sm_100a grouped GEMM is built and statically checked but not yet wired into the planner".into(),
-            )),
+            Arch::Sm100a => {
+                // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
+                // never run: there is no B200 here.
+                let sm100 = Sm100Plan::new(gpu, &problem)?;
+                let summary = PlanSummary {
+                    arch: Arch::Sm100a,
+                    kernel: sm100.describe(),
+                    tiles: sm100.layout.tiles(),
+                    // The first launch's geometry (the 128-wide list if any, else the cluster list).
+                    gemm: sm100
+                        .layout
+                        .launches
+                        .first()
+                        .map_or(LaunchGeometry { grid: 0, block: 256, cluster: 1, smem_bytes: 0 }, |l| l.geometry),
+                };
+                Ok(GemmPlan { problem, plan: ArchPlan::Sm100(sm100), summary, signature: vec![] })
+            }
         }
     }
 
@@ -185,6 +201,18 @@ impl GemmPlan {
             .collect();
         let d = |e| Error::driver("uploading the call's parameters", e);
         match &mut self.plan {
+            ArchPlan::Sm100(sm100) => {
+                if sm100.layout.launches.is_empty() {
+                    return Ok(());
+                }
+                if signature != self.signature {
+                    sm100.upload(stream_arc, &self.problem, &buffers)?;
+                    self.signature = signature;
+                }
+                // SAFETY: the tables hold these validated buffers (uploaded now, or by an earlier
+                // call with the same addresses and alphas) on this stream.
+                unsafe { sm100.launch(stream, &self.problem) }
+            }
             ArchPlan::Sm90 { layout, gemm, groups: g_dev, maps, tiles } => {
                 if layout.tiles.is_empty() {
                     return Ok(());

@@ -1,0 +1,430 @@
+//! Host side of the sm_100a (Blackwell) kernels: which variant runs each group, the work lists,
+//! launch geometry, group parameters and tensor maps. Every number comes from
+//! `nvfp4_gemm_abi::sm100` (the kernel reads the same definitions); nothing here recomputes a
+//! tile size, an offset or a byte count.
+//!
+//! A problem becomes at most two launches ([`Sm100Layout::launches`]):
+//! - the groups whose tile width is 128 ([`choose_block_n`]) form one work list, run by the 6-stage
+//!   kernel, or by the 3-stage one (two CTAs per SM) when the list is longer than two waves of the
+//!   6-stage kernel ([`select_n128`]);
+//! - the groups with 256-wide tiles form the other, run in clusters of 4 CTAs that share the A
+//!   tile by multicast; the list is padded so that each aligned run of 4 items shares one A tile.
+//!
+//! Both launches read the same group table and tensor-map table (`[2g]` = A, `[2g+1]` = B with the
+//! group's box height), so a group's maps are encoded once.
+//!
+//! [`Sm100Plan`] owns the device side (functions, tables, work lists) for `GemmPlan`.
+
+mod device;
+
+pub(crate) use device::Sm100Plan;
+
+use crate::driver::launch::LaunchGeometry;
+use crate::driver::tensor_map::{Element, Swizzle, TensorMap, TiledMap};
+use crate::error::{Error, Result};
+use crate::problem::{GroupBuffers, OutputType, Problem};
+use nvfp4_gemm_abi::sm100::config::THREADS;
+use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams};
+use nvfp4_gemm_abi::sm100::tma::{
+    Fp4MapLayout, TensorMapDataType, TensorMapInterleave, TensorMapOobFill, TensorMapSwizzle,
+};
+use nvfp4_gemm_abi::sm100::{
+    build_work_list, choose_block_n, for_block_n, select_n128, work_list_len, BlockN, Fp4TensorMap, GroupShape,
+    WorkItem,
+};
+
+/// One kernel launch of a plan: the variant, its work list and its geometry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sm100Launch {
+    /// The kernel variant (configuration, name, shared memory, TMEM).
+    pub kernel: KernelLayout,
+    /// Output tiles in schedule order (cluster-padded for the 256-wide variant).
+    pub work: Vec<WorkItem>,
+    /// Grid, block, cluster and dynamic shared memory.
+    pub geometry: LaunchGeometry,
+}
+
+/// Everything about a problem that does not depend on buffer addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sm100Layout {
+    /// The tile width of each group.
+    pub block_n: Vec<BlockN>,
+    /// The launches, 128-wide first; none when no group has work.
+    pub launches: Vec<Sm100Launch>,
+}
+
+fn abi_shape(s: &crate::problem::GroupShape) -> GroupShape {
+    GroupShape { m: s.m as u32, n: s.n as u32, k: s.k as u32 }
+}
+
+impl Sm100Layout {
+    /// Plans `problem` for `sm_count` SMs, with `ctas_per_sm(kernel)` resident CTAs per SM of each
+    /// kernel (0 is rejected: the kernel cannot run on this device).
+    pub fn new(problem: &Problem, sm_count: u32, ctas_per_sm: impl Fn(KernelLayout) -> u32) -> Result<Sm100Layout> {
+        let shapes: Vec<GroupShape> = problem.groups().iter().map(abi_shape).collect();
+        let block_n = shapes.iter().map(|s| choose_block_n(s.n, s.k)).collect();
+        let mut launches = vec![];
+        for width in [BlockN::N128, BlockN::N256] {
+            let len = work_list_len(&shapes, width);
+            if len == 0 {
+                continue;
+            }
+            let mut work = vec![WorkItem::default(); len];
+            let written = build_work_list(&shapes, width, &mut work)
+                .map_err(|e| Error::InvalidProblem(format!("work list needs {} items", e.needed)))?;
+            work.truncate(written);
+            let cfg = match width {
+                BlockN::N128 => {
+                    let deep = for_block_n(BlockN::N128);
+                    let shallow = nvfp4_gemm_abi::sm100::N128_SHALLOW;
+                    let occ = |c| kernel_for(c).map_or(0, &ctas_per_sm);
+                    select_n128(work.len() as u32, sm_count, occ(deep), occ(shallow))
+                }
+                BlockN::N256 => for_block_n(BlockN::N256),
+            };
+            let kernel = kernel_for(cfg)
+                .ok_or_else(|| Error::InvalidProblem(format!("no sm_100a kernel is compiled for {cfg:?}")))?;
+            let occupancy = ctas_per_sm(kernel);
+            let grid = cfg.launch_grid(work.len() as u32, sm_count, occupancy);
+            if grid.ctas == 0 {
+                return Err(Error::InvalidProblem(format!(
+                    "{} cannot run here: {occupancy} resident CTAs per SM on {sm_count} SMs",
+                    kernel.kernel_name()
+                )));
+            }
+            launches.push(Sm100Launch {
+                kernel,
+                geometry: LaunchGeometry {
+                    grid: grid.ctas,
+                    block: THREADS,
+                    cluster: cfg.cluster_size(),
+                    smem_bytes: kernel.dynamic_shared_memory(),
+                },
+                work,
+            });
+        }
+        Ok(Sm100Layout { block_n, launches })
+    }
+
+    /// Output tiles over all launches, cluster padding included.
+    pub fn tiles(&self) -> usize {
+        self.launches.iter().map(|l| l.work.len()).sum()
+    }
+
+    /// The tensor-map parameters of group `g`'s A and B (`None` for a group without tiles, whose
+    /// maps the kernels never read).
+    pub fn operand_maps(&self, problem: &Problem, g: usize) -> Result<Option<(Fp4Map, Fp4Map)>> {
+        let s = &problem.groups()[g];
+        if s.m == 0 {
+            return Ok(None);
+        }
+        let k = s.k as u32;
+        let a = Fp4Map::new(Fp4TensorMap::for_operand(s.m as u32, k, nvfp4_gemm_abi::sm100::config::BLOCK_M), g, "a")?;
+        let b = Fp4Map::new(Fp4TensorMap::for_operand(s.n as u32, k, self.block_n[g].get()), g, "b")?;
+        Ok(Some((a, b)))
+    }
+
+    /// The group table for these buffers (no driver call).
+    pub fn group_params(&self, problem: &Problem, buffers: &[GroupBuffers]) -> Result<Vec<GroupParams>> {
+        problem
+            .groups()
+            .iter()
+            .zip(buffers)
+            .enumerate()
+            .map(|(g, (s, b))| {
+                let map_rank = self.operand_maps(problem, g)?.map_or(0, |(a, _)| a.rank());
+                Ok(GroupParams {
+                    m: s.m as u32,
+                    n: s.n as u32,
+                    k: s.k as u32,
+                    alpha: b.alpha,
+                    a_scales: b.a_scales.ptr,
+                    b_scales: b.b_scales.ptr,
+                    c: b.c.ptr,
+                    ldc: s.n as u32,
+                    map_rank,
+                })
+            })
+            .collect()
+    }
+
+    /// Group table and tensor-map table (`[2g]` A, `[2g+1]` B) for these buffers. Encoding the maps
+    /// calls the driver (`cuTensorMapEncodeTiled`).
+    pub fn encode(&self, problem: &Problem, buffers: &[GroupBuffers]) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
+        let params = self.group_params(problem, buffers)?;
+        let mut maps = Vec::with_capacity(2 * buffers.len());
+        for (g, b) in buffers.iter().enumerate() {
+            match self.operand_maps(problem, g)? {
+                Some((a, bm)) => {
+                    maps.push(a.encode(b.a_values.ptr)?);
+                    maps.push(bm.encode(b.b_values.ptr)?);
+                }
+                None => maps.extend([TensorMap([0; 128]), TensorMap([0; 128])]),
+            }
+        }
+        Ok((params, maps))
+    }
+
+    /// The parameters of launch `i`, given the device addresses of the tables.
+    pub fn kernel_params(&self, i: usize, groups: u64, tensor_maps: u64, work: u64, problem: &Problem) -> KernelParams {
+        KernelParams {
+            groups,
+            tensor_maps,
+            work,
+            work_len: self.launches[i].work.len() as u32,
+            group_count: problem.groups().len() as u32,
+            out_bf16: (problem.output() == OutputType::Bf16) as u32,
+            reserved: 0,
+        }
+    }
+}
+
+/// The parameters of one FP4 operand's tensor map, in the host encoder's form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fp4Map {
+    /// The flat map (K tail).
+    Rank2(TiledMap<2>),
+    /// The seed's chunked map (`K % 256 == 0`).
+    Rank3(TiledMap<3>),
+}
+
+impl Fp4Map {
+    /// Converts the abi's map description; errors name the group and operand.
+    fn new(
+        map: core::result::Result<Fp4TensorMap, nvfp4_gemm_abi::sm100::TensorMapError>,
+        g: usize,
+        op: &'static str,
+    ) -> Result<Fp4Map> {
+        let m = map.map_err(|e| Error::group(g, op, format!("no tensor map for this operand: {e:?}")))?;
+        // The host encoder fixes these; the abi must agree with it.
+        let fixed = m.data_type == TensorMapDataType::U4x16Align8B
+            && m.swizzle == TensorMapSwizzle::B128
+            && m.interleave == TensorMapInterleave::None
+            && m.oob_fill == TensorMapOobFill::None
+            && m.element_strides.iter().take(m.rank as usize).all(|&s| s == 1);
+        if !fixed {
+            return Err(Error::InvalidProblem(format!("group {g} {op}: unsupported tensor map {m:?}")));
+        }
+        Ok(match m.layout {
+            Fp4MapLayout::Chunked3d => Fp4Map::Rank3(TiledMap {
+                element: Element::U4x16Align8,
+                dims: m.global_dim,
+                strides_bytes: [m.global_strides[0], m.global_strides[1], 0],
+                box_dims: m.box_dim,
+                swizzle: Swizzle::B128,
+            }),
+            Fp4MapLayout::Flat2d => Fp4Map::Rank2(TiledMap {
+                element: Element::U4x16Align8,
+                dims: [m.global_dim[0], m.global_dim[1]],
+                strides_bytes: [m.global_strides[0], 0],
+                box_dims: [m.box_dim[0], m.box_dim[1]],
+                swizzle: Swizzle::B128,
+            }),
+        })
+    }
+
+    /// 2 or 3: the `map_rank` the kernel dispatches on.
+    pub fn rank(&self) -> u32 {
+        match self {
+            Fp4Map::Rank2(_) => 2,
+            Fp4Map::Rank3(_) => 3,
+        }
+    }
+
+    /// Encodes the map for the operand at device address `base`.
+    pub fn encode(&self, base: u64) -> Result<TensorMap> {
+        match self {
+            Fp4Map::Rank2(m) => m.encode(base),
+            Fp4Map::Rank3(m) => m.encode(base),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{BufferSizes, BufferView, GroupShape as Shape};
+    use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+
+    /// Resident CTAs per SM as shared memory and TMEM bound them ([`Sm100Plan::new`] asks the
+    /// driver, which also counts registers).
+    fn static_occupancy(kernel: KernelLayout) -> u32 {
+        kernel.max_ctas_per_sm()
+    }
+
+    fn problem(shapes: &[(usize, usize, usize)]) -> Problem {
+        Problem::new(shapes.iter().map(|&(m, n, k)| Shape::new(m, n, k)).collect::<Vec<_>>(), OutputType::F16).unwrap()
+    }
+
+    fn layout(shapes: &[(usize, usize, usize)]) -> Sm100Layout {
+        Sm100Layout::new(&problem(shapes), 148, static_occupancy).unwrap()
+    }
+
+    #[test]
+    fn competition_shape_runs_one_deep_launch() {
+        let l = layout(&[(96, 128, 256), (128, 256, 512)]);
+        assert_eq!(l.launches.len(), 1);
+        let launch = &l.launches[0];
+        assert_eq!(launch.kernel, N128_DEEP_KERNEL);
+        assert_eq!(launch.work.len(), 3);
+        assert_eq!(launch.geometry, LaunchGeometry { grid: 3, block: 256, cluster: 1, smem_bytes: 221_312 });
+        assert_eq!(l.tiles(), 3);
+    }
+
+    /// b0: 8 groups N = 4096, K = 7168 → 256-wide, clusters of 4; 176 items on 148 SMs: a
+    /// persistent grid of 148 CTAs (37 clusters).
+    #[test]
+    fn benchmark_b0_runs_the_cluster_kernel() {
+        let p = Problem::new(nvfp4_format::generate::shapes::B0.to_vec(), OutputType::F16).unwrap();
+        let l = Sm100Layout::new(&p, 148, static_occupancy).unwrap();
+        assert_eq!(l.launches.len(), 1);
+        let launch = &l.launches[0];
+        assert_eq!(launch.kernel, N256_CLUSTER4_KERNEL);
+        assert_eq!(launch.work.len(), 176);
+        assert_eq!(launch.geometry, LaunchGeometry { grid: 148, block: 256, cluster: 4, smem_bytes: 221_312 });
+        assert!(l.block_n.iter().all(|&b| b == BlockN::N256));
+    }
+
+    /// Over two waves of 128-wide items with two CTAs per SM possible: the 3-stage kernel.
+    #[test]
+    fn long_list_runs_the_shallow_kernel() {
+        // 2048 rows x 32 N tiles = 512 items > 2 x 148.
+        let l = layout(&[(2048, 4096, 1024)]);
+        assert_eq!(l.launches[0].kernel, N128_SHALLOW_KERNEL);
+        assert_eq!(l.launches[0].geometry.grid, 296);
+        assert_eq!(l.launches[0].geometry.smem_bytes, 110_720);
+        // If registers allowed only one CTA per SM, the deep kernel stays.
+        let one = Sm100Layout::new(&problem(&[(2048, 4096, 1024)]), 148, |_| 1).unwrap();
+        assert_eq!(one.launches[0].kernel, N128_DEEP_KERNEL);
+        assert_eq!(one.launches[0].geometry.grid, 148);
+    }
+
+    #[test]
+    fn mixed_widths_give_two_launches_and_skip_empty_groups() {
+        let l = layout(&[(200, 4096, 2048), (0, 4096, 2048), (64, 512, 512)]);
+        assert_eq!(l.launches.len(), 2);
+        assert_eq!(l.launches[0].kernel, N128_DEEP_KERNEL);
+        assert_eq!(l.launches[0].work.len(), 4);
+        assert_eq!(l.launches[1].kernel, N256_CLUSTER4_KERNEL);
+        // 2 M tiles x 16 N tiles; the m = 0 group has none.
+        assert_eq!(l.launches[1].work.len(), 32);
+        assert_eq!(l.launches[1].geometry.grid % 4, 0);
+        assert!(l.launches.iter().all(|x| x.work.iter().all(|w| w.problem != 1)));
+        let none = layout(&[(0, 128, 256)]);
+        assert!(none.launches.is_empty());
+    }
+
+    #[test]
+    fn cluster_grid_and_list_are_multiples_of_four() {
+        // N = 4352 = 17 tiles of 256 → each M tile padded to 20 items.
+        let l = layout(&[(300, 4352, 4096)]);
+        let launch = &l.launches[0];
+        assert_eq!(launch.kernel, N256_CLUSTER4_KERNEL);
+        assert_eq!(launch.work.len(), 3 * 20);
+        assert_eq!(launch.work.len() % 4, 0);
+        assert_eq!(launch.geometry.grid % 4, 0);
+    }
+
+    #[test]
+    fn no_resident_cta_is_an_error() {
+        let e = Sm100Layout::new(&problem(&[(64, 128, 256)]), 148, |_| 0).unwrap_err();
+        assert!(matches!(e, Error::InvalidProblem(_)), "{e}");
+    }
+
+    /// The map parameters the host hands the driver: the seed's 3D map when K % 256 == 0, the flat
+    /// map otherwise; B's box is the group's tile width; the kernel's rank is the maps' rank.
+    #[test]
+    fn tensor_map_parameters() {
+        let p = problem(&[(248, 4096, 7168), (72, 384, 384), (0, 128, 256), (200, 4096, 2112)]);
+        let l = Sm100Layout::new(&p, 148, static_occupancy).unwrap();
+        let (a, b) = l.operand_maps(&p, 0).unwrap().unwrap();
+        assert_eq!(
+            a,
+            Fp4Map::Rank3(TiledMap {
+                element: Element::U4x16Align8,
+                dims: [256, 248, 28],
+                strides_bytes: [3584, 128, 0],
+                box_dims: [256, 128, 1],
+                swizzle: Swizzle::B128,
+            })
+        );
+        match b {
+            Fp4Map::Rank3(m) => assert_eq!((m.dims, m.box_dims), ([256, 4096, 28], [256, 256, 1])),
+            other => panic!("{other:?}"),
+        }
+        let (a, b) = l.operand_maps(&p, 1).unwrap().unwrap();
+        assert_eq!(
+            a,
+            Fp4Map::Rank2(TiledMap {
+                element: Element::U4x16Align8,
+                dims: [384, 72],
+                strides_bytes: [192, 0],
+                box_dims: [256, 128],
+                swizzle: Swizzle::B128,
+            })
+        );
+        assert_eq!(b.rank(), 2);
+        assert_eq!(l.operand_maps(&p, 2).unwrap(), None);
+        // A 256-wide group with a K tail: flat maps, B box 256 rows (the multicast 2D path).
+        let (a, b) = l.operand_maps(&p, 3).unwrap().unwrap();
+        assert_eq!((a.rank(), b.rank()), (2, 2));
+        match b {
+            Fp4Map::Rank2(m) => assert_eq!(m.box_dims, [256, 256]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn group_and_kernel_params() {
+        let p = problem(&[(72, 384, 384), (0, 128, 256), (128, 256, 512)]);
+        let l = Sm100Layout::new(&p, 148, static_occupancy).unwrap();
+        let buffers: Vec<GroupBuffers> = p
+            .groups()
+            .iter()
+            .enumerate()
+            .map(|(g, s)| {
+                let z = BufferSizes::of(s);
+                let v = |i: u64, len| BufferView { ptr: 0x100_0000 * (10 * g as u64 + i), len };
+                GroupBuffers {
+                    a_values: v(1, z.a_values),
+                    a_scales: v(2, z.a_scales),
+                    b_values: v(3, z.b_values),
+                    b_scales: v(4, z.b_scales),
+                    c: v(5, z.c_elements),
+                    c_type: OutputType::F16,
+                    alpha: 0.5,
+                }
+            })
+            .collect();
+        let params = l.group_params(&p, &buffers).unwrap();
+        assert_eq!(
+            params[0],
+            GroupParams {
+                m: 72,
+                n: 384,
+                k: 384,
+                alpha: 0.5,
+                a_scales: 0x200_0000,
+                b_scales: 0x400_0000,
+                c: 0x500_0000,
+                ldc: 384,
+                map_rank: 2,
+            }
+        );
+        assert_eq!(params[1].map_rank, 0);
+        assert_eq!(params[2].map_rank, 3);
+        let kp = l.kernel_params(0, 0x1000, 0x2000, 0x3000, &p);
+        assert_eq!(
+            kp,
+            KernelParams {
+                groups: 0x1000,
+                tensor_maps: 0x2000,
+                work: 0x3000,
+                work_len: 3 + 2,
+                group_count: 3,
+                out_bf16: 0,
+                reserved: 0
+            }
+        );
+    }
+}
