@@ -5,17 +5,13 @@
 //! alpha in the epilogue. The kernel is *swap-AB*: it computes `C_gᵀ = B_g · A_gᵀ`, so weights (N)
 //! fill wgmma's M = 64 slot and tokens (M_g, often small) become wgmma's N.
 //!
-//! One launch per call, `sm90_grouped_gemm`: a persistent, warp-specialized kernel. Per stage of
-//! 256 K values a producer thread loads (TMA, completing on an mbarrier) the packed FP4 token tile,
-//! the packed weight tile and both operands' scale blocks. The consumer warpgroups then
-//! - decode the token tile to f16 (scale applied, exact) into a 128-byte-swizzled shared buffer,
-//!   with K permuted inside each 64-wide chunk (see [`token_k_position`]), the layout wgmma reads
-//!   as its B operand;
-//! - decode their weight rows straight into wgmma A fragments in registers;
-//! - run `wgmma m64n64k16` chunk by chunk.
-//!
-//! Tokens travel as FP4 (0.5 byte per value) rather than as f16: a first version that decoded them
-//! once into an f16 workspace moved 4x the token bytes through L2 and was bound by it (PERF.md).
+//! Two launches per call:
+//! 1. `sm90_dequant_tokens` turns the token operand A (small: ΣM·K) into f16 in a workspace, once,
+//!    with K permuted inside each 64-wide chunk (see [`token_k_position`]);
+//! 2. `sm90_grouped_gemm` streams the packed weights B through a TMA/mbarrier ring, dequantizes them
+//!    in registers straight into wgmma A fragments, and reads the f16 tokens from 128-byte-swizzled
+//!    shared memory as wgmma's B operand (`wgmma m64n128k16`: 128 tokens per tile, so each decoded
+//!    weight fragment feeds twice the MMA work of a 64-token tile).
 //!
 //! The K permutation makes each thread's A fragment 16 consecutive FP4 values of one row — one scale
 //! block, one 8-byte shared-memory load, one scale — at the price of storing the tokens permuted
@@ -28,8 +24,10 @@ pub const BLOCK_N: u32 = 128;
 pub const WG_ROWS: u32 = 64;
 /// Consumer warpgroups per CTA.
 pub const CONSUMER_WARPGROUPS: u32 = BLOCK_N / WG_ROWS;
-/// K values per pipeline stage: one 128-byte row of packed weights (the 128-byte swizzle limit).
-pub const BLOCK_K: u32 = 256;
+/// K values per pipeline stage: a 64-byte row of packed weights (64-byte swizzle), two chunks.
+pub const BLOCK_K: u32 = 128;
+/// Bytes of one weight row in a stage.
+pub const WEIGHT_ROW_BYTES: u32 = BLOCK_K / 2;
 /// K values per chunk: one 128-byte row of f16 tokens, one 512-byte scale block, 4 wgmma k-steps.
 pub const CHUNK_K: u32 = 64;
 /// Chunks per stage.
@@ -41,14 +39,8 @@ pub const MAX_REGISTERS: u32 = 168;
 /// Shared memory a CTA may use at most on sm_90 (227 KiB).
 pub const SMEM_LIMIT: u32 = 232_448;
 
-/// Shared f16 token buffers: a buffer written at stage `s` was last read by the MMAs of stage
-/// `s - 3`, which both consumer warpgroups have finished before either can pass the barrier of
-/// stage `s - 1` (each has at most its current chunk's MMAs in flight at that barrier).
-pub const TOKEN_BUFFERS: u32 = 3;
-/// Named barrier (besides 0) that joins the two consumer warpgroups once per stage.
-pub const CONSUMER_BARRIER: u32 = 1;
-/// Threads that meet at [`CONSUMER_BARRIER`].
-pub const CONSUMER_THREADS: u32 = 128 * CONSUMER_WARPGROUPS;
+/// Threads per CTA of the token dequantization kernel.
+pub const DEQUANT_THREADS: u32 = 256;
 
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
 /// weights, `STAGES` stages of [`BLOCK_K`].
@@ -61,66 +53,52 @@ pub struct GemmConfig {
 }
 
 impl GemmConfig {
-    /// 64 tokens per tile, 4 stages.
-    pub const M64: GemmConfig = GemmConfig { block_m: 64, stages: 4 };
+    /// 128 tokens per tile (wgmma N = 128), 5 stages.
+    pub const M128: GemmConfig = GemmConfig { block_m: 128, stages: 5 };
 
-    /// Ring stage: packed FP4 tokens, `block_m` rows × 128 bytes (256 values), 128B-swizzled.
-    pub const fn token_offset(&self) -> u32 {
-        0
-    }
-    /// Ring stage: token scales, one 512-byte 128x4 block per chunk (the block holding the tile's
-    /// rows; a 64-row tile uses half of each block).
-    pub const fn token_scale_offset(&self) -> u32 {
-        self.block_m * 128
-    }
-    /// Ring stage: packed weights, 128 rows × 128 bytes, 128B-swizzled (1024-aligned).
-    pub const fn weight_offset(&self) -> u32 {
-        (self.token_scale_offset() + CHUNKS_PER_STAGE * 512).div_ceil(1024) * 1024
-    }
-    /// Ring stage: weight scales, one 512-byte block per chunk.
-    pub const fn weight_scale_offset(&self) -> u32 {
-        self.weight_offset() + BLOCK_N * 128
-    }
-    /// Bytes per ring stage (a multiple of 1024 so every stage keeps the swizzle alignment).
-    pub const fn stage_bytes(&self) -> u32 {
-        (self.weight_scale_offset() + CHUNKS_PER_STAGE * 512).div_ceil(1024) * 1024
-    }
-    /// Bytes of one f16 token chunk: `block_m` rows of 128 bytes (64 f16), 128B-swizzled.
+    /// Bytes of f16 tokens per chunk: `block_m` rows of 128 bytes.
     pub const fn token_chunk_bytes(&self) -> u32 {
         self.block_m * 128
     }
-    /// Offset of the f16 token buffers (after the ring).
-    pub const fn token_buffer_offset(&self) -> u32 {
-        self.stages * self.stage_bytes()
+    /// Byte offset of the token region in a stage.
+    pub const fn token_offset(&self) -> u32 {
+        0
     }
-    /// Bytes of one f16 token buffer (a whole stage: 4 chunks).
-    pub const fn token_buffer_bytes(&self) -> u32 {
+    /// Byte offset of the packed-weight region in a stage (128 rows × 64 bytes, 64B-swizzled).
+    pub const fn weight_offset(&self) -> u32 {
         CHUNKS_PER_STAGE * self.token_chunk_bytes()
     }
-    /// Offset of the mbarriers (full\[stages\], then empty\[stages\]).
+    /// Byte offset of the weight-scale region in a stage (one 512-byte block per chunk).
+    pub const fn scale_offset(&self) -> u32 {
+        self.weight_offset() + BLOCK_N * WEIGHT_ROW_BYTES
+    }
+    /// Bytes per stage (a multiple of 1024 so every stage keeps the swizzle alignment).
+    pub const fn stage_bytes(&self) -> u32 {
+        (self.scale_offset() + CHUNKS_PER_STAGE * 512).div_ceil(1024) * 1024
+    }
+    /// Offset of the mbarriers (full\[stages\], then empty\[stages\]) after the stages.
     pub const fn barrier_offset(&self) -> u32 {
-        self.token_buffer_offset() + TOKEN_BUFFERS * self.token_buffer_bytes()
+        self.stages * self.stage_bytes()
     }
     /// Dynamic shared memory of the GEMM kernel.
     pub const fn dynamic_shared_memory(&self) -> u32 {
         self.barrier_offset() + 16 * self.stages
     }
-    /// Bytes a stage's loads credit to its full barrier when `chunks` chunks are valid (a tensor
-    /// box counts in full even where it lies out of bounds and is zero-filled; scale copies move
-    /// only the valid chunks).
+    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid (a box
+    /// counts in full even where it lies out of bounds and is zero-filled).
     pub const fn stage_tx_bytes(&self, chunks: u32) -> u32 {
-        self.block_m * 128 + BLOCK_N * 128 + 2 * chunks * 512
+        chunks * (self.token_chunk_bytes() + 512) + BLOCK_N * WEIGHT_ROW_BYTES
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
-        self.block_m == 64 && self.stages >= 2 && self.dynamic_shared_memory() <= SMEM_LIMIT
+        (self.block_m == 64 || self.block_m == 128) && self.stages >= 2 && self.dynamic_shared_memory() <= SMEM_LIMIT
     }
 }
 
-const _: () = assert!(GemmConfig::M64.is_valid());
-const _: () = assert!(GemmConfig::M64.stage_bytes() % 1024 == 0);
+const _: () = assert!(GemmConfig::M128.is_valid());
+const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 
-/// One group as the kernel sees it (device memory, written by the host before the launch).
+/// One group as the kernels see it (device memory, written by the host before the launch).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GroupParams {
@@ -132,15 +110,23 @@ pub struct GroupParams {
     pub k: u32,
     /// Scale applied to the fp32 accumulator before rounding.
     pub alpha: f32,
+    /// Packed e2m1 values of A, `m × k/2` bytes.
+    pub a_values: u64,
     /// e4m3 scales of A, 128x4 blocked layout.
     pub a_scales: u64,
     /// e4m3 scales of B, 128x4 blocked layout.
     pub b_scales: u64,
     /// Output C, `m × n` f16 (or bf16) elements, row-major.
     pub c: u64,
+    /// This group's f16 tokens in the workspace (`m × k` elements, K permuted per chunk).
+    pub workspace: u64,
+    /// Index of the first token-dequantization CTA of this group.
+    pub dequant_first_cta: u32,
+    /// Token-dequantization CTAs for this group.
+    pub dequant_ctas: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupParams>() == 40);
+const _: () = assert!(core::mem::size_of::<GroupParams>() == 64);
 
 /// One output tile of the GEMM work list: rows `m_tile*block_m ..` of C, columns
 /// `n_tile*BLOCK_N ..`, of group `group`.
@@ -159,13 +145,13 @@ pub struct Tile {
 
 const _: () = assert!(core::mem::size_of::<Tile>() == 8);
 
-/// Kernel parameters of `sm90_grouped_gemm` (passed by value).
+/// Kernel parameters of both sm_90a kernels (passed by value).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct KernelParams {
     /// `GroupParams[groups]` in device memory.
     pub groups: u64,
-    /// Tensor maps, two per group (`[2g]` packed tokens, `[2g+1]` packed weights), 128 bytes each.
+    /// Tensor maps, two per group (`[2g]` tokens, `[2g+1]` weights), 128 bytes each.
     pub tensor_maps: u64,
     /// `Tile[tiles]` in device memory.
     pub tiles: u64,
@@ -181,7 +167,7 @@ pub struct KernelParams {
 
 const _: () = assert!(core::mem::size_of::<KernelParams>() == 40);
 
-/// Position (0..64) in a 64-wide K chunk of the shared f16 token buffer where logical value `l`
+/// Position (0..64) in a 64-wide K chunk of the f16 token workspace where logical value `l`
 /// (0..64) of the chunk is stored.
 ///
 /// wgmma k-step `j` (physical columns `16j..16j+16`) gives thread `q` (lane % 4) the A-fragment
@@ -303,24 +289,20 @@ mod tests {
 
     #[test]
     fn stage_layout() {
-        let c = GemmConfig::M64;
-        assert_eq!(c.token_scale_offset(), 8192);
-        assert_eq!(c.weight_offset(), 10240);
-        assert_eq!(c.weight_scale_offset(), 26624);
-        assert_eq!(c.stage_bytes(), 28672);
-        assert_eq!(c.token_buffer_offset(), 4 * 28672);
-        assert_eq!(c.token_chunk_bytes(), 8192);
-        assert_eq!(c.barrier_offset(), 4 * 28672 + 3 * 32768);
-        assert_eq!(c.dynamic_shared_memory(), 4 * 28672 + 3 * 32768 + 64);
-        assert_eq!(c.stage_tx_bytes(4), 8192 + 16384 + 4096);
-        assert_eq!(c.stage_tx_bytes(1), 8192 + 16384 + 1024);
+        let c = GemmConfig::M128;
+        assert_eq!(c.token_chunk_bytes(), 16384);
+        assert_eq!(c.weight_offset(), 32768);
+        assert_eq!(c.scale_offset(), 32768 + 8192);
+        assert_eq!(c.stage_bytes(), 41984);
+        assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
+        assert_eq!(c.stage_tx_bytes(2), 2 * (16384 + 512) + 8192);
     }
 
     #[test]
     fn chunk_counts() {
-        assert_eq!(valid_chunks(256, 0), 4);
-        assert_eq!(valid_chunks(320, 1), 1);
-        assert_eq!(valid_chunks(7168, 27), 4);
-        assert_eq!(valid_chunks(192, 0), 3);
+        assert_eq!(valid_chunks(256, 0), 2);
+        assert_eq!(valid_chunks(320, 2), 1);
+        assert_eq!(valid_chunks(7168, 55), 2);
+        assert_eq!(valid_chunks(192, 1), 1);
     }
 }

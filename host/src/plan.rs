@@ -1,5 +1,5 @@
 //! The reusable plan: a problem bound to a device, with its configuration, work list, parameter
-//! tables; and the launch.
+//! tables and workspace; and the launch.
 
 use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
@@ -54,13 +54,17 @@ pub struct PlanSummary {
     pub tiles: usize,
     /// GEMM launch geometry.
     pub gemm: LaunchGeometry,
+    /// Bytes of device workspace the plan owns (the f16 token operand on sm_90a).
+    pub workspace_bytes: usize,
 }
 
 enum ArchPlan {
     Sm100(Sm100Plan),
     Sm90 {
         layout: Sm90Layout,
+        dequant: CudaFunction,
         gemm: CudaFunction,
+        workspace: CudaSlice<u8>,
         groups: CudaSlice<u8>,
         maps: CudaSlice<u8>,
         tiles: CudaSlice<u8>,
@@ -108,7 +112,7 @@ fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
 
 impl GemmPlan {
     /// Plans `problem` for `gpu`: chooses the kernel configuration, builds the work list, and
-    /// allocates the parameter tables (once).
+    /// allocates the parameter tables and the workspace (once).
     pub fn new(gpu: &Gpu, problem: Problem) -> Result<GemmPlan> {
         let stream = gpu.context().default_stream();
         let d = |e| Error::driver("allocating the plan's device tables", e);
@@ -116,6 +120,7 @@ impl GemmPlan {
             Arch::Sm90a => {
                 let layout = Sm90Layout::new(&problem, gpu.sm_count());
                 let g = problem.groups().len().max(1);
+                let dequant = gpu.function("sm90_dequant_tokens")?;
                 let gemm = gpu.function("sm90_grouped_gemm")?;
                 set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
                 let tiles = if layout.tiles.is_empty() {
@@ -135,14 +140,17 @@ impl GemmPlan {
                     ),
                     tiles: layout.tiles.len(),
                     gemm: layout.gemm,
+                    workspace_bytes: layout.workspace_bytes,
                 };
                 let plan = ArchPlan::Sm90 {
+                    workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
                     groups: stream
                         .alloc_zeros::<u8>(g * std::mem::size_of::<nvfp4_gemm_abi::sm90::GroupParams>())
                         .map_err(d)?,
                     maps: stream.alloc_zeros::<u8>(2 * g * 128).map_err(d)?,
                     tiles,
                     layout,
+                    dequant,
                     gemm,
                 };
                 Ok(GemmPlan { problem, plan, summary, signature: vec![] })
@@ -161,6 +169,7 @@ impl GemmPlan {
                         .launches
                         .first()
                         .map_or(LaunchGeometry { grid: 0, block: 256, cluster: 1, smem_bytes: 0 }, |l| l.geometry),
+                    workspace_bytes: 0,
                 };
                 Ok(GemmPlan { problem, plan: ArchPlan::Sm100(sm100), summary, signature: vec![] })
             }
@@ -213,12 +222,13 @@ impl GemmPlan {
                 // call with the same addresses and alphas) on this stream.
                 unsafe { sm100.launch(stream, &self.problem) }
             }
-            ArchPlan::Sm90 { layout, gemm, groups: g_dev, maps, tiles } => {
+            ArchPlan::Sm90 { layout, dequant, gemm, workspace, groups: g_dev, maps, tiles } => {
                 if layout.tiles.is_empty() {
                     return Ok(());
                 }
+                let (ws_ptr, _ws_guard) = workspace.device_ptr_mut(stream);
                 if signature != self.signature {
-                    let (params, encoded) = layout.encode(&self.problem, &buffers)?;
+                    let (params, encoded) = layout.encode(&self.problem, &buffers, ws_ptr)?;
                     stream_arc.memcpy_htod(bytes_of(&params), g_dev).map_err(d)?;
                     stream_arc.memcpy_htod(bytes_of(&encoded), maps).map_err(d)?;
                     self.signature = signature;
@@ -236,9 +246,14 @@ impl GemmPlan {
                     reserved: 0,
                 };
                 let mut params = [&mut kp as *mut KernelParams as *mut c_void];
-                // SAFETY: the kernel takes one `KernelParams` by value; every pointer in it and in
+                // SAFETY: both kernels take one `KernelParams` by value; every pointer in it and in
                 // the tables it points to was validated above or is owned by this plan.
-                unsafe { launch(gemm, stream, layout.gemm, &mut params)? };
+                unsafe {
+                    if layout.dequant_grid > 0 {
+                        launch(dequant, stream, layout.dequant, &mut params)?;
+                    }
+                    launch(gemm, stream, layout.gemm, &mut params)?;
+                }
                 Ok(())
             }
         }

@@ -31,6 +31,8 @@ pub enum Element {
 pub enum Swizzle {
     /// Rows land densely.
     None,
+    /// 16-byte chunk `c` of each 64-byte row `r` lands at chunk `c ^ ((r / 2) % 4)`.
+    B64,
     /// 16-byte chunk `c` of each 128-byte row `r` lands at chunk `c ^ (r % 8)`.
     B128,
 }
@@ -61,6 +63,7 @@ impl<const R: usize> TiledMap<R> {
         };
         let swizzle = match self.swizzle {
             Swizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            Swizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
             Swizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
         };
         let elem_strides = [1u32; R];

@@ -1,41 +1,36 @@
 //! `sm90_grouped_gemm`: persistent, warp-specialized swap-AB GEMM over all tiles of all groups.
 //!
-//! CTA = 3 warpgroups. Warpgroup 0 is the producer (one thread issues every load); warpgroups 1
-//! and 2 are consumers, each owning 64 of the tile's 128 weight rows. Per stage of 256 K values the
+//! CTA = 3 warpgroups. Warpgroup 0 is the producer (one thread issues every TMA); warpgroups 1 and 2
+//! are consumers, each owning 64 of the tile's 128 weight rows. Per stage of 128 K values the
 //! producer loads, completing on `full[stage]`:
-//! - the packed FP4 token tile (`block_m` rows × 128 bytes, 128B swizzle) and its scale blocks,
-//! - the packed FP4 weight tile (128 rows × 128 bytes, 128B swizzle) and its scale blocks.
+//! - per valid 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace,
+//! - a `128 × 64`-byte box of packed weights (64-byte swizzle),
+//! - the weights' scale blocks (one contiguous 512-byte block per chunk, bulk copy).
 //!
-//! Consumers, per stage: wait on `full[stage]`; decode the token tile to f16 (each of the 256
-//! consumer threads one row × one 64-chunk) into the stage's f16 token buffer, in the permuted,
-//! swizzled layout wgmma reads; `fence.proxy.async` + a barrier of the 256 consumer threads; then
-//! per chunk decode 8 bytes (16 e2m1 = one scale block) of each of their two weight rows into A
-//! fragments and issue 4 × `wgmma m64n64k16`. The ring stage is released as soon as its bytes are
-//! in registers or in the f16 buffer (no MMA reads the ring). The epilogue scales by alpha, rounds
-//! once to f16/bf16 and stores the tile, masking rows ≥ M and columns ≥ N.
+//! Consumers wait on `full[stage]`, and per chunk: load 8 bytes (16 e2m1 = one scale block) of each
+//! of their two weight rows, decode to f16 and multiply by the block scale (exact), which gives the
+//! A fragments of 4 wgmma k-steps; then `wgmma m64n128k16` against the token tile. After the stage
+//! each consumer warp arrives on `empty[stage]` so the producer can refill it.
+//! The epilogue scales by alpha, rounds once to f16/bf16 and stores the tile, masking rows ≥ M and
+//! columns ≥ N.
 
 use crate::ptx::mbarrier::{Mbarrier, RingState};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{barrier, convert, fence, sreg, tma, wgmma};
-use nvfp4_gemm_abi::scale_layout::rest_k;
 use nvfp4_gemm_abi::sm90::*;
 
-const CFG: GemmConfig = GemmConfig::M64;
+const CFG: GemmConfig = GemmConfig::M128;
 const STAGES: u32 = CFG.stages;
 type Ring = RingState<STAGES>;
 
-struct Smem {
+struct Stages {
     base: SmemAddr,
 }
 
-impl Smem {
+impl Stages {
     #[inline(always)]
     fn stage(&self, s: u32) -> SmemAddr {
         self.base.add(s * CFG.stage_bytes())
-    }
-    #[inline(always)]
-    fn token_buffer(&self, b: u32) -> SmemAddr {
-        self.base.add(CFG.token_buffer_offset() + b * CFG.token_buffer_bytes())
     }
     #[inline(always)]
     fn full(&self, s: u32) -> Mbarrier {
@@ -51,12 +46,12 @@ impl Smem {
 /// persistent grid of at most one CTA per SM.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
-    let sm = Smem { base: smem::dynamic_base() };
+    let st = Stages { base: smem::dynamic_base() };
     let tid = sreg::tid_x();
     if tid == 0 {
         for s in 0..STAGES {
-            sm.full(s).init(1);
-            sm.empty(s).init(4 * CONSUMER_WARPGROUPS);
+            st.full(s).init(1);
+            st.empty(s).init(4 * CONSUMER_WARPGROUPS);
         }
         fence::mbarrier_init();
     }
@@ -64,15 +59,15 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
     let warpgroup = sreg::warp_id() / 4;
     if warpgroup == 0 {
         if tid == 0 {
-            produce(&sm, &p);
+            produce(&st, &p);
         }
     } else {
-        consume(&sm, &p, warpgroup - 1, tid % 128);
+        consume(&st, &p, warpgroup - 1, tid % 128);
     }
 }
 
 #[inline(always)]
-unsafe fn produce(sm: &Smem, p: &KernelParams) {
+unsafe fn produce(st: &Stages, p: &KernelParams) {
     let groups = p.groups as *const GroupParams;
     let tiles = p.tiles as *const Tile;
     let maps = p.tensor_maps as *const tma::TensorMap;
@@ -83,23 +78,37 @@ unsafe fn produce(sm: &Smem, p: &KernelParams) {
         let g = *groups.add(t.group as usize);
         let token_map = maps.add(2 * t.group as usize);
         let weight_map = maps.add(2 * t.group as usize + 1);
-        let (m0, n0) = (t.m_tile as u32 * CFG.block_m, t.n_tile as u32 * BLOCK_N);
-        // Scale blocks of the 128-row blocks holding the tile's rows (contiguous along K).
-        let rk = rest_k(g.k) as usize;
-        let a_scales = (g.a_scales as *const u8).add((m0 / 128) as usize * rk * 512);
-        let b_scales = (g.b_scales as *const u8).add((n0 / 128) as usize * rk * 512);
-        for ks in 0..g.k.div_ceil(BLOCK_K) {
+        let scale_row_block =
+            (g.b_scales as *const u8).add(t.n_tile as usize * nvfp4_gemm_abi::scale_layout::rest_k(g.k) as usize * 512);
+        let k_stages = g.k.div_ceil(BLOCK_K);
+        for ks in 0..k_stages {
             let chunks = valid_chunks(g.k, ks);
-            sm.empty(ring.stage).wait(ring.phase ^ 1);
-            let full = sm.full(ring.stage);
-            let stage = sm.stage(ring.stage);
-            let k_bytes = (ks * BLOCK_K / 2) as i32;
-            let scale_off = ks as usize * CHUNKS_PER_STAGE as usize * 512;
+            st.empty(ring.stage).wait(ring.phase ^ 1);
+            let full = st.full(ring.stage);
+            let stage = st.stage(ring.stage);
             full.arrive_expect_tx(CFG.stage_tx_bytes(chunks));
-            tma::load_2d(stage.add(CFG.token_offset()), token_map, k_bytes, m0 as i32, full);
-            tma::load_1d(stage.add(CFG.token_scale_offset()), a_scales.add(scale_off), chunks * 512, full);
-            tma::load_2d(stage.add(CFG.weight_offset()), weight_map, k_bytes, n0 as i32, full);
-            tma::load_1d(stage.add(CFG.weight_scale_offset()), b_scales.add(scale_off), chunks * 512, full);
+            for c in 0..chunks {
+                tma::load_2d(
+                    stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()),
+                    token_map,
+                    (ks * BLOCK_K + c * CHUNK_K) as i32,
+                    (t.m_tile as u32 * CFG.block_m) as i32,
+                    full,
+                );
+            }
+            tma::load_2d(
+                stage.add(CFG.weight_offset()),
+                weight_map,
+                (ks * BLOCK_K / 2) as i32,
+                (t.n_tile as u32 * BLOCK_N) as i32,
+                full,
+            );
+            tma::load_1d(
+                stage.add(CFG.scale_offset()),
+                scale_row_block.add(ks as usize * CHUNKS_PER_STAGE as usize * 512),
+                chunks * 512,
+                full,
+            );
             ring.advance();
         }
         i += sreg::nctaid_x();
@@ -123,51 +132,8 @@ fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
     ]
 }
 
-/// Byte offset of 16-byte unit `u` (0..8) of row `r` in a 128B-swizzled tile of 128-byte rows.
 #[inline(always)]
-fn swizzled(r: u32, u: u32) -> u32 {
-    r * 128 + ((u ^ (r % 8)) * 16)
-}
-
-/// Byte offset of row `r`'s scale word in a 512-byte 128x4 scale block.
-#[inline(always)]
-fn scale_word(r: u32) -> u32 {
-    (r % 32) * 16 + ((r % 128) / 32) * 4
-}
-
-/// Decodes one token row × one 64-chunk (32 packed bytes, 4 scales) from the ring stage into the
-/// f16 token buffer, K permuted as `token_k_position` says.
-#[inline(always)]
-unsafe fn decode_token_chunk(stage: SmemAddr, buffer: SmemAddr, row: u32, scale_row: u32, c: u32) {
-    let src = stage.add(CFG.token_offset());
-    let lo = smem::ld_v4_u32(src.add(swizzled(row, 2 * c)));
-    let hi = smem::ld_v4_u32(src.add(swizzled(row, 2 * c + 1)));
-    let packed = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
-    let sw = smem::ld_u32(stage.add(CFG.token_scale_offset() + 512 * c + scale_word(scale_row)));
-    let scale = [
-        convert::e4m3_byte_to_f16x2(sw, 0),
-        convert::e4m3_byte_to_f16x2(sw, 1),
-        convert::e4m3_byte_to_f16x2(sw, 2),
-        convert::e4m3_byte_to_f16x2(sw, 3),
-    ];
-    let mut out = [0u32; 32];
-    for w in 0..8usize {
-        let pairs = convert::e2m1x8_to_f16x2(packed[w]);
-        for i in 0..4 {
-            // Byte b holds logical values 2b, 2b+1 = 16q + 4j + {0,1} or {2,3}: see token_k_position.
-            let b = 4 * w + i;
-            out[8 * ((b % 8) / 2) + b / 8 + 4 * (b % 2)] = convert::mul_f16x2(pairs[i], scale[b / 8]);
-        }
-    }
-    let dst = buffer.add(c * CFG.token_chunk_bytes());
-    for u in 0..8usize {
-        let v = [out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]];
-        smem::st_v4_u32(dst.add(swizzled(row, u as u32)), v);
-    }
-}
-
-#[inline(always)]
-unsafe fn consume(sm: &Smem, p: &KernelParams, cw: u32, t: u32) {
+unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
     let groups = p.groups as *const GroupParams;
     let tiles = p.tiles as *const Tile;
     let (warp, lane) = (t / 32, t % 32);
@@ -175,78 +141,98 @@ unsafe fn consume(sm: &Smem, p: &KernelParams, cw: u32, t: u32) {
     // The thread's two weight rows within the 128-row tile.
     let r0 = cw * WG_ROWS + 16 * warp + g8;
     let r1 = r0 + 8;
-    // Token decoding: consumer thread u takes token row u/4, chunk u%4.
-    let u = cw * 128 + t;
-    let (token_row, token_chunk) = (u / 4, u % 4);
-    // Byte offset (inside the 128B-swizzled weight box) of the thread's 8 bytes of chunk c.
-    let w_off = |r: u32, c: u32| swizzled(r, 2 * c + q / 2) + (q % 2) * 8;
+    // Byte offsets (inside the 64B-swizzled weight box: 16-byte unit u of row r lands at unit
+    // u ^ ((r / 2) % 4)) of the thread's 8 bytes of chunk c, and of its rows' scale words inside a
+    // chunk's 512-byte scale block.
+    let w_off = |r: u32, c: u32| r * WEIGHT_ROW_BYTES + (((2 * c + q / 2) ^ ((r / 2) % 4)) * 16) + (q % 2) * 8;
+    let s_off = |r: u32| (r % 32) * 16 + (r / 32) * 4;
     let mut ring = Ring::START;
-    let mut buffer = 0u32;
     let mut i = sreg::ctaid_x();
     while i < p.tile_count {
         let tile = *tiles.add(i as usize);
         let g = *groups.add(tile.group as usize);
-        let m0 = tile.m_tile as u32 * CFG.block_m;
-        let mut acc = [0f32; 32];
-        for ks in 0..g.k.div_ceil(BLOCK_K) {
+        let mut acc = [0f32; 64];
+        let k_stages = g.k.div_ceil(BLOCK_K);
+        // The stage whose last MMAs may still be reading it; released once they are known done.
+        let mut pending: Option<u32> = None;
+        for ks in 0..k_stages {
             let chunks = valid_chunks(g.k, ks);
-            sm.full(ring.stage).wait(ring.phase);
-            let stage = sm.stage(ring.stage);
-            let tokens = sm.token_buffer(buffer);
-            if token_chunk < chunks {
-                decode_token_chunk(stage, tokens, token_row, m0 + token_row, token_chunk);
-            }
-            fence::proxy_async_shared();
-            barrier::sync(CONSUMER_BARRIER, CONSUMER_THREADS);
+            st.full(ring.stage).wait(ring.phase);
+            let stage = st.stage(ring.stage);
             // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
             // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
             // flight may read it (at most two groups are ever pending).
             for c in 0..CHUNKS_PER_STAGE {
                 if c < chunks {
                     let wbase = stage.add(CFG.weight_offset());
-                    let sbase = stage.add(CFG.weight_scale_offset() + 512 * c);
-                    let s0 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(scale_word(r0))), q);
-                    let s1 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(scale_word(r1))), q);
+                    let sbase = stage.add(CFG.scale_offset() + 512 * c);
+                    let s0 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r0))), q);
+                    let s1 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r1))), q);
                     let a0 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r0, c))), s0);
                     let a1 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r1, c))), s1);
-                    let desc = WgmmaDesc::k_major_sw128(tokens.add(c * CFG.token_chunk_bytes()).0);
+                    let tokens =
+                        WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
                     wgmma::fence();
                     for j in 0..4 {
                         let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                        wgmma::mma_m64n64k16(&mut acc, frag, desc.advance(32 * j as u32).0, 1);
+                        wgmma::mma_m64n128k16(&mut acc, frag, tokens.advance(32 * j as u32).0, 1);
                     }
                     wgmma::commit_group();
-                    wgmma::wait_group_fenced_n64::<1>(&mut acc);
+                    // Everything but this chunk's group is done: the previous stage is free.
+                    wgmma::wait_group_fenced_n128::<1>(&mut acc);
+                    if c == 0 {
+                        if let Some(prev) = pending.take() {
+                            if lane == 0 {
+                                st.empty(prev).arrive();
+                            }
+                        }
+                    }
                 }
             }
-            // Every byte of the ring stage is now in registers or in the f16 buffer.
-            if lane == 0 {
-                sm.empty(ring.stage).arrive();
-            }
+            pending = Some(ring.stage);
             ring.advance();
-            buffer = if buffer + 1 == TOKEN_BUFFERS { 0 } else { buffer + 1 };
         }
-        wgmma::wait_group_fenced_n64::<0>(&mut acc);
+        wgmma::wait_group_fenced_n128::<0>(&mut acc);
+        if let Some(prev) = pending {
+            if lane == 0 {
+                st.empty(prev).arrive();
+            }
+        }
         store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
         i += sreg::nctaid_x();
     }
 }
 
-/// Writes the warpgroup's 64 × `block_m` accumulator tile to C (transposed: C is tokens × weights).
+/// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
+/// constants: LLVM does not fully unroll a 64-iteration loop with branches, and an accumulator
+/// array indexed by a loop variable would live in local memory.
+macro_rules! unrolled {
+    ($i:ident in [$($n:literal),*] $body:block) => {
+        $({
+            let $i: usize = $n;
+            $body
+        })*
+    };
+}
+
+/// Writes the warpgroup's 64 × 128 accumulator tile to C (transposed: C is tokens × weights).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn store_tile(acc: &[f32; 32], g: &GroupParams, tile: Tile, cw: u32, warp: u32, g8: u32, q: u32, bf16: bool) {
+unsafe fn store_tile(acc: &[f32; 64], g: &GroupParams, tile: Tile, cw: u32, warp: u32, g8: u32, q: u32, bf16: bool) {
     let c = g.c as *mut u16;
     let n_base = tile.n_tile as u32 * BLOCK_N + cw * WG_ROWS + 16 * warp + g8;
     let m_base = tile.m_tile as u32 * CFG.block_m + 2 * q;
-    for (i, &v) in acc.iter().enumerate() {
-        let i = i as u32;
-        let n = n_base + 8 * ((i / 2) % 2);
-        let m = m_base + 8 * (i / 4) + (i % 2);
-        if m < g.m && n < g.n {
-            let x = v * g.alpha;
-            let bits = if bf16 { convert::f32_to_bf16(x) } else { convert::f32_to_f16(x) };
-            *c.add(m as usize * g.n as usize + n as usize) = bits;
+    // Register i holds D[n = n_base + 8·((i/2)%2)][m = m_base + 8·(i/4) + i%2].
+    unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+        for e in 0..4usize {
+            let i = 4 * quad + e;
+            let n = n_base + 8 * ((e as u32 / 2) % 2);
+            let m = m_base + 8 * quad as u32 + (e as u32 % 2);
+            if m < g.m && n < g.n {
+                let x = acc[i] * g.alpha;
+                let bits = if bf16 { convert::f32_to_bf16(x) } else { convert::f32_to_f16(x) };
+                *c.add(m as usize * g.n as usize + n as usize) = bits;
+            }
         }
-    }
+    });
 }
