@@ -76,7 +76,8 @@ impl Problem {
         self.groups
             .iter()
             .map(|s| {
-                let op = |rows: usize| rows * s.k / 2 + nvfp4_gemm_abi::scale_layout::blocked_bytes(rows as u32, s.k as u32);
+                let op =
+                    |rows: usize| rows * s.k / 2 + nvfp4_gemm_abi::scale_layout::blocked_bytes(rows as u32, s.k as u32);
                 (op(s.m) + op(s.n) + 2 * s.m * s.n) as f64
             })
             .sum()
@@ -175,11 +176,19 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
                 ));
             }
             if view.ptr % BUFFER_ALIGN != 0 {
-                return Err(Error::group(g, field, format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr)));
+                return Err(Error::group(
+                    g,
+                    field,
+                    format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
+                ));
             }
         }
         if b.c_type != problem.output {
-            return Err(Error::group(g, "c", format!("is {:?} but the problem's output is {:?}", b.c_type, problem.output)));
+            return Err(Error::group(
+                g,
+                "c",
+                format!("is {:?} but the problem's output is {:?}", b.c_type, problem.output),
+            ));
         }
         if !b.alpha.is_finite() {
             return Err(Error::group(g, "alpha", format!("{} is not finite", b.alpha)));
@@ -236,7 +245,8 @@ mod tests {
         let good = good_buffers(&s);
         assert!(validate_buffers(&p, &[good, good]).is_ok());
         assert!(matches!(validate_buffers(&p, &[good]), Err(Error::InvalidProblem(_))));
-        let cases: [(&str, fn(&mut GroupBuffers)); 10] = [
+        type Breaker = fn(&mut GroupBuffers);
+        let cases: [(&str, Breaker); 10] = [
             ("a.values", |b| b.a_values.len -= 1),
             ("a.scales", |b| b.a_scales.len = 72 * 16), // plain layout size, not padded to 128 rows
             ("b.values", |b| b.b_values.len += 1),
