@@ -83,7 +83,9 @@ pub fn run_case(
     let mut plan = GemmPlan::new(gpu, problem).expect("plan");
     let inputs: Vec<(DeviceNvfp4, DeviceNvfp4)> = groups
         .iter()
-        .map(|g| (DeviceNvfp4::upload(stream, &g.a).expect("upload A"), DeviceNvfp4::upload(stream, &g.b).expect("upload B")))
+        .map(|g| {
+            (DeviceNvfp4::upload(stream, &g.a).expect("upload A"), DeviceNvfp4::upload(stream, &g.b).expect("upload B"))
+        })
         .collect();
     let mut cs: Vec<CudaSlice<f16>> =
         groups.iter().map(|g| stream.alloc_zeros::<f16>(g.m() * g.n() + 2 * GUARD).expect("alloc C")).collect();
@@ -95,10 +97,13 @@ pub fn run_case(
             stream.memcpy_htod(&poison, c).expect("poison C");
         }
         {
-            let mut views: Vec<_> = cs.iter_mut().map(|c| {
-                let len = c.len() - 2 * GUARD;
-                c.slice_mut(GUARD..GUARD + len)
-            }).collect();
+            let mut views: Vec<_> = cs
+                .iter_mut()
+                .map(|c| {
+                    let len = c.len() - 2 * GUARD;
+                    c.slice_mut(GUARD..GUARD + len)
+                })
+                .collect();
             let mut args: Vec<GroupArgs> = inputs
                 .iter()
                 .zip(views.iter_mut())

@@ -1,1 +1,110 @@
-fn main() {}
+//! `nvfp4-bench`: see `nvfp4-bench --help` and bench/README.md.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use nvfp4_gemm_bench::measure::Bench;
+use nvfp4_gemm_bench::options::{self, Options, Parsed};
+use nvfp4_gemm_bench::report::{self, Report};
+use std::panic::AssertUnwindSafe;
+use std::process::ExitCode;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Phases per shape (`Bench::shape` calls its step callback this many times).
+const STEPS_PER_SHAPE: u64 = 6;
+
+fn run(o: Options) -> Result<ExitCode, String> {
+    let started = Instant::now();
+    let mut bench = Bench::new(&o)?;
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let pb = ProgressBar::new(1 + STEPS_PER_SHAPE * o.problems.len() as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    // The bar hides itself when stderr is not a terminal (a log file); then each step is a line.
+    let log = |pb: &ProgressBar, msg: String| {
+        if pb.is_hidden() {
+            eprintln!("[{:7.1}s] {msg}", started.elapsed().as_secs_f64());
+        }
+        pb.set_message(msg);
+    };
+    log(&pb, format!("{}: measuring copy bandwidth and bf16 tensor rate", bench.device()));
+    let environment = bench.environment(&o)?;
+    pb.inc(1);
+    if !environment.cublas.starts_with("loaded") {
+        pb.suspend(|| eprintln!("baseline unavailable: {}", environment.cublas.trim_start_matches("unavailable: ")));
+    }
+    let mut shapes = vec![];
+    let mut errors = vec![];
+    for named in &o.problems {
+        let mut steps: u64 = 0;
+        // A panic inside one shape (cudarc panics on some driver failures) is reported like an
+        // error, and the other shapes still run.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            bench.shape(named, &o, &environment, &mut |phase| {
+                if steps > 0 {
+                    pb.inc(1);
+                }
+                steps += 1;
+                log(&pb, format!("{}: {phase}", named.name));
+            })
+        }))
+        .unwrap_or_else(|_| Err("panicked (message above)".into()));
+        pb.inc(STEPS_PER_SHAPE.saturating_sub(steps.saturating_sub(1)));
+        match result {
+            Ok(r) => {
+                let check = r.check.as_deref().unwrap_or("check skipped (--no-check)");
+                pb.suspend(|| {
+                    eprintln!("{}: {}", r.name, r.kernel);
+                    eprintln!("{}: {check}", r.name);
+                    eprintln!("{}: cuBLAS: {}", r.name, r.cublas_note);
+                });
+                shapes.push(r);
+            }
+            Err(e) => {
+                pb.suspend(|| eprintln!("{}: ERROR: {e}", named.name));
+                errors.push(format!("{}: {e}", named.name));
+            }
+        }
+    }
+    pb.finish_and_clear();
+    let unix_time = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let report = Report {
+        tool: format!("nvfp4-bench {}", env!("CARGO_PKG_VERSION")),
+        unix_time,
+        environment,
+        options: o.clone(),
+        shapes,
+    };
+    let json = o.out.join("nvfp4-bench.json");
+    let svg = o.out.join("nvfp4-bench.svg");
+    report::write_json(&report, &json)?;
+    if !report.shapes.is_empty() {
+        report::write_svg(&report, &svg)?;
+    }
+    eprintln!("wrote {} and {} ({:.1} s)", json.display(), svg.display(), started.elapsed().as_secs_f64());
+    print!("{}", report::table(&report));
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
+    }
+    Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match options::parse(&args) {
+        Ok(Parsed::Help) => {
+            print!("{}", options::HELP);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Run(o)) => run(o),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("nvfp4-bench: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

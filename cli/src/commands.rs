@@ -6,7 +6,9 @@ use crate::file::{self, GroupsFile, Outputs, ScaleLayout};
 use crate::spec::NamedShapes;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
-use nvfp4_format::{codec, compare, reference_grouped_gemm_f64, Comparison, Group, GroupShape, InputDistribution, Tolerance};
+use nvfp4_format::{
+    codec, compare, reference_grouped_gemm_f64, Comparison, Group, GroupShape, InputDistribution, Tolerance,
+};
 use nvfp4_gemm::{driver_present, Error, GemmPlan, Gpu, GroupArgs, Nvfp4Operand, Output, OutputType, Problem};
 use std::fmt;
 use std::path::Path;
@@ -50,10 +52,8 @@ impl fmt::Display for CheckReport {
 /// Compares given outputs with the CPU reference (fp64 accumulation, one rounding to the
 /// output's type).
 pub fn check_outputs(groups: &[Group], outputs: &Outputs, tol: Tolerance) -> Result<CheckReport, CliError> {
-    let reference = reference_grouped_gemm_f64(groups).map_err(|e| CliError::Invalid {
-        name: "groups".into(),
-        reason: e.to_string(),
-    })?;
+    let reference = reference_grouped_gemm_f64(groups)
+        .map_err(|e| CliError::Invalid { name: "groups".into(), reason: e.to_string() })?;
     let shapes: Vec<GroupShape> = groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect();
     let err = |e: nvfp4_format::FormatError| CliError::Invalid { name: "output".into(), reason: e.to_string() };
     // Round the fp64 reference once to the output's type, as the competition's reference does.
@@ -63,7 +63,11 @@ pub fn check_outputs(groups: &[Group], outputs: &Outputs, tol: Tolerance) -> Res
     ) -> Vec<nvfp4_format::GroupOutput<T>> {
         reference
             .iter()
-            .map(|r| nvfp4_format::GroupOutput { rows: r.rows, cols: r.cols, data: r.data.iter().map(|&x| round(x)).collect() })
+            .map(|r| nvfp4_format::GroupOutput {
+                rows: r.rows,
+                cols: r.cols,
+                data: r.data.iter().map(|&x| round(x)).collect(),
+            })
             .collect()
     }
     let (per_group, overall) = match outputs {
@@ -171,7 +175,11 @@ impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "device: {}", self.device)?;
         writeln!(f, "kernel: {}", self.summary.kernel)?;
-        write!(f, "{} groups, {} tiles, first call {:.3} ms (not a benchmark; see nvfp4-bench)", self.groups, self.summary.tiles, self.gemm_ms)
+        write!(
+            f,
+            "{} groups, {} tiles, first call {:.3} ms (not a benchmark; see nvfp4-bench)",
+            self.groups, self.summary.tiles, self.gemm_ms
+        )
     }
 }
 
@@ -245,12 +253,8 @@ pub fn compute(input: &GroupsFile, output: OutputType) -> Result<(Outputs, RunRe
             (Outputs::Bf16(c), ms)
         }
     };
-    let report = RunReport {
-        device: describe(&gpu),
-        summary: plan.summary().clone(),
-        groups: input.groups.len(),
-        gemm_ms: ms,
-    };
+    let report =
+        RunReport { device: describe(&gpu), summary: plan.summary().clone(), groups: input.groups.len(), gemm_ms: ms };
     Ok((outputs, report))
 }
 
@@ -275,7 +279,7 @@ pub fn plan_text(gpu: &Gpu, named: &NamedShapes, output: OutputType) -> Result<S
     let plan = GemmPlan::new(gpu, problem).map_err(|e| CliError::Gpu(e.to_string()))?;
     let s = plan.summary();
     Ok(format!(
-        "{}: {}\n  {:.3} GFLOP, {:.3} MB NVFP4 in + C out\n  kernel: {}\n  tiles: {}; grid {} x block {} (cluster {}), {} B dynamic shared memory; workspace {} B",
+        "{}: {}\n  {:.3} GFLOP, {:.3} MB NVFP4 in + C out\n  kernel: {}\n  tiles: {}; grid {} x block {} (cluster {}), {} B dynamic shared memory",
         named.name,
         named.to_spec(),
         flops / 1e9,
@@ -285,7 +289,6 @@ pub fn plan_text(gpu: &Gpu, named: &NamedShapes, output: OutputType) -> Result<S
         s.gemm.grid,
         s.gemm.block,
         s.gemm.cluster,
-        s.gemm.smem_bytes,
-        s.workspace_bytes
+        s.gemm.smem_bytes
     ))
 }

@@ -103,7 +103,9 @@ impl fmt::Display for CliError {
             CliError::Io { path, error } => write!(f, "{}: {error}", path.display()),
             CliError::InFile { path, error } => write!(f, "{}: {error}", path.display()),
             CliError::NotSafetensors(reason) => write!(f, "not a safetensors file: {reason}"),
-            CliError::NoGroups => write!(f, "no groups: the file has no tensor `g0.a` (see `nvfp4-gemm --help` for the format)"),
+            CliError::NoGroups => {
+                write!(f, "no groups: the file has no tensor `g0.a` (see `nvfp4-gemm --help` for the format)")
+            }
             CliError::UnexpectedTensor { name, reason } => write!(f, "unexpected tensor `{name}`: {reason}"),
             CliError::MissingTensor { name, expected } => write!(f, "missing tensor `{name}` (expected {expected})"),
             CliError::WrongDtype { name, got, expected } => {

@@ -146,7 +146,11 @@ fn values_tensor(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<
             })
         }
         other => {
-            return Err(CliError::WrongDtype { name: name.to_owned(), got: other.to_string(), expected: VALUES_DTYPES.into() })
+            return Err(CliError::WrongDtype {
+                name: name.to_owned(),
+                got: other.to_string(),
+                expected: VALUES_DTYPES.into(),
+            })
         }
     };
     let k = k.ok_or_else(|| CliError::Invalid { name: name.to_owned(), reason: "k is too large".into() })?;
@@ -183,7 +187,11 @@ fn scales_tensor(
     k: usize,
 ) -> Result<(Vec<u8>, ScaleLayout), CliError> {
     if !matches!(t.dtype(), Dtype::F8_E4M3 | Dtype::U8) {
-        return Err(CliError::WrongDtype { name: name.to_owned(), got: t.dtype().to_string(), expected: SCALE_DTYPES.into() });
+        return Err(CliError::WrongDtype {
+            name: name.to_owned(),
+            got: t.dtype().to_string(),
+            expected: SCALE_DTYPES.into(),
+        });
     }
     let invalid = |e: nvfp4_format::FormatError| CliError::Invalid { name: name.to_owned(), reason: e.to_string() };
     let shape = t.shape();
@@ -239,15 +247,15 @@ pub fn parse_groups(bytes: &[u8]) -> Result<GroupsFile, CliError> {
     for i in 0..=last {
         let tensors = by_group.get(&i).unwrap_or(&empty);
         let get = |field: Field, what: &str, expected: &str| {
-            tensors.get(&field).ok_or_else(|| CliError::MissingTensor {
-                name: format!("g{i}.{what}"),
-                expected: expected.to_owned(),
-            })
+            tensors
+                .get(&field)
+                .ok_or_else(|| CliError::MissingTensor { name: format!("g{i}.{what}"), expected: expected.to_owned() })
         };
         let a_name = format!("g{i}.a");
         let b_name = format!("g{i}.b");
         let (m, k, a_values) = values_tensor(&a_name, get(Field::A, "a", &format!("[m, k/2] {VALUES_DTYPES}"))?)?;
-        let (n, kb, b_values) = values_tensor(&b_name, get(Field::B, "b", &format!("[n, {}] {VALUES_DTYPES}", k / 2))?)?;
+        let (n, kb, b_values) =
+            values_tensor(&b_name, get(Field::B, "b", &format!("[n, {}] {VALUES_DTYPES}", k / 2))?)?;
         if kb != k {
             return Err(CliError::Invalid {
                 name: b_name,
@@ -270,8 +278,10 @@ pub fn parse_groups(bytes: &[u8]) -> Result<GroupsFile, CliError> {
             Some(t) => alpha_tensor(&format!("g{i}.alpha"), t)?,
             None => 1.0,
         };
-        let invalid =
-            |name: &str, e: nvfp4_format::FormatError| CliError::Invalid { name: name.to_owned(), reason: e.to_string() };
+        let invalid = |name: &str, e: nvfp4_format::FormatError| CliError::Invalid {
+            name: name.to_owned(),
+            reason: e.to_string(),
+        };
         let a = Nvfp4Matrix::new(m, k, a_values, a_scales, 1.0).map_err(|e| invalid(&a_name, e))?;
         let b = Nvfp4Matrix::new(n, k, b_values, b_scales, 1.0).map_err(|e| invalid(&b_name, e))?;
         groups.push(Group::new(a, b, alpha).map_err(|e| invalid(&format!("g{i}"), e))?);
@@ -371,8 +381,10 @@ fn serialize(tensors: &[Owned], content: &str) -> Result<Vec<u8>, CliError> {
                 .map_err(|e| CliError::Invalid { name: t.name.clone(), reason: e.to_string() })
         })
         .collect::<Result<_, _>>()?;
-    let metadata = HashMap::from([("format".to_owned(), FORMAT.to_owned()), ("content".to_owned(), content.to_owned())]);
-    safetensors::serialize(views, Some(metadata)).map_err(|e| CliError::Invalid { name: "file".into(), reason: e.to_string() })
+    let metadata =
+        HashMap::from([("format".to_owned(), FORMAT.to_owned()), ("content".to_owned(), content.to_owned())]);
+    safetensors::serialize(views, Some(metadata))
+        .map_err(|e| CliError::Invalid { name: "file".into(), reason: e.to_string() })
 }
 
 fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
@@ -389,13 +401,23 @@ pub fn serialize_outputs(outputs: &Outputs, shapes: &[GroupShape]) -> Result<Vec
             .iter()
             .zip(shapes)
             .enumerate()
-            .map(|(i, (c, s))| Owned { name: format!("g{i}.c"), dtype: Dtype::F16, shape: vec![s.m, s.n], data: bytes(c, f16::to_bits) })
+            .map(|(i, (c, s))| Owned {
+                name: format!("g{i}.c"),
+                dtype: Dtype::F16,
+                shape: vec![s.m, s.n],
+                data: bytes(c, f16::to_bits),
+            })
             .collect(),
         Outputs::Bf16(c) => c
             .iter()
             .zip(shapes)
             .enumerate()
-            .map(|(i, (c, s))| Owned { name: format!("g{i}.c"), dtype: Dtype::BF16, shape: vec![s.m, s.n], data: bytes(c, bf16::to_bits) })
+            .map(|(i, (c, s))| Owned {
+                name: format!("g{i}.c"),
+                dtype: Dtype::BF16,
+                shape: vec![s.m, s.n],
+                data: bytes(c, bf16::to_bits),
+            })
             .collect(),
     };
     serialize(&tensors, "output")

@@ -152,7 +152,8 @@ fn main_inner(args: &[String]) -> Result<ExitCode, CliError> {
         }
         "check" => {
             let p = parse_args(rest, &[("atol", true), ("rtol", true)])?;
-            let files = positional(&p, 2..=2, "nvfp4-gemm check <in.safetensors> <out.safetensors> [--atol X] [--rtol X]")?;
+            let files =
+                positional(&p, 2..=2, "nvfp4-gemm check <in.safetensors> <out.safetensors> [--atol X] [--rtol X]")?;
             let tol = Tolerance::new(
                 number(&p, "atol", Tolerance::COMPETITION.atol)?,
                 number(&p, "rtol", Tolerance::COMPETITION.rtol)?,

@@ -76,11 +76,7 @@ pub struct SpecError {
 
 impl fmt::Display for SpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "shape spec `{}`: {} (expected b0..b3 or e.g. `g=2,m=128:384,n=4096,k=1536`)",
-            self.spec, self.reason
-        )
+        write!(f, "shape spec `{}`: {} (expected b0..b3 or e.g. `g=2,m=128:384,n=4096,k=1536`)", self.spec, self.reason)
     }
 }
 
@@ -180,7 +176,10 @@ mod tests {
     fn lists_broadcast_and_infer_g() {
         let s = parse("m=64:0:200, n=512, k=256, name=moe").unwrap();
         assert_eq!(s.name, "moe");
-        assert_eq!(s.shapes, vec![GroupShape::new(64, 512, 256), GroupShape::new(0, 512, 256), GroupShape::new(200, 512, 256)]);
+        assert_eq!(
+            s.shapes,
+            vec![GroupShape::new(64, 512, 256), GroupShape::new(0, 512, 256), GroupShape::new(200, 512, 256)]
+        );
         let s = parse("g=3,m=8,n=16,k=64").unwrap();
         assert_eq!(s.shapes, vec![GroupShape::new(8, 16, 64); 3]);
     }

@@ -39,14 +39,14 @@ pub mod driver;
 pub mod error;
 pub mod plan;
 pub mod problem;
-mod sm90;
 mod sm100;
+mod sm90;
 pub mod smoke;
 pub mod upload;
 
 pub use device::{driver_present, Arch, Gpu};
 pub use error::{Error, Result};
+pub use nvfp4_format as format;
 pub use plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, PlanSummary};
 pub use problem::{GroupShape, OutputType, Problem};
 pub use upload::DeviceNvfp4;
-pub use nvfp4_format as format;

@@ -206,7 +206,9 @@ impl GemmPlan {
         validate_buffers(&self.problem, &buffers)?;
         let signature: Vec<u64> = buffers
             .iter()
-            .flat_map(|b| [b.a_values.ptr, b.a_scales.ptr, b.b_values.ptr, b.b_scales.ptr, b.c.ptr, b.alpha.to_bits() as u64])
+            .flat_map(|b| {
+                [b.a_values.ptr, b.a_scales.ptr, b.b_values.ptr, b.b_scales.ptr, b.c.ptr, b.alpha.to_bits() as u64]
+            })
             .collect();
         let d = |e| Error::driver("uploading the call's parameters", e);
         match &mut self.plan {

@@ -52,12 +52,7 @@ impl Sm90Layout {
         let grid = (tiles.len() as u32).min(sm_count).max(1);
         Sm90Layout {
             config,
-            gemm: LaunchGeometry {
-                grid,
-                block: sm90::THREADS,
-                cluster: 1,
-                smem_bytes: config.dynamic_shared_memory(),
-            },
+            gemm: LaunchGeometry { grid, block: sm90::THREADS, cluster: 1, smem_bytes: config.dynamic_shared_memory() },
             dequant: LaunchGeometry { grid: ctas.max(1), block: sm90::DEQUANT_THREADS, cluster: 1, smem_bytes: 0 },
             tiles,
             workspace_offsets,

@@ -19,12 +19,8 @@ impl DeviceNvfp4 {
     /// Copies `m` to the device on `stream` (an empty matrix gets 16-byte placeholders).
     pub fn upload(stream: &Arc<CudaStream>, m: &Nvfp4Matrix) -> Result<DeviceNvfp4> {
         let copy = |bytes: &[u8]| {
-            if bytes.is_empty() {
-                stream.alloc_zeros::<u8>(16)
-            } else {
-                stream.clone_htod(bytes)
-            }
-            .map_err(|e| Error::driver("copying an NVFP4 matrix to the device", e))
+            if bytes.is_empty() { stream.alloc_zeros::<u8>(16) } else { stream.clone_htod(bytes) }
+                .map_err(|e| Error::driver("copying an NVFP4 matrix to the device", e))
         };
         Ok(DeviceNvfp4 { values: copy(m.values())?, scales: copy(m.scales())? })
     }

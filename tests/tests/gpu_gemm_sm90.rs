@@ -178,8 +178,9 @@ fn empty_groups_and_bad_buffers() {
         plan.run(&stream, &mut args).unwrap();
     }
     let got = vec![stream.clone_dtoh(&c0).unwrap()[..0].to_vec(), stream.clone_dtoh(&c1).unwrap()];
-    let cmp = nvfp4_format::compare(&got, &nvfp4_format::reference_grouped_gemm(&groups).unwrap(), Tolerance::COMPETITION)
-        .unwrap();
+    let cmp =
+        nvfp4_format::compare(&got, &nvfp4_format::reference_grouped_gemm(&groups).unwrap(), Tolerance::COMPETITION)
+            .unwrap();
     println!("CASE empty_groups {cmp}");
     assert!(cmp.passed(), "{cmp}");
 }

@@ -90,13 +90,13 @@ pub fn run(args: &[&str]) -> Result<()> {
 }
 
 /// The string value that follows `key` in a JSON line (no escapes expected in paths).
-fn json_str(line: &str, key: &str) -> Option<String> {
+pub(crate) fn json_str(line: &str, key: &str) -> Option<String> {
     let start = line.find(key)? + key.len();
     let end = line[start..].find('"')? + start;
     Some(line[start..end].to_owned())
 }
 
-fn walk_size(p: &Path) -> Result<u64> {
+pub(crate) fn walk_size(p: &Path) -> Result<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(p)? {
         let e = e?;

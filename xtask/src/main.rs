@@ -7,10 +7,13 @@
 //! - `ptxas-path`: installs ptxas if missing and prints its path.
 //! - `bundle`: builds the release test binaries into `bundle/` with a script that runs them on the
 //!   GPU machine.
+//! - `bench`: builds `nvfp4-bench` and `nvfp4-gemm` in release into `bundle/bin/` with
+//!   `run-bench.sh`, and prints the command to run on the GPU machine (run after `bundle`).
 //!
 //! When the environment variable `NVFP4_XTASK_LINK` is set, this binary acts as the nvptx64 linker
 //! that rustc invokes (see [`link`]).
 
+mod bench;
 mod build_ptx;
 mod bundle;
 mod collectives;
@@ -31,7 +34,8 @@ fn main() -> ExitCode {
         Some("build-ptx") => build_ptx::run(&rest),
         Some("ptxas-path") => ptxas::locate_or_install().map(|p| println!("{}", p.display())),
         Some("bundle") => bundle::run(&rest),
-        _ => Err(util::Error::msg("usage: cargo xtask <build-ptx [--check] [--bless] | ptxas-path | bundle>")),
+        Some("bench") => bench::run(&rest),
+        _ => Err(util::Error::msg("usage: cargo xtask <build-ptx [--check] [--bless] | ptxas-path | bundle | bench>")),
     };
     report(result)
 }

@@ -1,0 +1,371 @@
+//! What a bench run found, and its three renderings: the text table, the JSON file, the SVG plot.
+
+use crate::stats::Stats;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The device and the ceilings measured in the same process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Environment {
+    /// Device name, architecture and SM count.
+    pub device: String,
+    /// Measured device-to-device copy bandwidth, bytes read + written per second / 1e12.
+    pub copy_tb_s: f64,
+    /// Bytes of the copy (each direction).
+    pub copy_bytes: usize,
+    /// Measured bf16 tensor rate (cuBLAS 8192³), TFLOP/s; `None` without cuBLAS.
+    pub tensor_tflops: Option<f64>,
+    /// `loaded` or `unavailable: <why>`.
+    pub cublas: String,
+    /// L2 flush buffer bytes.
+    pub flush_bytes: usize,
+}
+
+/// One problem's results. Times in µs; rates from the kernel-only median.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShapeResult {
+    /// Label.
+    pub name: String,
+    /// The shape spec.
+    pub spec: String,
+    /// Number of groups.
+    pub groups: usize,
+    /// 2·m·n·k summed over groups.
+    pub flops: f64,
+    /// NVFP4 bytes: A and B values + blocked scales, plus C.
+    pub bytes: f64,
+    /// The planner's kernel description.
+    pub kernel: String,
+    /// `PASS`/`FAIL` line of the comparison with the CPU reference, `None` when skipped.
+    pub check: Option<String>,
+    /// Whether the check passed (`true` when skipped).
+    pub check_passed: bool,
+    /// Competition-style per-call time.
+    pub competition_us: Stats,
+    /// Kernel-only time.
+    pub kernel_us: Stats,
+    /// Host overhead per call, same buffers.
+    pub host_cached_us: Stats,
+    /// Host overhead per call, rotating input sets.
+    pub host_rotating_us: Stats,
+    /// cuBLAS bf16 baseline, kernel-only.
+    pub cublas_us: Option<Stats>,
+    /// The baseline's own comparison with the (bf16-rounded) reference, or why it did not run.
+    pub cublas_note: String,
+    /// bytes / copy bandwidth.
+    pub floor_bytes_us: f64,
+    /// FLOPs / tensor rate (`None` without cuBLAS).
+    pub floor_flops_us: Option<f64>,
+}
+
+impl ShapeResult {
+    /// TB/s over the NVFP4 bytes, kernel-only.
+    pub fn tb_s(&self) -> f64 {
+        self.bytes / (self.kernel_us.median * 1e-6) / 1e12
+    }
+
+    /// TFLOP/s, kernel-only.
+    pub fn tflops(&self) -> f64 {
+        self.flops / (self.kernel_us.median * 1e-6) / 1e12
+    }
+
+    /// cuBLAS time over kernel-only time.
+    pub fn x_cublas(&self) -> Option<f64> {
+        self.cublas_us.map(|c| c.median / self.kernel_us.median)
+    }
+
+    /// The larger of the two floors.
+    pub fn floor_us(&self) -> f64 {
+        self.floor_flops_us.map_or(self.floor_bytes_us, |f| f.max(self.floor_bytes_us))
+    }
+
+    /// Floor over kernel-only time, in percent.
+    pub fn pct_floor(&self) -> f64 {
+        100.0 * self.floor_us() / self.kernel_us.median
+    }
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `nvfp4-bench <version>`.
+    pub tool: String,
+    /// Seconds since the Unix epoch at the end of the run.
+    pub unix_time: u64,
+    /// Device and ceilings.
+    pub environment: Environment,
+    /// The options used.
+    pub options: crate::options::Options,
+    /// One entry per problem.
+    pub shapes: Vec<ShapeResult>,
+}
+
+impl Report {
+    /// All checks passed (or were skipped).
+    pub fn passed(&self) -> bool {
+        self.shapes.iter().all(|s| s.check_passed)
+    }
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.prec$}"))
+}
+
+/// The text table (module docs of `options::HELP` for the columns), with a header block.
+pub fn table(report: &Report) -> String {
+    let env = &report.environment;
+    let mut out = String::new();
+    let _ = writeln!(out, "device: {}", env.device);
+    let _ = writeln!(
+        out,
+        "ceilings: copy {:.2} TB/s (read+write, {} MiB), bf16 tensor {} TFLOP/s; cuBLAS {}",
+        env.copy_tb_s,
+        env.copy_bytes >> 20,
+        opt(env.tensor_tflops, 0),
+        env.cublas
+    );
+    let header = [
+        "shape",
+        "check",
+        "comp_us",
+        "kernel_us",
+        "TB/s",
+        "TFLOP/s",
+        "cublas_us",
+        "x_cublas",
+        "floor_us",
+        "%floor",
+        "host_us",
+    ];
+    let rows: Vec<[String; 11]> = report
+        .shapes
+        .iter()
+        .map(|s| {
+            [
+                s.name.clone(),
+                match (&s.check, s.check_passed) {
+                    (None, _) => "skip".into(),
+                    (Some(_), true) => "PASS".into(),
+                    (Some(_), false) => "FAIL".into(),
+                },
+                format!("{:.2}", s.competition_us.median),
+                format!("{:.2}", s.kernel_us.median),
+                format!("{:.3}", s.tb_s()),
+                format!("{:.1}", s.tflops()),
+                opt(s.cublas_us.map(|c| c.median), 2),
+                opt(s.x_cublas(), 2),
+                format!("{:.2}", s.floor_us()),
+                format!("{:.0}%", s.pct_floor()),
+                format!("{:.2}", s.host_cached_us.median),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, (c, w)) in cells.zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(l, "{c:<w$}");
+            } else {
+                let _ = write!(l, "  {c:>w$}");
+            }
+        }
+        l
+    };
+    let _ = writeln!(out, "{}", line(&mut header.iter().copied()));
+    for r in &rows {
+        let _ = writeln!(out, "{}", line(&mut r.iter().map(String::as_str)));
+    }
+    for s in &report.shapes {
+        let _ = writeln!(
+            out,
+            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating | floors: bytes {:.2} us, flops {} us",
+            s.name,
+            s.spec,
+            s.host_cached_us.median,
+            s.host_rotating_us.median,
+            s.floor_bytes_us,
+            opt(s.floor_flops_us, 2)
+        );
+    }
+    out
+}
+
+/// Writes the report as pretty JSON.
+pub fn write_json(report: &Report, path: &Path) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(report).map_err(|e| format!("encoding the JSON: {e}"))?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// One plotted quantity of a shape (`None`: not measured).
+type SeriesValue = fn(&ShapeResult) -> Option<f64>;
+
+/// Draws the table as grouped bars (log-scale µs per shape: competition, kernel-only, cuBLAS,
+/// floor) into an SVG file.
+pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
+    let shapes = &report.shapes;
+    let competition = format!("competition ({} sets, per call)", report.options.sets);
+    let series: [(&str, RGBColor, SeriesValue); 4] = [
+        (&competition, RGBColor(31, 119, 180), |s| Some(s.competition_us.median)),
+        ("kernel-only", RGBColor(44, 160, 44), |s| Some(s.kernel_us.median)),
+        ("cuBLAS bf16 (dequantized)", RGBColor(214, 39, 40), |s| s.cublas_us.map(|c| c.median)),
+        ("floor", RGBColor(127, 127, 127), |s| Some(s.floor_us())),
+    ];
+    let values: Vec<f64> = shapes.iter().flat_map(|s| series.iter().filter_map(move |(_, _, f)| f(s))).collect();
+    let max = values.iter().cloned().fold(1.0f64, f64::max);
+    let min = values.iter().cloned().fold(max, f64::min);
+    let (y0, y1) = ((min * 0.5).max(0.01), max * 2.0);
+    let width = (220 * shapes.len().max(1) + 200).max(800) as u32;
+    let root = SVGBackend::new(path, (width, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let title = format!("NVFP4 grouped GEMM, {} — time per call (µs, log scale)", report.environment.device);
+    let n = shapes.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(16)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(-0.5f64..(n - 0.5), (y0..y1).log_scale())
+        .map_err(|x| e(&x))?;
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let label = move |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+            names[i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .light_line_style(WHITE)
+        .x_labels(shapes.len().max(1))
+        .x_label_formatter(&label)
+        .y_desc("µs")
+        .draw()
+        .map_err(|x| e(&x))?;
+    let bar = 0.8 / series.len() as f64;
+    for (j, (name, color, value)) in series.iter().enumerate() {
+        let color = *color;
+        let bars: Vec<(f64, f64)> = shapes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| value(s).map(|v| (i as f64 - 0.4 + j as f64 * bar, v)))
+            .collect();
+        chart
+            .draw_series(
+                bars.iter().map(|&(x, v)| Rectangle::new([(x + 0.01, y0), (x + bar - 0.01, v)], color.filled())),
+            )
+            .map_err(|x| e(&x))?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        chart
+            .draw_series(bars.iter().map(|&(x, v)| {
+                Text::new(format!("{v:.1}"), (x, v * 1.08), ("sans-serif", 11).into_font().color(&BLACK))
+            }))
+            .map_err(|x| e(&x))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(x: f64) -> Stats {
+        Stats { median: x, min: x, max: x, mean: x, n: 1 }
+    }
+
+    pub(crate) fn sample() -> Report {
+        let shape = |name: &str, kernel: f64, cublas: Option<f64>| ShapeResult {
+            name: name.into(),
+            spec: "g=2,m=128:384,n=4096,k=1536".into(),
+            groups: 2,
+            flops: 2.0 * 512.0 * 4096.0 * 1536.0,
+            bytes: 4.5e6,
+            kernel: "sm90".into(),
+            check: Some("PASS: 0/2097152".into()),
+            check_passed: true,
+            competition_us: stats(kernel + 3.0),
+            kernel_us: stats(kernel),
+            host_cached_us: stats(4.0),
+            host_rotating_us: stats(9.0),
+            cublas_us: cublas.map(stats),
+            cublas_note: "PASS".into(),
+            floor_bytes_us: 1.0,
+            floor_flops_us: cublas.map(|_| 8.0),
+        };
+        Report {
+            tool: "nvfp4-bench test".into(),
+            unix_time: 0,
+            environment: Environment {
+                device: "Test GPU (sm_90a, 132 SMs)".into(),
+                copy_tb_s: 4.3,
+                copy_bytes: 1 << 30,
+                tensor_tflops: Some(780.0),
+                cublas: "loaded".into(),
+                flush_bytes: 256 << 20,
+            },
+            options: crate::options::Options::default(),
+            shapes: vec![shape("b0", 16.0, Some(20.0)), shape("custom", 10.0, None)],
+        }
+    }
+
+    #[test]
+    fn derived_numbers() {
+        let r = sample();
+        let s = &r.shapes[0];
+        assert!((s.tflops() - s.flops / 16e-6 / 1e12).abs() < 1e-9);
+        assert!((s.tb_s() - 4.5e6 / 16e-6 / 1e12).abs() < 1e-12);
+        assert_eq!(s.x_cublas(), Some(1.25));
+        assert_eq!(s.floor_us(), 8.0);
+        assert_eq!(s.pct_floor(), 50.0);
+        assert_eq!(r.shapes[1].floor_us(), 1.0);
+        assert!(r.passed());
+    }
+
+    #[test]
+    fn table_has_one_aligned_row_per_shape() {
+        let text = table(&sample());
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("device: Test GPU"));
+        assert!(lines[2].starts_with("shape") && lines[2].contains("x_cublas"));
+        assert!(lines[3].starts_with("b0 ") && lines[3].contains("1.25") && lines[3].contains("50%"));
+        assert!(lines[4].starts_with("custom") && lines[4].contains("n/a"));
+        assert_eq!(lines[2].len(), lines[3].len());
+        assert_eq!(lines[3].len(), lines[4].len());
+    }
+
+    #[test]
+    fn json_and_svg_files() {
+        let dir = std::env::temp_dir().join(format!("nvfp4-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = sample();
+        write_json(&r, &dir.join("r.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+        assert_eq!(v["shapes"][0]["kernel_us"]["median"], 16.0);
+        assert_eq!(v["shapes"][1]["cublas_us"], serde_json::Value::Null);
+        assert_eq!(v["environment"]["copy_tb_s"], 4.3);
+        write_svg(&r, &dir.join("r.svg")).unwrap();
+        let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("b0") && svg.contains("custom") && svg.contains("kernel-only"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
