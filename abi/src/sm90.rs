@@ -32,13 +32,6 @@ pub const WEIGHT_ROW_BYTES: u32 = BLOCK_K / 2;
 pub const CHUNK_K: u32 = 64;
 /// Chunks per stage.
 pub const CHUNKS_PER_STAGE: u32 = BLOCK_K / CHUNK_K;
-/// CTAs per cluster. The two CTAs of a cluster compute adjacent weight tiles of the same token
-/// tile, and each loads half of the token chunks with TMA multicast into both: the token bytes
-/// each SM pulls from L2 halve (the kernel was bound by L2→SM bandwidth, PERF.md #3).
-pub const CLUSTER: u32 = 2;
-/// Arrivals that free a stage: every consumer warp of both CTAs of the cluster (a stage holds
-/// tokens multicast by the peer, so neither producer may refill it before both sides are done).
-pub const EMPTY_ARRIVALS: u32 = 4 * CONSUMER_WARPGROUPS * CLUSTER;
 /// Threads per CTA: one producer warpgroup and the consumer warpgroups.
 pub const THREADS: u32 = 128 * (1 + CONSUMER_WARPGROUPS);
 /// Register cap per thread given to ptxas for the sm_90a module (65536 / 384, rounded down to 8).
@@ -136,10 +129,7 @@ pub struct GroupParams {
 const _: () = assert!(core::mem::size_of::<GroupParams>() == 64);
 
 /// One output tile of the GEMM work list: rows `m_tile*block_m ..` of C, columns
-/// `n_tile*BLOCK_N ..`, of group `group`. The list holds pairs — entries `2i` and `2i+1` share
-/// group and token tile and have weight tiles `2j`, `2j+1` — run by the two CTAs of a cluster. When
-/// a group has an odd number of weight tiles, the last pair's second tile lies past N: it loads
-/// zeros and stores nothing.
+/// `n_tile*BLOCK_N ..`, of group `group`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tile {

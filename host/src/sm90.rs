@@ -35,15 +35,11 @@ impl Sm90Layout {
         let (mut ws, mut ctas) = (0u64, 0u32);
         for (g, s) in problem.groups().iter().enumerate() {
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            // Weight-tile pairs outermost, token tiles inside: clusters that run at the same time
-            // share weight tiles (L2 hits), and the small token workspace stays in L2 throughout.
-            // Each pair (same token tile, weight tiles 2j and 2j+1) is one cluster's work item.
-            for n_pair in 0..sm90::n_tiles(n).div_ceil(sm90::CLUSTER) {
+            // Weight tiles outermost, token tiles inside: CTAs that run at the same time share
+            // weight tiles (L2 hits), and the small token workspace stays in L2 throughout.
+            for n_tile in 0..sm90::n_tiles(n) {
                 for m_tile in 0..sm90::m_tiles(m, config.block_m) {
-                    for r in 0..sm90::CLUSTER {
-                        let n_tile = (n_pair * sm90::CLUSTER + r) as u16;
-                        tiles.push(Tile { group: g as u16, m_tile: m_tile as u16, n_tile, reserved: 0 });
-                    }
+                    tiles.push(Tile { group: g as u16, m_tile: m_tile as u16, n_tile: n_tile as u16, reserved: 0 });
                 }
             }
             workspace_offsets.push(ws);
@@ -53,11 +49,10 @@ impl Sm90Layout {
             dequant_ctas.push((ctas, c));
             ctas += c;
         }
-        // Whole clusters; one CTA per SM.
-        let grid = (tiles.len() as u32).min(sm_count / sm90::CLUSTER * sm90::CLUSTER).max(sm90::CLUSTER);
+        let grid = (tiles.len() as u32).min(sm_count).max(1);
         Sm90Layout {
             config,
-            gemm: LaunchGeometry { grid, block: sm90::THREADS, cluster: sm90::CLUSTER, smem_bytes: config.dynamic_shared_memory() },
+            gemm: LaunchGeometry { grid, block: sm90::THREADS, cluster: 1, smem_bytes: config.dynamic_shared_memory() },
             dequant: LaunchGeometry { grid: ctas.max(1), block: sm90::DEQUANT_THREADS, cluster: 1, smem_bytes: 0 },
             tiles,
             workspace_offsets,
@@ -131,23 +126,16 @@ mod tests {
         )
         .unwrap();
         let l = Sm90Layout::new(&p, 132);
-        // group 0: 1 pair of n-tiles × 1 m-tile; group 1: none; group 2 (N = 136: 2 n-tiles):
-        // 1 pair × 2 m-tiles.
+        // group 0: 2 n-tiles × 1 m-tile; group 1: none; group 2: 2 × 2.
         assert_eq!(l.tiles.len(), 2 + 4);
         assert_eq!(l.tiles[0], Tile { group: 0, m_tile: 0, n_tile: 0, reserved: 0 });
         assert_eq!(l.tiles[1], Tile { group: 0, m_tile: 0, n_tile: 1, reserved: 0 });
         assert_eq!(l.tiles[2], Tile { group: 2, m_tile: 0, n_tile: 0, reserved: 0 });
-        assert_eq!(l.tiles[3], Tile { group: 2, m_tile: 0, n_tile: 1, reserved: 0 });
-        assert_eq!(l.tiles[4], Tile { group: 2, m_tile: 1, n_tile: 0, reserved: 0 });
-        // An odd number of weight tiles gets a phantom partner past N.
-        let odd = Problem::new(vec![GroupShape::new(8, 384, 128)], OutputType::F16).unwrap();
-        let l3 = Sm90Layout::new(&odd, 132);
-        assert_eq!(l3.tiles.iter().map(|t| t.n_tile).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(l.tiles[3], Tile { group: 2, m_tile: 1, n_tile: 0, reserved: 0 });
         assert_eq!(l.workspace_offsets, vec![0, 96 * 512 * 2, 96 * 512 * 2]);
         // 96 rows × 8 chunks = 768 items = 3 CTAs; group 1 has none; 130 × 2 = 260 → 2.
         assert_eq!(l.dequant_ctas, vec![(0, 3), (3, 0), (3, 2)]);
         assert_eq!(l.gemm.grid, 6);
-        assert_eq!(l.gemm.cluster, 2);
         assert_eq!(l.gemm.smem_bytes, GemmConfig::M128.dynamic_shared_memory());
     }
 }

@@ -1,8 +1,6 @@
 //! `sm90_grouped_gemm`: persistent, warp-specialized swap-AB GEMM over all tiles of all groups.
 //!
-//! Clusters of 2 CTAs: both compute the same token tile against adjacent weight tiles, and each
-//! producer multicasts half of the token chunks into both CTAs (stages are freed by the consumers
-//! of both). CTA = 3 warpgroups. Warpgroup 0 is the producer (one thread issues every TMA); warpgroups 1 and 2
+//! CTA = 3 warpgroups. Warpgroup 0 is the producer (one thread issues every TMA); warpgroups 1 and 2
 //! are consumers, each owning 64 of the tile's 128 weight rows. Per stage of 128 K values the
 //! producer loads, completing on `full[stage]`:
 //! - per valid 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace,
@@ -18,7 +16,7 @@
 
 use crate::ptx::mbarrier::{Mbarrier, RingState};
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{cluster, convert, fence, sreg, tma, wgmma};
+use crate::ptx::{barrier, convert, fence, sreg, tma, wgmma};
 use nvfp4_gemm_abi::sm90::*;
 
 const CFG: GemmConfig = GemmConfig::M128;
@@ -50,30 +48,26 @@ impl Stages {
 pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
     let st = Stages { base: smem::dynamic_base() };
     let tid = sreg::tid_x();
-    let rank = sreg::cluster_ctarank();
     if tid == 0 {
         for s in 0..STAGES {
             st.full(s).init(1);
-            st.empty(s).init(EMPTY_ARRIVALS);
+            st.empty(s).init(4 * CONSUMER_WARPGROUPS);
         }
         fence::mbarrier_init();
     }
-    // Both CTAs' barriers exist before either multicasts into or arrives on the other.
-    cluster::sync();
+    barrier::sync_all();
     let warpgroup = sreg::warp_id() / 4;
     if warpgroup == 0 {
         if tid == 0 {
-            produce(&st, &p, rank);
+            produce(&st, &p);
         }
     } else {
-        consume(&st, &p, warpgroup - 1, tid % 128, rank);
+        consume(&st, &p, warpgroup - 1, tid % 128);
     }
-    // Neither CTA leaves while the other may still multicast into it or arrive on its barriers.
-    cluster::sync();
 }
 
 #[inline(always)]
-unsafe fn produce(st: &Stages, p: &KernelParams, rank: u32) {
+unsafe fn produce(st: &Stages, p: &KernelParams) {
     let groups = p.groups as *const GroupParams;
     let tiles = p.tiles as *const Tile;
     let maps = p.tensor_maps as *const tma::TensorMap;
@@ -89,23 +83,18 @@ unsafe fn produce(st: &Stages, p: &KernelParams, rank: u32) {
         let k_stages = g.k.div_ceil(BLOCK_K);
         for ks in 0..k_stages {
             let chunks = valid_chunks(g.k, ks);
-            while !st.empty(ring.stage).try_wait_cluster(ring.phase ^ 1) {}
+            st.empty(ring.stage).wait(ring.phase ^ 1);
             let full = st.full(ring.stage);
             let stage = st.stage(ring.stage);
-            // All token chunks arrive (half of them from the peer's multicast), plus our own
-            // weights and scales.
             full.arrive_expect_tx(CFG.stage_tx_bytes(chunks));
             for c in 0..chunks {
-                if c % CLUSTER == rank {
-                    tma::load_2d_multicast(
-                        stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()),
-                        token_map,
-                        (ks * BLOCK_K + c * CHUNK_K) as i32,
-                        (t.m_tile as u32 * CFG.block_m) as i32,
-                        full.0,
-                        (1 << CLUSTER) - 1,
-                    );
-                }
+                tma::load_2d(
+                    stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()),
+                    token_map,
+                    (ks * BLOCK_K + c * CHUNK_K) as i32,
+                    (t.m_tile as u32 * CFG.block_m) as i32,
+                    full,
+                );
             }
             tma::load_2d(
                 stage.add(CFG.weight_offset()),
@@ -123,16 +112,6 @@ unsafe fn produce(st: &Stages, p: &KernelParams, rank: u32) {
             ring.advance();
         }
         i += sreg::nctaid_x();
-    }
-}
-
-/// A consumer warp frees a stage in both CTAs of the cluster (the peer's producer multicasts into
-/// our copy of it too).
-#[inline(always)]
-fn release(empty: Mbarrier, lane: u32, rank: u32) {
-    if lane == 0 {
-        empty.arrive();
-        empty.arrive_cluster(rank ^ 1);
     }
 }
 
@@ -154,7 +133,7 @@ fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
 }
 
 #[inline(always)]
-unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32, rank: u32) {
+unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
     let groups = p.groups as *const GroupParams;
     let tiles = p.tiles as *const Tile;
     let (warp, lane) = (t / 32, t % 32);
@@ -178,7 +157,7 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32, rank: u32) {
         let mut pending: Option<u32> = None;
         for ks in 0..k_stages {
             let chunks = valid_chunks(g.k, ks);
-            while !st.full(ring.stage).try_wait_cluster(ring.phase) {}
+            st.full(ring.stage).wait(ring.phase);
             let stage = st.stage(ring.stage);
             // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
             // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
@@ -203,7 +182,9 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32, rank: u32) {
                     wgmma::wait_group_fenced_n128::<1>(&mut acc);
                     if c == 0 {
                         if let Some(prev) = pending.take() {
-                            release(st.empty(prev), lane, rank);
+                            if lane == 0 {
+                                st.empty(prev).arrive();
+                            }
                         }
                     }
                 }
@@ -213,7 +194,9 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32, rank: u32) {
         }
         wgmma::wait_group_fenced_n128::<0>(&mut acc);
         if let Some(prev) = pending {
-            release(st.empty(prev), lane, rank);
+            if lane == 0 {
+                st.empty(prev).arrive();
+            }
         }
         store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
         i += sreg::nctaid_x();
