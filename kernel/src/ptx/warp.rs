@@ -31,3 +31,16 @@ pub fn sync() {
     // SAFETY: every lane of the warp reaches this call.
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
 }
+
+/// `shfl.sync.bfly.b32 d, v, lane_mask, 0x1f, 0xffffffff;` (PTX ISA 6.0, sm_70): the value `v` of
+/// lane `laneid ^ lane_mask`. The whole warp must execute it, converged.
+#[inline(always)]
+pub fn shfl_xor(v: u32, lane_mask: u32) -> u32 {
+    let d: u32;
+    // SAFETY: a full-warp collective on registers; call sites are warp-uniform.
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {d}, {v}, {m}, 0x1f, 0xffffffff;", d = out(reg32) d, v = in(reg32) v,
+             m = in(reg32) lane_mask, options(nostack));
+    }
+    d
+}

@@ -16,10 +16,12 @@
 
 use crate::ptx::mbarrier::{Mbarrier, RingState};
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{barrier, convert, fence, sreg, tma, wgmma};
+use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
 use nvfp4_gemm_abi::sm90::*;
 
 const CFG: GemmConfig = GemmConfig::M128;
+// The consumer loads both chunks of a stage up front (`load(0)`, `load(1)`).
+const _: () = assert!(CHUNKS_PER_STAGE == 2);
 const STAGES: u32 = CFG.stages;
 type Ring = RingState<STAGES>;
 
@@ -162,14 +164,26 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
             // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
             // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
             // flight may read it (at most two groups are ever pending).
+            // All of the stage's shared loads first, in one basic block, so their latencies
+            // overlap each other and the first chunk's decoding (in the K tail the loads of an
+            // absent chunk read stale bytes that are never used).
+            let wbase = stage.add(CFG.weight_offset());
+            let load = |c: u32| {
+                let sbase = stage.add(CFG.scale_offset() + 512 * c);
+                (
+                    [smem::ld_v2_u32(wbase.add(w_off(r0, c))), smem::ld_v2_u32(wbase.add(w_off(r1, c)))],
+                    [smem::ld_u32(sbase.add(s_off(r0))), smem::ld_u32(sbase.add(s_off(r1)))],
+                )
+            };
+            let (raw0, sw0) = load(0);
+            let (raw1, sw1) = load(1);
+            let raw = [raw0, raw1];
+            let scale_words = [sw0, sw1];
             for c in 0..CHUNKS_PER_STAGE {
                 if c < chunks {
-                    let wbase = stage.add(CFG.weight_offset());
-                    let sbase = stage.add(CFG.scale_offset() + 512 * c);
-                    let s0 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r0))), q);
-                    let s1 = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(s_off(r1))), q);
-                    let a0 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r0, c))), s0);
-                    let a1 = dequant16(smem::ld_v2_u32(wbase.add(w_off(r1, c))), s1);
+                    let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
+                    let a0 = dequant16(rw[0], convert::e4m3_byte_to_f16x2(sw[0], q));
+                    let a1 = dequant16(rw[1], convert::e4m3_byte_to_f16x2(sw[1], q));
                     let tokens =
                         WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
                     wgmma::fence();
@@ -216,22 +230,31 @@ macro_rules! unrolled {
 }
 
 /// Writes the warpgroup's 64 × 128 accumulator tile to C (transposed: C is tokens × weights).
+///
+/// Register i of lane (g, q) holds D[n = n_base + g + 8·((i/2)%2)][m = m_base + 2q + 8·(i/4) + i%2].
+/// Lanes g and g^1 (lane ^ 4) hold neighbouring n for the same m, so one shuffle per register pair
+/// gives each lane two adjacent elements of one row of C: even g stores C[m even][g, g+1], odd g
+/// stores C[m odd][g-1, g], as one 4-byte store (N is a multiple of 8, so a pair never straddles N).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn store_tile(acc: &[f32; 64], g: &GroupParams, tile: Tile, cw: u32, warp: u32, g8: u32, q: u32, bf16: bool) {
     let c = g.c as *mut u16;
-    let n_base = tile.n_tile as u32 * BLOCK_N + cw * WG_ROWS + 16 * warp + g8;
-    let m_base = tile.m_tile as u32 * CFG.block_m + 2 * q;
-    // Register i holds D[n = n_base + 8·((i/2)%2)][m = m_base + 8·(i/4) + i%2].
+    let odd = g8 % 2;
+    let n_pair = tile.n_tile as u32 * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
+    let m_base = tile.m_tile as u32 * CFG.block_m + 2 * q + odd;
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        for e in 0..4usize {
-            let i = 4 * quad + e;
-            let n = n_base + 8 * ((e as u32 / 2) % 2);
-            let m = m_base + 8 * quad as u32 + (e as u32 % 2);
+        for half in 0..2usize {
+            // Registers 4·quad + 2·half (+1): rows n and n+8 alternate by half.
+            let i = 4 * quad + 2 * half;
+            let send = if odd == 0 { acc[i + 1] } else { acc[i] };
+            let got = f32::from_bits(warp::shfl_xor(send.to_bits(), 4));
+            let (lo, hi) = if odd == 0 { (acc[i], got) } else { (got, acc[i + 1]) };
+            let n = n_pair + 8 * half as u32;
+            let m = m_base + 8 * quad as u32;
             if m < g.m && n < g.n {
-                let x = acc[i] * g.alpha;
-                let bits = if bf16 { convert::f32_to_bf16(x) } else { convert::f32_to_f16(x) };
-                *c.add(m as usize * g.n as usize + n as usize) = bits;
+                let (lo, hi) = (lo * g.alpha, hi * g.alpha);
+                let bits = if bf16 { convert::f32x2_to_bf16x2(lo, hi) } else { convert::f32x2_to_f16x2(lo, hi) };
+                *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits;
             }
         }
     });
