@@ -188,3 +188,108 @@ pub fn make_groups(shapes: &[GroupShape], dist: InputDistribution, seed: u64) ->
     }
     groups
 }
+
+/// The problem lists and the case runner both architectures' GPU tests share.
+pub mod cases {
+    use super::{gpu_or_skip, make_groups, run_case};
+    use nvfp4_format::{GroupShape, InputDistribution, Tolerance};
+    use nvfp4_gemm::Arch;
+
+    /// Both input distributions.
+    pub const DISTS: [InputDistribution; 2] = [InputDistribution::Competition, InputDistribution::FullRange];
+
+    fn z(m: &[usize], n: &[usize], k: &[usize]) -> Vec<GroupShape> {
+        GroupShape::zip(m, n, k).unwrap()
+    }
+
+    /// The competition's 10 test shapes (DESIGN.md §2) and one with K = 128 and 384 (an older
+    /// revision of the task).
+    pub fn competition() -> Vec<Vec<GroupShape>> {
+        vec![
+            z(&[96, 128], &[128, 256], &[256, 512]),
+            z(&[256, 72], &[512, 384], &[256, 256]),
+            z(&[128, 128], &[128, 256], &[512, 256]),
+            z(&[80, 128, 256], &[384, 256, 128], &[256, 512, 256]),
+            z(&[64, 72, 96], &[128, 384, 512], &[512, 512, 256]),
+            z(&[64, 256, 128], &[768, 128, 256], &[512, 256, 512]),
+            z(&[128, 128, 64], &[256, 512, 512], &[768, 256, 768]),
+            z(&[128; 4], &[128; 4], &[512, 256, 512, 256]),
+            z(&[40, 56, 384, 512], &[512, 384, 256, 128], &[256; 4]),
+            z(&[512, 384, 256, 128], &[256; 4], &[512, 768, 512, 768]),
+            z(&[96, 40], &[128, 256], &[128, 384]),
+        ]
+    }
+
+    /// The 4 benchmark shapes.
+    pub fn benchmark() -> Vec<Vec<GroupShape>> {
+        use nvfp4_format::generate::shapes::*;
+        vec![B0.to_vec(), B1.to_vec(), B2.to_vec(), B3.to_vec()]
+    }
+
+    /// Each case once per input distribution.
+    pub fn with_dists(cases: Vec<Vec<GroupShape>>) -> Vec<(Vec<GroupShape>, InputDistribution)> {
+        cases.into_iter().flat_map(|c| DISTS.map(|d| (c.clone(), d))).collect()
+    }
+
+    /// Runs every case on GPU 0 (skipping with a printed reason unless it is `arch`), prints one
+    /// `CASE` line each, and fails listing every failing case.
+    pub fn run_all(test: &str, arch: Arch, cases: &[(Vec<GroupShape>, InputDistribution)], seed: u64) {
+        let Some(gpu) = gpu_or_skip(test, arch) else { return };
+        let stream = gpu.context().default_stream();
+        let mut failures = vec![];
+        for (i, (shapes, dist)) in cases.iter().enumerate() {
+            let dist = *dist;
+            let groups = make_groups(shapes, dist, seed + i as u64);
+            let r = run_case(&gpu, &stream, &groups, Tolerance::COMPETITION, dist == InputDistribution::FullRange);
+            let dims: Vec<(usize, usize, usize)> = shapes.iter().map(|s| (s.m, s.n, s.k)).collect();
+            let line = format!(
+                "CASE {test}[{i}] {dist:?} groups(m,n,k)={dims:?} guards={} deterministic={} acc_ulps={:.1} fp32_allowed={} {}",
+                r.guard_corruptions, r.deterministic, r.accumulation_ulps, r.within_allowance, r.comparison
+            );
+            println!("{line}");
+            if !r.passed() {
+                failures.push(line);
+            }
+        }
+        assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    /// bf16 output: each problem is run with C poisoned (bf16 NaN) and compared with the bf16
+    /// reference (one rounding, 8 significant bits: rtol 4e-3).
+    pub fn run_bf16(test: &str, arch: Arch, shape_lists: &[Vec<GroupShape>], seed: u64) {
+        use half::bf16;
+        use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
+        let Some(gpu) = gpu_or_skip(test, arch) else { return };
+        let stream = gpu.context().default_stream();
+        for (i, shapes) in shape_lists.iter().enumerate() {
+            let groups = make_groups(shapes, InputDistribution::Competition, seed + i as u64);
+            let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::Bf16).unwrap()).unwrap();
+            let dev: Vec<_> = groups
+                .iter()
+                .map(|g| (DeviceNvfp4::upload(&stream, &g.a).unwrap(), DeviceNvfp4::upload(&stream, &g.b).unwrap()))
+                .collect();
+            let mut cs: Vec<_> = groups
+                .iter()
+                .map(|g| stream.clone_htod(&vec![bf16::from_bits(0x7FFF); g.m() * g.n()]).unwrap())
+                .collect();
+            let mut args: Vec<GroupArgs> = dev
+                .iter()
+                .zip(cs.iter_mut())
+                .zip(&groups)
+                .map(|(((a, b), c), g)| GroupArgs {
+                    a: a.operand(),
+                    b: b.operand(),
+                    c: Output::Bf16(c),
+                    alpha: g.alpha,
+                })
+                .collect();
+            plan.run(&stream, &mut args).unwrap();
+            drop(args);
+            let got: Vec<Vec<bf16>> = cs.iter().map(|c| stream.clone_dtoh(c).unwrap()).collect();
+            let expected = nvfp4_format::reference_grouped_gemm_bf16(&groups).unwrap();
+            let cmp = nvfp4_format::compare(&got, &expected, Tolerance::new(1e-3, 4e-3)).unwrap();
+            println!("CASE {test}[{i}] {cmp}");
+            assert!(cmp.passed(), "{test}[{i}]: {cmp}");
+        }
+    }
+}

@@ -7,40 +7,15 @@
 //! the fp32-accumulation allowance of `nvfp4_gemm_tests::accumulation_allowance`.
 //!
 //! Skipped with a printed reason without an sm_100 GPU. None of these has run yet: there is no
-//! B200 in this project's reach. Until `GemmPlan` is wired to the sm_100a kernels, planning fails
-//! with `InvalidProblem` and every test here fails on a B200 instead of passing vacuously.
+//! B200 in this project's reach.
 
-use nvfp4_format::{GroupShape, InputDistribution, SplitMix64, Tolerance};
+use nvfp4_format::{GroupShape, InputDistribution, SplitMix64};
 use nvfp4_gemm::Arch;
-use nvfp4_gemm_tests::{gpu_or_skip, make_groups, run_case};
-
-const DISTS: [InputDistribution; 2] = [InputDistribution::Competition, InputDistribution::FullRange];
+use nvfp4_gemm_tests::cases::{self, with_dists, DISTS};
+use nvfp4_gemm_tests::gpu_or_skip;
 
 fn z(m: &[usize], n: &[usize], k: &[usize]) -> Vec<GroupShape> {
     GroupShape::zip(m, n, k).unwrap()
-}
-
-fn competition_cases() -> Vec<Vec<GroupShape>> {
-    vec![
-        z(&[96, 128], &[128, 256], &[256, 512]),
-        z(&[256, 72], &[512, 384], &[256, 256]),
-        z(&[128, 128], &[128, 256], &[512, 256]),
-        z(&[80, 128, 256], &[384, 256, 128], &[256, 512, 256]),
-        z(&[64, 72, 96], &[128, 384, 512], &[512, 512, 256]),
-        z(&[64, 256, 128], &[768, 128, 256], &[512, 256, 512]),
-        z(&[128, 128, 64], &[256, 512, 512], &[768, 256, 768]),
-        z(&[128; 4], &[128; 4], &[512, 256, 512, 256]),
-        z(&[40, 56, 384, 512], &[512, 384, 256, 128], &[256; 4]),
-        z(&[512, 384, 256, 128], &[256; 4], &[512, 768, 512, 768]),
-        // An older revision of the task used K = 128 and 384: the flat (2D) tensor map and a last
-        // stage with fewer than 4 MMAs.
-        z(&[96, 40], &[128, 256], &[128, 384]),
-    ]
-}
-
-fn benchmark_cases() -> Vec<Vec<GroupShape>> {
-    use nvfp4_format::generate::shapes::*;
-    vec![B0.to_vec(), B1.to_vec(), B2.to_vec(), B3.to_vec()]
 }
 
 /// One case per kernel path the shapes above may not reach.
@@ -60,39 +35,18 @@ fn path_cases() -> Vec<Vec<GroupShape>> {
     ]
 }
 
-fn with_dists(cases: Vec<Vec<GroupShape>>) -> Vec<(Vec<GroupShape>, InputDistribution)> {
-    cases.into_iter().flat_map(|c| DISTS.map(|d| (c.clone(), d))).collect()
-}
-
 fn run_all(test: &str, cases: &[(Vec<GroupShape>, InputDistribution)], seed: u64) {
-    let Some(gpu) = gpu_or_skip(test, Arch::Sm100a) else { return };
-    let stream = gpu.context().default_stream();
-    let mut failures = vec![];
-    for (i, (shapes, dist)) in cases.iter().enumerate() {
-        let dist = *dist;
-        let groups = make_groups(shapes, dist, seed + i as u64);
-        let r = run_case(&gpu, &stream, &groups, Tolerance::COMPETITION, dist == InputDistribution::FullRange);
-        let dims: Vec<(usize, usize, usize)> = shapes.iter().map(|s| (s.m, s.n, s.k)).collect();
-        let line = format!(
-            "CASE {test}[{i}] {dist:?} groups(m,n,k)={dims:?} guards={} deterministic={} acc_ulps={:.1} fp32_allowed={} {}",
-            r.guard_corruptions, r.deterministic, r.accumulation_ulps, r.within_allowance, r.comparison
-        );
-        println!("{line}");
-        if !r.passed() {
-            failures.push(line);
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    cases::run_all(test, Arch::Sm100a, cases, seed);
 }
 
 #[test]
 fn competition_shapes() {
-    run_all("competition_shapes", &with_dists(competition_cases()), 1111);
+    run_all("competition_shapes", &with_dists(cases::competition()), 1111);
 }
 
 #[test]
 fn benchmark_shapes() {
-    run_all("benchmark_shapes", &with_dists(benchmark_cases()), 2222);
+    run_all("benchmark_shapes", &with_dists(cases::benchmark()), 2222);
 }
 
 #[test]
@@ -128,45 +82,17 @@ fn random_shapes() {
 /// bf16 output through both kernels: C is poisoned first, compared with the bf16 reference.
 #[test]
 fn bf16_output() {
-    use half::bf16;
-    use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
-    let Some(gpu) = gpu_or_skip("bf16_output", Arch::Sm100a) else { return };
-    let stream = gpu.context().default_stream();
-    let cases = [competition_cases()[3].clone(), z(&[200, 64], &[4096, 256], &[2048, 512])];
-    for (i, shapes) in cases.iter().enumerate() {
-        let groups = make_groups(shapes, InputDistribution::Competition, 40 + i as u64);
-        let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::Bf16).unwrap()).unwrap();
-        let dev: Vec<_> = groups
-            .iter()
-            .map(|g| (DeviceNvfp4::upload(&stream, &g.a).unwrap(), DeviceNvfp4::upload(&stream, &g.b).unwrap()))
-            .collect();
-        let mut cs: Vec<_> =
-            groups.iter().map(|g| stream.clone_htod(&vec![bf16::from_bits(0x7FFF); g.m() * g.n()]).unwrap()).collect();
-        let mut args: Vec<GroupArgs> = dev
-            .iter()
-            .zip(cs.iter_mut())
-            .zip(&groups)
-            .map(|(((a, b), c), g)| GroupArgs { a: a.operand(), b: b.operand(), c: Output::Bf16(c), alpha: g.alpha })
-            .collect();
-        plan.run(&stream, &mut args).unwrap();
-        drop(args);
-        let got: Vec<Vec<bf16>> = cs.iter().map(|c| stream.clone_dtoh(c).unwrap()).collect();
-        let expected = nvfp4_format::reference_grouped_gemm_bf16(&groups).unwrap();
-        // bf16 keeps 8 significant bits: allow one rounding (2^-8 relative).
-        let cmp = nvfp4_format::compare(&got, &expected, Tolerance::new(1e-3, 4e-3)).unwrap();
-        println!("CASE bf16_output[{i}] {cmp}");
-        assert!(cmp.passed(), "{cmp}");
-    }
+    let shapes = [cases::competition()[3].clone(), z(&[200, 64], &[4096, 256], &[2048, 512])];
+    cases::run_bf16("bf16_output", Arch::Sm100a, &shapes, 40);
 }
 
-/// The plan's summary names the sm_100a kernels it chose for each path.
 #[test]
 fn plan_chooses_the_expected_kernels() {
     use nvfp4_gemm::{GemmPlan, OutputType, Problem};
     let Some(gpu) = gpu_or_skip("plan_chooses_the_expected_kernels", Arch::Sm100a) else { return };
     let expect = [
-        (competition_cases()[0].clone(), vec!["sm100_gemm_n128_deep"]),
-        (benchmark_cases()[0].clone(), vec!["sm100_gemm_n256_cluster4"]),
+        (cases::competition()[0].clone(), vec!["sm100_gemm_n128_deep"]),
+        (cases::benchmark()[0].clone(), vec!["sm100_gemm_n256_cluster4"]),
         (path_cases()[0].clone(), vec!["sm100_gemm_n128_shallow"]),
         (path_cases()[3].clone(), vec!["sm100_gemm_n128_deep", "sm100_gemm_n256_cluster4"]),
     ];

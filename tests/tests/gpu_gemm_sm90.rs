@@ -9,75 +9,21 @@
 
 use nvfp4_format::{GroupShape, InputDistribution, SplitMix64, Tolerance};
 use nvfp4_gemm::Arch;
-use nvfp4_gemm_tests::{gpu_or_skip, make_groups, run_case};
-
-const DISTS: [InputDistribution; 2] = [InputDistribution::Competition, InputDistribution::FullRange];
-
-fn competition_cases() -> Vec<Vec<GroupShape>> {
-    let z = |m: &[usize], n: &[usize], k: &[usize]| GroupShape::zip(m, n, k).unwrap();
-    vec![
-        z(&[96, 128], &[128, 256], &[256, 512]),
-        z(&[256, 72], &[512, 384], &[256, 256]),
-        z(&[128, 128], &[128, 256], &[512, 256]),
-        z(&[80, 128, 256], &[384, 256, 128], &[256, 512, 256]),
-        z(&[64, 72, 96], &[128, 384, 512], &[512, 512, 256]),
-        z(&[64, 256, 128], &[768, 128, 256], &[512, 256, 512]),
-        z(&[128, 128, 64], &[256, 512, 512], &[768, 256, 768]),
-        z(&[128; 4], &[128; 4], &[512, 256, 512, 256]),
-        z(&[40, 56, 384, 512], &[512, 384, 256, 128], &[256; 4]),
-        z(&[512, 384, 256, 128], &[256; 4], &[512, 768, 512, 768]),
-        // An older revision of the task used K = 128 and 384.
-        z(&[96, 40], &[128, 256], &[128, 384]),
-    ]
-}
-
-fn benchmark_cases() -> Vec<Vec<GroupShape>> {
-    use nvfp4_format::generate::shapes::*;
-    vec![B0.to_vec(), B1.to_vec(), B2.to_vec(), B3.to_vec()]
-}
-
-fn with_dists(cases: Vec<Vec<GroupShape>>) -> Vec<(Vec<GroupShape>, InputDistribution)> {
-    cases.into_iter().flat_map(|c| DISTS.map(|d| (c.clone(), d))).collect()
-}
+use nvfp4_gemm_tests::cases::{self, with_dists, DISTS};
+use nvfp4_gemm_tests::{gpu_or_skip, make_groups};
 
 fn run_all(test: &str, cases: &[(Vec<GroupShape>, InputDistribution)], seed: u64) {
-    let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
-    let stream = gpu.context().default_stream();
-    let mut failures = vec![];
-    for (i, (shapes, dist)) in cases.iter().enumerate() {
-        {
-            let dist = *dist;
-            let groups = make_groups(shapes, dist, seed + i as u64);
-            let r = run_case(&gpu, &stream, &groups, Tolerance::COMPETITION, dist == InputDistribution::FullRange);
-            let ms: Vec<usize> = shapes.iter().map(|s| s.m).collect();
-            let line = format!(
-                "CASE {test}[{i}] {dist:?} g={} m={ms:?} n0={} k0={} guards={} deterministic={} acc_ulps={:.1} fp32_allowed={} {}",
-                shapes.len(),
-                shapes.first().map_or(0, |s| s.n),
-                shapes.first().map_or(0, |s| s.k),
-                r.guard_corruptions,
-                r.deterministic,
-                r.accumulation_ulps,
-                r.within_allowance,
-                r.comparison
-            );
-            println!("{line}");
-            if !r.passed() {
-                failures.push(line);
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    cases::run_all(test, Arch::Sm90a, cases, seed);
 }
 
 #[test]
 fn competition_shapes() {
-    run_all("competition_shapes", &with_dists(competition_cases()), 1111);
+    run_all("competition_shapes", &with_dists(cases::competition()), 1111);
 }
 
 #[test]
 fn benchmark_shapes() {
-    run_all("benchmark_shapes", &with_dists(benchmark_cases()), 2222);
+    run_all("benchmark_shapes", &with_dists(cases::benchmark()), 2222);
 }
 
 /// 200 problems: G in 1..=16, M in 0..=600 (any value), N a multiple of 8 up to 8192, K a multiple
@@ -105,37 +51,10 @@ fn random_shapes() {
     run_all("random_shapes", &cases, 3333);
 }
 
-/// bf16 output on two competition shapes; C is poisoned first.
+/// bf16 output on four competition shapes; C is poisoned first.
 #[test]
 fn bf16_output() {
-    use half::bf16;
-    use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
-    let Some(gpu) = gpu_or_skip("bf16_output", Arch::Sm90a) else { return };
-    let stream = gpu.context().default_stream();
-    for (i, shapes) in competition_cases().iter().take(4).enumerate() {
-        let groups = make_groups(shapes, InputDistribution::Competition, 40 + i as u64);
-        let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::Bf16).unwrap()).unwrap();
-        let dev: Vec<_> = groups
-            .iter()
-            .map(|g| (DeviceNvfp4::upload(&stream, &g.a).unwrap(), DeviceNvfp4::upload(&stream, &g.b).unwrap()))
-            .collect();
-        let mut cs: Vec<_> =
-            groups.iter().map(|g| stream.clone_htod(&vec![bf16::from_bits(0x7FFF); g.m() * g.n()]).unwrap()).collect();
-        let mut args: Vec<GroupArgs> = dev
-            .iter()
-            .zip(cs.iter_mut())
-            .zip(&groups)
-            .map(|(((a, b), c), g)| GroupArgs { a: a.operand(), b: b.operand(), c: Output::Bf16(c), alpha: g.alpha })
-            .collect();
-        plan.run(&stream, &mut args).unwrap();
-        drop(args);
-        let got: Vec<Vec<bf16>> = cs.iter().map(|c| stream.clone_dtoh(c).unwrap()).collect();
-        let expected = nvfp4_format::reference_grouped_gemm_bf16(&groups).unwrap();
-        // bf16 keeps 8 significant bits: allow one rounding (2^-8 relative).
-        let cmp = nvfp4_format::compare(&got, &expected, Tolerance::new(1e-3, 4e-3)).unwrap();
-        println!("CASE bf16_output[{i}] {cmp}");
-        assert!(cmp.passed(), "{cmp}");
-    }
+    cases::run_bf16("bf16_output", Arch::Sm90a, &cases::competition()[..4], 40);
 }
 
 /// M = 0 groups are skipped, a problem of only such groups (or of no groups) launches nothing,

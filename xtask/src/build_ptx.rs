@@ -136,7 +136,13 @@ pub fn run(args: &[&str]) -> Result<()> {
 /// Builds the kernel crate for one architecture and returns the path of the linked PTX.
 fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
     let target_dir = root.join("kernel/target").join(arch.name);
-    let mut rustflags = format!("-C target-cpu={} -C no-prepopulate-passes --cfg {}", arch.name, arch.cfg);
+    let mut rustflags = format!(
+        "-C target-cpu={} -C no-prepopulate-passes --cfg {} -C link-arg={}{:016x}",
+        arch.name,
+        arch.cfg,
+        link::LINK_STEP_ARG,
+        link::LINK_STEP_HASH
+    );
     if !arch.features.is_empty() {
         rustflags.push_str(&format!(" -C target-feature={}", arch.features));
     }
