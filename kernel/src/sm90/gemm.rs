@@ -53,7 +53,10 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
     if tid == 0 {
         for s in 0..STAGES {
             st.full(s).init(1);
-            st.empty(s).init(4 * CONSUMER_WARPGROUPS);
+            // Every consumer thread arrives: each thread's own shared reads of the stage are then
+            // ordered before the refill by its own release (one arrival per warp left the other
+            // lanes' reads unordered, and racecheck reported it).
+            st.empty(s).init(128 * CONSUMER_WARPGROUPS);
         }
         fence::mbarrier_init();
     }
@@ -196,9 +199,7 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
                     wgmma::wait_group_fenced_n128::<1>(&mut acc);
                     if c == 0 {
                         if let Some(prev) = pending.take() {
-                            if lane == 0 {
-                                st.empty(prev).arrive();
-                            }
+                            st.empty(prev).arrive();
                         }
                     }
                 }
@@ -208,9 +209,7 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
         }
         wgmma::wait_group_fenced_n128::<0>(&mut acc);
         if let Some(prev) = pending {
-            if lane == 0 {
-                st.empty(prev).arrive();
-            }
+            st.empty(prev).arrive();
         }
         store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
         i += sreg::nctaid_x();
