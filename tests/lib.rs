@@ -23,7 +23,7 @@ pub fn gpu_or_skip(test: &str, want: Arch) -> Option<Gpu> {
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::f16;
 use nvfp4_format::{compare, reference_grouped_gemm, Comparison, Group, GroupShape, InputDistribution, Tolerance};
-use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
+use nvfp4_gemm::{DeviceGroup, GemmPlan, GroupArgs, Output, OutputType, Problem};
 use std::sync::Arc;
 
 /// f16 bit pattern written before every run: a NaN, so an element the kernel never wrote fails the
@@ -81,12 +81,7 @@ pub fn run_case(
     let shapes: Vec<GroupShape> = groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect();
     let problem = Problem::new(shapes, OutputType::F16).expect("valid problem");
     let mut plan = GemmPlan::new(gpu, problem).expect("plan");
-    let inputs: Vec<(DeviceNvfp4, DeviceNvfp4)> = groups
-        .iter()
-        .map(|g| {
-            (DeviceNvfp4::upload(stream, &g.a).expect("upload A"), DeviceNvfp4::upload(stream, &g.b).expect("upload B"))
-        })
-        .collect();
+    let inputs: Vec<DeviceGroup> = groups.iter().map(|g| DeviceGroup::upload(stream, g).expect("upload")).collect();
     let mut cs: Vec<CudaSlice<f16>> =
         groups.iter().map(|g| stream.alloc_zeros::<f16>(g.m() * g.n() + 2 * GUARD).expect("alloc C")).collect();
     let mut outputs: Vec<Vec<Vec<u16>>> = vec![];
@@ -104,17 +99,8 @@ pub fn run_case(
                     c.slice_mut(GUARD..GUARD + len)
                 })
                 .collect();
-            let mut args: Vec<GroupArgs> = inputs
-                .iter()
-                .zip(views.iter_mut())
-                .zip(groups)
-                .map(|(((a, b), c), g)| GroupArgs {
-                    a: a.operand(),
-                    b: b.operand(),
-                    c: Output::F16(c),
-                    alpha: g.effective_alpha_f32(),
-                })
-                .collect();
+            let mut args: Vec<GroupArgs> =
+                inputs.iter().zip(views.iter_mut()).map(|(d, c)| d.args(Output::F16(c))).collect();
             plan.run(stream, &mut args).expect("run");
         }
         stream.synchronize().expect("synchronize");
@@ -258,31 +244,19 @@ pub mod cases {
     /// reference (one rounding, 8 significant bits: rtol 4e-3).
     pub fn run_bf16(test: &str, arch: Arch, shape_lists: &[Vec<GroupShape>], seed: u64) {
         use half::bf16;
-        use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};
+        use nvfp4_gemm::{DeviceGroup, GemmPlan, GroupArgs, Output, OutputType, Problem};
         let Some(gpu) = gpu_or_skip(test, arch) else { return };
         let stream = gpu.context().default_stream();
         for (i, shapes) in shape_lists.iter().enumerate() {
             let groups = make_groups(shapes, InputDistribution::Competition, seed + i as u64);
             let mut plan = GemmPlan::new(&gpu, Problem::new(shapes.clone(), OutputType::Bf16).unwrap()).unwrap();
-            let dev: Vec<_> = groups
-                .iter()
-                .map(|g| (DeviceNvfp4::upload(&stream, &g.a).unwrap(), DeviceNvfp4::upload(&stream, &g.b).unwrap()))
-                .collect();
+            let dev: Vec<_> = groups.iter().map(|g| DeviceGroup::upload(&stream, g).unwrap()).collect();
             let mut cs: Vec<_> = groups
                 .iter()
                 .map(|g| stream.clone_htod(&vec![bf16::from_bits(0x7FFF); g.m() * g.n()]).unwrap())
                 .collect();
-            let mut args: Vec<GroupArgs> = dev
-                .iter()
-                .zip(cs.iter_mut())
-                .zip(&groups)
-                .map(|(((a, b), c), g)| GroupArgs {
-                    a: a.operand(),
-                    b: b.operand(),
-                    c: Output::Bf16(c),
-                    alpha: g.alpha,
-                })
-                .collect();
+            let mut args: Vec<GroupArgs> =
+                dev.iter().zip(cs.iter_mut()).map(|(d, c)| d.args(Output::Bf16(c))).collect();
             plan.run(&stream, &mut args).unwrap();
             drop(args);
             let got: Vec<Vec<bf16>> = cs.iter().map(|c| stream.clone_dtoh(c).unwrap()).collect();

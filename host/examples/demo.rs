@@ -8,7 +8,7 @@
 //! Run: `cargo run --release --example demo`
 
 use nvfp4_gemm::format::{compare, random_groups, reference_grouped_gemm, GroupShape, InputDistribution, Tolerance};
-use nvfp4_gemm::{DeviceNvfp4, GemmPlan, Gpu, GroupArgs, Output, OutputType, Problem};
+use nvfp4_gemm::{DeviceGroup, GemmPlan, Gpu, GroupArgs, Output, OutputType, Problem};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,26 +36,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let problem = Problem::new(shapes.to_vec(), OutputType::F16)?;
         let (flops, bytes) = (problem.flops(), problem.bytes());
         let mut plan = GemmPlan::new(&gpu, problem)?;
-        let dev: Vec<(DeviceNvfp4, DeviceNvfp4)> = groups
-            .iter()
-            .map(|g| Ok((DeviceNvfp4::upload(&stream, &g.a)?, DeviceNvfp4::upload(&stream, &g.b)?)))
-            .collect::<Result<_, nvfp4_gemm::Error>>()?;
+        let dev = groups.iter().map(|g| DeviceGroup::upload(&stream, g)).collect::<Result<Vec<_>, _>>()?;
         let mut cs =
             groups.iter().map(|g| stream.alloc_zeros::<half::f16>(g.m() * g.n())).collect::<Result<Vec<_>, _>>()?;
         let mut times = vec![];
         for it in 0..23 {
             let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            let mut args: Vec<GroupArgs> = dev
-                .iter()
-                .zip(cs.iter_mut())
-                .zip(&groups)
-                .map(|(((a, b), c), g)| GroupArgs {
-                    a: a.operand(),
-                    b: b.operand(),
-                    c: Output::F16(c),
-                    alpha: g.effective_alpha_f32(),
-                })
-                .collect();
+            let mut args: Vec<GroupArgs> = dev.iter().zip(cs.iter_mut()).map(|(d, c)| d.args(Output::F16(c))).collect();
             plan.run(&stream, &mut args)?;
             let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             if it >= 3 {

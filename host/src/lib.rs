@@ -49,4 +49,4 @@ pub use error::{Error, Result};
 pub use nvfp4_format as format;
 pub use plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, PlanSummary};
 pub use problem::{GroupShape, OutputType, Problem};
-pub use upload::DeviceNvfp4;
+pub use upload::{DeviceGroup, DeviceNvfp4};

@@ -197,6 +197,23 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
     Ok(())
 }
 
+/// Well-formed fake buffers for a shape (16-byte aligned addresses from `base`, exact lengths),
+/// for CPU tests of validation and planning.
+#[cfg(test)]
+pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffers {
+    let z = BufferSizes::of(s);
+    let v = |i: u64, len| BufferView { ptr: base + 0x10_0000 * i, len };
+    GroupBuffers {
+        a_values: v(1, z.a_values),
+        a_scales: v(2, z.a_scales),
+        b_values: v(3, z.b_values),
+        b_scales: v(4, z.b_scales),
+        c: v(5, z.c_elements),
+        c_type: OutputType::F16,
+        alpha,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,17 +242,7 @@ mod tests {
     }
 
     fn good_buffers(s: &GroupShape) -> GroupBuffers {
-        let z = BufferSizes::of(s);
-        let v = |i: u64, len| BufferView { ptr: 0x10_0000 * i, len };
-        GroupBuffers {
-            a_values: v(1, z.a_values),
-            a_scales: v(2, z.a_scales),
-            b_values: v(3, z.b_values),
-            b_scales: v(4, z.b_scales),
-            c: v(5, z.c_elements),
-            c_type: OutputType::F16,
-            alpha: 1.0,
-        }
+        fake_buffers(s, 0, 1.0)
     }
 
     #[test]

@@ -30,3 +30,31 @@ impl DeviceNvfp4 {
         Nvfp4Operand { values: &self.values, scales: &self.scales }
     }
 }
+
+/// Both operands of one host group ([`nvfp4_format::Group`]) on the device.
+#[derive(Debug)]
+pub struct DeviceGroup {
+    /// A (`m × k`).
+    pub a: DeviceNvfp4,
+    /// B (`n × k`).
+    pub b: DeviceNvfp4,
+    /// The group's alpha including the operands' global scales
+    /// ([`nvfp4_format::Group::effective_alpha_f32`]).
+    pub alpha: f32,
+}
+
+impl DeviceGroup {
+    /// Copies both operands of `g` to the device on `stream`.
+    pub fn upload(stream: &Arc<CudaStream>, g: &nvfp4_format::Group) -> Result<DeviceGroup> {
+        Ok(DeviceGroup {
+            a: DeviceNvfp4::upload(stream, &g.a)?,
+            b: DeviceNvfp4::upload(stream, &g.b)?,
+            alpha: g.effective_alpha_f32(),
+        })
+    }
+
+    /// The call arguments for this group with output `c`.
+    pub fn args<'a>(&'a self, c: crate::plan::Output<'a>) -> crate::plan::GroupArgs<'a> {
+        crate::plan::GroupArgs { a: self.a.operand(), b: self.b.operand(), c, alpha: self.alpha }
+    }
+}

@@ -243,7 +243,7 @@ impl Fp4Map {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{BufferSizes, BufferView, GroupShape as Shape};
+    use crate::problem::GroupShape as Shape;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
 
     /// Resident CTAs per SM as shared memory and TMEM bound them ([`Sm100Plan::new`] asks the
@@ -382,19 +382,7 @@ mod tests {
             .groups()
             .iter()
             .enumerate()
-            .map(|(g, s)| {
-                let z = BufferSizes::of(s);
-                let v = |i: u64, len| BufferView { ptr: 0x100_0000 * (10 * g as u64 + i), len };
-                GroupBuffers {
-                    a_values: v(1, z.a_values),
-                    a_scales: v(2, z.a_scales),
-                    b_values: v(3, z.b_values),
-                    b_scales: v(4, z.b_scales),
-                    c: v(5, z.c_elements),
-                    c_type: OutputType::F16,
-                    alpha: 0.5,
-                }
-            })
+            .map(|(g, s)| crate::problem::fake_buffers(s, 0x1000_0000 * g as u64, 0.5))
             .collect();
         let params = l.group_params(&p, &buffers).unwrap();
         assert_eq!(
@@ -404,9 +392,9 @@ mod tests {
                 n: 384,
                 k: 384,
                 alpha: 0.5,
-                a_scales: 0x200_0000,
-                b_scales: 0x400_0000,
-                c: 0x500_0000,
+                a_scales: 0x20_0000,
+                b_scales: 0x40_0000,
+                c: 0x50_0000,
                 ldc: 384,
                 map_rank: 2,
             }
