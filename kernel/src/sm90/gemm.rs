@@ -20,7 +20,7 @@ use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
 use nvfp4_gemm_abi::sm90::*;
 
 const CFG: GemmConfig = GemmConfig::M128;
-// The consumer decodes both chunks of a stage up front.
+// The consumer loads both chunks of a stage up front (`load(0)`, `load(1)`).
 const _: () = assert!(CHUNKS_PER_STAGE == 2);
 const STAGES: u32 = CFG.stages;
 type Ring = RingState<STAGES>;
@@ -149,7 +149,8 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
     // Byte offsets (inside the 64B-swizzled weight box: 16-byte unit u of row r lands at unit
     // u ^ ((r / 2) % 4)) of the thread's 8 bytes of chunk c, and of its rows' scale words inside a
     // chunk's 512-byte scale block.
-    let rows = ThreadRows { r0, r1, q };
+    let w_off = |r: u32, c: u32| r * WEIGHT_ROW_BYTES + (((2 * c + q / 2) ^ ((r / 2) % 4)) * 16) + (q % 2) * 8;
+    let s_off = |r: u32| (r % 32) * 16 + (r / 32) * 4;
     let mut ring = Ring::START;
     let mut i = sreg::ctaid_x();
     while i < p.tile_count {
@@ -157,20 +158,54 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
         let g = *groups.add(tile.group as usize);
         let mut acc = [0f32; 64];
         let k_stages = g.k.div_ceil(BLOCK_K);
-        // The stage whose MMAs may still be reading it; released once they are known done.
+        // The stage whose last MMAs may still be reading it; released once they are known done.
         let mut pending: Option<u32> = None;
-        // Two inlined copies of the stage body, alternating: each copy's A fragments live in its
-        // own registers, so decoding stage s overlaps the MMAs of stage s-1, and no fragment is
-        // rewritten while an MMA that reads it may be in flight (one group per stage, at most
-        // two pending).
-        let mut ks = 0;
-        while ks < k_stages {
-            consume_stage(st, &mut ring, &mut pending, &mut acc, valid_chunks(g.k, ks), &rows);
-            ks += 1;
-            if ks < k_stages {
-                consume_stage(st, &mut ring, &mut pending, &mut acc, valid_chunks(g.k, ks), &rows);
-                ks += 1;
+        for ks in 0..k_stages {
+            let chunks = valid_chunks(g.k, ks);
+            st.full(ring.stage).wait(ring.phase);
+            let stage = st.stage(ring.stage);
+            // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
+            // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
+            // flight may read it (at most two groups are ever pending).
+            // All of the stage's shared loads first, in one basic block, so their latencies
+            // overlap each other and the first chunk's decoding (in the K tail the loads of an
+            // absent chunk read stale bytes that are never used).
+            let wbase = stage.add(CFG.weight_offset());
+            let load = |c: u32| {
+                let sbase = stage.add(CFG.scale_offset() + 512 * c);
+                (
+                    [smem::ld_v2_u32(wbase.add(w_off(r0, c))), smem::ld_v2_u32(wbase.add(w_off(r1, c)))],
+                    [smem::ld_u32(sbase.add(s_off(r0))), smem::ld_u32(sbase.add(s_off(r1)))],
+                )
+            };
+            let (raw0, sw0) = load(0);
+            let (raw1, sw1) = load(1);
+            let raw = [raw0, raw1];
+            let scale_words = [sw0, sw1];
+            for c in 0..CHUNKS_PER_STAGE {
+                if c < chunks {
+                    let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
+                    let a0 = dequant16(rw[0], convert::e4m3_byte_to_f16x2(sw[0], q));
+                    let a1 = dequant16(rw[1], convert::e4m3_byte_to_f16x2(sw[1], q));
+                    let tokens =
+                        WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
+                    wgmma::fence();
+                    for j in 0..4 {
+                        let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+                        wgmma::mma_m64n128k16(&mut acc, frag, tokens.advance(32 * j as u32).0, 1);
+                    }
+                    wgmma::commit_group();
+                    // Everything but this chunk's group is done: the previous stage is free.
+                    wgmma::wait_group_fenced_n128::<1>(&mut acc);
+                    if c == 0 {
+                        if let Some(prev) = pending.take() {
+                            st.empty(prev).arrive();
+                        }
+                    }
+                }
             }
+            pending = Some(ring.stage);
+            ring.advance();
         }
         wgmma::wait_group_fenced_n128::<0>(&mut acc);
         if let Some(prev) = pending {
@@ -179,79 +214,6 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
         store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
         i += sreg::nctaid_x();
     }
-}
-
-/// A consumer thread's place in the weight tile: its two rows and its lane's column group.
-struct ThreadRows {
-    r0: u32,
-    r1: u32,
-    q: u32,
-}
-
-impl ThreadRows {
-    /// Byte offset, inside the 64B-swizzled weight box (16-byte unit u of row r lands at unit
-    /// u ^ ((r / 2) % 4)), of the thread's 8 bytes of row `r`, chunk `c`.
-    #[inline(always)]
-    fn weight_offset(&self, r: u32, c: u32) -> u32 {
-        r * WEIGHT_ROW_BYTES + (((2 * c + self.q / 2) ^ ((r / 2) % 4)) * 16) + (self.q % 2) * 8
-    }
-
-    /// The f16x2 A-fragment pairs of rows r0 and r1 for one chunk: 8 bytes of packed values and
-    /// the block scale of each row.
-    #[inline(always)]
-    unsafe fn decode(&self, wbase: SmemAddr, sbase: SmemAddr, c: u32) -> [[u32; 8]; 2] {
-        let row = |r: u32| {
-            let scale = convert::e4m3_byte_to_f16x2(smem::ld_u32(sbase.add(scale_word(r))), self.q);
-            dequant16(smem::ld_v2_u32(wbase.add(self.weight_offset(r, c))), scale)
-        };
-        [row(self.r0), row(self.r1)]
-    }
-}
-
-/// Byte offset of row `r`'s scale word in a 512-byte 128x4 scale block.
-#[inline(always)]
-fn scale_word(r: u32) -> u32 {
-    (r % 32) * 16 + (r / 32) * 4
-}
-
-/// One stage for one consumer warpgroup: wait for its data, decode both chunks' weight fragments
-/// (8 independent decode chains per thread), issue their MMAs as one group, then wait until only
-/// this group is pending, which frees the previous stage.
-#[inline(always)]
-unsafe fn consume_stage(
-    st: &Stages,
-    ring: &mut Ring,
-    pending: &mut Option<u32>,
-    acc: &mut [f32; 64],
-    chunks: u32,
-    rows: &ThreadRows,
-) {
-    st.full(ring.stage).wait(ring.phase);
-    let stage = st.stage(ring.stage);
-    let wbase = stage.add(CFG.weight_offset());
-    // In the K tail the absent chunk decodes stale bytes that no MMA uses.
-    let frags = [
-        rows.decode(wbase, stage.add(CFG.scale_offset()), 0),
-        rows.decode(wbase, stage.add(CFG.scale_offset() + 512), 1),
-    ];
-    wgmma::fence();
-    for c in 0..CHUNKS_PER_STAGE {
-        if c < chunks {
-            let [a0, a1] = frags[c as usize];
-            let tokens = WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
-            for j in 0..4 {
-                let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                wgmma::mma_m64n128k16(acc, frag, tokens.advance(32 * j as u32).0, 1);
-            }
-        }
-    }
-    wgmma::commit_group();
-    wgmma::wait_group_fenced_n128::<1>(acc);
-    if let Some(prev) = pending.take() {
-        st.empty(prev).arrive();
-    }
-    *pending = Some(ring.stage);
-    ring.advance();
 }
 
 /// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
