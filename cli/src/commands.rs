@@ -56,40 +56,34 @@ pub fn check_outputs(groups: &[Group], outputs: &Outputs, tol: Tolerance) -> Res
         .map_err(|e| CliError::Invalid { name: "groups".into(), reason: e.to_string() })?;
     let shapes: Vec<GroupShape> = groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect();
     let err = |e: nvfp4_format::FormatError| CliError::Invalid { name: "output".into(), reason: e.to_string() };
-    // Round the fp64 reference once to the output's type, as the competition's reference does.
-    fn rounded<T: Copy>(
+    // Round the fp64 reference once to the output's type, as the competition's reference does, and
+    // compare each group and all groups together.
+    fn compare_rounded<T: nvfp4_format::HostFloat>(
         reference: &[nvfp4_format::GroupOutput<f64>],
+        got: &[Vec<T>],
         round: fn(f64) -> T,
-    ) -> Vec<nvfp4_format::GroupOutput<T>> {
-        reference
+        tol: Tolerance,
+    ) -> Result<(Vec<Comparison>, Comparison), nvfp4_format::FormatError> {
+        let expected: Vec<_> = reference
             .iter()
             .map(|r| nvfp4_format::GroupOutput {
                 rows: r.rows,
                 cols: r.cols,
                 data: r.data.iter().map(|&x| round(x)).collect(),
             })
-            .collect()
+            .collect();
+        let per = got
+            .iter()
+            .zip(&expected)
+            .map(|(g, e)| compare(std::slice::from_ref(g), std::slice::from_ref(e), tol))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((per, compare(got, &expected, tol)?))
     }
     let (per_group, overall) = match outputs {
-        Outputs::F16(got) => {
-            let expected = rounded(&reference, codec::f64_to_f16);
-            let per: Result<Vec<_>, _> = got
-                .iter()
-                .zip(&expected)
-                .map(|(g, e)| compare(std::slice::from_ref(g), std::slice::from_ref(e), tol))
-                .collect();
-            (per.map_err(err)?, compare(got, &expected, tol).map_err(err)?)
-        }
-        Outputs::Bf16(got) => {
-            let expected = rounded(&reference, codec::f64_to_bf16);
-            let per: Result<Vec<_>, _> = got
-                .iter()
-                .zip(&expected)
-                .map(|(g, e)| compare(std::slice::from_ref(g), std::slice::from_ref(e), tol))
-                .collect();
-            (per.map_err(err)?, compare(got, &expected, tol).map_err(err)?)
-        }
-    };
+        Outputs::F16(got) => compare_rounded(&reference, got, codec::f64_to_f16, tol),
+        Outputs::Bf16(got) => compare_rounded(&reference, got, codec::f64_to_bf16, tol),
+    }
+    .map_err(err)?;
     Ok(CheckReport { output: outputs.output_type(), shapes, groups: per_group, overall })
 }
 
