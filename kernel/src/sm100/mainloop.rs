@@ -18,13 +18,14 @@
 
 use super::{SharedMap, Variant, WorkCursor};
 use crate::ptx::mbarrier::{Mbarrier, RingState};
+use crate::ptx::smem::SmemAddr;
 use crate::ptx::tma::{self, CachePolicy};
 use crate::ptx::{cluster, sreg, tcgen05};
 use nvfp4_gemm_abi::scale_layout;
 use nvfp4_gemm_abi::sm100::config::{BLOCK_M, MMA_STEPS_PER_STAGE, TMA_BLOCK_K};
 use nvfp4_gemm_abi::sm100::desc::OPERAND_K_STEP_BYTES;
 use nvfp4_gemm_abi::sm100::params::{a_map_index, b_map_index, GroupParams, KernelParams, CLUSTER_LEADER_MASK};
-use nvfp4_gemm_abi::sm100::{sfa_stage_copy, sfb_stage_copies, SmemDescriptor, TmemAddress};
+use nvfp4_gemm_abi::sm100::{sfa_stage_copy, sfb_stage_copies, ScaleBulkCopy, SmemDescriptor, TmemAddress};
 
 /// Waits until the phase of `parity` of `bar` has completed, with cluster-scope acquire: for
 /// barriers whose arrivals come from other CTAs of the cluster.
@@ -37,7 +38,7 @@ fn wait_cluster(bar: Mbarrier, parity: u32) {
 #[inline(always)]
 unsafe fn load_box(
     g: &GroupParams,
-    dst: crate::ptx::smem::SmemAddr,
+    dst: SmemAddr,
     map: *const tma::TensorMap,
     row0: u32,
     k0: u32,
@@ -117,14 +118,7 @@ pub unsafe fn produce_a<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
                     tma::load_2d_multicast(dst, map, c.coords[0], c.coords[1], bar, cfg.multicast_mask());
                 }
             }
-            let sf = sfa_stage_copy(m0, k0, steps, rest_k);
-            tma::load_1d_hint(
-                smem.sfa(s).add(sf.dst_offset),
-                (g.a_scales as *const u8).add(sf.src_offset),
-                sf.bytes,
-                full,
-                CachePolicy::EVICT_LAST,
-            );
+            copy_scales(smem.sfa(s), g.a_scales, sfa_stage_copy(m0, k0, steps, rest_k), full, CachePolicy::EVICT_LAST);
             ring.advance();
         }
     }
@@ -137,6 +131,16 @@ pub unsafe fn produce_a<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
         }
         ring.advance();
     }
+}
+
+/// One stage's scale blocks: a bulk copy of `sf.bytes` from `scales + sf.src_offset` (global) to
+/// `region + sf.dst_offset` (shared), completing on `full`.
+///
+/// # Safety
+/// One thread; the source range lies inside the operand's blocked scale buffer.
+#[inline(always)]
+unsafe fn copy_scales(region: SmemAddr, scales: u64, sf: ScaleBulkCopy, full: Mbarrier, policy: CachePolicy) {
+    tma::load_1d_hint(region.add(sf.dst_offset), (scales as *const u8).add(sf.src_offset), sf.bytes, full, policy);
 }
 
 /// The B producer (one thread of warp 6): per stage, the B box (`BLOCK_N x 256` values) and the
@@ -168,14 +172,8 @@ pub unsafe fn produce_b<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
             full.arrive_expect_tx(cfg.producer_b_tx_bytes(g.k, k_iter));
             load_box(&g, smem.b_tile(s), map, n0, k0, full, CachePolicy::EVICT_FIRST);
             let (copies, count) = sfb_stage_copies(n0, cfg.block_n(), k0, steps, MMA_STEPS_PER_STAGE, rest_k);
-            for sf in &copies[..count] {
-                tma::load_1d_hint(
-                    smem.sfb(s).add(sf.dst_offset),
-                    (g.b_scales as *const u8).add(sf.src_offset),
-                    sf.bytes,
-                    full,
-                    CachePolicy::EVICT_FIRST,
-                );
+            for &sf in &copies[..count] {
+                copy_scales(smem.sfb(s), g.b_scales, sf, full, CachePolicy::EVICT_FIRST);
             }
             ring.advance();
         }
