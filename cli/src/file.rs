@@ -393,32 +393,21 @@ fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
 
 /// The bytes of an output file.
 pub fn serialize_outputs(outputs: &Outputs, shapes: &[GroupShape]) -> Result<Vec<u8>, CliError> {
-    fn bytes<T: Copy>(v: &[T], bits: fn(T) -> u16) -> Vec<u8> {
-        v.iter().flat_map(|&x| bits(x).to_le_bytes()).collect()
+    fn tensors<T: Copy>(c: &[Vec<T>], shapes: &[GroupShape], dtype: Dtype, bits: fn(T) -> u16) -> Vec<Owned> {
+        c.iter()
+            .zip(shapes)
+            .enumerate()
+            .map(|(i, (c, s))| Owned {
+                name: format!("g{i}.c"),
+                dtype,
+                shape: vec![s.m, s.n],
+                data: c.iter().flat_map(|&x| bits(x).to_le_bytes()).collect(),
+            })
+            .collect()
     }
-    let tensors: Vec<Owned> = match outputs {
-        Outputs::F16(c) => c
-            .iter()
-            .zip(shapes)
-            .enumerate()
-            .map(|(i, (c, s))| Owned {
-                name: format!("g{i}.c"),
-                dtype: Dtype::F16,
-                shape: vec![s.m, s.n],
-                data: bytes(c, f16::to_bits),
-            })
-            .collect(),
-        Outputs::Bf16(c) => c
-            .iter()
-            .zip(shapes)
-            .enumerate()
-            .map(|(i, (c, s))| Owned {
-                name: format!("g{i}.c"),
-                dtype: Dtype::BF16,
-                shape: vec![s.m, s.n],
-                data: bytes(c, bf16::to_bits),
-            })
-            .collect(),
+    let tensors = match outputs {
+        Outputs::F16(c) => tensors(c, shapes, Dtype::F16, f16::to_bits),
+        Outputs::Bf16(c) => tensors(c, shapes, Dtype::BF16, bf16::to_bits),
     };
     serialize(&tensors, "output")
 }
