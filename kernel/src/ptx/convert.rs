@@ -105,21 +105,3 @@ pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {
     }
     d
 }
-
-/// `cvt.rn.f16.f32 h, x;` (PTX ISA 4.2): the f16 bits of `x`, rounded to nearest even.
-#[inline(always)]
-pub fn f32_to_f16(x: f32) -> u16 {
-    let h: u16;
-    // SAFETY: register arithmetic only.
-    unsafe { asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack)) };
-    h
-}
-
-/// `cvt.rn.bf16.f32 h, x;` (PTX ISA 7.8, sm_90): the bf16 bits of `x`, rounded to nearest even.
-#[inline(always)]
-pub fn f32_to_bf16(x: f32) -> u16 {
-    let h: u16;
-    // SAFETY: register arithmetic only.
-    unsafe { asm!("cvt.rn.bf16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack)) };
-    h
-}

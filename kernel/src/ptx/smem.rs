@@ -63,34 +63,3 @@ pub unsafe fn ld_v2_u32(a: SmemAddr) -> [u32; 2] {
          options(readonly, nostack));
     [x, y]
 }
-
-/// `ld.shared.v4.u32 {d0, d1, d2, d3}, [a];`
-///
-/// # Safety
-/// `a` must be a 16-byte aligned address inside this CTA's shared memory.
-#[inline(always)]
-pub unsafe fn ld_v4_u32(a: SmemAddr) -> [u32; 4] {
-    let (x, y, z, w): (u32, u32, u32, u32);
-    asm!("ld.shared.v4.u32 {{{x}, {y}, {z}, {w}}}, [{a}];", x = out(reg32) x, y = out(reg32) y, z = out(reg32) z,
-         w = out(reg32) w, a = in(reg32) a.0, options(readonly, nostack));
-    [x, y, z, w]
-}
-
-/// `st.shared.v4.u32 [a], {v0, v1, v2, v3};`
-///
-/// # Safety
-/// `a` must be a 16-byte aligned address inside this CTA's shared memory.
-#[inline(always)]
-pub unsafe fn st_v4_u32(a: SmemAddr, v: [u32; 4]) {
-    asm!("st.shared.v4.u32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a.0, x = in(reg32) v[0], y = in(reg32) v[1],
-         z = in(reg32) v[2], w = in(reg32) v[3], options(nostack));
-}
-
-/// `st.shared.u32 [a], v;`
-///
-/// # Safety
-/// `a` must be a 4-byte aligned address inside this CTA's shared memory.
-#[inline(always)]
-pub unsafe fn st_u32(a: SmemAddr, v: u32) {
-    asm!("st.shared.u32 [{a}], {v};", a = in(reg32) a.0, v = in(reg32) v, options(nostack));
-}

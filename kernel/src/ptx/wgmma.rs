@@ -81,19 +81,3 @@ define_mma!(/// m64n128k16, 64 f32 accumulators per thread.
     mma_m64n128k16, wait_group_fenced_n128, 128, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
     18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45,
     46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
-
-/// `setmaxnreg.dec.sync.aligned.u32 N;` (PTX ISA 8.0, sm_90a): lowers this warpgroup's per-thread
-/// register budget to `N`, returning registers to the CTA pool. Whole warpgroup.
-#[inline(always)]
-pub fn setmaxnreg_dec<const N: u32>() {
-    // SAFETY: only changes the register budget; the kernel is compiled under a register cap.
-    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
-}
-
-/// `setmaxnreg.inc.sync.aligned.u32 N;` (PTX ISA 8.0, sm_90a): raises this warpgroup's budget to `N`
-/// (blocks until the pool has them). Whole warpgroup.
-#[inline(always)]
-pub fn setmaxnreg_inc<const N: u32>() {
-    // SAFETY: only changes the register budget.
-    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
-}
