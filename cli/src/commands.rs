@@ -6,9 +6,7 @@ use crate::file::{self, GroupsFile, Outputs, ScaleLayout};
 use crate::spec::NamedShapes;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
-use nvfp4_format::{
-    codec, compare, reference_grouped_gemm_f64, Comparison, Group, GroupShape, InputDistribution, Tolerance,
-};
+use nvfp4_format::{compare, reference_grouped_gemm_f64, Comparison, Group, GroupShape, InputDistribution, Tolerance};
 use nvfp4_gemm::{driver_present, Error, GemmPlan, Gpu, GroupArgs, Nvfp4Operand, Output, OutputType, Problem};
 use std::fmt;
 use std::path::Path;
@@ -61,17 +59,9 @@ pub fn check_outputs(groups: &[Group], outputs: &Outputs, tol: Tolerance) -> Res
     fn compare_rounded<T: nvfp4_format::HostFloat>(
         reference: &[nvfp4_format::GroupOutput<f64>],
         got: &[Vec<T>],
-        round: fn(f64) -> T,
         tol: Tolerance,
     ) -> Result<(Vec<Comparison>, Comparison), nvfp4_format::FormatError> {
-        let expected: Vec<_> = reference
-            .iter()
-            .map(|r| nvfp4_format::GroupOutput {
-                rows: r.rows,
-                cols: r.cols,
-                data: r.data.iter().map(|&x| round(x)).collect(),
-            })
-            .collect();
+        let expected: Vec<nvfp4_format::GroupOutput<T>> = reference.iter().map(|r| r.rounded()).collect();
         let per = got
             .iter()
             .zip(&expected)
@@ -80,8 +70,8 @@ pub fn check_outputs(groups: &[Group], outputs: &Outputs, tol: Tolerance) -> Res
         Ok((per, compare(got, &expected, tol)?))
     }
     let (per_group, overall) = match outputs {
-        Outputs::F16(got) => compare_rounded(&reference, got, codec::f64_to_f16, tol),
-        Outputs::Bf16(got) => compare_rounded(&reference, got, codec::f64_to_bf16, tol),
+        Outputs::F16(got) => compare_rounded(&reference, got, tol),
+        Outputs::Bf16(got) => compare_rounded(&reference, got, tol),
     }
     .map_err(err)?;
     Ok(CheckReport { output: outputs.output_type(), shapes, groups: per_group, overall })

@@ -100,6 +100,14 @@ impl<T> AsRef<[T]> for GroupOutput<T> {
     }
 }
 
+impl GroupOutput<f64> {
+    /// The same output rounded once to `T` (what [`reference_grouped_gemm_as`] returns for `T`),
+    /// for callers that need both the exact result and a rounded one without a second GEMM.
+    pub fn rounded<T: HostFloat>(&self) -> GroupOutput<T> {
+        GroupOutput { rows: self.rows, cols: self.cols, data: self.data.iter().map(|&x| T::from_f64(x)).collect() }
+    }
+}
+
 impl<T: Copy> GroupOutput<T> {
     /// Element `(i, j)`. Panics when out of range.
     pub fn get(&self, i: usize, j: usize) -> T {
