@@ -7,7 +7,10 @@
 //! descriptors) is defined once, here, with `#[repr(C)]` and a size assertion.
 #![no_std]
 
+pub mod launch;
 pub mod scale_layout;
 pub mod sm100;
 pub mod sm90;
 pub mod smoke;
+pub mod tensor_map;
+pub mod work;

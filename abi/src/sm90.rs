@@ -18,6 +18,11 @@
 //! identically. A dot product does not depend on the order of its terms (up to fp32 rounding, which
 //! the MMA's own summation order already leaves unspecified).
 
+use crate::launch::{LaunchGeometry, MAX_DYNAMIC_SMEM};
+use crate::scale_layout::BLOCK_BYTES as SCALE_BLOCK_BYTES;
+use crate::tensor_map::{TensorMapDataType, TensorMapSwizzle, TiledMap, L2_PROMOTION};
+pub use crate::work::{KernelParams, WorkItem};
+
 /// Weight rows (N) per CTA tile: two consumer warpgroups of 64 rows (wgmma M = 64) each.
 pub const BLOCK_N: u32 = 128;
 /// Weight rows per consumer warpgroup.
@@ -32,18 +37,27 @@ pub const WEIGHT_ROW_BYTES: u32 = BLOCK_K / 2;
 pub const CHUNK_K: u32 = 64;
 /// Chunks per stage.
 pub const CHUNKS_PER_STAGE: u32 = BLOCK_K / CHUNK_K;
+/// wgmma k-steps (K = 16 each) per chunk.
+pub const K_STEPS_PER_CHUNK: u32 = CHUNK_K / 16;
+/// Bytes one wgmma k-step (16 f16 of K) advances along a token row.
+pub const TOKEN_K_STEP_BYTES: u32 = 16 * 2;
+/// Threads per warpgroup.
+pub const WARPGROUP_THREADS: u32 = 128;
 /// Threads per CTA: one producer warpgroup and the consumer warpgroups.
-pub const THREADS: u32 = 128 * (1 + CONSUMER_WARPGROUPS);
+pub const THREADS: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
 /// Register cap per thread given to ptxas for the sm_90a module (65536 / 384, rounded down to 8).
-pub const MAX_REGISTERS: u32 = 168;
-/// Shared memory a CTA may use at most on sm_90 (227 KiB).
-pub const SMEM_LIMIT: u32 = 232_448;
+pub const MAX_REGISTERS: u32 = 65536 / THREADS / 8 * 8;
+/// Bytes of one mbarrier.
+pub const MBARRIER_BYTES: u32 = 8;
 
 /// Threads per CTA of the token dequantization kernel.
 pub const DEQUANT_THREADS: u32 = 256;
 
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
 /// weights, `STAGES` stages of [`BLOCK_K`].
+///
+/// Shared memory: `stages` stages of `[token chunks][weight tile][weight scale blocks]`, each a
+/// multiple of 1024 bytes, then the mbarriers `full[stages]`, `empty[stages]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmConfig {
     /// Tokens per tile (the wgmma N): 64 or 128.
@@ -58,49 +72,148 @@ impl GemmConfig {
 
     /// Bytes of f16 tokens per chunk: `block_m` rows of 128 bytes.
     pub const fn token_chunk_bytes(&self) -> u32 {
-        self.block_m * 128
+        self.block_m * CHUNK_K * 2
     }
-    /// Byte offset of the token region in a stage.
-    pub const fn token_offset(&self) -> u32 {
-        0
+    /// Byte offset of chunk `c`'s tokens in a stage (1024-byte aligned: 128-byte swizzle).
+    pub const fn token_offset(&self, c: u32) -> u32 {
+        c * self.token_chunk_bytes()
     }
     /// Byte offset of the packed-weight region in a stage (128 rows × 64 bytes, 64B-swizzled).
     pub const fn weight_offset(&self) -> u32 {
-        CHUNKS_PER_STAGE * self.token_chunk_bytes()
+        self.token_offset(CHUNKS_PER_STAGE)
     }
     /// Byte offset of the weight-scale region in a stage (one 512-byte block per chunk).
     pub const fn scale_offset(&self) -> u32 {
         self.weight_offset() + BLOCK_N * WEIGHT_ROW_BYTES
     }
+    /// Byte offset of chunk `c`'s 512-byte weight-scale block in a stage.
+    pub const fn scale_block_offset(&self, c: u32) -> u32 {
+        self.scale_offset() + c * SCALE_BLOCK_BYTES
+    }
     /// Bytes per stage (a multiple of 1024 so every stage keeps the swizzle alignment).
     pub const fn stage_bytes(&self) -> u32 {
-        (self.scale_offset() + CHUNKS_PER_STAGE * 512).div_ceil(1024) * 1024
+        self.scale_block_offset(CHUNKS_PER_STAGE).div_ceil(1024) * 1024
+    }
+    /// Byte offset of stage `s`.
+    pub const fn stage_offset(&self, s: u32) -> u32 {
+        s * self.stage_bytes()
     }
     /// Offset of the mbarriers (full\[stages\], then empty\[stages\]) after the stages.
     pub const fn barrier_offset(&self) -> u32 {
-        self.stages * self.stage_bytes()
+        self.stage_offset(self.stages)
+    }
+    /// The full barrier of stage `s` (TMA → consumers: 1 arrival, the producer's, plus bytes).
+    pub const fn full_barrier_offset(&self, s: u32) -> u32 {
+        self.barrier_offset() + s * MBARRIER_BYTES
+    }
+    /// The empty barrier of stage `s` (consumers → producer: [`Self::empty_barrier_arrivals`]).
+    pub const fn empty_barrier_offset(&self, s: u32) -> u32 {
+        self.full_barrier_offset(self.stages + s)
+    }
+    /// Arrivals that complete a full barrier phase: the producer thread's `arrive.expect_tx`.
+    pub const fn full_barrier_arrivals(&self) -> u32 {
+        1
+    }
+    /// Arrivals that complete an empty barrier phase: every consumer thread, so that each
+    /// thread's own shared-memory reads of the stage are ordered before the refill by its own
+    /// release (one arrival per warp left the other lanes' reads unordered; racecheck reported it).
+    pub const fn empty_barrier_arrivals(&self) -> u32 {
+        WARPGROUP_THREADS * CONSUMER_WARPGROUPS
     }
     /// Dynamic shared memory of the GEMM kernel.
     pub const fn dynamic_shared_memory(&self) -> u32 {
-        self.barrier_offset() + 16 * self.stages
+        self.empty_barrier_offset(self.stages)
     }
     /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid (a box
     /// counts in full even where it lies out of bounds and is zero-filled).
     pub const fn stage_tx_bytes(&self, chunks: u32) -> u32 {
-        chunks * (self.token_chunk_bytes() + 512) + BLOCK_N * WEIGHT_ROW_BYTES
+        chunks * (self.token_chunk_bytes() + SCALE_BLOCK_BYTES) + BLOCK_N * WEIGHT_ROW_BYTES
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
-        (self.block_m == 64 || self.block_m == 128) && self.stages >= 2 && self.dynamic_shared_memory() <= SMEM_LIMIT
+        (self.block_m == 64 || self.block_m == 128)
+            && self.stages >= 2
+            && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
     }
 }
 
 const _: () = assert!(GemmConfig::M128.is_valid());
+const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
+
+/// Byte offset, inside a stage's 64-byte-swizzled weight box, of the 8 bytes (16 e2m1 values: one
+/// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..128) and
+/// chunk `chunk`. Logically they are bytes `32·chunk + 8·q ..` of the row, i.e. 16-byte unit
+/// `2·chunk + q/2`, half `q % 2`; the 64-byte swizzle moves unit `u` of row `r` to
+/// `u ^ ((r / 2) % 4)`.
+pub const fn weight_fragment_offset(row: u32, chunk: u32, q: u32) -> u32 {
+    row * WEIGHT_ROW_BYTES + (((2 * chunk + q / 2) ^ ((row / 2) % 4)) * 16) + (q % 2) * 8
+}
+
+/// Byte offset of the 4-byte scale word of weight row `row` (0..128) inside a chunk's 512-byte
+/// scale block: the 128x4 blocked layout's `(row % 32) * 16 + (row / 32) * 4`
+/// ([`crate::scale_layout::blocked_word_offset`] within one block). Byte `q` of the word scales
+/// the row's values `16q .. 16q + 16` of the chunk.
+pub const fn scale_word_offset(row: u32) -> u32 {
+    (row % 32) * 16 + (row / 32) * 4
+}
+
+/// Index of group `g`'s token map (the f16 workspace) in the tensor-map table.
+pub const fn token_map_index(g: u32) -> usize {
+    crate::work::first_map_index(g)
+}
+
+/// Index of group `g`'s weight map (packed B) in the tensor-map table.
+pub const fn weight_map_index(g: u32) -> usize {
+    crate::work::second_map_index(g)
+}
+
+/// The token map of a group: its `m × k` f16 workspace, one `CHUNK_K × block_m` box per chunk,
+/// 128-byte swizzle (the wgmma B operand's layout, see [`WgmmaDesc::k_major_sw128`]).
+pub const fn token_map(m: u32, k: u32, cfg: GemmConfig) -> TiledMap<2> {
+    TiledMap {
+        element: TensorMapDataType::F16,
+        dims: [k as u64, m as u64],
+        strides_bytes: [2 * k as u64, 0],
+        box_dims: [CHUNK_K, cfg.block_m],
+        swizzle: TensorMapSwizzle::B128,
+        l2_promotion: L2_PROMOTION,
+    }
+}
+
+/// The weight map of a group: packed B (`n × k/2` bytes), one `WEIGHT_ROW_BYTES × BLOCK_N` box
+/// per stage, 64-byte swizzle (undone by [`weight_fragment_offset`]).
+pub const fn weight_map(n: u32, k: u32) -> TiledMap<2> {
+    TiledMap {
+        element: TensorMapDataType::U8,
+        dims: [k as u64 / 2, n as u64],
+        strides_bytes: [k as u64 / 2, 0],
+        box_dims: [WEIGHT_ROW_BYTES, BLOCK_N],
+        swizzle: TensorMapSwizzle::B64,
+        l2_promotion: L2_PROMOTION,
+    }
+}
+
+/// The GEMM launch for `work_len` tiles on `sm_count` SMs: a persistent grid of at most one CTA
+/// per SM (at least one CTA), [`THREADS`] threads, the configuration's shared memory.
+pub const fn gemm_launch(cfg: GemmConfig, work_len: u32, sm_count: u32) -> LaunchGeometry {
+    let grid = if work_len < sm_count { work_len } else { sm_count };
+    LaunchGeometry {
+        grid: if grid == 0 { 1 } else { grid },
+        block: THREADS,
+        cluster: 1,
+        smem_bytes: cfg.dynamic_shared_memory(),
+    }
+}
+
+/// The token-dequantization launch over `ctas` CTAs (at least one).
+pub const fn dequant_launch(ctas: u32) -> LaunchGeometry {
+    LaunchGeometry { grid: if ctas == 0 { 1 } else { ctas }, block: DEQUANT_THREADS, cluster: 1, smem_bytes: 0 }
+}
 
 /// One group as the kernels see it (device memory, written by the host before the launch).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct GroupParams {
     /// Tokens (rows of A and of C).
     pub m: u32,
@@ -128,45 +241,6 @@ pub struct GroupParams {
 
 const _: () = assert!(core::mem::size_of::<GroupParams>() == 64);
 
-/// One output tile of the GEMM work list: rows `m_tile*block_m ..` of C, columns
-/// `n_tile*BLOCK_N ..`, of group `group`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Tile {
-    /// Group index.
-    pub group: u16,
-    /// Token tile index.
-    pub m_tile: u16,
-    /// Weight tile index.
-    pub n_tile: u16,
-    /// Zero.
-    pub reserved: u16,
-}
-
-const _: () = assert!(core::mem::size_of::<Tile>() == 8);
-
-/// Kernel parameters of both sm_90a kernels (passed by value).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct KernelParams {
-    /// `GroupParams[groups]` in device memory.
-    pub groups: u64,
-    /// Tensor maps, two per group (`[2g]` tokens, `[2g+1]` weights), 128 bytes each.
-    pub tensor_maps: u64,
-    /// `Tile[tiles]` in device memory.
-    pub tiles: u64,
-    /// Number of groups.
-    pub group_count: u32,
-    /// Number of tiles.
-    pub tile_count: u32,
-    /// 1 when C is bf16, 0 for f16.
-    pub out_bf16: u32,
-    /// Zero.
-    pub reserved: u32,
-}
-
-const _: () = assert!(core::mem::size_of::<KernelParams>() == 40);
-
 /// Position (0..64) in a 64-wide K chunk of the f16 token workspace where logical value `l`
 /// (0..64) of the chunk is stored.
 ///
@@ -180,26 +254,22 @@ pub const fn token_k_position(l: u32) -> u32 {
     16 * j + 2 * q + if r < 2 { r } else { 8 + r - 2 }
 }
 
-/// Encoding of a wgmma shared-memory matrix descriptor (PTX ISA §9.7.15.5.1.2.2), for the K-major
-/// 128-byte-swizzled f16 token tiles.
-///
-/// | bits  | field                                   |
-/// |-------|-----------------------------------------|
-/// | 0–13  | start address >> 4 (18-bit address)     |
-/// | 16–29 | leading byte offset >> 4 (unused for K-major swizzled; 1 by convention) |
-/// | 32–45 | stride byte offset >> 4 (8-row group pitch: 1024 B) |
-/// | 49–51 | base offset (0: patterns start 1024-aligned) |
-/// | 62–63 | swizzle: 0 none, 1 128B, 2 64B, 3 32B    |
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(transparent)]
-pub struct WgmmaDesc(pub u64);
+/// Where the f16 pair of logical values `2b, 2b + 1` (packed byte `b`, 0..32, of a row's chunk)
+/// goes in the chunk's workspace row, in units of f16 pairs (0..32): [`token_k_position`]`(2b) / 2`.
+/// The permutation keeps the two values of a byte adjacent and in order (a pair never straddles,
+/// checked by the tests), so the dequantization kernel stores whole f16x2 words.
+pub const fn token_pair_slot(b: u32) -> u32 {
+    token_k_position(2 * b) / 2
+}
 
-/// Swizzle modes of a wgmma descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Swizzle mode of a wgmma descriptor, bits 62–63 (PTX ISA §9.7.15.5.1.2.2). Not the tcgen05
+/// codes (`crate::sm100::SmemSwizzle`) nor the tensor-map enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum WgmmaSwizzle {
     /// Core matrices stored densely.
     None = 0,
-    /// 128-byte swizzle (16-byte chunk `c` of row `r` at `c ^ (r % 8)`).
+    /// 128-byte swizzle (16-byte chunk `c` of row `r` at `c ^ (r % 8)`; TMA `SWIZZLE_128B`).
     B128 = 1,
     /// 64-byte swizzle.
     B64 = 2,
@@ -207,27 +277,88 @@ pub enum WgmmaSwizzle {
     B32 = 3,
 }
 
-impl WgmmaDesc {
-    /// A descriptor from its fields (byte values; they must be multiples of 16).
-    pub const fn new(start: u32, lbo: u32, sbo: u32, swizzle: WgmmaSwizzle) -> Self {
+/// Mask of the shared-memory byte address a wgmma descriptor encodes (18 bits, 16-byte units).
+pub const WGMMA_ADDRESS_MASK: u32 = 0x3_FFFF;
+
+/// Byte distance between 8-row groups of a K-major, 128-byte-swizzled tile: eight 128-byte rows.
+pub const WGMMA_SBO_BYTES: u32 = 8 * 128;
+
+/// The LBO written for K-major swizzled tiles: the PTX ISA says the field is unused there
+/// ("assumed 1"); 16 bytes (field value 1) by convention.
+pub const WGMMA_LBO_BYTES: u32 = 16;
+
+/// The named fields of a [`WgmmaDesc`], in bytes where the hardware stores `bytes >> 4`.
+///
+/// | bits  | field                                                  |
+/// |-------|--------------------------------------------------------|
+/// | 0–13  | start address, `(addr & 0x3FFFF) >> 4`                 |
+/// | 16–29 | leading byte offset (LBO) `>> 4`                       |
+/// | 32–45 | stride byte offset (SBO) `>> 4`                        |
+/// | 49–51 | base offset (0: swizzle patterns start 1024-aligned)   |
+/// | 62–63 | swizzle ([`WgmmaSwizzle`])                             |
+///
+/// All other bits are zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WgmmaDescFields {
+    /// Start of the tile in the `shared::cta` window, bytes.
+    pub start_address: u32,
+    /// Leading-dimension byte offset (LBO).
+    pub leading_byte_offset: u32,
+    /// Stride-dimension byte offset (SBO).
+    pub stride_byte_offset: u32,
+    /// Base offset, 3 bits.
+    pub base_offset: u8,
+    /// Swizzle mode.
+    pub swizzle: WgmmaSwizzle,
+}
+
+const fn field14(bytes: u32) -> u64 {
+    ((bytes & WGMMA_ADDRESS_MASK) >> 4) as u64 & 0x3FFF
+}
+
+impl WgmmaDescFields {
+    /// Packs the fields into the 64-bit layout of the table above.
+    pub const fn encode(self) -> WgmmaDesc {
         WgmmaDesc(
-            ((start as u64 & 0x3FFFF) >> 4)
-                | (((lbo as u64 >> 4) & 0x3FFF) << 16)
-                | (((sbo as u64 >> 4) & 0x3FFF) << 32)
-                | ((swizzle as u64) << 62),
+            field14(self.start_address)
+                | (field14(self.leading_byte_offset) << 16)
+                | (field14(self.stride_byte_offset) << 32)
+                | (((self.base_offset & 0x7) as u64) << 49)
+                | ((self.swizzle as u64) << 62),
         )
     }
+}
 
-    /// K-major, 128-byte swizzle, 8-row groups 1024 bytes apart: a tile of 128-byte rows (64 f16
-    /// of K) starting at the 1024-aligned shared address `start`.
+/// A wgmma shared-memory matrix descriptor (64 bits; fields in [`WgmmaDescFields`]).
+/// The raw bits leave this type only through [`WgmmaDesc::to_bits`], the PTX operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct WgmmaDesc(u64);
+
+impl WgmmaDesc {
+    /// K-major, 128-byte swizzle, 8-row groups [`WGMMA_SBO_BYTES`] apart: a tile of 128-byte rows
+    /// (64 f16 of K) starting at the 1024-aligned shared address `start` (the f16 token chunks).
     pub const fn k_major_sw128(start: u32) -> Self {
-        Self::new(start, 16, 1024, WgmmaSwizzle::B128)
+        WgmmaDescFields {
+            start_address: start,
+            leading_byte_offset: WGMMA_LBO_BYTES,
+            stride_byte_offset: WGMMA_SBO_BYTES,
+            base_offset: 0,
+            swizzle: WgmmaSwizzle::B128,
+        }
+        .encode()
     }
 
     /// The same tile advanced by `bytes` along K inside the swizzle atom (k-step `j` of 16 f16 is
-    /// `32·j` bytes): the start-address field moves, the swizzle follows the absolute address bits.
+    /// [`TOKEN_K_STEP_BYTES`]`·j` bytes): the start-address field moves, the swizzle follows the
+    /// absolute address bits.
     pub const fn advance(self, bytes: u32) -> Self {
         WgmmaDesc(self.0 + (bytes as u64 >> 4))
+    }
+
+    /// The 64-bit operand of `wgmma.mma_async`.
+    pub const fn to_bits(self) -> u64 {
+        self.0
     }
 }
 
@@ -239,6 +370,11 @@ pub const fn m_tiles(m: u32, block_m: u32) -> u32 {
 /// Number of weight tiles of a group with `n` weights.
 pub const fn n_tiles(n: u32) -> u32 {
     n.div_ceil(BLOCK_N)
+}
+
+/// Pipeline stages of a reduction of length `k`.
+pub const fn k_stages(k: u32) -> u32 {
+    k.div_ceil(BLOCK_K)
 }
 
 /// Chunks of stage `ks` that hold data for a reduction of length `k`.
@@ -280,22 +416,127 @@ mod tests {
     }
 
     #[test]
+    fn token_pair_slots_follow_the_k_permutation() {
+        let mut seen = [false; 32];
+        for b in 0..32u32 {
+            let slot = token_pair_slot(b);
+            // Both values of byte b stay adjacent, in order, in one f16x2 word.
+            assert_eq!(token_k_position(2 * b), 2 * slot);
+            assert_eq!(token_k_position(2 * b + 1), 2 * slot + 1);
+            assert!(!seen[slot as usize]);
+            seen[slot as usize] = true;
+        }
+        // The dequantization kernel's former closed form.
+        for b in 0..32 {
+            assert_eq!(token_pair_slot(b), 8 * ((b % 8) / 2) + b / 8 + 4 * (b % 2));
+        }
+    }
+
+    #[test]
     fn descriptor_fields() {
         // Start 0x400 → 0x40; LBO 16 → 1 at bit 16; SBO 1024 → 64 at bit 32; 128B swizzle → 1 at bit 62.
         let d = WgmmaDesc::k_major_sw128(0x400);
-        assert_eq!(d.0, 0x40 | (1 << 16) | (64u64 << 32) | (1u64 << 62));
-        assert_eq!(d.advance(32).0, d.0 + 2);
+        assert_eq!(d.to_bits(), 0x40 | (1 << 16) | (64u64 << 32) | (1u64 << 62));
+        assert_eq!(d.advance(TOKEN_K_STEP_BYTES).to_bits(), d.to_bits() + 2);
+        // Each field lands in its bits and nowhere else.
+        let zero = WgmmaDescFields {
+            start_address: 0,
+            leading_byte_offset: 0,
+            stride_byte_offset: 0,
+            base_offset: 0,
+            swizzle: WgmmaSwizzle::None,
+        };
+        assert_eq!(zero.encode().to_bits(), 0);
+        assert_eq!(WgmmaDescFields { start_address: 0x3FFF0, ..zero }.encode().to_bits(), 0x3FFF);
+        assert_eq!(WgmmaDescFields { start_address: 0x40000, ..zero }.encode().to_bits(), 0, "18-bit address");
+        assert_eq!(WgmmaDescFields { leading_byte_offset: 0x3FFF0, ..zero }.encode().to_bits(), 0x3FFF << 16);
+        assert_eq!(WgmmaDescFields { stride_byte_offset: 0x3FFF0, ..zero }.encode().to_bits(), 0x3FFFu64 << 32);
+        assert_eq!(WgmmaDescFields { base_offset: 0xFF, ..zero }.encode().to_bits(), 7u64 << 49);
+        for (sw, code) in [(WgmmaSwizzle::B128, 1u64), (WgmmaSwizzle::B64, 2), (WgmmaSwizzle::B32, 3)] {
+            assert_eq!(WgmmaDescFields { swizzle: sw, ..zero }.encode().to_bits(), code << 62);
+        }
     }
 
     #[test]
     fn stage_layout() {
         let c = GemmConfig::M128;
         assert_eq!(c.token_chunk_bytes(), 16384);
+        assert_eq!((c.token_offset(0), c.token_offset(1)), (0, 16384));
         assert_eq!(c.weight_offset(), 32768);
         assert_eq!(c.scale_offset(), 32768 + 8192);
+        assert_eq!((c.scale_block_offset(0), c.scale_block_offset(1)), (40960, 40960 + 512));
         assert_eq!(c.stage_bytes(), 41984);
+        assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
         assert_eq!(c.stage_tx_bytes(2), 2 * (16384 + 512) + 8192);
+        assert_eq!(c.stage_tx_bytes(1), 16384 + 512 + 8192);
+        assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
+    }
+
+    #[test]
+    fn barrier_offsets() {
+        let c = GemmConfig::M128;
+        assert_eq!(c.full_barrier_offset(0), 5 * 41984);
+        assert_eq!(c.full_barrier_offset(4), 5 * 41984 + 32);
+        assert_eq!(c.empty_barrier_offset(0), 5 * 41984 + 40);
+        assert_eq!(c.empty_barrier_offset(4) + MBARRIER_BYTES, c.dynamic_shared_memory());
+        assert_eq!((c.full_barrier_arrivals(), c.empty_barrier_arrivals()), (1, 256));
+    }
+
+    #[test]
+    fn registers_and_threads() {
+        assert_eq!(THREADS, 384);
+        assert_eq!(MAX_REGISTERS, 168);
+    }
+
+    /// The consumers' 8-byte reads undo the 64-byte swizzle: together they read every byte of the
+    /// weight box once, and each read is the logical 8 bytes `32·chunk + 8·q` of its row.
+    #[test]
+    fn weight_fragments_undo_the_64b_swizzle() {
+        let swizzle64 = |row: u32, logical: u32| row * 64 + (((logical / 16) ^ ((row / 2) % 4)) * 16) + logical % 16;
+        let mut seen = [false; (BLOCK_N * WEIGHT_ROW_BYTES / 8) as usize];
+        for row in 0..BLOCK_N {
+            for chunk in 0..CHUNKS_PER_STAGE {
+                for q in 0..4 {
+                    let o = weight_fragment_offset(row, chunk, q);
+                    assert_eq!(o % 8, 0);
+                    assert_eq!(o, swizzle64(row, 32 * chunk + 8 * q));
+                    assert!(!seen[o as usize / 8]);
+                    seen[o as usize / 8] = true;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn scale_words_are_the_blocked_layout() {
+        for row in 0..BLOCK_N {
+            assert_eq!(scale_word_offset(row) as usize, crate::scale_layout::blocked_word_offset(row, 0, 1));
+        }
+    }
+
+    #[test]
+    fn maps_and_launches() {
+        assert_eq!((token_map_index(3), weight_map_index(3)), (6, 7));
+        let t = token_map(96, 512, GemmConfig::M128);
+        assert_eq!((t.dims, t.strides_bytes, t.box_dims), ([512, 96], [1024, 0], [64, 128]));
+        assert_eq!(
+            (t.element, t.swizzle, t.l2_promotion),
+            (TensorMapDataType::F16, TensorMapSwizzle::B128, L2_PROMOTION)
+        );
+        let w = weight_map(256, 512);
+        assert_eq!((w.dims, w.strides_bytes, w.box_dims), ([256, 256], [256, 0], [64, 128]));
+        assert_eq!((w.element, w.swizzle), (TensorMapDataType::U8, TensorMapSwizzle::B64));
+        let c = GemmConfig::M128;
+        assert_eq!(
+            gemm_launch(c, 6, 132),
+            LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: c.dynamic_shared_memory() }
+        );
+        assert_eq!(gemm_launch(c, 1000, 132).grid, 132);
+        assert_eq!(gemm_launch(c, 0, 132).grid, 1);
+        assert_eq!(dequant_launch(0), LaunchGeometry { grid: 1, block: 256, cluster: 1, smem_bytes: 0 });
+        assert_eq!(k_stages(320), 3);
     }
 
     #[test]

@@ -262,17 +262,21 @@ pub fn plan_text(gpu: &Gpu, named: &NamedShapes, output: OutputType) -> Result<S
     let (flops, bytes) = (problem.flops(), problem.bytes());
     let plan = GemmPlan::new(gpu, problem).map_err(|e| CliError::Gpu(e.to_string()))?;
     let s = plan.summary();
-    Ok(format!(
-        "{}: {}\n  {:.3} GFLOP, {:.3} MB NVFP4 in + C out\n  kernel: {}\n  tiles: {}; grid {} x block {} (cluster {}), {} B dynamic shared memory",
+    let mut text = format!(
+        "{}: {}\n  {:.3} GFLOP, {:.3} MB NVFP4 in + C out\n  kernel: {}\n  tiles: {}",
         named.name,
         named.to_spec(),
         flops / 1e9,
         bytes / 1e6,
         s.kernel,
         s.tiles,
-        s.gemm.grid,
-        s.gemm.block,
-        s.gemm.cluster,
-        s.gemm.smem_bytes
-    ))
+    );
+    for l in &s.launches {
+        let g = l.geometry;
+        text += &format!(
+            "\n  {}: grid {} x block {} (cluster {}), {} B dynamic shared memory",
+            l.kernel, g.grid, g.block, g.cluster, g.smem_bytes
+        );
+    }
+    Ok(text)
 }

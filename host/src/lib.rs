@@ -47,6 +47,6 @@ pub mod upload;
 pub use device::{driver_present, Arch, Gpu};
 pub use error::{Error, Result};
 pub use nvfp4_format as format;
-pub use plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, PlanSummary};
+pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanSummary};
 pub use problem::{GroupShape, OutputType, Problem};
 pub use upload::{DeviceGroup, DeviceNvfp4};

@@ -2,15 +2,13 @@
 //! tables and workspace; and the launch.
 
 use crate::device::{Arch, Gpu};
-use crate::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
-use crate::error::{Error, Result};
+use crate::driver::launch::LaunchGeometry;
+use crate::error::Result;
 use crate::problem::{validate_buffers, BufferView, GroupBuffers, OutputType, Problem};
 use crate::sm100::Sm100Plan;
-use crate::sm90::Sm90Layout;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use crate::sm90::Sm90Plan;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use half::{bf16, f16};
-use nvfp4_gemm_abi::sm90::KernelParams;
-use std::ffi::c_void;
 use std::sync::Arc;
 
 /// One NVFP4 operand on the device: packed e2m1 values (two per byte, low nibble first; a row of K
@@ -43,32 +41,50 @@ pub struct GroupArgs<'a> {
     pub alpha: f32,
 }
 
+/// One kernel launch of a call: the exported kernel and its geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelLaunch {
+    /// The kernel's exported name.
+    pub kernel: &'static str,
+    /// Grid, block, cluster and dynamic shared memory.
+    pub geometry: LaunchGeometry,
+}
+
 /// What the planner chose, for display (`info`) and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanSummary {
     /// Kernel architecture.
     pub arch: Arch,
-    /// Kernel and tile description.
+    /// Kernel and tile description, for people.
     pub kernel: String,
-    /// Output tiles over all groups.
+    /// Output tiles over all groups (cluster padding included).
     pub tiles: usize,
-    /// GEMM launch geometry.
-    pub gemm: LaunchGeometry,
+    /// Every launch a call makes, in order (none when no group has work).
+    pub launches: Vec<KernelLaunch>,
     /// Bytes of device workspace the plan owns (the f16 token operand on sm_90a).
     pub workspace_bytes: usize,
 }
 
-enum ArchPlan {
-    Sm100(Sm100Plan),
-    Sm90 {
-        layout: Sm90Layout,
-        dequant: CudaFunction,
-        gemm: CudaFunction,
-        workspace: CudaSlice<u8>,
-        groups: CudaSlice<u8>,
-        maps: CudaSlice<u8>,
-        tiles: CudaSlice<u8>,
-    },
+/// The device half of a plan for one architecture: its tables, uploads and launches. Both
+/// architectures have the same shape (`sm90::Sm90Plan`, `sm100::Sm100Plan`): a pure layout
+/// (work lists, geometry, parameter encoding) and this device part.
+pub(crate) trait ArchPlan {
+    /// Whether any launch runs (false when no group has an output tile).
+    fn has_work(&self) -> bool;
+
+    /// Encodes the group parameters and tensor maps for `buffers` (validated by the caller) and
+    /// copies them to the plan's tables on `stream`.
+    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()>;
+
+    /// Launches every kernel of the plan on `stream`.
+    ///
+    /// # Safety
+    /// `upload` must have run for buffers that are still alive and valid for the problem
+    /// (`validate_buffers`), on this stream or one ordered before it.
+    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()>;
+
+    /// What runs.
+    fn summary(&self) -> PlanSummary;
 }
 
 /// A grouped GEMM problem planned for one GPU. Build it once per set of shapes and call
@@ -78,7 +94,7 @@ enum ArchPlan {
 /// allocates device memory or synchronizes the host.
 pub struct GemmPlan {
     problem: Problem,
-    plan: ArchPlan,
+    plan: Box<dyn ArchPlan>,
     summary: PlanSummary,
     /// Addresses and alphas of the last call, to skip re-encoding.
     signature: Vec<u64>,
@@ -104,76 +120,18 @@ fn view_mut<'s, T>(
     BufferView { ptr, len }
 }
 
-fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: only used with `#[repr(C)]` plain-data types from the abi crate (no padding reads
-    // matter: the kernels never read padding).
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
 impl GemmPlan {
     /// Plans `problem` for `gpu`: chooses the kernel configuration, builds the work list, and
     /// allocates the parameter tables and the workspace (once).
     pub fn new(gpu: &Gpu, problem: Problem) -> Result<GemmPlan> {
-        let stream = gpu.context().default_stream();
-        let d = |e| Error::driver("allocating the plan's device tables", e);
-        match gpu.arch() {
-            Arch::Sm90a => {
-                let layout = Sm90Layout::new(&problem, gpu.sm_count());
-                let g = problem.groups().len().max(1);
-                let dequant = gpu.function("sm90_dequant_tokens")?;
-                let gemm = gpu.function("sm90_grouped_gemm")?;
-                set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
-                let tiles = if layout.tiles.is_empty() {
-                    stream.alloc_zeros::<u8>(16).map_err(d)?
-                } else {
-                    stream.clone_htod(bytes_of(&layout.tiles)).map_err(d)?
-                };
-                let summary = PlanSummary {
-                    arch: Arch::Sm90a,
-                    kernel: format!(
-                        "sm90_grouped_gemm: swap-AB wgmma m64n{}k16, tile {}x{} (tokens x weights), {} stages of K {}",
-                        layout.config.block_m,
-                        layout.config.block_m,
-                        nvfp4_gemm_abi::sm90::BLOCK_N,
-                        layout.config.stages,
-                        nvfp4_gemm_abi::sm90::BLOCK_K
-                    ),
-                    tiles: layout.tiles.len(),
-                    gemm: layout.gemm,
-                    workspace_bytes: layout.workspace_bytes,
-                };
-                let plan = ArchPlan::Sm90 {
-                    workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
-                    groups: stream
-                        .alloc_zeros::<u8>(g * std::mem::size_of::<nvfp4_gemm_abi::sm90::GroupParams>())
-                        .map_err(d)?,
-                    maps: stream.alloc_zeros::<u8>(2 * g * 128).map_err(d)?,
-                    tiles,
-                    layout,
-                    dequant,
-                    gemm,
-                };
-                Ok(GemmPlan { problem, plan, summary, signature: vec![] })
-            }
-            Arch::Sm100a => {
-                // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
-                // never run: there is no B200 here.
-                let sm100 = Sm100Plan::new(gpu, &problem)?;
-                let summary = PlanSummary {
-                    arch: Arch::Sm100a,
-                    kernel: sm100.describe(),
-                    tiles: sm100.layout.tiles(),
-                    // The first launch's geometry (the 128-wide list if any, else the cluster list).
-                    gemm: sm100
-                        .layout
-                        .launches
-                        .first()
-                        .map_or(LaunchGeometry { grid: 0, block: 256, cluster: 1, smem_bytes: 0 }, |l| l.geometry),
-                    workspace_bytes: 0,
-                };
-                Ok(GemmPlan { problem, plan: ArchPlan::Sm100(sm100), summary, signature: vec![] })
-            }
-        }
+        let plan: Box<dyn ArchPlan> = match gpu.arch() {
+            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem)?),
+            // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
+            // never run: there is no B200 here.
+            Arch::Sm100a => Box::new(Sm100Plan::new(gpu, &problem)?),
+        };
+        let summary = plan.summary();
+        Ok(GemmPlan { problem, plan, summary, signature: vec![] })
     }
 
     /// The problem this plan was built for.
@@ -210,54 +168,15 @@ impl GemmPlan {
                 [b.a_values.ptr, b.a_scales.ptr, b.b_values.ptr, b.b_scales.ptr, b.c.ptr, b.alpha.to_bits() as u64]
             })
             .collect();
-        let d = |e| Error::driver("uploading the call's parameters", e);
-        match &mut self.plan {
-            ArchPlan::Sm100(sm100) => {
-                if sm100.layout.launches.is_empty() {
-                    return Ok(());
-                }
-                if signature != self.signature {
-                    sm100.upload(stream_arc, &self.problem, &buffers)?;
-                    self.signature = signature;
-                }
-                // SAFETY: the tables hold these validated buffers (uploaded now, or by an earlier
-                // call with the same addresses and alphas) on this stream.
-                unsafe { sm100.launch(stream, &self.problem) }
-            }
-            ArchPlan::Sm90 { layout, dequant, gemm, workspace, groups: g_dev, maps, tiles } => {
-                if layout.tiles.is_empty() {
-                    return Ok(());
-                }
-                let (ws_ptr, _ws_guard) = workspace.device_ptr_mut(stream);
-                if signature != self.signature {
-                    let (params, encoded) = layout.encode(&self.problem, &buffers, ws_ptr)?;
-                    stream_arc.memcpy_htod(bytes_of(&params), g_dev).map_err(d)?;
-                    stream_arc.memcpy_htod(bytes_of(&encoded), maps).map_err(d)?;
-                    self.signature = signature;
-                }
-                let (groups_ptr, _g1) = g_dev.device_ptr(stream);
-                let (maps_ptr, _g2) = maps.device_ptr(stream);
-                let (tiles_ptr, _g3) = tiles.device_ptr(stream);
-                let mut kp = KernelParams {
-                    groups: groups_ptr,
-                    tensor_maps: maps_ptr,
-                    tiles: tiles_ptr,
-                    group_count: self.problem.groups().len() as u32,
-                    tile_count: layout.tiles.len() as u32,
-                    out_bf16: (self.problem.output() == OutputType::Bf16) as u32,
-                    reserved: 0,
-                };
-                let mut params = [&mut kp as *mut KernelParams as *mut c_void];
-                // SAFETY: both kernels take one `KernelParams` by value; every pointer in it and in
-                // the tables it points to was validated above or is owned by this plan.
-                unsafe {
-                    if layout.dequant_grid > 0 {
-                        launch(dequant, stream, layout.dequant, &mut params)?;
-                    }
-                    launch(gemm, stream, layout.gemm, &mut params)?;
-                }
-                Ok(())
-            }
+        if !self.plan.has_work() {
+            return Ok(());
         }
+        if signature != self.signature {
+            self.plan.upload(stream_arc, &self.problem, &buffers)?;
+            self.signature = signature;
+        }
+        // SAFETY: the tables hold these validated buffers (uploaded now, or by an earlier call with
+        // the same addresses and alphas) on this stream.
+        unsafe { self.plan.launch(stream, &self.problem) }
     }
 }

@@ -2,12 +2,11 @@
 //! that the toolchain, tensor-map encoding, cluster launch, mbarriers and TMA work on this device.
 
 use crate::device::Gpu;
-use crate::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
-use crate::driver::tensor_map::{Element, Swizzle, TiledMap};
+use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::tensor_map;
 use crate::error::{Error, Result};
 use cudarc::driver::DevicePtr;
-use nvfp4_gemm_abi::smoke::*;
-use std::ffi::c_void;
+use nvfp4_gemm_abi::smoke::{self, *};
 
 /// What the smoke run found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +28,8 @@ impl SmokeReport {
 
 /// Launches the smoke kernel on 4 CTAs (2 clusters of 2) and checks everything it wrote.
 pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
-    let ctas = 2 * SMOKE_CLUSTER;
+    let geom = smoke::launch();
+    let ctas = geom.grid;
     let rows = ctas * SMOKE_TMA_ROWS;
     let n = (rows * SMOKE_TMA_COLS) as usize;
     let input: Vec<u8> = (0..n).map(|i| (i.wrapping_mul(131) % 251) as u8 + 1).collect();
@@ -41,31 +41,17 @@ pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
     let words = stream.clone_htod(&vec![0xDEAD_BEEFu32; words_n]).map_err(d)?;
 
     let (src_ptr, _g0) = src.device_ptr(&stream);
-    let map = TiledMap::<2> {
-        element: Element::U8,
-        dims: [SMOKE_TMA_COLS as u64, rows as u64],
-        strides_bytes: [SMOKE_TMA_COLS as u64, 0],
-        box_dims: [SMOKE_TMA_COLS, SMOKE_TMA_ROWS],
-        swizzle: Swizzle::B128,
-    }
-    .encode(src_ptr)?;
+    let map = tensor_map::encode(&smoke::tile_map(), src_ptr)?;
     let maps = stream.clone_htod(&map.0).map_err(d)?;
 
     let f = gpu.function("smoke_tma_cluster")?;
-    let geom =
-        LaunchGeometry { grid: ctas, block: SMOKE_THREADS, cluster: SMOKE_CLUSTER, smem_bytes: SMOKE_SMEM_BYTES };
     set_max_dynamic_smem(&f, geom.smem_bytes)?;
     {
-        let (mut p_maps, _g1) = maps.device_ptr(&stream);
-        let (mut p_tile, _g2) = tile_out.device_ptr(&stream);
-        let (mut p_words, _g3) = words.device_ptr(&stream);
-        let mut params: [*mut c_void; 3] = [
-            &mut p_maps as *mut u64 as *mut c_void,
-            &mut p_tile as *mut u64 as *mut c_void,
-            &mut p_words as *mut u64 as *mut c_void,
-        ];
-        // SAFETY: three pointer parameters, matching `smoke_tma_cluster(map, tile_out, words)`.
-        unsafe { launch(&f, &stream, geom, &mut params)? };
+        let (map, _g1) = maps.device_ptr(&stream);
+        let (tile_out, _g2) = tile_out.device_ptr(&stream);
+        let (words, _g3) = words.device_ptr(&stream);
+        // SAFETY: `smoke_tma_cluster` takes one `SmokeParams`; the buffers have the sizes it needs.
+        unsafe { launch(&f, &stream, geom, &SmokeParams { map, tile_out, words })? };
     }
     stream.synchronize().map_err(d)?;
     let tile = stream.clone_dtoh(&tile_out).map_err(d)?;

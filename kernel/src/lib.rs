@@ -6,14 +6,17 @@
 //!
 //! Layering (dependencies point one way): [`ptx`] is the only module with `asm!` or other access to
 //! the hardware (special registers, shared memory, barriers, async copies, tensor-core ops);
-//! the kernels above it ([`smoke`], `sm90`, `sm100`) are written against that vocabulary only.
+//! the kernels above it ([`smoke`], `sm90`, `sm100`) are written against that vocabulary only,
+//! with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
 #![no_std]
 #![feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
 #![allow(internal_features)]
-#![allow(clippy::missing_safety_doc)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod pipeline;
 pub mod ptx;
 pub mod smoke;
+pub mod work;
 
 #[cfg(arch_sm90)]
 pub mod sm90;

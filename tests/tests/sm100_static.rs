@@ -68,7 +68,7 @@ fn gemm_entries_contain_the_tcgen05_pipeline() {
         );
         assert_eq!(
             count(body, "tcgen05.cp.cta_group::1.32x128b.warpx4 "),
-            4 * (1 + k.tmem_plan().sfb_blocks() as usize),
+            4 * (1 + k.config().tmem_plan().sfb_blocks() as usize),
             "{}",
             k.kernel_name()
         );
@@ -142,9 +142,9 @@ fn abi_constants_appear_as_immediates() {
         // (addr >> 4) | 0x4000_4040_0000_0000 and | 0x0000_4008_0000_0000 (BLACKWELL.md §2).
         assert!(body.contains(&format!("{}", 0x4000_4040_0000_0000u64)), "{}", k.kernel_name());
         assert!(body.contains(&format!("{}", 0x0000_4008_0000_0000u64)), "{}", k.kernel_name());
-        for offset in [k.accumulator_full_barrier_offset(), k.accumulator_empty_barrier_offset()] {
+        for offset in [k.config().accumulator_full_barrier_offset(), k.config().accumulator_empty_barrier_offset()] {
             assert!(body.contains(&format!("{offset}")), "{}: barrier offset {offset}", k.kernel_name());
         }
-        assert!(body.contains(&format!("{}", k.tmem_allocated_columns())), "{}", k.kernel_name());
+        assert!(body.contains(&format!("{}", k.config().tmem_allocated_columns())), "{}", k.kernel_name());
     }
 }

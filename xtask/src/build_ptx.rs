@@ -13,8 +13,8 @@ pub struct Arch {
     pub cfg: &'static str,
     /// Extra LLVM target features (PTX ISA version).
     pub features: &'static str,
-    /// Extra ptxas options (the register cap that warp-specialized kernels are sized for).
-    pub ptxas_flags: &'static [&'static str],
+    /// The ptxas register cap (`-maxrregcount`) the architecture's kernels are sized for, if any.
+    pub max_registers: Option<u32>,
 }
 
 /// sm_90a (Hopper; PTX ISA 8.0 is rustc's default there) and sm_100a (Blackwell; `kind::mxf4nvf4`
@@ -24,10 +24,10 @@ pub const ARCHES: [Arch; 2] = [
         name: "sm_90a",
         cfg: "arch_sm90",
         features: "",
-        // 168 = nvfp4_gemm_abi::sm90::MAX_REGISTERS: 384 threads per CTA.
-        ptxas_flags: &["-maxrregcount=168"],
+        // 384 threads per CTA (one producer and two consumer warpgroups).
+        max_registers: Some(nvfp4_gemm_abi::sm90::MAX_REGISTERS),
     },
-    Arch { name: "sm_100a", cfg: "arch_sm100", features: "+ptx87", ptxas_flags: &[] },
+    Arch { name: "sm_100a", cfg: "arch_sm100", features: "+ptx87", max_registers: None },
 ];
 
 const KERNEL_LIB: &str = "nvfp4_gemm_kernel";
@@ -82,7 +82,9 @@ pub fn run(args: &[&str]) -> Result<()> {
         }
 
         let cubin = ptx.with_extension("cubin");
-        let (resources, _) = ptxas::assemble(&ptxas, arch.name, arch.ptxas_flags, &ptx, &cubin)?;
+        let flags: Vec<String> = arch.max_registers.map(|r| format!("-maxrregcount={r}")).into_iter().collect();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let (resources, _) = ptxas::assemble(&ptxas, arch.name, &flags, &ptx, &cubin)?;
         for r in &resources {
             report.push_str(&format!(
                 "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",

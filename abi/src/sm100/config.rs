@@ -58,9 +58,7 @@ pub const EPILOGUE_WARPS: u32 = 4;
 /// `if (warp_id == 0) { asm volatile("tcgen05.alloc...`.
 pub const TMEM_ALLOC_WARP: u32 = 0;
 
-/// Largest dynamic shared memory per block on sm_100: 227 KiB (BLACKWELL.md §7, CUTLASS
-/// `sm100_smem_capacity_bytes`).
-pub const MAX_SMEM_PER_BLOCK: u32 = 232_448;
+pub use crate::launch::MAX_DYNAMIC_SMEM;
 
 /// Shared memory per SM: 228 KiB (BLACKWELL.md §7).
 pub const SMEM_PER_SM: u32 = 233_472;
@@ -71,7 +69,7 @@ pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
 /// Alignment of every stage and of the dynamic shared memory base: one 128-byte-swizzle atom
 /// (8 rows x 128 B), so that descriptors keep base offset 0. Source: seed
 /// `extern __shared__ __align__(1024) char smem_ptr[];`, BLACKWELL.md §5.
-pub const STAGE_ALIGN: u32 = 1024;
+pub const STAGE_ALIGN: u32 = crate::launch::DYNAMIC_SMEM_ALIGN;
 
 /// Bytes of one mbarrier.
 pub const MBARRIER_BYTES: u32 = 8;
@@ -148,19 +146,10 @@ pub enum ConfigError {
     Cluster,
     /// A stage is not a multiple of [`STAGE_ALIGN`].
     StageAlignment,
-    /// Dynamic shared memory exceeds [`MAX_SMEM_PER_BLOCK`].
+    /// Dynamic shared memory exceeds [`MAX_DYNAMIC_SMEM`].
     SharedMemory,
     /// The TMEM plan does not fit.
     Tmem,
-}
-
-/// Launch geometry of one kernel variant for a work list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LaunchGrid {
-    /// CTAs along x (a multiple of the cluster size).
-    pub ctas: u32,
-    /// Whether CTAs loop over the work list with stride `ctas` (more items than one wave).
-    pub persistent: bool,
 }
 
 /// One compiled kernel variant.
@@ -186,10 +175,12 @@ impl KernelConfig {
         if !divides(STAGE_ALIGN, cfg.stage_bytes()) {
             return Err(ConfigError::StageAlignment);
         }
-        if cfg.dynamic_shared_memory() > MAX_SMEM_PER_BLOCK {
+        if cfg.dynamic_shared_memory() > MAX_DYNAMIC_SMEM {
             return Err(ConfigError::SharedMemory);
         }
-        if TmemPlan::new(block_n.get(), MMA_STEPS_PER_STAGE).is_err() {
+        if TmemPlan::new(block_n.get(), MMA_STEPS_PER_STAGE).is_err()
+            || super::tmem::allocation_columns(cfg.tmem_used_columns()).is_none()
+        {
             return Err(ConfigError::Tmem);
         }
         Ok(cfg)
@@ -203,11 +194,6 @@ impl KernelConfig {
     /// Tile columns (N side).
     pub const fn block_n(self) -> u32 {
         self.block_n.get()
-    }
-
-    /// The tile width as the enum.
-    pub const fn block_n_kind(self) -> BlockN {
-        self.block_n
     }
 
     /// K values per stage: 256.
@@ -363,20 +349,6 @@ impl KernelConfig {
         self.barrier_base() + self.barriers_per_stage() * self.stages * MBARRIER_BYTES
     }
 
-    /// Bytes after the stages: barriers plus the TMEM slot, rounded up to 64. For the seed's
-    /// variants this equals the seed's `MBAR_BYTES = ((barriers * NS * 8 + 63) & ~63)` (the slot
-    /// fits in the rounding); see [`TMEM_SLOT_BYTES`].
-    pub const fn barrier_region_bytes(self) -> u32 {
-        (self.barriers_per_stage() * self.stages * MBARRIER_BYTES + TMEM_SLOT_BYTES).next_multiple_of(64)
-    }
-
-    /// Dynamic shared memory to request at launch (and as
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`). Source: seed `SMEM_128_HI_K256`,
-    /// `SMEM_128_LO_K256`, `SMEM_256_HI_K256`.
-    pub const fn dynamic_shared_memory(self) -> u32 {
-        self.stages * self.stage_bytes() + self.barrier_region_bytes()
-    }
-
     /// Block dimensions: `[256, 1, 1]`.
     pub const fn block(self) -> [u32; 3] {
         [THREADS, 1, 1]
@@ -440,32 +412,29 @@ impl KernelConfig {
         self.b_stage_bytes() + self.mma_steps_in_stage(k, k_iter) * BLOCK_BYTES * (self.block_n() / BLOCK_ROWS)
     }
 
-    /// Resident CTAs per SM that shared memory and TMEM allow: `floor(228 KiB / (smem + 1 KiB))`,
-    /// capped by `512 / allocated TMEM columns`. An upper bound; registers may lower it, so the
-    /// host should still ask the driver (the seed calls
-    /// `cudaOccupancyMaxActiveBlocksPerMultiprocessor`). 1 for the 221312-B variants, 2 for
-    /// [`N128_SHALLOW`].
-    pub const fn max_ctas_per_sm(self) -> u32 {
-        let by_smem = SMEM_PER_SM / (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK);
-        let by_tmem = super::tmem::TMEM_COLUMNS / self.tmem_plan().allocated_columns();
-        if by_smem < by_tmem {
-            by_smem
+    /// CTAs of this kernel the whole device holds at once: `active_clusters` clusters for a
+    /// cluster kernel (the driver's `cuOccupancyMaxActiveClusters`, which sees how clusters fit
+    /// into GPCs: fragmentation can leave fewer 4-CTA clusters resident than `SMs / 4`), else
+    /// `sm_count * ctas_per_sm` (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    pub const fn resident_ctas(self, sm_count: u32, ctas_per_sm: u32, active_clusters: u32) -> u32 {
+        if self.cluster_size > 1 {
+            active_clusters * self.cluster_size
         } else {
-            by_tmem
+            sm_count * ctas_per_sm
         }
     }
 
-    /// The grid for `num_items` work items: one wave of `sm_count * ctas_per_sm` CTAs (rounded
-    /// down to whole clusters), persistent with grid stride when there are more items than
-    /// that, else one CTA per item. Source: seed `wave_cap = sm_count * occ` (BLOCK_N = 128),
-    /// `wave_cap = (sm_count * occ_256_hi / CL256) * CL256`, `persistent = num_items > wave_cap`,
-    /// `launch_ctas = persistent ? wave_cap : num_items`.
-    pub const fn launch_grid(self, num_items: u32, sm_count: u32, ctas_per_sm: u32) -> LaunchGrid {
-        let wave = (sm_count * ctas_per_sm / self.cluster_size) * self.cluster_size;
+    /// The grid for `num_items` work items when `resident` CTAs fit on the device at once
+    /// ([`Self::resident_ctas`]): one CTA per item if they all fit in one wave, else a persistent
+    /// grid of one wave (CTAs loop over the list with grid stride), rounded down to whole
+    /// clusters. Source: seed `wave_cap = sm_count * occ`, `launch_ctas = persistent ? wave_cap :
+    /// num_items`.
+    pub const fn launch_grid(self, num_items: u32, resident: u32) -> u32 {
+        let wave = resident / self.cluster_size * self.cluster_size;
         if num_items > wave {
-            LaunchGrid { ctas: wave, persistent: true }
+            wave
         } else {
-            LaunchGrid { ctas: num_items, persistent: false }
+            num_items
         }
     }
 }
@@ -498,29 +467,24 @@ pub const N256_CLUSTER4: KernelConfig = valid(KernelConfig::new(BlockN::N256, 4,
 
 // Static checks per knob of each variant (the `valid` calls above already enforce them; these
 // make each rule visible and fail the build on their own).
-const _: () = assert!(N128_DEEP.dynamic_shared_memory() <= MAX_SMEM_PER_BLOCK);
-const _: () = assert!(N128_SHALLOW.dynamic_shared_memory() <= MAX_SMEM_PER_BLOCK);
-const _: () = assert!(N256_CLUSTER4.dynamic_shared_memory() <= MAX_SMEM_PER_BLOCK);
+const _: () = assert!(N128_DEEP.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
+const _: () = assert!(N128_SHALLOW.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
+const _: () = assert!(N256_CLUSTER4.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
 const _: () = assert!(divides(STAGE_ALIGN, N128_DEEP.stage_bytes()));
 const _: () = assert!(divides(STAGE_ALIGN, N256_CLUSTER4.stage_bytes()));
 const _: () = assert!(divides(STAGE_ALIGN, N128_DEEP.b_offset()) && divides(STAGE_ALIGN, N256_CLUSTER4.b_offset()));
 const _: () = assert!(divides(MBARRIER_BYTES, N128_DEEP.barrier_base()));
+const _: () =
+    assert!(divides(STAGE_ALIGN, N128_SHALLOW.stage_bytes()) && divides(STAGE_ALIGN, N256_CLUSTER4.a_offset()));
 const _: () = assert!(divides(STAGE_ALIGN, N128_SHALLOW.stage_bytes()));
 const _: () = assert!(divides(MMA_K, TMA_BLOCK_K) && THREADS == 256);
 const _: () = assert!(WARPS > PRODUCER_B_WARP && EPILOGUE_WARPS * 32 == BLOCK_M);
 
 /// The seed's choice between [`N128_DEEP`] and [`N128_SHALLOW`] for `num_items` 128-wide items:
 /// shallow when it fits more CTAs per wave and the list is longer than two deep waves.
-/// `ctas_per_sm_deep` / `_shallow` come from the driver's occupancy query.
+/// `wave_deep` / `wave_shallow` are the variants' [`KernelConfig::resident_ctas`].
 /// Source: seed `use_lo = (wave_lo > wave_hi) && (num_items_128 > 2 * wave_hi)`.
-pub const fn select_n128(
-    num_items: u32,
-    sm_count: u32,
-    ctas_per_sm_deep: u32,
-    ctas_per_sm_shallow: u32,
-) -> KernelConfig {
-    let wave_deep = sm_count * ctas_per_sm_deep;
-    let wave_shallow = sm_count * ctas_per_sm_shallow;
+pub const fn select_n128(num_items: u32, wave_deep: u32, wave_shallow: u32) -> KernelConfig {
     if wave_shallow > wave_deep && num_items > 2 * wave_deep {
         N128_SHALLOW
     } else {
@@ -564,9 +528,11 @@ mod tests {
         // SMEM_128_HI_K256 = STAGE_128_K256 * 6 + MBAR_BYTES_DEEP_HI.
         assert_eq!(N128_DEEP.barrier_region_bytes(), seed_mbar_bytes(2, 6));
         assert_eq!(N128_DEEP.dynamic_shared_memory(), 221_312);
-        // SMEM_128_LO_K256 = STAGE_128_K256 * 3 + MBAR_BYTES_DEEP_LO.
-        assert_eq!(N128_SHALLOW.barrier_region_bytes(), seed_mbar_bytes(2, 3));
-        assert_eq!(N128_SHALLOW.dynamic_shared_memory(), 110_656);
+        // SMEM_128_LO_K256 = STAGE_128_K256 * 3 + MBAR_BYTES_DEEP_LO = 110656: the seed's slack
+        // (64 - 48 bytes) cannot hold the TMEM slot and the two accumulator barriers, so ours is
+        // one 64-byte step larger.
+        assert_eq!(N128_SHALLOW.barrier_region_bytes(), seed_mbar_bytes(2, 3) + 64);
+        assert_eq!(N128_SHALLOW.dynamic_shared_memory(), 110_720);
         // SMEM_256_HI_K256 = STAGE_256_K256 * 4 + MBAR_BYTES_WIDE_HI (3 barriers per stage).
         assert_eq!(N256_CLUSTER4.barrier_region_bytes(), seed_mbar_bytes(3, 4));
         assert_eq!(N256_CLUSTER4.dynamic_shared_memory(), 221_312);
@@ -598,6 +564,7 @@ mod tests {
         for cfg in [N128_DEEP, N128_SHALLOW, N256_CLUSTER4] {
             assert_eq!(cfg.tmem_slot_offset() % 8, 0);
             assert!(cfg.tmem_slot_offset() + TMEM_SLOT_BYTES <= cfg.barrier_base() + cfg.barrier_region_bytes());
+            assert_eq!(cfg.barrier_base() + cfg.barrier_region_bytes(), cfg.dynamic_shared_memory());
         }
     }
 
@@ -610,8 +577,8 @@ mod tests {
         assert!(!N128_DEEP.multicast_a());
         assert_eq!(N128_DEEP.instr_descriptor().to_bits(), 0x0820_0480);
         assert_eq!(N256_CLUSTER4.instr_descriptor().to_bits(), 0x0840_0480);
-        assert_eq!(N128_DEEP.tmem_plan().allocated_columns(), 256);
-        assert_eq!(N256_CLUSTER4.tmem_plan().allocated_columns(), 512);
+        assert_eq!(N128_DEEP.tmem_allocated_columns(), 512);
+        assert_eq!(N256_CLUSTER4.tmem_allocated_columns(), 512);
         assert_eq!(N128_DEEP.mma_steps_per_stage(), 4);
     }
 
@@ -655,20 +622,26 @@ mod tests {
         assert_eq!(N128_SHALLOW.max_ctas_per_sm(), 2);
         assert_eq!(N256_CLUSTER4.max_ctas_per_sm(), 1);
         // 148 SMs: b2 has 120 items → one CTA each; 200 items → persistent over 148.
-        assert_eq!(N128_DEEP.launch_grid(120, 148, 1), LaunchGrid { ctas: 120, persistent: false });
-        assert_eq!(N128_DEEP.launch_grid(200, 148, 1), LaunchGrid { ctas: 148, persistent: true });
-        // Clusters: a wave is 148 rounded down to 4 → 148; b1's 364 items are persistent.
-        assert_eq!(N256_CLUSTER4.launch_grid(364, 148, 1), LaunchGrid { ctas: 148, persistent: true });
-        assert_eq!(N256_CLUSTER4.launch_grid(364, 146, 1).ctas, 144);
+        assert_eq!(N128_DEEP.resident_ctas(148, 1, 0), 148);
+        assert_eq!(N128_SHALLOW.resident_ctas(148, 2, 0), 296);
+        assert_eq!(N128_DEEP.launch_grid(120, 148), 120);
+        assert_eq!(N128_DEEP.launch_grid(200, 148), 148);
+        // Clusters: the driver's count of resident clusters decides, not SMs / 4: 37 clusters on
+        // 148 SMs → 148 CTAs; with GPC fragmentation leaving 34 resident → 136.
+        assert_eq!(N256_CLUSTER4.resident_ctas(148, 1, 37), 148);
+        assert_eq!(N256_CLUSTER4.launch_grid(364, N256_CLUSTER4.resident_ctas(148, 1, 37)), 148);
+        assert_eq!(N256_CLUSTER4.launch_grid(364, N256_CLUSTER4.resident_ctas(148, 1, 34)), 136);
+        assert_eq!(N256_CLUSTER4.launch_grid(364, 146), 144);
+        assert_eq!(N256_CLUSTER4.launch_grid(8, 148), 8);
     }
 
     #[test]
     fn stage_selection() {
         // 148 SMs, deep 1 CTA/SM, shallow 2: shallow only past 296 items.
-        assert_eq!(select_n128(296, 148, 1, 2), N128_DEEP);
-        assert_eq!(select_n128(297, 148, 1, 2), N128_SHALLOW);
+        assert_eq!(select_n128(296, 148, 296), N128_DEEP);
+        assert_eq!(select_n128(297, 148, 296), N128_SHALLOW);
         // No occupancy gain: always deep.
-        assert_eq!(select_n128(10_000, 148, 1, 1), N128_DEEP);
+        assert_eq!(select_n128(10_000, 148, 148), N128_DEEP);
     }
 
     #[test]

@@ -30,8 +30,8 @@ pub(crate) const fn divides(d: u32, x: u32) -> bool {
 }
 
 pub use config::{
-    choose_block_n, for_block_n, select_n128, BlockN, ConfigError, KernelConfig, LaunchGrid, WarpRole, N128_DEEP,
-    N128_SHALLOW, N256_CLUSTER4,
+    choose_block_n, for_block_n, select_n128, BlockN, ConfigError, KernelConfig, WarpRole, N128_DEEP, N128_SHALLOW,
+    N256_CLUSTER4,
 };
 pub use desc::{LboMode, SmemDescriptor, SmemDescriptorFields, SmemSwizzle};
 pub use instr::{InstrDescriptor, MmaShape, MmaShapeError, ScaleType};

@@ -22,17 +22,18 @@
 //!   relying on an MMA → cp ordering that PTX ISA §9.7.16.6.2 does not list among its pipelined
 //!   pairs (BLACKWELL.md §1 ⚠). With one column set per stage, the copy into stage `s` is ordered
 //!   after the MMAs that last read it through the stage's empty → full barrier chain instead.
-//!   The accumulator and each stage's scale columns keep the seed's [`TmemPlan`] layout.
+//!   The accumulator and each stage's scale columns keep the seed's [`super::tmem::TmemPlan`] layout.
 
 use super::config::{
-    KernelConfig, EPILOGUE_WARPS, MAX_SMEM_PER_BLOCK, MBARRIER_BYTES, N128_DEEP, N128_SHALLOW, N256_CLUSTER4,
-    SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK, TMEM_SLOT_BYTES,
+    KernelConfig, EPILOGUE_WARPS, MAX_DYNAMIC_SMEM, MBARRIER_BYTES, N128_DEEP, N128_SHALLOW, N256_CLUSTER4,
+    SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK, THREADS, TMEM_SLOT_BYTES,
 };
 use super::tma::{TmaCoords, BOX_K_VALUES};
-use super::tmem::{allocation_columns, ScaleCopy, TmemPlan, TMEM_COLUMNS};
+use super::tmem::{allocation_columns, ScaleCopy, TMEM_COLUMNS};
+use crate::launch::LaunchGeometry;
 
 /// One group as the kernel reads it from global memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct GroupParams {
     /// Rows of A and C.
@@ -72,42 +73,19 @@ impl GroupParams {
     }
 }
 
-/// The parameters of every sm_100a GEMM kernel, passed by value (40 bytes, align 8: no `align(64)`
-/// tensor map by value, see TOOLCHAIN.md hazard 1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct KernelParams {
-    /// Device address of `GroupParams[group_count]`.
-    pub groups: u64,
-    /// Device address of the tensor-map table (`2 * group_count` maps of 128 bytes, 128-byte
-    /// aligned).
-    pub tensor_maps: u64,
-    /// Device address of this launch's `WorkItem[work_len]`.
-    pub work: u64,
-    /// Work items in the list. For a cluster variant a multiple of the cluster size.
-    pub work_len: u32,
-    /// Groups in the table (the kernel does not read it; kept for debugging dumps).
-    pub group_count: u32,
-    /// 1: C is bf16; 0: C is fp16.
-    pub out_bf16: u32,
-    /// Zero.
-    pub reserved: u32,
-}
-
-const _: () = assert!(core::mem::size_of::<KernelParams>() == 40);
+pub use crate::work::KernelParams;
 
 /// Index of group `g`'s A map in the tensor-map table.
 pub const fn a_map_index(g: u32) -> usize {
-    2 * g as usize
+    crate::work::first_map_index(g)
 }
 
 /// Index of group `g`'s B map in the tensor-map table.
 pub const fn b_map_index(g: u32) -> usize {
-    2 * g as usize + 1
+    crate::work::second_map_index(g)
 }
 
-/// Bytes of one tensor map in the table (`sizeof(CUtensorMap)`, also its alignment).
-pub const TENSOR_MAP_BYTES: usize = 128;
+pub use crate::tensor_map::TENSOR_MAP_BYTES;
 
 /// The `ctaMask` that names cluster rank 0, where the cluster-wide empty barriers live.
 pub const CLUSTER_LEADER_MASK: u16 = 1;
@@ -127,7 +105,7 @@ impl KernelLayout {
         Self { cfg, name }
     }
 
-    /// The seed-derived configuration.
+    /// The configuration: tiles, stages, cluster, and the whole shared-memory and TMEM layout.
     pub const fn config(self) -> KernelConfig {
         self.cfg
     }
@@ -137,15 +115,26 @@ impl KernelLayout {
         self.name
     }
 
-    /// The seed's TMEM plan (accumulator, one stage's scale columns).
-    pub const fn tmem_plan(self) -> TmemPlan {
-        self.cfg.tmem_plan()
+    /// The launch over `work_len` items when `resident` CTAs of this kernel fit on the device
+    /// ([`KernelConfig::resident_ctas`]): [`KernelConfig::launch_grid`] CTAs of
+    /// [`super::config::THREADS`], clusters of the configuration's size, its shared memory.
+    pub const fn launch(self, work_len: u32, resident: u32) -> LaunchGeometry {
+        LaunchGeometry {
+            grid: self.cfg.launch_grid(work_len, resident),
+            block: THREADS,
+            cluster: self.cfg.cluster_size(),
+            smem_bytes: self.cfg.dynamic_shared_memory(),
+        }
     }
+}
 
+/// The kernel's additions to the seed's layout (module docs), and the totals that follow from
+/// them: the one answer for each variant's shared memory and TMEM allocation.
+impl KernelConfig {
     /// The accumulator-full barrier (MMA `tcgen05.commit` → epilogue; 1 arrival), right after
     /// the TMEM slot.
     pub const fn accumulator_full_barrier_offset(self) -> u32 {
-        self.cfg.tmem_slot_offset() + TMEM_SLOT_BYTES
+        self.tmem_slot_offset() + TMEM_SLOT_BYTES
     }
 
     /// The accumulator-empty barrier (epilogue threads → MMA warp; one arrival per epilogue
@@ -165,22 +154,22 @@ impl KernelLayout {
         EPILOGUE_WARPS * 32
     }
 
-    /// Dynamic shared memory to request at launch: the stages, then the barrier region (seed
-    /// barriers, TMEM slot, accumulator barriers) rounded up to 64 bytes. Equal to
-    /// [`KernelConfig::dynamic_shared_memory`] for the two 221312-byte variants.
-    pub const fn dynamic_shared_memory(self) -> u32 {
-        let base = self.cfg.barrier_base();
-        let end = self.accumulator_empty_barrier_offset() + MBARRIER_BYTES;
-        let ours = base + (end - base).next_multiple_of(64);
-        let seed = self.cfg.dynamic_shared_memory();
-        if ours > seed {
-            ours
-        } else {
-            seed
-        }
+    /// Bytes after the stages: the seed's barriers, the TMEM slot and the accumulator barriers,
+    /// rounded up to 64. For the two 221312-byte variants this equals the seed's
+    /// `MBAR_BYTES = ((barriers * NS * 8 + 63) & ~63)` (its rounding slack holds our additions);
+    /// the 3-stage variant needs 64 bytes more than the seed's 110656.
+    pub const fn barrier_region_bytes(self) -> u32 {
+        (self.accumulator_empty_barrier_offset() + MBARRIER_BYTES - self.barrier_base()).next_multiple_of(64)
     }
 
-    /// TMEM columns of one stage's scales (SFA then SFB, as [`TmemPlan`] lays them out).
+    /// Dynamic shared memory to request at launch (and as
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): the stages, then
+    /// [`Self::barrier_region_bytes`].
+    pub const fn dynamic_shared_memory(self) -> u32 {
+        self.barrier_base() + self.barrier_region_bytes()
+    }
+
+    /// TMEM columns of one stage's scales (SFA then SFB, as [`super::tmem::TmemPlan`] lays them out).
     pub const fn scale_columns_per_stage(self) -> u32 {
         self.tmem_plan().sfb().end() - self.tmem_plan().sfa().start
     }
@@ -215,7 +204,7 @@ impl KernelLayout {
 
     /// Columns in use: the accumulator and one scale set per stage.
     pub const fn tmem_used_columns(self) -> u32 {
-        self.tmem_plan().sfa().start + self.cfg.stages() * self.scale_columns_per_stage()
+        self.tmem_plan().sfa().start + self.stages() * self.scale_columns_per_stage()
     }
 
     /// Columns `tcgen05.alloc` requests: the next power of two of [`Self::tmem_used_columns`].
@@ -226,8 +215,10 @@ impl KernelLayout {
         }
     }
 
-    /// Resident CTAs per SM that shared memory and TMEM allow (an upper bound: registers may lower
-    /// it; the host should prefer the driver's occupancy query).
+    /// Resident CTAs per SM that shared memory and TMEM allow: `floor(228 KiB / (smem + 1 KiB))`,
+    /// capped by `512 / allocated TMEM columns`. An upper bound (registers may lower it): the
+    /// host asks the driver and never plans beyond this, because the driver does not know the
+    /// TMEM use. 1 for the 221312-byte variants, 2 for [`N128_SHALLOW`].
     pub const fn max_ctas_per_sm(self) -> u32 {
         let by_smem = SMEM_PER_SM / (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK);
         let by_tmem = TMEM_COLUMNS / self.tmem_allocated_columns();
@@ -267,12 +258,11 @@ pub const fn kernel_for(cfg: KernelConfig) -> Option<KernelLayout> {
 
 const fn layout_fits(k: KernelLayout) -> bool {
     let cfg = k.cfg;
-    k.dynamic_shared_memory() <= MAX_SMEM_PER_BLOCK
-        && k.accumulator_empty_barrier_offset() + MBARRIER_BYTES <= k.dynamic_shared_memory()
-        && k.accumulator_full_barrier_offset() % MBARRIER_BYTES == 0
-        && cfg.tmem_slot_offset() + TMEM_SLOT_BYTES <= k.accumulator_full_barrier_offset()
-        && k.tmem_used_columns() <= k.tmem_allocated_columns()
-        && k.max_ctas_per_sm() == cfg.max_ctas_per_sm()
+    cfg.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
+        && cfg.accumulator_empty_barrier_offset() + MBARRIER_BYTES <= cfg.dynamic_shared_memory()
+        && cfg.accumulator_full_barrier_offset() % MBARRIER_BYTES == 0
+        && cfg.tmem_slot_offset() + TMEM_SLOT_BYTES <= cfg.accumulator_full_barrier_offset()
+        && cfg.tmem_used_columns() <= cfg.tmem_allocated_columns()
 }
 
 const _: () = assert!(layout_fits(N128_DEEP_KERNEL));
@@ -282,19 +272,22 @@ const _: () = assert!(layout_fits(N256_CLUSTER4_KERNEL));
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sm100::config::{select_n128, BlockN, MMA_STEPS_PER_STAGE};
+    use crate::sm100::config::{select_n128, BlockN, MMA_STEPS_PER_STAGE, N128_DEEP, N128_SHALLOW, N256_CLUSTER4};
     use crate::sm100::tma::Fp4TensorMap;
 
     #[test]
     fn shared_memory_per_variant() {
         // The seed's totals where the slack holds the two accumulator barriers.
-        assert_eq!(N128_DEEP_KERNEL.dynamic_shared_memory(), 221_312);
-        assert_eq!(N256_CLUSTER4_KERNEL.dynamic_shared_memory(), 221_312);
-        // 3 x 36864 + (6 barriers + slot + 2 barriers = 72 → 128).
-        assert_eq!(N128_SHALLOW_KERNEL.dynamic_shared_memory(), 110_720);
-        assert_eq!(N128_SHALLOW.dynamic_shared_memory(), 110_656);
+        assert_eq!(N128_DEEP.dynamic_shared_memory(), 221_312);
+        assert_eq!(N256_CLUSTER4.dynamic_shared_memory(), 221_312);
+        // 3 x 36864 + (6 barriers + slot + 2 barriers = 72 → 128); the seed's was 110656.
+        assert_eq!(N128_SHALLOW.dynamic_shared_memory(), 110_720);
         for k in KERNELS {
-            assert!(k.dynamic_shared_memory() <= MAX_SMEM_PER_BLOCK);
+            let cfg = k.config();
+            assert!(cfg.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
+            // The launch asks for exactly what the kernel's layout uses.
+            assert_eq!(k.launch(1, 148).smem_bytes, cfg.dynamic_shared_memory());
+            assert!(cfg.accumulator_empty_barrier_offset() + MBARRIER_BYTES <= cfg.dynamic_shared_memory());
         }
     }
 
@@ -302,6 +295,7 @@ mod tests {
     fn barriers_do_not_overlap() {
         for k in KERNELS {
             let cfg = k.config();
+            let k = cfg;
             let mut offsets = [0u32; 32];
             let mut n = 0;
             for s in 0..cfg.stages() {
@@ -319,7 +313,7 @@ mod tests {
             let used = &mut offsets[..n];
             used.sort();
             for w in used.windows(2) {
-                assert!(w[1] >= w[0] + MBARRIER_BYTES, "{}: {:?}", k.kernel_name(), w);
+                assert!(w[1] >= w[0] + MBARRIER_BYTES, "{k:?}: {w:?}");
             }
             // The TMEM slot (8 bytes) lies between the seed barriers and ours.
             let slot = cfg.tmem_slot_offset();
@@ -332,16 +326,16 @@ mod tests {
     #[test]
     fn tmem_columns_per_variant() {
         // 128 + 6 x 32 = 320 → 512; 128 + 3 x 32 = 224 → 256; 256 + 4 x 48 = 448 → 512.
-        assert_eq!(N128_DEEP_KERNEL.tmem_used_columns(), 320);
-        assert_eq!(N128_DEEP_KERNEL.tmem_allocated_columns(), 512);
-        assert_eq!(N128_SHALLOW_KERNEL.tmem_used_columns(), 224);
-        assert_eq!(N128_SHALLOW_KERNEL.tmem_allocated_columns(), 256);
-        assert_eq!(N256_CLUSTER4_KERNEL.tmem_used_columns(), 448);
-        assert_eq!(N256_CLUSTER4_KERNEL.tmem_allocated_columns(), 512);
+        assert_eq!(N128_DEEP.tmem_used_columns(), 320);
+        assert_eq!(N128_DEEP.tmem_allocated_columns(), 512);
+        assert_eq!(N128_SHALLOW.tmem_used_columns(), 224);
+        assert_eq!(N128_SHALLOW.tmem_allocated_columns(), 256);
+        assert_eq!(N256_CLUSTER4.tmem_used_columns(), 448);
+        assert_eq!(N256_CLUSTER4.tmem_allocated_columns(), 512);
         // Occupancy stays the seed's: 1, 2, 1.
-        assert_eq!(N128_DEEP_KERNEL.max_ctas_per_sm(), 1);
-        assert_eq!(N128_SHALLOW_KERNEL.max_ctas_per_sm(), 2);
-        assert_eq!(N256_CLUSTER4_KERNEL.max_ctas_per_sm(), 1);
+        assert_eq!(N128_DEEP.max_ctas_per_sm(), 1);
+        assert_eq!(N128_SHALLOW.max_ctas_per_sm(), 2);
+        assert_eq!(N256_CLUSTER4.max_ctas_per_sm(), 1);
     }
 
     /// Stage 0 is the seed's plan; every (stage, step, half) copy hits 4 distinct columns that no
@@ -349,12 +343,13 @@ mod tests {
     #[test]
     fn stage_scale_columns_are_disjoint_and_match_copies() {
         for k in KERNELS {
+            let k = k.config();
             let plan = k.tmem_plan();
             let mut owner = [None::<(u32, u32, u32)>; 512];
             for c in 0..plan.accumulator().len {
                 owner[c as usize] = Some((u32::MAX, 0, 0));
             }
-            for stage in 0..k.config().stages() {
+            for stage in 0..k.stages() {
                 for step in 0..MMA_STEPS_PER_STAGE {
                     if stage == 0 {
                         assert_eq!(k.sfa_copy(0, step), plan.sfa_copy(step));
@@ -373,7 +368,7 @@ mod tests {
                         for col in copy.tmem_column..copy.tmem_column + 4 {
                             assert!(col < k.tmem_used_columns());
                             let slot = &mut owner[col as usize];
-                            assert_eq!(*slot, None, "{} column {col}", k.kernel_name());
+                            assert_eq!(*slot, None, "{k:?} column {col}");
                             *slot = Some((stage, step, *which));
                         }
                     }
@@ -405,7 +400,7 @@ mod tests {
         assert_eq!(kernel_for(N128_DEEP), Some(N128_DEEP_KERNEL));
         assert_eq!(kernel_for(N128_SHALLOW), Some(N128_SHALLOW_KERNEL));
         assert_eq!(kernel_for(N256_CLUSTER4), Some(N256_CLUSTER4_KERNEL));
-        assert_eq!(kernel_for(select_n128(1000, 148, 1, 2)), Some(N128_SHALLOW_KERNEL));
+        assert_eq!(kernel_for(select_n128(1000, 148, 296)), Some(N128_SHALLOW_KERNEL));
         assert_eq!(kernel_for(KernelConfig::new(BlockN::N256, 4, 1).unwrap()), None);
         assert_eq!(N256_CLUSTER4_KERNEL.kernel_name(), "sm100_gemm_n256_cluster4");
     }

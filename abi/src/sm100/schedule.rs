@@ -14,23 +14,7 @@
 
 use super::config::{choose_block_n, for_block_n, BlockN, BLOCK_M};
 
-/// One output tile: rows `128*tile_m ..`, columns `BLOCK_N*tile_n ..` of group `problem`.
-/// Read by the kernel from global memory; layout fixed by `#[repr(C)]` and the size assertion.
-/// Source: seed `struct WorkItem { int problem_idx; int tile_m; int tile_n; };` (the same 12
-/// bytes; unsigned here because no field is ever negative).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(C)]
-pub struct WorkItem {
-    /// Index of the group in the problem list.
-    pub problem: u32,
-    /// Tile index along M (units of 128 rows).
-    pub tile_m: u32,
-    /// Tile index along N (units of the variant's BLOCK_N).
-    pub tile_n: u32,
-}
-
-const _: () = assert!(core::mem::size_of::<WorkItem>() == 12);
-const _: () = assert!(core::mem::align_of::<WorkItem>() == 4);
+pub use crate::work::WorkItem;
 
 /// The shape of one group's GEMM: `C[m, n] = A[m, k] · B[n, k]ᵀ`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -130,7 +114,7 @@ pub const fn build_work_list(
                     if in_list(g, block_n) && tn < g.tiles_n() {
                         let mut tm = 0;
                         while tm < g.tiles_m() {
-                            out[len] = WorkItem { problem: i as u32, tile_m: tm, tile_n: tn };
+                            out[len] = WorkItem { group: i as u32, tile_m: tm, tile_n: tn };
                             len += 1;
                             tm += 1;
                         }
@@ -151,11 +135,8 @@ pub const fn build_work_list(
                     while tm < g.tiles_m() {
                         let mut tn = 0;
                         while tn < padded {
-                            out[len] = WorkItem {
-                                problem: i as u32,
-                                tile_m: tm,
-                                tile_n: if tn < g.tiles_n() { tn } else { 0 },
-                            };
+                            out[len] =
+                                WorkItem { group: i as u32, tile_m: tm, tile_n: if tn < g.tiles_n() { tn } else { 0 } };
                             len += 1;
                             tn += 1;
                         }
@@ -183,8 +164,8 @@ mod tests {
         out
     }
 
-    fn item(problem: u32, tile_m: u32, tile_n: u32) -> WorkItem {
-        WorkItem { problem, tile_m, tile_n }
+    fn item(group: u32, tile_m: u32, tile_n: u32) -> WorkItem {
+        WorkItem { group, tile_m, tile_n }
     }
 
     fn build(groups: &[GroupShape], block_n: BlockN, buf: &mut [WorkItem]) -> usize {
@@ -198,7 +179,7 @@ mod tests {
         let mut count = 0;
         for (p, g) in groups.iter().enumerate() {
             if g.block_n() != block_n {
-                assert!(items.iter().all(|w| w.problem != p as u32));
+                assert!(items.iter().all(|w| w.group != p as u32));
                 continue;
             }
             for tm in 0..g.tiles_m() {
@@ -299,7 +280,7 @@ mod tests {
         assert_covers(&g, BlockN::N256, items);
         for c in items.chunks(4) {
             assert_eq!(c.len(), 4);
-            assert!(c.iter().all(|w| (w.problem, w.tile_m) == (c[0].problem, c[0].tile_m)));
+            assert!(c.iter().all(|w| (w.group, w.tile_m) == (c[0].group, c[0].tile_m)));
         }
         // Padding repeats tile_n 0 of the same tile_m.
         assert_eq!(&items[18..20], &[item(0, 0, 0), item(0, 0, 0)]);
@@ -331,7 +312,7 @@ mod tests {
     fn const_evaluable() {
         const G: [GroupShape; 2] = shapes([96, 128], [128, 256], [256, 512]);
         const LIST: ([WorkItem; 3], usize) = {
-            let mut buf = [WorkItem { problem: 0, tile_m: 0, tile_n: 0 }; 3];
+            let mut buf = [WorkItem { group: 0, tile_m: 0, tile_n: 0 }; 3];
             let len = match build_work_list(&G, BlockN::N128, &mut buf) {
                 Ok(l) => l,
                 Err(_) => panic!("too small"),

@@ -27,62 +27,9 @@ pub const BOX_ROW_BYTES: u32 = BOX_K_VALUES / 2;
 /// Largest box extent in any dimension ((DRV): `boxDim[i]` ≤ 256).
 pub const MAX_BOX_DIM: u32 = 256;
 
-/// `CUtensorMapDataType` values this crate uses (cuda.h `CUtensorMapDataType_enum`). The host
-/// converts to cudarc's enum by value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum TensorMapDataType {
-    /// `CU_TENSOR_MAP_DATA_TYPE_UINT8` = 0.
-    U8 = 0,
-    /// `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B` = 13: 16 packed 4-bit values per 8 bytes.
-    /// ⚠ BLACKWELL.md §5 infers 13 from the enum order; cuda.h mirrors in public bindings list
-    /// `= 0x0d` / `= 13` too. Prefer cudarc's named constant when encoding.
-    U4x16Align8B = 13,
-}
-
-/// `CUtensorMapSwizzle` values (cuda.h).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum TensorMapSwizzle {
-    /// `CU_TENSOR_MAP_SWIZZLE_NONE`.
-    None = 0,
-    /// `CU_TENSOR_MAP_SWIZZLE_32B`.
-    B32 = 1,
-    /// `CU_TENSOR_MAP_SWIZZLE_64B`.
-    B64 = 2,
-    /// `CU_TENSOR_MAP_SWIZZLE_128B`: the seed's choice; pairs with the tcgen05 descriptor's
-    /// [`super::desc::SmemSwizzle::B128`].
-    B128 = 3,
-}
-
-/// `CUtensorMapInterleave` values (cuda.h); the seed uses `NONE`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum TensorMapInterleave {
-    /// `CU_TENSOR_MAP_INTERLEAVE_NONE`.
-    None = 0,
-}
-
-/// `CUtensorMapL2promotion` values (cuda.h); the seed uses `NONE`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum TensorMapL2Promotion {
-    /// `CU_TENSOR_MAP_L2_PROMOTION_NONE`.
-    None = 0,
-    /// `CU_TENSOR_MAP_L2_PROMOTION_L2_128B`.
-    B128 = 2,
-    /// `CU_TENSOR_MAP_L2_PROMOTION_L2_256B`.
-    B256 = 3,
-}
-
-/// `CUtensorMapFloatOOBfill` values (cuda.h). `NONE` fills out-of-bounds elements with zeros,
-/// which is what makes partial row tiles and the K tail contribute nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum TensorMapOobFill {
-    /// `CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE`: zeros.
-    None = 0,
-}
+pub use crate::tensor_map::{
+    TensorMapDataType, TensorMapInterleave, TensorMapL2Promotion, TensorMapOobFill, TensorMapSwizzle, L2_PROMOTION,
+};
 
 /// Which map shape describes an FP4 operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -149,7 +96,7 @@ pub struct Fp4TensorMap {
     pub interleave: TensorMapInterleave,
     /// `swizzle`: `128B`.
     pub swizzle: TensorMapSwizzle,
-    /// `l2Promotion`: `NONE` (the seed's choice).
+    /// `l2Promotion`: [`L2_PROMOTION`] (256 B; the seed used `NONE`).
     pub l2_promotion: TensorMapL2Promotion,
     /// `oobFill`: `NONE` (zeros).
     pub oob_fill: TensorMapOobFill,
@@ -176,7 +123,7 @@ impl Fp4TensorMap {
     /// Source: seed `globalDim = {256, global_height, global_width / 256}`, `globalStrides =
     /// {global_width / 2, 128}`, `boxDim = {256, shared_height, 1}`, `elementStrides = {1, 1, 1}`,
     /// `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B`, `INTERLEAVE_NONE`, `SWIZZLE_128B`,
-    /// `L2_PROMOTION_NONE`, `FLOAT_OOB_FILL_NONE`.
+    /// `FLOAT_OOB_FILL_NONE` (its `L2_PROMOTION_NONE` is replaced by [`L2_PROMOTION`]).
     pub const fn chunked_3d(rows: u32, k: u32, box_rows: u32) -> Result<Self, TensorMapError> {
         if let Err(e) = check(rows, k, box_rows) {
             return Err(e);
@@ -194,7 +141,7 @@ impl Fp4TensorMap {
             data_type: TensorMapDataType::U4x16Align8B,
             interleave: TensorMapInterleave::None,
             swizzle: TensorMapSwizzle::B128,
-            l2_promotion: TensorMapL2Promotion::None,
+            l2_promotion: L2_PROMOTION,
             oob_fill: TensorMapOobFill::None,
         })
     }
@@ -214,7 +161,7 @@ impl Fp4TensorMap {
             data_type: TensorMapDataType::U4x16Align8B,
             interleave: TensorMapInterleave::None,
             swizzle: TensorMapSwizzle::B128,
-            l2_promotion: TensorMapL2Promotion::None,
+            l2_promotion: L2_PROMOTION,
             oob_fill: TensorMapOobFill::None,
         })
     }
@@ -262,7 +209,7 @@ mod tests {
         assert_eq!(m.data_type as u32, 13);
         assert_eq!(m.swizzle as u32, 3);
         assert_eq!(m.interleave as u32, 0);
-        assert_eq!(m.l2_promotion as u32, 0);
+        assert_eq!(m.l2_promotion, TensorMapL2Promotion::B256);
         assert_eq!(m.oob_fill as u32, 0);
         assert_eq!(m.box_bytes(), 16384);
         // B of b0 with BLOCK_N = 256.

@@ -30,16 +30,6 @@ pub const TMEM_LANES_PER_WARP: u32 = 32;
 /// of 16 bytes, i.e. four 32-bit columns (BLACKWELL.md §4).
 pub const SCALE_COLUMNS_PER_COPY: u32 = 4;
 
-/// The TMEM base address the seed assumes `tcgen05.alloc` returns. The seed never reads the
-/// address back (its alloc writes it to the first word of stage 0 and its dealloc passes 0:
-/// `tcgen05_dealloc_cols_cta1(0, TMEM_COLS)`). That is proven only with one CTA per SM (both
-/// 221312-B variants). With two CTAs per SM (the 3-stage variant, which no seed benchmark
-/// reached) the second CTA's columns start elsewhere, so the alternative (BLACKWELL.md §1 ⚠, done
-/// by NA) is to read the allocated address from shared memory
-/// (`super::config::KernelConfig::tmem_slot_offset`) and add the plan's columns to it: see
-/// [`TmemAddress::from_bits`] and [`TmemAddress::add_columns`].
-pub const SEED_TMEM_BASE: TmemAddress = TmemAddress(0);
-
 /// A TMEM address: lane in bits 16–31, column in bits 0–15 (PTX §9.7.16.1.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(transparent)]
@@ -146,7 +136,9 @@ pub enum TmemPlanError {
 ///
 /// Seed lines: `SFA_tmem = BLOCK_N`, `SFB_tmem = SFA_tmem + 4 * (TMA_BLOCK_K / MMA_K)`,
 /// `scale_A_tmem = SFA_tmem + k * 4`, `scale_B_tmem = SFB_tmem + k * 8` (N=256) or `k * 4`.
-/// Columns are relative to the allocation base ([`SEED_TMEM_BASE`] in the seed).
+/// Columns are relative to the allocation base, which the kernel reads back from shared memory
+/// (the seed assumed 0). The kernel adds one scale column set per stage and allocates for all
+/// of them: `KernelConfig::tmem_allocated_columns` is the allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TmemPlan {
     block_n: u32,
@@ -194,15 +186,6 @@ impl TmemPlan {
     /// Columns in use: 160 for BLOCK_N = 128, 304 for BLOCK_N = 256 (4 steps).
     pub const fn used_columns(self) -> u32 {
         self.sfb().end()
-    }
-
-    /// Columns to allocate: [`allocation_columns`] of [`TmemPlan::used_columns`]. This equals
-    /// the seed's `TMEM_COLS = BLOCK_N * 2` (256 and 512) for both tile widths.
-    pub const fn allocated_columns(self) -> u32 {
-        match allocation_columns(self.used_columns()) {
-            Some(c) => c,
-            None => panic!("checked in TmemPlan::new"),
-        }
     }
 
     /// The `scale-A-tmem` column of MMA step `k`: `SFA + 4k`.
@@ -273,8 +256,8 @@ mod tests {
         assert_eq!(p.sfa(), ColumnRange { start: 128, len: 16 });
         assert_eq!(p.sfb(), ColumnRange { start: 144, len: 16 });
         assert_eq!(p.used_columns(), 160);
-        // TMEM_COLS = BLOCK_N * 2.
-        assert_eq!(p.allocated_columns(), 256);
+        // The seed's TMEM_COLS = BLOCK_N * 2.
+        assert_eq!(allocation_columns(p.used_columns()), Some(256));
         for k in 0..4 {
             assert_eq!(p.sfa_column(k), 128 + k * 4);
             assert_eq!(p.sfb_column(k), 144 + k * 4);
@@ -290,7 +273,7 @@ mod tests {
         assert_eq!(p.sfa(), ColumnRange { start: 256, len: 16 });
         assert_eq!(p.sfb(), ColumnRange { start: 272, len: 32 });
         assert_eq!(p.used_columns(), 304);
-        assert_eq!(p.allocated_columns(), 512);
+        assert_eq!(allocation_columns(p.used_columns()), Some(512));
         for k in 0..4 {
             assert_eq!(p.sfa_column(k), 256 + k * 4);
             // scale_B_tmem = SFB_tmem + k * 8.
@@ -308,8 +291,7 @@ mod tests {
             let p = TmemPlan::new(n, steps).unwrap();
             assert!(p.accumulator().end() <= p.sfa().start);
             assert!(p.sfa().end() <= p.sfb().start);
-            assert!(p.used_columns() <= p.allocated_columns());
-            assert!(p.allocated_columns().is_power_of_two());
+            assert!(p.used_columns() <= TMEM_COLUMNS);
         }
     }
 

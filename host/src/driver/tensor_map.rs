@@ -1,92 +1,79 @@
-//! Tensor maps (`CUtensorMap`) for the TMA, encoded with `cuTensorMapEncodeTiled`.
+//! Tensor maps (`CUtensorMap`) for the TMA, encoded with `cuTensorMapEncodeTiled` from the abi's
+//! description ([`TiledMap`]): every field, L2 promotion included, comes from there.
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
+use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TensorMapL2Promotion, TensorMapSwizzle, TiledMap};
 use std::mem::MaybeUninit;
 
-/// The 128-byte opaque tensor map, as the kernels read it from global memory.
-#[derive(Clone, Copy)]
-#[repr(C, align(128))]
-pub struct TensorMap(pub [u8; 128]);
-
-impl std::fmt::Debug for TensorMap {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TensorMap(..)")
+fn data_type(t: TensorMapDataType) -> sys::CUtensorMapDataType {
+    match t {
+        TensorMapDataType::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        TensorMapDataType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        TensorMapDataType::U4x16Align8B => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B,
     }
 }
 
-/// Element type of a tensor map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Element {
-    /// Bytes (packed FP4 on sm_90, e4m3 scales).
-    U8,
-    /// 16-bit floats.
-    F16,
-    /// Packed FP4, 16 values per 8 bytes (sm_100 tcgen05 operands).
-    U4x16Align8,
+fn swizzle(s: TensorMapSwizzle) -> sys::CUtensorMapSwizzle {
+    match s {
+        TensorMapSwizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        TensorMapSwizzle::B32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        TensorMapSwizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        TensorMapSwizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+    }
 }
 
-/// Shared-memory swizzle applied by the copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Swizzle {
-    /// Rows land densely.
-    None,
-    /// 16-byte chunk `c` of each 64-byte row `r` lands at chunk `c ^ ((r / 2) % 4)`.
-    B64,
-    /// 16-byte chunk `c` of each 128-byte row `r` lands at chunk `c ^ (r % 8)`.
-    B128,
+fn l2_promotion(p: TensorMapL2Promotion) -> sys::CUtensorMapL2promotion {
+    match p {
+        TensorMapL2Promotion::None => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        TensorMapL2Promotion::B128 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        TensorMapL2Promotion::B256 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    }
 }
 
-/// A 2D or 3D tiled map: `dims[0]` is the innermost dimension (elements), `strides_bytes[i]` the
-/// byte stride of dimension `i + 1`, `box_dims` the tile copied per instruction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TiledMap<const R: usize> {
-    /// Element type.
-    pub element: Element,
-    /// Extent of each dimension, innermost first.
-    pub dims: [u64; R],
-    /// Byte stride of dimensions 1..R.
-    pub strides_bytes: [u64; R],
-    /// Box extent per dimension.
-    pub box_dims: [u32; R],
-    /// Swizzle mode.
-    pub swizzle: Swizzle,
+/// Encodes `map` for the tensor at device address `base`. Out-of-bounds elements read as zero.
+pub fn encode<const R: usize>(map: &TiledMap<R>, base: u64) -> Result<TensorMap> {
+    let elem_strides = [1u32; R];
+    let mut out = MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has R entries (strides: R-1 are read); the driver validates values.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            out.as_mut_ptr(),
+            data_type(map.element),
+            R as u32,
+            base as *mut std::ffi::c_void,
+            map.dims.as_ptr(),
+            map.strides_bytes.as_ptr(),
+            map.box_dims.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle(map.swizzle),
+            l2_promotion(map.l2_promotion),
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(|e| Error::driver("encoding a tensor map", format!("{e} for {map:?} at {base:#x}")))?;
+    // SAFETY: CUtensorMap is 128 plain bytes, initialised by the driver.
+    Ok(TensorMap(unsafe { std::mem::transmute::<sys::CUtensorMap, [u8; 128]>(out.assume_init()) }))
 }
 
-impl<const R: usize> TiledMap<R> {
-    /// Encodes the map for the tensor at device address `base`. Out-of-bounds elements read as zero.
-    pub fn encode(&self, base: u64) -> Result<TensorMap> {
-        let dtype = match self.element {
-            Element::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            Element::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            Element::U4x16Align8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B,
-        };
-        let swizzle = match self.swizzle {
-            Swizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            Swizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
-            Swizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        };
-        let elem_strides = [1u32; R];
-        let mut map = MaybeUninit::<sys::CUtensorMap>::zeroed();
-        // SAFETY: every array has R entries (strides: R-1 are read); the driver validates values.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                dtype,
-                R as u32,
-                base as *mut std::ffi::c_void,
-                self.dims.as_ptr(),
-                self.strides_bytes.as_ptr(),
-                self.box_dims.as_ptr(),
-                elem_strides.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        r.result().map_err(|e| Error::driver("encoding a tensor map", format!("{e} for {self:?} at {base:#x}")))?;
-        // SAFETY: CUtensorMap is 128 plain bytes, initialised by the driver.
-        Ok(TensorMap(unsafe { std::mem::transmute::<sys::CUtensorMap, [u8; 128]>(map.assume_init()) }))
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvfp4_gemm_abi::tensor_map::L2_PROMOTION;
+
+    /// The abi's values reach the driver's enums unchanged (cuda.h numbering on both sides).
+    #[test]
+    fn enums_pass_through() {
+        assert_eq!(l2_promotion(L2_PROMOTION), sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+        for p in [TensorMapL2Promotion::None, TensorMapL2Promotion::B128, TensorMapL2Promotion::B256] {
+            assert_eq!(l2_promotion(p) as u32, p as u32);
+        }
+        for s in [TensorMapSwizzle::None, TensorMapSwizzle::B32, TensorMapSwizzle::B64, TensorMapSwizzle::B128] {
+            assert_eq!(swizzle(s) as u32, s as u32);
+        }
+        for t in [TensorMapDataType::U8, TensorMapDataType::F16, TensorMapDataType::U4x16Align8B] {
+            assert_eq!(data_type(t) as u32, t as u32);
+        }
     }
 }

@@ -15,23 +15,21 @@
 //!
 //! [`Sm100Plan`] owns the device side (functions, tables, work lists) for `GemmPlan`.
 
-mod device;
+mod plan;
 
-pub(crate) use device::Sm100Plan;
+pub(crate) use plan::Sm100Plan;
 
 use crate::driver::launch::LaunchGeometry;
-use crate::driver::tensor_map::{Element, Swizzle, TensorMap, TiledMap};
+use crate::driver::tensor_map;
 use crate::error::{Error, Result};
 use crate::problem::{GroupBuffers, OutputType, Problem};
-use nvfp4_gemm_abi::sm100::config::THREADS;
 use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams};
-use nvfp4_gemm_abi::sm100::tma::{
-    Fp4MapLayout, TensorMapDataType, TensorMapInterleave, TensorMapOobFill, TensorMapSwizzle,
-};
+use nvfp4_gemm_abi::sm100::tma::{Fp4MapLayout, TensorMapDataType, TensorMapInterleave, TensorMapOobFill};
 use nvfp4_gemm_abi::sm100::{
     build_work_list, choose_block_n, for_block_n, select_n128, work_list_len, BlockN, Fp4TensorMap, GroupShape,
     WorkItem,
 };
+use nvfp4_gemm_abi::tensor_map::{TensorMap, TiledMap};
 
 /// One kernel launch of a plan: the variant, its work list and its geometry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +56,10 @@ fn abi_shape(s: &crate::problem::GroupShape) -> GroupShape {
 }
 
 impl Sm100Layout {
-    /// Plans `problem` for `sm_count` SMs, with `ctas_per_sm(kernel)` resident CTAs per SM of each
-    /// kernel (0 is rejected: the kernel cannot run on this device).
-    pub fn new(problem: &Problem, sm_count: u32, ctas_per_sm: impl Fn(KernelLayout) -> u32) -> Result<Sm100Layout> {
+    /// Plans `problem` with `resident(kernel)` CTAs of each kernel resident on the whole device at
+    /// once ([`nvfp4_gemm_abi::sm100::KernelConfig::resident_ctas`]; 0 is rejected: the kernel
+    /// cannot run on this device).
+    pub fn new(problem: &Problem, resident: impl Fn(KernelLayout) -> u32) -> Result<Sm100Layout> {
         let shapes: Vec<GroupShape> = problem.groups().iter().map(abi_shape).collect();
         let block_n = shapes.iter().map(|s| choose_block_n(s.n, s.k)).collect();
         let mut launches = vec![];
@@ -77,31 +76,22 @@ impl Sm100Layout {
                 BlockN::N128 => {
                     let deep = for_block_n(BlockN::N128);
                     let shallow = nvfp4_gemm_abi::sm100::N128_SHALLOW;
-                    let occ = |c| kernel_for(c).map_or(0, &ctas_per_sm);
-                    select_n128(work.len() as u32, sm_count, occ(deep), occ(shallow))
+                    let wave = |c| kernel_for(c).map_or(0, &resident);
+                    select_n128(work.len() as u32, wave(deep), wave(shallow))
                 }
                 BlockN::N256 => for_block_n(BlockN::N256),
             };
             let kernel = kernel_for(cfg)
                 .ok_or_else(|| Error::InvalidProblem(format!("no sm_100a kernel is compiled for {cfg:?}")))?;
-            let occupancy = ctas_per_sm(kernel);
-            let grid = cfg.launch_grid(work.len() as u32, sm_count, occupancy);
-            if grid.ctas == 0 {
+            let resident_ctas = resident(kernel);
+            let geometry = kernel.launch(work.len() as u32, resident_ctas);
+            if geometry.grid == 0 {
                 return Err(Error::InvalidProblem(format!(
-                    "{} cannot run here: {occupancy} resident CTAs per SM on {sm_count} SMs",
+                    "{} cannot run here: {resident_ctas} resident CTAs",
                     kernel.kernel_name()
                 )));
             }
-            launches.push(Sm100Launch {
-                kernel,
-                geometry: LaunchGeometry {
-                    grid: grid.ctas,
-                    block: THREADS,
-                    cluster: cfg.cluster_size(),
-                    smem_bytes: kernel.dynamic_shared_memory(),
-                },
-                work,
-            });
+            launches.push(Sm100Launch { kernel, geometry, work });
         }
         Ok(Sm100Layout { block_n, launches })
     }
@@ -159,7 +149,7 @@ impl Sm100Layout {
                     maps.push(a.encode(b.a_values.ptr)?);
                     maps.push(bm.encode(b.b_values.ptr)?);
                 }
-                None => maps.extend([TensorMap([0; 128]), TensorMap([0; 128])]),
+                None => maps.extend([TensorMap::ZERO, TensorMap::ZERO]),
             }
         }
         Ok((params, maps))
@@ -198,7 +188,6 @@ impl Fp4Map {
         let m = map.map_err(|e| Error::group(g, op, format!("no tensor map for this operand: {e:?}")))?;
         // The host encoder fixes these; the abi must agree with it.
         let fixed = m.data_type == TensorMapDataType::U4x16Align8B
-            && m.swizzle == TensorMapSwizzle::B128
             && m.interleave == TensorMapInterleave::None
             && m.oob_fill == TensorMapOobFill::None
             && m.element_strides.iter().take(m.rank as usize).all(|&s| s == 1);
@@ -207,18 +196,20 @@ impl Fp4Map {
         }
         Ok(match m.layout {
             Fp4MapLayout::Chunked3d => Fp4Map::Rank3(TiledMap {
-                element: Element::U4x16Align8,
+                element: m.data_type,
                 dims: m.global_dim,
                 strides_bytes: [m.global_strides[0], m.global_strides[1], 0],
                 box_dims: m.box_dim,
-                swizzle: Swizzle::B128,
+                swizzle: m.swizzle,
+                l2_promotion: m.l2_promotion,
             }),
             Fp4MapLayout::Flat2d => Fp4Map::Rank2(TiledMap {
-                element: Element::U4x16Align8,
+                element: m.data_type,
                 dims: [m.global_dim[0], m.global_dim[1]],
                 strides_bytes: [m.global_strides[0], 0],
                 box_dims: [m.box_dim[0], m.box_dim[1]],
-                swizzle: Swizzle::B128,
+                swizzle: m.swizzle,
+                l2_promotion: m.l2_promotion,
             }),
         })
     }
@@ -234,8 +225,8 @@ impl Fp4Map {
     /// Encodes the map for the operand at device address `base`.
     pub fn encode(&self, base: u64) -> Result<TensorMap> {
         match self {
-            Fp4Map::Rank2(m) => m.encode(base),
-            Fp4Map::Rank3(m) => m.encode(base),
+            Fp4Map::Rank2(m) => tensor_map::encode(m, base),
+            Fp4Map::Rank3(m) => tensor_map::encode(m, base),
         }
     }
 }
@@ -245,11 +236,12 @@ mod tests {
     use super::*;
     use crate::problem::GroupShape as Shape;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+    use nvfp4_gemm_abi::sm100::tma::TensorMapSwizzle;
 
-    /// Resident CTAs per SM as shared memory and TMEM bound them ([`Sm100Plan::new`] asks the
-    /// driver, which also counts registers).
+    /// Resident CTAs on 148 SMs as shared memory and TMEM bound them, all 37 clusters of 4
+    /// resident ([`Sm100Plan::new`] asks the driver, which also counts registers and GPCs).
     fn static_occupancy(kernel: KernelLayout) -> u32 {
-        kernel.max_ctas_per_sm()
+        kernel.config().resident_ctas(148, kernel.config().max_ctas_per_sm(), 37)
     }
 
     fn problem(shapes: &[(usize, usize, usize)]) -> Problem {
@@ -257,7 +249,7 @@ mod tests {
     }
 
     fn layout(shapes: &[(usize, usize, usize)]) -> Sm100Layout {
-        Sm100Layout::new(&problem(shapes), 148, static_occupancy).unwrap()
+        Sm100Layout::new(&problem(shapes), static_occupancy).unwrap()
     }
 
     #[test]
@@ -276,13 +268,23 @@ mod tests {
     #[test]
     fn benchmark_b0_runs_the_cluster_kernel() {
         let p = Problem::new(nvfp4_format::generate::shapes::B0.to_vec(), OutputType::F16).unwrap();
-        let l = Sm100Layout::new(&p, 148, static_occupancy).unwrap();
+        let l = Sm100Layout::new(&p, static_occupancy).unwrap();
         assert_eq!(l.launches.len(), 1);
         let launch = &l.launches[0];
         assert_eq!(launch.kernel, N256_CLUSTER4_KERNEL);
         assert_eq!(launch.work.len(), 176);
         assert_eq!(launch.geometry, LaunchGeometry { grid: 148, block: 256, cluster: 4, smem_bytes: 221_312 });
         assert!(l.block_n.iter().all(|&b| b == BlockN::N256));
+    }
+
+    /// GPC fragmentation: when the driver reports fewer resident 4-CTA clusters than SMs / 4, the
+    /// persistent grid of the cluster kernel follows the driver, not the SM count.
+    #[test]
+    fn cluster_grid_follows_resident_clusters() {
+        let p = Problem::new(nvfp4_format::generate::shapes::B0.to_vec(), OutputType::F16).unwrap();
+        let l = Sm100Layout::new(&p, |k| k.config().resident_ctas(148, 1, 34)).unwrap();
+        assert_eq!(l.launches[0].kernel, N256_CLUSTER4_KERNEL);
+        assert_eq!(l.launches[0].geometry.grid, 136);
     }
 
     /// Over two waves of 128-wide items with two CTAs per SM possible: the 3-stage kernel.
@@ -294,7 +296,7 @@ mod tests {
         assert_eq!(l.launches[0].geometry.grid, 296);
         assert_eq!(l.launches[0].geometry.smem_bytes, 110_720);
         // If registers allowed only one CTA per SM, the deep kernel stays.
-        let one = Sm100Layout::new(&problem(&[(2048, 4096, 1024)]), 148, |_| 1).unwrap();
+        let one = Sm100Layout::new(&problem(&[(2048, 4096, 1024)]), |_| 148).unwrap();
         assert_eq!(one.launches[0].kernel, N128_DEEP_KERNEL);
         assert_eq!(one.launches[0].geometry.grid, 148);
     }
@@ -309,7 +311,7 @@ mod tests {
         // 2 M tiles x 16 N tiles; the m = 0 group has none.
         assert_eq!(l.launches[1].work.len(), 32);
         assert_eq!(l.launches[1].geometry.grid % 4, 0);
-        assert!(l.launches.iter().all(|x| x.work.iter().all(|w| w.problem != 1)));
+        assert!(l.launches.iter().all(|x| x.work.iter().all(|w| w.group != 1)));
         let none = layout(&[(0, 128, 256)]);
         assert!(none.launches.is_empty());
     }
@@ -327,7 +329,7 @@ mod tests {
 
     #[test]
     fn no_resident_cta_is_an_error() {
-        let e = Sm100Layout::new(&problem(&[(64, 128, 256)]), 148, |_| 0).unwrap_err();
+        let e = Sm100Layout::new(&problem(&[(64, 128, 256)]), |_| 0).unwrap_err();
         assert!(matches!(e, Error::InvalidProblem(_)), "{e}");
     }
 
@@ -336,16 +338,17 @@ mod tests {
     #[test]
     fn tensor_map_parameters() {
         let p = problem(&[(248, 4096, 7168), (72, 384, 384), (0, 128, 256), (200, 4096, 2112)]);
-        let l = Sm100Layout::new(&p, 148, static_occupancy).unwrap();
+        let l = Sm100Layout::new(&p, static_occupancy).unwrap();
         let (a, b) = l.operand_maps(&p, 0).unwrap().unwrap();
         assert_eq!(
             a,
             Fp4Map::Rank3(TiledMap {
-                element: Element::U4x16Align8,
+                element: TensorMapDataType::U4x16Align8B,
                 dims: [256, 248, 28],
                 strides_bytes: [3584, 128, 0],
                 box_dims: [256, 128, 1],
-                swizzle: Swizzle::B128,
+                swizzle: TensorMapSwizzle::B128,
+                l2_promotion: nvfp4_gemm_abi::tensor_map::L2_PROMOTION,
             })
         );
         match b {
@@ -356,11 +359,12 @@ mod tests {
         assert_eq!(
             a,
             Fp4Map::Rank2(TiledMap {
-                element: Element::U4x16Align8,
+                element: TensorMapDataType::U4x16Align8B,
                 dims: [384, 72],
                 strides_bytes: [192, 0],
                 box_dims: [256, 128],
-                swizzle: Swizzle::B128,
+                swizzle: TensorMapSwizzle::B128,
+                l2_promotion: nvfp4_gemm_abi::tensor_map::L2_PROMOTION,
             })
         );
         assert_eq!(b.rank(), 2);
@@ -377,7 +381,7 @@ mod tests {
     #[test]
     fn group_and_kernel_params() {
         let p = problem(&[(72, 384, 384), (0, 128, 256), (128, 256, 512)]);
-        let l = Sm100Layout::new(&p, 148, static_occupancy).unwrap();
+        let l = Sm100Layout::new(&p, static_occupancy).unwrap();
         let buffers: Vec<GroupBuffers> = p
             .groups()
             .iter()

@@ -9,7 +9,10 @@ use core::arch::asm;
 /// Every warp that takes part must execute it convergently, and exactly `threads` threads must.
 #[inline(always)]
 pub unsafe fn sync(id: u32, threads: u32) {
-    asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack));
+    }
 }
 
 /// All threads of the CTA: `bar.sync 0;`.
@@ -18,5 +21,8 @@ pub unsafe fn sync(id: u32, threads: u32) {
 /// Every thread of the CTA must reach it.
 #[inline(always)]
 pub unsafe fn sync_all() {
-    asm!("bar.sync 0;", options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("bar.sync 0;", options(nostack));
+    }
 }

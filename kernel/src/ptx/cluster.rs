@@ -11,7 +11,10 @@ use core::arch::asm;
 /// All threads of the cluster must execute it, each warp convergently (`.aligned`).
 #[inline(always)]
 pub unsafe fn sync() {
-    asm!("barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;", options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;", options(nostack));
+    }
 }
 
 /// `mapa.shared::cluster.u32 d, a, rank;` (PTX ISA 7.8, sm_90): the `.shared::cluster` address of

@@ -20,8 +20,11 @@ impl Mbarrier {
     /// Nobody may be using the barrier.
     #[inline(always)]
     pub unsafe fn init(self, count: u32) {
-        asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) self.0 .0, c = in(reg32) count,
-             options(nostack));
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) self.0 .0, c = in(reg32) count,
+                 options(nostack));
+        }
     }
 
     /// `mbarrier.arrive.shared::cta.b64 _, [a];` (PTX ISA 7.8, sm_90; release, CTA scope): one arrival.
@@ -100,29 +103,11 @@ impl Mbarrier {
     pub fn wait(self, parity: u32) {
         while !self.try_wait(parity) {}
     }
-}
 
-/// Position in a ring of `STAGES` pipeline stages: the stage index and the parity of its current
-/// round. Producers and consumers each keep one and advance it in the same order.
-#[derive(Clone, Copy, Debug)]
-pub struct RingState<const STAGES: u32> {
-    /// Stage index, `0..STAGES`.
-    pub stage: u32,
-    /// Parity of the current round through the ring (flips every `STAGES` steps).
-    pub phase: u32,
-}
-
-impl<const STAGES: u32> RingState<STAGES> {
-    /// The first stage, round 0.
-    pub const START: Self = RingState { stage: 0, phase: 0 };
-
-    /// Moves to the next stage, flipping the phase after the last one.
+    /// Spins until the phase of `parity` has completed, with cluster-scope acquire
+    /// ([`Self::try_wait_cluster`]).
     #[inline(always)]
-    pub fn advance(&mut self) {
-        self.stage += 1;
-        if self.stage == STAGES {
-            self.stage = 0;
-            self.phase ^= 1;
-        }
+    pub fn wait_cluster(self, parity: u32) {
+        while !self.try_wait_cluster(parity) {}
     }
 }

@@ -47,9 +47,12 @@ pub fn dynamic_base() -> SmemAddr {
 /// `a` must be a 4-byte aligned address inside this CTA's shared memory.
 #[inline(always)]
 pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
-    let v: u32;
-    asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) a.0, options(readonly, nostack));
-    v
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        let v: u32;
+        asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) a.0, options(readonly, nostack));
+        v
+    }
 }
 
 /// `ld.shared.v2.u32 {d0, d1}, [a];`
@@ -58,8 +61,11 @@ pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
 /// `a` must be an 8-byte aligned address inside this CTA's shared memory.
 #[inline(always)]
 pub unsafe fn ld_v2_u32(a: SmemAddr) -> [u32; 2] {
-    let (x, y): (u32, u32);
-    asm!("ld.shared.v2.u32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y, a = in(reg32) a.0,
-         options(readonly, nostack));
-    [x, y]
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        let (x, y): (u32, u32);
+        asm!("ld.shared.v2.u32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y, a = in(reg32) a.0,
+             options(readonly, nostack));
+        [x, y]
+    }
 }

@@ -35,10 +35,6 @@ sreg_u32!(/// `%cluster_ctarank`: rank of this CTA in its cluster (PTX ISA 7.8, 
     cluster_ctarank, "%cluster_ctarank");
 sreg_u32!(/// `%cluster_nctarank`: CTAs in this cluster (PTX ISA 7.8, sm_90).
     cluster_nctarank, "%cluster_nctarank");
-sreg_u32!(/// `%clusterid.x`: cluster index in the grid (PTX ISA 7.8, sm_90).
-    clusterid_x, "%clusterid.x");
-sreg_u32!(/// `%nclusterid.x`: clusters in the grid (PTX ISA 7.8, sm_90).
-    nclusterid_x, "%nclusterid.x");
 
 /// Warp index in the CTA, `%tid.x / 32`, made warp-uniform for the compiler with
 /// `shfl.sync.idx` from lane 0 so that role dispatch on it stays uniform.
@@ -51,15 +47,6 @@ pub fn warp_id() -> u32 {
              options(pure, nomem, nostack));
     }
     w
-}
-
-/// `%globaltimer` in nanoseconds (a coarse clock; used to bound spin loops in tests).
-#[inline(always)]
-pub fn globaltimer() -> u64 {
-    let t: u64;
-    // SAFETY: reading a special register.
-    unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack)) };
-    t
 }
 
 /// `trap;`: aborts the kernel; the launch then fails with an illegal-instruction error.

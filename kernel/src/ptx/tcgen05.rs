@@ -31,8 +31,11 @@ use nvfp4_gemm_abi::sm100::{InstrDescriptor, SmemDescriptor, TmemAddress};
 /// `dst` must be a 4-byte shared-memory slot; the warp must later [`dealloc`] the same columns.
 #[inline(always)]
 pub unsafe fn alloc(dst: SmemAddr, ncols: u32) {
-    asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst.0,
-         n = in(reg32) ncols, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst.0,
+             n = in(reg32) ncols, options(nostack));
+    }
 }
 
 /// `tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;` (PTX ISA 8.6, sm_100a): this CTA
@@ -50,8 +53,11 @@ pub fn relinquish_alloc_permit() {
 /// `taddr`/`ncols` must be what [`alloc`] returned; no TMEM access to them may be pending.
 #[inline(always)]
 pub unsafe fn dealloc(taddr: u32, ncols: u32) {
-    asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) ncols,
-         options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) ncols,
+             options(nostack));
+    }
 }
 
 /// `tcgen05.fence::before_thread_sync;` (PTX ISA 8.6, sm_100a; PTX §9.7.16.11.1): orders this
@@ -85,8 +91,11 @@ pub fn fence_after_thread_sync() {
 /// unchanged until the copy completes.
 #[inline(always)]
 pub unsafe fn cp_32x128b_warpx4(dst: TmemAddress, src: SmemDescriptor) {
-    asm!("tcgen05.cp.cta_group::1.32x128b.warpx4 [{t}], {s};", t = in(reg32) dst.to_bits(), s = in(reg64) src.to_bits(),
-         options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("tcgen05.cp.cta_group::1.32x128b.warpx4 [{t}], {s};", t = in(reg32) dst.to_bits(), s = in(reg64) src.to_bits(),
+             options(nostack));
+    }
 }
 
 /// The NVFP4 block-scaled MMA, D(128 x N, f32, TMEM) (+)= (A ⊙ SFA)(128 x 64) · (B ⊙ SFB)(N x 64)ᵀ:
@@ -112,15 +121,18 @@ pub unsafe fn mma_nvfp4(
     sfb: TmemAddress,
     accumulate: bool,
 ) {
-    asm!(
-        "{{",
-        ".reg .pred p;",
-        "setp.ne.b32 p, {acc}, 0;",
-        "tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.scale_vec::4X [{d}], {a}, {b}, {i}, [{sa}], [{sb}], p;",
-        "}}",
-        d = in(reg32) d.to_bits(), a = in(reg64) a.to_bits(), b = in(reg64) b.to_bits(), i = in(reg32) idesc.to_bits(),
-        sa = in(reg32) sfa.to_bits(), sb = in(reg32) sfb.to_bits(), acc = in(reg32) accumulate as u32,
-        options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {acc}, 0;",
+            "tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.scale_vec::4X [{d}], {a}, {b}, {i}, [{sa}], [{sb}], p;",
+            "}}",
+            d = in(reg32) d.to_bits(), a = in(reg64) a.to_bits(), b = in(reg64) b.to_bits(), i = in(reg32) idesc.to_bits(),
+            sa = in(reg32) sfa.to_bits(), sb = in(reg32) sfb.to_bits(), acc = in(reg32) accumulate as u32,
+            options(nostack));
+    }
 }
 
 /// `tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [bar];` (PTX ISA 8.6,
@@ -149,8 +161,11 @@ pub fn commit(bar: Mbarrier) {
 /// before the arrival lands.
 #[inline(always)]
 pub unsafe fn commit_multicast(bar: Mbarrier, cta_mask: u16) {
-    asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 [{b}], {m};",
-         b = in(reg32) bar.0 .0, m = in(reg16) cta_mask, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 [{b}], {m};",
+             b = in(reg32) bar.0 .0, m = in(reg16) cta_mask, options(nostack));
+    }
 }
 
 macro_rules! define_ld_16x256b {
@@ -172,15 +187,19 @@ macro_rules! define_ld_16x256b {
         /// this (commit → mbarrier wait → [`fence_after_thread_sync`]).
         #[inline(always)]
         pub unsafe fn $name(taddr: TmemAddress) -> [u32; $regs] {
-            let mut r = [0u32; $regs];
-            asm!(
-                concat!("tcgen05.ld.sync.aligned.16x256b.x", $x, ".b32 {{", define_ld_16x256b!(@list $($i),*),
-                        "}}, [{t}];"),
-                "tcgen05.wait::ld.sync.aligned;",
-                $(out(reg32) r[$i],)*
-                t = in(reg32) taddr.to_bits(),
-                options(nostack));
-            r
+            // SAFETY: the caller upholds this function's contract (see `# Safety`).
+            unsafe {
+                let mut r = [0u32; $regs];
+                asm!(
+                    concat!("tcgen05.ld.sync.aligned.16x256b.x", $x, ".b32 {{", define_ld_16x256b!(@list $($i),*),
+                            "}}, [{t}];"),
+                    "tcgen05.wait::ld.sync.aligned;",
+                    $(out(reg32) r[$i],)*
+                    t = in(reg32) taddr.to_bits(),
+                    options(nostack));
+                r
+
+            }
         }
     };
     (@list $first:literal $(, $i:literal)*) => {

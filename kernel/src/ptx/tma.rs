@@ -9,9 +9,7 @@ use super::mbarrier::Mbarrier;
 use super::smem::SmemAddr;
 use core::arch::asm;
 
-/// The opaque 128-byte `CUtensorMap` as it lies in global memory.
-#[repr(C, align(128))]
-pub struct TensorMap(pub [u8; 128]);
+pub use nvfp4_gemm_abi::tensor_map::TensorMap;
 
 /// `prefetch.tensormap [a];` (PTX ISA 8.0, sm_90): warms the descriptor cache for a map.
 #[inline(always)]
@@ -31,10 +29,13 @@ pub fn prefetch_tensormap(map: *const TensorMap) {
 /// swizzle requires (1024 B for 128-byte swizzle) and own the box's bytes until `bar` completes.
 #[inline(always)]
 pub unsafe fn load_2d(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: Mbarrier) {
-    asm!(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
-        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
-        options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+            d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
+            options(nostack));
+    }
 }
 
 /// 1D bulk load:
@@ -45,10 +46,13 @@ pub unsafe fn load_2d(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, ba
 /// `src` and `dst` must be 16-byte aligned, `bytes` a multiple of 16, and the range readable.
 #[inline(always)]
 pub unsafe fn load_1d(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier) {
-    asm!(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
-        d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
-        options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+            d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
+            options(nostack));
+    }
 }
 
 /// An L2 cache eviction policy for the `.L2::cache_hint` form of the bulk copies: the 64-bit
@@ -75,10 +79,13 @@ impl CachePolicy {
 /// As [`load_2d`].
 #[inline(always)]
 pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: Mbarrier, policy: CachePolicy) {
-    asm!(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}}}], [{b}], {p};",
-        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
-        p = in(reg64) policy.0, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}}}], [{b}], {p};",
+            d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
+            p = in(reg64) policy.0, options(nostack));
+    }
 }
 
 /// 3D tensor load with an L2 hint:
@@ -91,10 +98,13 @@ pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i3
 /// As [`load_2d`].
 #[inline(always)]
 pub unsafe fn load_3d_hint(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], bar: Mbarrier, policy: CachePolicy) {
-    asm!(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {p};",
-        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
-        b = in(reg32) bar.0 .0, p = in(reg64) policy.0, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {p};",
+            d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
+            b = in(reg32) bar.0 .0, p = in(reg64) policy.0, options(nostack));
+    }
 }
 
 /// 2D tensor load multicast to several CTAs of the cluster:
@@ -110,10 +120,13 @@ pub unsafe fn load_3d_hint(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], ba
 /// barrier (or will before the phase can complete) and must not exit before the data lands.
 #[inline(always)]
 pub unsafe fn load_2d_multicast(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: SmemAddr, cta_mask: u16) {
-    asm!(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}}}], [{b}], {k};",
-        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0,
-        k = in(reg16) cta_mask, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}}}], [{b}], {k};",
+            d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0,
+            k = in(reg16) cta_mask, options(nostack));
+    }
 }
 
 /// 3D tensor load multicast to several CTAs of the cluster:
@@ -125,10 +138,13 @@ pub unsafe fn load_2d_multicast(dst: SmemAddr, map: *const TensorMap, c0: i32, c
 /// As [`load_2d_multicast`].
 #[inline(always)]
 pub unsafe fn load_3d_multicast(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], bar: SmemAddr, cta_mask: u16) {
-    asm!(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {k};",
-        d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
-        b = in(reg32) bar.0, k = in(reg16) cta_mask, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {k};",
+            d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
+            b = in(reg32) bar.0, k = in(reg16) cta_mask, options(nostack));
+    }
 }
 
 /// 1D bulk load with an L2 hint:
@@ -139,8 +155,11 @@ pub unsafe fn load_3d_multicast(dst: SmemAddr, map: *const TensorMap, c: [i32; 3
 /// As [`load_1d`].
 #[inline(always)]
 pub unsafe fn load_1d_hint(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier, policy: CachePolicy) {
-    asm!(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{s}], {n}, [{b}], {p};",
-        d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
-        p = in(reg64) policy.0, options(nostack));
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{s}], {n}, [{b}], {p};",
+            d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
+            p = in(reg64) policy.0, options(nostack));
+    }
 }

@@ -46,16 +46,19 @@ macro_rules! define_mma {
         /// registers were written.
         #[inline(always)]
         pub unsafe fn $name(acc: &mut [f32; $acc], a: [u32; 4], b: SmemDesc, scale_d: u32) {
-            asm!(
-                "{{",
-                ".reg .pred p;",
-                "setp.ne.b32 p, {sd}, 0;",
-                concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.f16.f16 {{{", stringify!($first), "}",
-                        $(", {", stringify!($i), "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 0;"),
-                "}}",
-                inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
-                a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
-                b = in(reg64) b, sd = in(reg32) scale_d, options(nostack));
+            // SAFETY: the caller upholds this function's contract (see `# Safety`).
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {sd}, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.f16.f16 {{{", stringify!($first), "}",
+                            $(", {", stringify!($i), "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 0;"),
+                    "}}",
+                    inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    b = in(reg64) b, sd = in(reg32) scale_d, options(nostack));
+            }
         }
 
         /// `wgmma.wait_group.sync.aligned N;` (PTX ISA 8.0, sm_90a), with the accumulator array as
@@ -72,11 +75,6 @@ macro_rules! define_mma {
     };
 }
 
-define_mma!(/// m64n32k16, 16 f32 accumulators per thread.
-    mma_m64n32k16, wait_group_fenced_n32, 32, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-define_mma!(/// m64n64k16, 32 f32 accumulators per thread.
-    mma_m64n64k16, wait_group_fenced_n64, 64, 32, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
-    18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 define_mma!(/// m64n128k16, 64 f32 accumulators per thread.
     mma_m64n128k16, wait_group_fenced_n128, 128, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
     18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45,

@@ -13,6 +13,7 @@
 //! `tcgen05.fence::before_thread_sync` → every thread arrives on `accumulator_empty`.
 
 use super::{SharedMap, Variant, WorkCursor};
+use crate::pipeline::Consumer;
 use crate::ptx::{convert, sreg, tcgen05};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
 use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelParams};
@@ -36,13 +37,16 @@ pub unsafe fn store<V: Variant>(smem: SharedMap<V>, p: &KernelParams, tmem: Tmem
     let lane = sreg::lane_id();
     let (quad, pair) = (lane / 4, lane % 4);
     let bf16 = p.out_bf16 != 0;
-    let accumulator = tmem.add_columns(V::LAYOUT.tmem_plan().accumulator().start);
-    let mut tile = 0u32;
+    let accumulator = tmem.add_columns(cfg.tmem_plan().accumulator().start);
+    let mut accumulator_ring = Consumer::<1>::new(smem.accumulator_full(), smem.accumulator_empty());
     let mut work = WorkCursor::new(p);
     while let Some(i) = work.next_index() {
-        let item = work.item(i);
-        let g = work.group(item.problem);
-        smem.accumulator_full().wait(tile & 1);
+        // SAFETY: `i < work_len`; the item names a group of the table.
+        let (item, g) = unsafe {
+            let item = work.item(i);
+            (item, work.group(item.group))
+        };
+        let tile = accumulator_ring.wait();
         tcgen05::fence_after_thread_sync();
         let row_tile = item.tile_m * BLOCK_M;
         let col_tile = item.tile_n * cfg.block_n();
@@ -52,34 +56,47 @@ pub unsafe fn store<V: Variant>(smem: SharedMap<V>, p: &KernelParams, tmem: Tmem
                 for chunk in 0..cfg.block_n() / CHUNK_COLUMNS {
                     let col0 = col_tile + CHUNK_COLUMNS * chunk;
                     if col0 < g.n {
-                        let acc =
-                            tcgen05::ld_16x256b_x16(accumulator.add_lanes(lane0).add_columns(CHUNK_COLUMNS * chunk));
-                        store_chunk(&acc, &g, row_tile + lane0 + quad, col0 + 2 * pair, bf16);
+                        // SAFETY: the warp's own lane quarter of the finished accumulator, read by
+                        // the whole warp (the conditions are warp-uniform); C was validated.
+                        unsafe {
+                            let acc = tcgen05::ld_16x256b_x16(
+                                accumulator.add_lanes(lane0).add_columns(CHUNK_COLUMNS * chunk),
+                            );
+                            store_chunk(&acc, &g, row_tile + lane0 + quad, col0 + 2 * pair, bf16);
+                        }
                     }
                 }
             }
         }
         tcgen05::fence_before_thread_sync();
-        smem.accumulator_empty().arrive();
-        tile += 1;
+        tile.release();
     }
 }
 
 /// Stores this thread's part of a 16-row x 128-column chunk: for `j < 16`, the column pair
 /// `col + 8j, +1` of rows `row` (registers `4j`, `4j+1`) and `row + 8` (`4j+2`, `4j+3`).
 /// `N % 8 == 0` (checked by the host) makes a pair either wholly inside C or wholly outside.
+///
+/// # Safety
+/// `g.c` is valid for `g.m` rows of `g.ldc` elements.
 #[inline(always)]
 unsafe fn store_chunk(acc: &[u32; 64], g: &GroupParams, row: u32, col: u32, bf16: bool) {
     for j in 0..16 {
         let col = col + 8 * j as u32;
         if col < g.n {
-            store_pair(acc[4 * j], acc[4 * j + 1], g, row, col, bf16);
-            store_pair(acc[4 * j + 2], acc[4 * j + 3], g, row + 8, col, bf16);
+            // SAFETY: the caller's contract; `store_pair` masks the rows.
+            unsafe {
+                store_pair(acc[4 * j], acc[4 * j + 1], g, row, col, bf16);
+                store_pair(acc[4 * j + 2], acc[4 * j + 3], g, row + 8, col, bf16);
+            }
         }
     }
 }
 
 /// Stores `alpha * (lo, hi)` rounded to fp16/bf16 at C[row][col .. col+2] if `row < M`.
+///
+/// # Safety
+/// `g.c` is valid for `g.m` rows of `g.ldc` elements and `col + 1 < g.n`.
 #[inline(always)]
 unsafe fn store_pair(lo: u32, hi: u32, g: &GroupParams, row: u32, col: u32, bf16: bool) {
     if row < g.m {
@@ -89,6 +106,7 @@ unsafe fn store_pair(lo: u32, hi: u32, g: &GroupParams, row: u32, col: u32, bf16
         let hi = if empty_sum { 0.0 } else { f32::from_bits(hi) * g.alpha };
         let bits = if bf16 { convert::f32x2_to_bf16x2(lo, hi) } else { convert::f32x2_to_f16x2(lo, hi) };
         let c = g.c as *mut u16;
-        *(c.add(row as usize * g.ldc as usize + col as usize) as *mut u32) = bits;
+        // SAFETY: the caller's contract, and `row < M`.
+        unsafe { *(c.add(row as usize * g.ldc as usize + col as usize) as *mut u32) = bits };
     }
 }

@@ -9,15 +9,16 @@
 //!   (each CTA's `tcgen05.commit ... multicast::cluster` to rank 0), because rank 0's A multicast
 //!   overwrites the stage in all of them.
 //!
-//! A producer waits for the *previous* round of its stage to be released (parity `phase ^ 1`; on
-//! a fresh barrier that passes at once), announces its bytes, issues its copies. The MMA issuer
-//! waits for the current round to be full. K tails: a stage with fewer than 4 valid K = 64 steps
+//! A producer acquires its stage (waits for the release of the stage's previous round, see
+//! [`crate::pipeline`]), announces its bytes, issues its copies. The MMA issuer waits for the
+//! stage to be full and releases it with `tcgen05.commit`. K tails: a stage with fewer than 4 valid K = 64 steps
 //! copies only those steps' scales and issues only those MMAs
 //! ([`KernelConfig::mma_steps_in_stage`](nvfp4_gemm_abi::sm100::KernelConfig::mma_steps_in_stage));
 //! the operand boxes are zero-filled past K and counted in full.
 
 use super::{SharedMap, Variant, WorkCursor};
-use crate::ptx::mbarrier::{Mbarrier, RingState};
+use crate::pipeline::{Consumer, Producer, Scope};
+use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::tma::{self, CachePolicy};
 use crate::ptx::{cluster, sreg, tcgen05};
@@ -27,14 +28,11 @@ use nvfp4_gemm_abi::sm100::desc::OPERAND_K_STEP_BYTES;
 use nvfp4_gemm_abi::sm100::params::{a_map_index, b_map_index, GroupParams, KernelParams, CLUSTER_LEADER_MASK};
 use nvfp4_gemm_abi::sm100::{sfa_stage_copy, sfb_stage_copies, ScaleBulkCopy, SmemDescriptor, TmemAddress};
 
-/// Waits until the phase of `parity` of `bar` has completed, with cluster-scope acquire: for
-/// barriers whose arrivals come from other CTAs of the cluster.
-#[inline(always)]
-fn wait_cluster(bar: Mbarrier, parity: u32) {
-    while !bar.try_wait_cluster(parity) {}
-}
-
 /// Issues one operand box: the 3D (seed) or 2D (K tail) map, as the group's `map_rank` says.
+///
+/// # Safety
+/// One thread; `map` is the group's operand map; `dst` a free, 1024-byte aligned tile that `bar`
+/// completes.
 #[inline(always)]
 unsafe fn load_box(
     g: &GroupParams,
@@ -46,10 +44,13 @@ unsafe fn load_box(
     policy: CachePolicy,
 ) {
     let c = g.box_coords(row0, k0);
-    if c.rank == 3 {
-        tma::load_3d_hint(dst, map, c.coords, bar, policy);
-    } else {
-        tma::load_2d_hint(dst, map, c.coords[0], c.coords[1], bar, policy);
+    // SAFETY: the caller's contract.
+    unsafe {
+        if c.rank == 3 {
+            tma::load_3d_hint(dst, map, c.coords, bar, policy);
+        } else {
+            tma::load_2d_hint(dst, map, c.coords[0], c.coords[1], bar, policy);
+        }
     }
 }
 
@@ -73,64 +74,62 @@ pub unsafe fn produce_a<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
     let cfg = V::CFG;
     let clustered = cfg.multicast_a();
     let leader = rank == 0;
-    let release = |s: u32| if clustered && leader { smem.cluster_empty(s) } else { smem.empty(s) };
-    let mut ring = RingState::<STAGES>::START;
+    // Rank 0 of a cluster refills a stage only when every CTA's MMAs are done with it.
+    let (release, scope) =
+        if clustered && leader { (smem.cluster_empty(), Scope::Cluster) } else { (smem.empty(), Scope::Cta) };
+    let mut ring = Producer::<STAGES>::new(smem.full(), release, scope);
     let mut work = WorkCursor::new(p);
     while let Some(i) = work.next_index() {
-        let item = work.item(i);
-        if clustered && !leader {
-            // The host pads the list so that the CTAs of a cluster always share rank 0's A tile.
-            // If that were broken, this CTA would multiply by another tile's A: stop instead.
-            let lead = work.item(i - rank);
-            if lead.problem != item.problem || lead.tile_m != item.tile_m {
-                sreg::trap();
-            }
-        }
-        if let Some(next) = work.peek_index() {
-            tma::prefetch_tensormap(work.tensor_map(a_map_index(work.item(next).problem)));
-        }
-        let g = work.group(item.problem);
-        let map = work.tensor_map(a_map_index(item.problem));
-        let m0 = item.tile_m * BLOCK_M;
-        let rest_k = scale_layout::rest_k(g.k);
-        for k_iter in 0..cfg.k_iterations(g.k) {
-            let s = ring.stage;
-            let bar = release(s);
-            if clustered && leader {
-                wait_cluster(bar, ring.phase ^ 1);
-            } else {
-                bar.wait(ring.phase ^ 1);
-            }
-            let full = smem.full(s);
-            let k0 = k_iter * TMA_BLOCK_K;
-            let steps = cfg.mma_steps_in_stage(g.k, k_iter);
-            // Announce before issuing, so that no byte can complete the phase early.
-            full.arrive_expect_tx(cfg.producer_a_tx_bytes(g.k, k_iter));
-            if !clustered {
-                load_box(&g, smem.a_tile(s), map, m0, k0, full, CachePolicy::EVICT_LAST);
-            } else if leader {
-                let dst = cluster::map_shared(smem.a_tile(s), rank);
-                let bar = cluster::map_shared(full.0, rank);
-                let c = g.box_coords(m0, k0);
-                if c.rank == 3 {
-                    tma::load_3d_multicast(dst, map, c.coords, bar, cfg.multicast_mask());
-                } else {
-                    tma::load_2d_multicast(dst, map, c.coords[0], c.coords[1], bar, cfg.multicast_mask());
+        // SAFETY: `i < work_len` (and `i - rank` too: the list is a multiple of the cluster size
+        // and a cluster's CTAs are consecutive); the items name groups of the table.
+        unsafe {
+            let item = work.item(i);
+            if clustered && !leader {
+                // The host pads the list so that the CTAs of a cluster always share rank 0's A
+                // tile. If that were broken, this CTA would multiply by another tile's A: stop.
+                let lead = work.item(i - rank);
+                if lead.group != item.group || lead.tile_m != item.tile_m {
+                    sreg::trap();
                 }
             }
-            copy_scales(smem.sfa(s), g.a_scales, sfa_stage_copy(m0, k0, steps, rest_k), full, CachePolicy::EVICT_LAST);
-            ring.advance();
+            if let Some(next) = work.peek_index() {
+                tma::prefetch_tensormap(work.tensor_map(a_map_index(work.item(next).group)));
+            }
+            let g = work.group(item.group);
+            let map = work.tensor_map(a_map_index(item.group));
+            let m0 = item.tile_m * BLOCK_M;
+            let rest_k = scale_layout::rest_k(g.k);
+            for k_iter in 0..cfg.k_iterations(g.k) {
+                let stage = ring.acquire();
+                let (s, full) = (stage.index, stage.full);
+                let k0 = k_iter * TMA_BLOCK_K;
+                let steps = cfg.mma_steps_in_stage(g.k, k_iter);
+                // Announce before issuing, so that no byte can complete the phase early.
+                full.arrive_expect_tx(cfg.producer_a_tx_bytes(g.k, k_iter));
+                if !clustered {
+                    load_box(&g, smem.a_tile(s), map, m0, k0, full, CachePolicy::EVICT_LAST);
+                } else if leader {
+                    let dst = cluster::map_shared(smem.a_tile(s), rank);
+                    let bar = cluster::map_shared(full.0, rank);
+                    let c = g.box_coords(m0, k0);
+                    if c.rank == 3 {
+                        tma::load_3d_multicast(dst, map, c.coords, bar, cfg.multicast_mask());
+                    } else {
+                        tma::load_2d_multicast(dst, map, c.coords[0], c.coords[1], bar, cfg.multicast_mask());
+                    }
+                }
+                copy_scales(
+                    smem.sfa(s),
+                    g.a_scales,
+                    sfa_stage_copy(m0, k0, steps, rest_k),
+                    full,
+                    CachePolicy::EVICT_LAST,
+                );
+                ring.commit(stage);
+            }
         }
     }
-    for _ in 0..STAGES {
-        let bar = release(ring.stage);
-        if clustered && leader {
-            wait_cluster(bar, ring.phase ^ 1);
-        } else {
-            bar.wait(ring.phase ^ 1);
-        }
-        ring.advance();
-    }
+    ring.drain();
 }
 
 /// One stage's scale blocks: a bulk copy of `sf.bytes` from `scales + sf.src_offset` (global) to
@@ -140,7 +139,10 @@ pub unsafe fn produce_a<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
 /// One thread; the source range lies inside the operand's blocked scale buffer.
 #[inline(always)]
 unsafe fn copy_scales(region: SmemAddr, scales: u64, sf: ScaleBulkCopy, full: Mbarrier, policy: CachePolicy) {
-    tma::load_1d_hint(region.add(sf.dst_offset), (scales as *const u8).add(sf.src_offset), sf.bytes, full, policy);
+    // SAFETY: the caller's contract.
+    unsafe {
+        tma::load_1d_hint(region.add(sf.dst_offset), (scales as *const u8).add(sf.src_offset), sf.bytes, full, policy)
+    };
 }
 
 /// The B producer (one thread of warp 6): per stage, the B box (`BLOCK_N x 256` values) and the
@@ -152,36 +154,35 @@ unsafe fn copy_scales(region: SmemAddr, scales: u64, sf: ScaleBulkCopy, full: Mb
 #[inline(always)]
 pub unsafe fn produce_b<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &KernelParams) {
     let cfg = V::CFG;
-    let mut ring = RingState::<STAGES>::START;
+    let mut ring = Producer::<STAGES>::new(smem.full(), smem.empty(), Scope::Cta);
     let mut work = WorkCursor::new(p);
     while let Some(i) = work.next_index() {
-        let item = work.item(i);
-        if let Some(next) = work.peek_index() {
-            tma::prefetch_tensormap(work.tensor_map(b_map_index(work.item(next).problem)));
-        }
-        let g = work.group(item.problem);
-        let map = work.tensor_map(b_map_index(item.problem));
-        let n0 = item.tile_n * cfg.block_n();
-        let rest_k = scale_layout::rest_k(g.k);
-        for k_iter in 0..cfg.k_iterations(g.k) {
-            let s = ring.stage;
-            smem.empty(s).wait(ring.phase ^ 1);
-            let full = smem.full(s);
-            let k0 = k_iter * TMA_BLOCK_K;
-            let steps = cfg.mma_steps_in_stage(g.k, k_iter);
-            full.arrive_expect_tx(cfg.producer_b_tx_bytes(g.k, k_iter));
-            load_box(&g, smem.b_tile(s), map, n0, k0, full, CachePolicy::EVICT_FIRST);
-            let (copies, count) = sfb_stage_copies(n0, cfg.block_n(), k0, steps, MMA_STEPS_PER_STAGE, rest_k);
-            for &sf in &copies[..count] {
-                copy_scales(smem.sfb(s), g.b_scales, sf, full, CachePolicy::EVICT_FIRST);
+        // SAFETY: `i < work_len`; the items name groups of the table.
+        unsafe {
+            let item = work.item(i);
+            if let Some(next) = work.peek_index() {
+                tma::prefetch_tensormap(work.tensor_map(b_map_index(work.item(next).group)));
             }
-            ring.advance();
+            let g = work.group(item.group);
+            let map = work.tensor_map(b_map_index(item.group));
+            let n0 = item.tile_n * cfg.block_n();
+            let rest_k = scale_layout::rest_k(g.k);
+            for k_iter in 0..cfg.k_iterations(g.k) {
+                let stage = ring.acquire();
+                let (s, full) = (stage.index, stage.full);
+                let k0 = k_iter * TMA_BLOCK_K;
+                let steps = cfg.mma_steps_in_stage(g.k, k_iter);
+                full.arrive_expect_tx(cfg.producer_b_tx_bytes(g.k, k_iter));
+                load_box(&g, smem.b_tile(s), map, n0, k0, full, CachePolicy::EVICT_FIRST);
+                let (copies, count) = sfb_stage_copies(n0, cfg.block_n(), k0, steps, MMA_STEPS_PER_STAGE, rest_k);
+                for &sf in &copies[..count] {
+                    copy_scales(smem.sfb(s), g.b_scales, sf, full, CachePolicy::EVICT_FIRST);
+                }
+                ring.commit(stage);
+            }
         }
     }
-    for _ in 0..STAGES {
-        smem.empty(ring.stage).wait(ring.phase ^ 1);
-        ring.advance();
-    }
+    ring.drain();
 }
 
 /// The MMA issuer (one thread of warp 5). Per tile: wait until the epilogue has drained the
@@ -191,7 +192,7 @@ pub unsafe fn produce_b<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
 /// After the tile's last stage, commit to `accumulator_full`.
 ///
 /// The scale copies of stage `s` go to columns only stage `s`'s MMAs read
-/// ([`KernelLayout::sfa_copy`](nvfp4_gemm_abi::sm100::params::KernelLayout::sfa_copy)). The MMAs
+/// ([`KernelConfig::sfa_copy`](nvfp4_gemm_abi::sm100::KernelConfig::sfa_copy)). The MMAs
 /// that last read them belong to the previous round of `s`, which completed before `full[s]` of
 /// this round could (a producer waited on their commit before refilling), and the
 /// `tcgen05.fence::after_thread_sync` after the wait orders the copies after that.
@@ -200,68 +201,73 @@ pub unsafe fn produce_b<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
 /// One thread of the CTA; barriers initialized; `tmem` the CTA's allocation; `p` valid.
 #[inline(always)]
 pub unsafe fn mma<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &KernelParams, tmem: TmemAddress) {
-    let layout = V::LAYOUT;
     let cfg = V::CFG;
     let idesc = cfg.instr_descriptor();
-    let accumulator = tmem.add_columns(layout.tmem_plan().accumulator().start);
-    let sfb_blocks = layout.tmem_plan().sfb_blocks();
-    let mut ring = RingState::<STAGES>::START;
-    let mut tile = 0u32;
+    let accumulator = tmem.add_columns(cfg.tmem_plan().accumulator().start);
+    let sfb_blocks = cfg.tmem_plan().sfb_blocks();
+    let mut ring = Consumer::<STAGES>::new(smem.full(), smem.empty());
+    // The MMA issuer fills the accumulator, the epilogue drains it: a one-stage ring.
+    let mut accumulator_ring = Producer::<1>::new(smem.accumulator_full(), smem.accumulator_empty(), Scope::Cta);
     let mut work = WorkCursor::new(p);
     while let Some(i) = work.next_index() {
-        let item = work.item(i);
-        let k = work.group(item.problem).k;
-        smem.accumulator_empty().wait((tile & 1) ^ 1);
+        // SAFETY: `i < work_len`; the item names a group of the table.
+        let k = unsafe { work.group(work.item(i).group).k };
+        let tile = accumulator_ring.acquire();
         tcgen05::fence_after_thread_sync();
         let k_iterations = cfg.k_iterations(k);
         for k_iter in 0..k_iterations {
-            let s = ring.stage;
-            smem.full(s).wait(ring.phase);
+            let stage = ring.wait();
+            let s = stage.index;
             tcgen05::fence_after_thread_sync();
             let steps = cfg.mma_steps_in_stage(k, k_iter);
-            for step in 0..MMA_STEPS_PER_STAGE {
-                if step < steps {
-                    let c = layout.sfa_copy(s, step);
-                    tcgen05::cp_32x128b_warpx4(
-                        tmem.add_columns(c.tmem_column),
-                        SmemDescriptor::scale_factors(smem.sfa(s).add(c.smem_offset).0),
-                    );
-                    for half in 0..sfb_blocks {
-                        let c = layout.sfb_copy(s, step, half);
+            // SAFETY: one thread; the stage is full and its scale columns are free (see above);
+            // the accumulator is this tile's (acquired).
+            unsafe {
+                for step in 0..MMA_STEPS_PER_STAGE {
+                    if step < steps {
+                        let c = cfg.sfa_copy(s, step);
                         tcgen05::cp_32x128b_warpx4(
                             tmem.add_columns(c.tmem_column),
-                            SmemDescriptor::scale_factors(smem.sfb(s).add(c.smem_offset).0),
+                            SmemDescriptor::scale_factors(smem.sfa(s).add(c.smem_offset).0),
+                        );
+                        for half in 0..sfb_blocks {
+                            let c = cfg.sfb_copy(s, step, half);
+                            tcgen05::cp_32x128b_warpx4(
+                                tmem.add_columns(c.tmem_column),
+                                SmemDescriptor::scale_factors(smem.sfb(s).add(c.smem_offset).0),
+                            );
+                        }
+                    }
+                }
+                let a = SmemDescriptor::operand_k_major_sw128(smem.a_tile(s).0);
+                let b = SmemDescriptor::operand_k_major_sw128(smem.b_tile(s).0);
+                for step in 0..MMA_STEPS_PER_STAGE {
+                    if step < steps {
+                        tcgen05::mma_nvfp4(
+                            accumulator,
+                            a.advance_bytes(step * OPERAND_K_STEP_BYTES),
+                            b.advance_bytes(step * OPERAND_K_STEP_BYTES),
+                            idesc,
+                            tmem.add_columns(cfg.sfa_column(s, step)),
+                            tmem.add_columns(cfg.sfb_column(s, step)),
+                            k_iter > 0 || step > 0,
                         );
                     }
                 }
             }
-            let a = SmemDescriptor::operand_k_major_sw128(smem.a_tile(s).0);
-            let b = SmemDescriptor::operand_k_major_sw128(smem.b_tile(s).0);
-            for step in 0..MMA_STEPS_PER_STAGE {
-                if step < steps {
-                    tcgen05::mma_nvfp4(
-                        accumulator,
-                        a.advance_bytes(step * OPERAND_K_STEP_BYTES),
-                        b.advance_bytes(step * OPERAND_K_STEP_BYTES),
-                        idesc,
-                        tmem.add_columns(layout.sfa_column(s, step)),
-                        tmem.add_columns(layout.sfb_column(s, step)),
-                        k_iter > 0 || step > 0,
-                    );
-                }
-            }
-            tcgen05::commit(smem.empty(s));
+            // Release the stage when its MMAs have completed.
+            tcgen05::commit(stage.empty);
             if cfg.multicast_a() {
-                tcgen05::commit_multicast(smem.cluster_empty(s), CLUSTER_LEADER_MASK);
+                // SAFETY: a cluster variant: rank 0's cluster_empty barriers exist in every CTA.
+                unsafe { tcgen05::commit_multicast(smem.cluster_empty().get(s), CLUSTER_LEADER_MASK) };
             }
-            ring.advance();
         }
         if k_iterations > 0 {
-            tcgen05::commit(smem.accumulator_full());
+            tcgen05::commit(tile.full);
         } else {
             // K = 0: no MMA ran, nothing to wait for; the epilogue stores zeros.
-            smem.accumulator_full().arrive();
+            tile.full.arrive();
         }
-        tile += 1;
+        accumulator_ring.commit(tile);
     }
 }

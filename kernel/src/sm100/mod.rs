@@ -22,23 +22,27 @@ pub mod epilogue;
 pub mod gemm;
 pub mod mainloop;
 
-use crate::ptx::mbarrier::Mbarrier;
+use crate::pipeline::Barriers;
 use crate::ptx::smem::SmemAddr;
-use crate::ptx::{sreg, tma};
+use crate::ptx::sreg;
+use crate::work;
 use core::marker::PhantomData;
-use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, KernelParams};
-use nvfp4_gemm_abi::sm100::{KernelConfig, WorkItem};
+use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout};
+use nvfp4_gemm_abi::sm100::KernelConfig;
+
+/// The work cursor over this architecture's group table.
+pub type WorkCursor<'a> = work::WorkCursor<'a, GroupParams>;
 
 /// A compiled kernel variant: which [`KernelLayout`] it runs.
 pub trait Variant {
-    /// The layout (configuration, barriers, TMEM columns, shared memory) of this variant.
+    /// The exported kernel of this variant.
     const LAYOUT: KernelLayout;
-    /// Its configuration.
+    /// Its configuration (tiles, stages, barriers, TMEM columns, shared memory).
     const CFG: KernelConfig = Self::LAYOUT.config();
 }
 
 /// The CTA's dynamic shared memory as the variant lays it out: per stage `[A][B][SFA][SFB]`, then
-/// the mbarriers, the TMEM slot and the accumulator barriers, all at `V::LAYOUT`'s offsets.
+/// the mbarriers, the TMEM slot and the accumulator barriers, all at `V::CFG`'s offsets.
 pub struct SharedMap<V> {
     base: SmemAddr,
     variant: PhantomData<V>,
@@ -52,7 +56,8 @@ impl<V> Clone for SharedMap<V> {
 impl<V> Copy for SharedMap<V> {}
 
 impl<V: Variant> SharedMap<V> {
-    /// The map over the dynamic shared memory starting at `base` (1024-byte aligned).
+    /// The map over the dynamic shared memory starting at `base` (1024-byte aligned: checked at
+    /// kernel start).
     #[inline(always)]
     pub fn new(base: SmemAddr) -> Self {
         Self { base, variant: PhantomData }
@@ -82,38 +87,39 @@ impl<V: Variant> SharedMap<V> {
         self.base.add(V::CFG.stage_offset(s) + V::CFG.sfb_offset())
     }
 
-    /// Stage `s` is loaded (2 producer arrivals + transaction bytes).
+    /// `full[s]`: stage `s` is loaded (2 producer arrivals + transaction bytes).
     #[inline(always)]
-    pub fn full(self, s: u32) -> Mbarrier {
-        Mbarrier(self.base.add(V::CFG.full_barrier_offset(s)))
+    pub fn full(self) -> Barriers {
+        Barriers::at(self.base.add(V::CFG.full_barrier_offset(0)))
     }
 
-    /// This CTA's MMAs are done with stage `s` (1 arrival: `tcgen05.commit`).
+    /// `empty[s]`: this CTA's MMAs are done with stage `s` (1 arrival: `tcgen05.commit`).
     #[inline(always)]
-    pub fn empty(self, s: u32) -> Mbarrier {
-        Mbarrier(self.base.add(V::CFG.empty_barrier_offset(s)))
+    pub fn empty(self) -> Barriers {
+        Barriers::at(self.base.add(V::CFG.empty_barrier_offset(0)))
     }
 
-    /// Every CTA of the cluster is done with stage `s` (cluster-size arrivals; used in rank 0).
-    /// Only called by cluster variants.
+    /// `cluster_empty[s]`: every CTA of the cluster is done with stage `s` (cluster-size
+    /// arrivals; used in rank 0). Only called by cluster variants.
     #[inline(always)]
-    pub fn cluster_empty(self, s: u32) -> Mbarrier {
-        match V::CFG.cluster_empty_barrier_offset(s) {
-            Some(offset) => Mbarrier(self.base.add(offset)),
+    pub fn cluster_empty(self) -> Barriers {
+        match V::CFG.cluster_empty_barrier_offset(0) {
+            Some(offset) => Barriers::at(self.base.add(offset)),
             None => sreg::trap(),
         }
     }
 
-    /// The accumulator holds a finished tile (1 arrival: `tcgen05.commit`).
+    /// The accumulator as a one-stage ring: "full" when it holds a finished tile (1 arrival:
+    /// `tcgen05.commit`), "empty" when the epilogue has read it (one arrival per epilogue thread).
     #[inline(always)]
-    pub fn accumulator_full(self) -> Mbarrier {
-        Mbarrier(self.base.add(V::LAYOUT.accumulator_full_barrier_offset()))
+    pub fn accumulator_full(self) -> Barriers {
+        Barriers::at(self.base.add(V::CFG.accumulator_full_barrier_offset()))
     }
 
-    /// The epilogue has read the accumulator (one arrival per epilogue thread).
+    /// See [`Self::accumulator_full`].
     #[inline(always)]
-    pub fn accumulator_empty(self) -> Mbarrier {
-        Mbarrier(self.base.add(V::LAYOUT.accumulator_empty_barrier_offset()))
+    pub fn accumulator_empty(self) -> Barriers {
+        Barriers::at(self.base.add(V::CFG.accumulator_empty_barrier_offset()))
     }
 
     /// The word `tcgen05.alloc` writes the TMEM base address to.
@@ -129,78 +135,19 @@ impl<V: Variant> SharedMap<V> {
     /// Nobody may be using the barriers.
     #[inline(always)]
     pub unsafe fn init_barriers(self) {
-        for s in 0..V::CFG.stages() {
-            self.full(s).init(V::CFG.full_barrier_arrivals());
-            self.empty(s).init(V::CFG.empty_barrier_arrivals());
-            if V::CFG.multicast_a() {
-                // Initialized in every rank (only rank 0's receives arrivals) so that no CTA holds
-                // an uninitialized barrier word.
-                self.cluster_empty(s).init(V::CFG.cluster_empty_barrier_arrivals());
+        // SAFETY: the caller's contract.
+        unsafe {
+            for s in 0..V::CFG.stages() {
+                self.full().get(s).init(V::CFG.full_barrier_arrivals());
+                self.empty().get(s).init(V::CFG.empty_barrier_arrivals());
+                if V::CFG.multicast_a() {
+                    // Initialized in every rank (only rank 0's receives arrivals) so that no CTA
+                    // holds an uninitialized barrier word.
+                    self.cluster_empty().get(s).init(V::CFG.cluster_empty_barrier_arrivals());
+                }
             }
+            self.accumulator_full().get(0).init(V::CFG.accumulator_full_arrivals());
+            self.accumulator_empty().get(0).init(V::CFG.accumulator_empty_arrivals());
         }
-        self.accumulator_full().init(V::LAYOUT.accumulator_full_arrivals());
-        self.accumulator_empty().init(V::LAYOUT.accumulator_empty_arrivals());
-    }
-}
-
-/// This CTA's walk through the work list: items `ctaid, ctaid + nctaid, ...` (the seed's static
-/// grid stride). Every role of the CTA makes the same walk.
-pub struct WorkCursor<'a> {
-    params: &'a KernelParams,
-    next: u32,
-    stride: u32,
-}
-
-impl<'a> WorkCursor<'a> {
-    /// Starts at this CTA's first item.
-    #[inline(always)]
-    pub fn new(params: &'a KernelParams) -> Self {
-        Self { params, next: sreg::ctaid_x(), stride: sreg::nctaid_x() }
-    }
-
-    /// The index of the next item, if any, and moves past it.
-    #[inline(always)]
-    pub fn next_index(&mut self) -> Option<u32> {
-        if self.next < self.params.work_len {
-            let i = self.next;
-            self.next += self.stride;
-            Some(i)
-        } else {
-            None
-        }
-    }
-
-    /// The index the following [`Self::next_index`] will return, if any.
-    #[inline(always)]
-    pub fn peek_index(&self) -> Option<u32> {
-        if self.next < self.params.work_len {
-            Some(self.next)
-        } else {
-            None
-        }
-    }
-
-    /// Work item `i` of the list.
-    ///
-    /// # Safety
-    /// `i < work_len`, and the list is valid device memory.
-    #[inline(always)]
-    pub unsafe fn item(&self, i: u32) -> WorkItem {
-        *(self.params.work as *const WorkItem).add(i as usize)
-    }
-
-    /// The parameters of group `g`.
-    ///
-    /// # Safety
-    /// `g` must index the group table.
-    #[inline(always)]
-    pub unsafe fn group(&self, g: u32) -> GroupParams {
-        *(self.params.groups as *const GroupParams).add(g as usize)
-    }
-
-    /// Entry `index` of the tensor-map table.
-    #[inline(always)]
-    pub fn tensor_map(&self, index: usize) -> *const tma::TensorMap {
-        (self.params.tensor_maps as *const tma::TensorMap).wrapping_add(index)
     }
 }

@@ -7,28 +7,34 @@
 use super::U32x4;
 use crate::ptx::{convert, sreg};
 use nvfp4_gemm_abi::scale_layout::{blocked_word_offset, rest_k};
-use nvfp4_gemm_abi::sm90::{GroupParams, KernelParams, DEQUANT_THREADS};
+use nvfp4_gemm_abi::sm90::{token_pair_slot, GroupParams, KernelParams, CHUNK_K, DEQUANT_THREADS};
 
-/// See the module docs. Launch: `DEQUANT_THREADS` threads per CTA, `Σ dequant_ctas` CTAs.
+/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::dequant_launch` (`DEQUANT_THREADS`
+/// threads per CTA, `Σ dequant_ctas` CTAs).
+///
+/// # Safety
+/// `p` and the group table must be what the host's sm90 plan writes for validated buffers.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn sm90_dequant_tokens(p: KernelParams) {
     let groups = p.groups as *const GroupParams;
+    // SAFETY: `g < group_count` indexes the table.
+    let group = |g: u32| unsafe { *groups.add(g as usize) };
     let cta = sreg::ctaid_x();
     // Binary search for the group that owns this CTA (groups are in order of first CTA).
     let (mut lo, mut hi) = (0u32, p.group_count);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
-        if (*groups.add(mid as usize)).dequant_first_cta <= cta {
+        if group(mid).dequant_first_cta <= cta {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    let g = *groups.add(lo as usize);
+    let g = group(lo);
     if cta < g.dequant_first_cta || cta >= g.dequant_first_cta + g.dequant_ctas {
         return;
     }
-    let chunks = g.k / 64;
+    let chunks = g.k / CHUNK_K;
     if chunks == 0 {
         return;
     }
@@ -38,28 +44,32 @@ pub unsafe extern "ptx-kernel" fn sm90_dequant_tokens(p: KernelParams) {
     let stride = g.dequant_ctas * DEQUANT_THREADS;
     while item < items {
         let (row, c) = (item / chunks, item % chunks);
-        let src = (g.a_values as *const u8).add(row as usize * (g.k / 2) as usize + 32 * c as usize) as *const U32x4;
-        let v = [*src, *src.add(1)];
-        let sw = *((g.a_scales as *const u8).add(blocked_word_offset(row, c, rk)) as *const u32);
-        let scale = [
-            convert::e4m3_byte_to_f16x2(sw, 0),
-            convert::e4m3_byte_to_f16x2(sw, 1),
-            convert::e4m3_byte_to_f16x2(sw, 2),
-            convert::e4m3_byte_to_f16x2(sw, 3),
-        ];
-        let mut out = [0u32; 32];
-        for w in 0..8 {
-            let pairs = convert::e2m1x8_to_f16x2(v[w / 4].0[w % 4]);
-            for i in 0..4 {
-                // Byte b holds logical values 2b, 2b+1 = 16q + 4j + {0,1} or {2,3}.
-                let b = 4 * w + i;
-                let dst = 8 * ((b % 8) / 2) + b / 8 + 4 * (b % 2);
-                out[dst] = convert::mul_f16x2(pairs[i], scale[b / 8]);
+        // SAFETY: row < m and c < k/64: inside A's values, scales and the group's workspace
+        // (all validated by the host; the workspace is the plan's).
+        unsafe {
+            let src =
+                (g.a_values as *const u8).add(row as usize * (g.k / 2) as usize + 32 * c as usize) as *const U32x4;
+            let v = [*src, *src.add(1)];
+            let sw = *((g.a_scales as *const u8).add(blocked_word_offset(row, c, rk)) as *const u32);
+            let scale = [
+                convert::e4m3_byte_to_f16x2(sw, 0),
+                convert::e4m3_byte_to_f16x2(sw, 1),
+                convert::e4m3_byte_to_f16x2(sw, 2),
+                convert::e4m3_byte_to_f16x2(sw, 3),
+            ];
+            let mut out = [0u32; 32];
+            for w in 0..8 {
+                let pairs = convert::e2m1x8_to_f16x2(v[w / 4].0[w % 4]);
+                for i in 0..4 {
+                    // Byte b holds logical values 2b, 2b+1 (scale block b / 8).
+                    let b = 4 * w + i;
+                    out[token_pair_slot(b as u32) as usize] = convert::mul_f16x2(pairs[i], scale[b / 8]);
+                }
             }
-        }
-        let dst = (g.workspace as *mut u8).add(2 * (row as usize * g.k as usize + 64 * c as usize)) as *mut U32x4;
-        for s in 0..8 {
-            *dst.add(s) = U32x4([out[4 * s], out[4 * s + 1], out[4 * s + 2], out[4 * s + 3]]);
+            let dst = (g.workspace as *mut u8).add(2 * (row as usize * g.k as usize + 64 * c as usize)) as *mut U32x4;
+            for s in 0..8 {
+                *dst.add(s) = U32x4([out[4 * s], out[4 * s + 1], out[4 * s + 2], out[4 * s + 3]]);
+            }
         }
         item += stride;
     }

@@ -14,109 +14,127 @@
 //! The epilogue scales by alpha, rounds once to f16/bf16 and stores the tile, masking rows ≥ M and
 //! columns ≥ N.
 
-use crate::ptx::mbarrier::{Mbarrier, RingState};
+use crate::pipeline::{Barriers, Consumer, Producer, Scope, Stage};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
+use crate::work::WorkCursor;
+use nvfp4_gemm_abi::scale_layout::{rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
 use nvfp4_gemm_abi::sm90::*;
 
 const CFG: GemmConfig = GemmConfig::M128;
 // The consumer loads both chunks of a stage up front (`load(0)`, `load(1)`).
 const _: () = assert!(CHUNKS_PER_STAGE == 2);
 const STAGES: u32 = CFG.stages;
-type Ring = RingState<STAGES>;
+type Work<'a> = WorkCursor<'a, GroupParams>;
 
-struct Stages {
+/// The CTA's dynamic shared memory as `CFG` lays it out.
+struct Smem {
     base: SmemAddr,
 }
 
-impl Stages {
+impl Smem {
+    /// Stage `s` (1024-byte aligned).
     #[inline(always)]
     fn stage(&self, s: u32) -> SmemAddr {
-        self.base.add(s * CFG.stage_bytes())
+        self.base.add(CFG.stage_offset(s))
     }
     #[inline(always)]
-    fn full(&self, s: u32) -> Mbarrier {
-        Mbarrier(self.base.add(CFG.barrier_offset() + 8 * s))
+    fn full(&self) -> Barriers {
+        Barriers::at(self.base.add(CFG.full_barrier_offset(0)))
     }
     #[inline(always)]
-    fn empty(&self, s: u32) -> Mbarrier {
-        Mbarrier(self.base.add(CFG.barrier_offset() + 8 * (STAGES + s)))
+    fn empty(&self) -> Barriers {
+        Barriers::at(self.base.add(CFG.empty_barrier_offset(0)))
     }
 }
 
-/// See the module docs. Launch: `THREADS` threads, `CFG.dynamic_shared_memory()` bytes, a
-/// persistent grid of at most one CTA per SM.
+/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch` (`THREADS` threads,
+/// `CFG.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA per SM).
+///
+/// # Safety
+/// `p` and the tables it points to must be what the host's sm90 plan writes for validated buffers.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
-    let st = Stages { base: smem::dynamic_base() };
+    let st = Smem { base: smem::dynamic_base() };
     let tid = sreg::tid_x();
     if tid == 0 {
         for s in 0..STAGES {
-            st.full(s).init(1);
-            // Every consumer thread arrives: each thread's own shared reads of the stage are then
-            // ordered before the refill by its own release (one arrival per warp left the other
-            // lanes' reads unordered, and racecheck reported it).
-            st.empty(s).init(128 * CONSUMER_WARPGROUPS);
+            // SAFETY: before the CTA barrier below, nobody else touches the barriers.
+            unsafe {
+                st.full().get(s).init(CFG.full_barrier_arrivals());
+                st.empty().get(s).init(CFG.empty_barrier_arrivals());
+            }
         }
         fence::mbarrier_init();
     }
-    barrier::sync_all();
+    // SAFETY: every thread of the CTA reaches it.
+    unsafe { barrier::sync_all() };
     let warpgroup = sreg::warp_id() / 4;
-    if warpgroup == 0 {
-        if tid == 0 {
-            produce(&st, &p);
+    // SAFETY: one producer thread, every consumer thread; `p` is valid (the caller's contract).
+    unsafe {
+        if warpgroup == 0 {
+            if tid == 0 {
+                produce(&st, &p);
+            }
+        } else {
+            consume(&st, &p, warpgroup - 1, tid % WARPGROUP_THREADS);
         }
-    } else {
-        consume(&st, &p, warpgroup - 1, tid % 128);
     }
 }
 
+/// The producer (one thread): per stage, the token chunks, the weight box and the weight scale
+/// blocks, completing on the stage's full barrier.
+///
+/// # Safety
+/// One thread of the CTA; barriers initialized; `p` valid.
 #[inline(always)]
-unsafe fn produce(st: &Stages, p: &KernelParams) {
-    let groups = p.groups as *const GroupParams;
-    let tiles = p.tiles as *const Tile;
-    let maps = p.tensor_maps as *const tma::TensorMap;
-    let mut ring = Ring::START;
-    let mut i = sreg::ctaid_x();
-    while i < p.tile_count {
-        let t = *tiles.add(i as usize);
-        let g = *groups.add(t.group as usize);
-        let token_map = maps.add(2 * t.group as usize);
-        let weight_map = maps.add(2 * t.group as usize + 1);
-        let scale_row_block =
-            (g.b_scales as *const u8).add(t.n_tile as usize * nvfp4_gemm_abi::scale_layout::rest_k(g.k) as usize * 512);
-        let k_stages = g.k.div_ceil(BLOCK_K);
-        for ks in 0..k_stages {
+unsafe fn produce(st: &Smem, p: &KernelParams) {
+    let mut work = Work::new(p);
+    let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
+    while let Some(i) = work.next_index() {
+        // SAFETY: `i < work_len`; the item names a group of the table.
+        let (t, g) = unsafe {
+            let t = work.item(i);
+            (t, work.group(t.group))
+        };
+        let token_map = work.tensor_map(token_map_index(t.group));
+        let weight_map = work.tensor_map(weight_map_index(t.group));
+        // The weight tile's 128 rows are one row block of B's blocked scales.
+        let scale_row_block = (g.b_scales as *const u8)
+            .wrapping_add(t.tile_n as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
+        for ks in 0..k_stages(g.k) {
             let chunks = valid_chunks(g.k, ks);
-            st.empty(ring.stage).wait(ring.phase ^ 1);
-            let full = st.full(ring.stage);
-            let stage = st.stage(ring.stage);
-            full.arrive_expect_tx(CFG.stage_tx_bytes(chunks));
-            for c in 0..chunks {
+            let stage = ring.acquire();
+            let buf = st.stage(stage.index);
+            stage.full.arrive_expect_tx(CFG.stage_tx_bytes(chunks));
+            // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
+            // the valid chunks lie inside B's scale buffer (validated by the host).
+            unsafe {
+                for c in 0..chunks {
+                    tma::load_2d(
+                        buf.add(CFG.token_offset(c)),
+                        token_map,
+                        (ks * BLOCK_K + c * CHUNK_K) as i32,
+                        (t.tile_m * CFG.block_m) as i32,
+                        stage.full,
+                    );
+                }
                 tma::load_2d(
-                    stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()),
-                    token_map,
-                    (ks * BLOCK_K + c * CHUNK_K) as i32,
-                    (t.m_tile as u32 * CFG.block_m) as i32,
-                    full,
+                    buf.add(CFG.weight_offset()),
+                    weight_map,
+                    (ks * WEIGHT_ROW_BYTES) as i32,
+                    (t.tile_n * BLOCK_N) as i32,
+                    stage.full,
+                );
+                tma::load_1d(
+                    buf.add(CFG.scale_offset()),
+                    scale_row_block.add((ks * CHUNKS_PER_STAGE * SCALE_BLOCK_BYTES) as usize),
+                    chunks * SCALE_BLOCK_BYTES,
+                    stage.full,
                 );
             }
-            tma::load_2d(
-                stage.add(CFG.weight_offset()),
-                weight_map,
-                (ks * BLOCK_K / 2) as i32,
-                (t.n_tile as u32 * BLOCK_N) as i32,
-                full,
-            );
-            tma::load_1d(
-                stage.add(CFG.scale_offset()),
-                scale_row_block.add(ks as usize * CHUNKS_PER_STAGE as usize * 512),
-                chunks * 512,
-                full,
-            );
-            ring.advance();
+            ring.commit(stage);
         }
-        i += sreg::nctaid_x();
     }
 }
 
@@ -137,46 +155,55 @@ fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
     ]
 }
 
+/// A consumer warpgroup (`cw`, thread `t` of 128): per tile, the K loop of decode + wgmma, then
+/// the epilogue.
+///
+/// # Safety
+/// Every thread of consumer warpgroup `cw`; barriers initialized; `p` valid.
 #[inline(always)]
-unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
-    let groups = p.groups as *const GroupParams;
-    let tiles = p.tiles as *const Tile;
+unsafe fn consume(st: &Smem, p: &KernelParams, cw: u32, t: u32) {
+    let mut work = Work::new(p);
     let (warp, lane) = (t / 32, t % 32);
     let (g8, q) = (lane / 4, lane % 4);
     // The thread's two weight rows within the 128-row tile.
     let r0 = cw * WG_ROWS + 16 * warp + g8;
     let r1 = r0 + 8;
-    // Byte offsets (inside the 64B-swizzled weight box: 16-byte unit u of row r lands at unit
-    // u ^ ((r / 2) % 4)) of the thread's 8 bytes of chunk c, and of its rows' scale words inside a
-    // chunk's 512-byte scale block.
-    let w_off = |r: u32, c: u32| r * WEIGHT_ROW_BYTES + (((2 * c + q / 2) ^ ((r / 2) % 4)) * 16) + (q % 2) * 8;
-    let s_off = |r: u32| (r % 32) * 16 + (r / 32) * 4;
-    let mut ring = Ring::START;
-    let mut i = sreg::ctaid_x();
-    while i < p.tile_count {
-        let tile = *tiles.add(i as usize);
-        let g = *groups.add(tile.group as usize);
+    let mut ring = Consumer::<STAGES>::new(st.full(), st.empty());
+    while let Some(i) = work.next_index() {
+        // SAFETY: `i < work_len`; the item names a group of the table.
+        let (tile, g) = unsafe {
+            let t = work.item(i);
+            (t, work.group(t.group))
+        };
         let mut acc = [0f32; 64];
-        let k_stages = g.k.div_ceil(BLOCK_K);
         // The stage whose last MMAs may still be reading it; released once they are known done.
-        let mut pending: Option<u32> = None;
-        for ks in 0..k_stages {
+        let mut pending: Option<Stage> = None;
+        for ks in 0..k_stages(g.k) {
             let chunks = valid_chunks(g.k, ks);
-            st.full(ring.stage).wait(ring.phase);
-            let stage = st.stage(ring.stage);
+            let stage = ring.wait();
+            let buf = st.stage(stage.index);
             // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
             // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
             // flight may read it (at most two groups are ever pending).
             // All of the stage's shared loads first, in one basic block, so their latencies
             // overlap each other and the first chunk's decoding (in the K tail the loads of an
             // absent chunk read stale bytes that are never used).
-            let wbase = stage.add(CFG.weight_offset());
+            let wbase = buf.add(CFG.weight_offset());
             let load = |c: u32| {
-                let sbase = stage.add(CFG.scale_offset() + 512 * c);
-                (
-                    [smem::ld_v2_u32(wbase.add(w_off(r0, c))), smem::ld_v2_u32(wbase.add(w_off(r1, c)))],
-                    [smem::ld_u32(sbase.add(s_off(r0))), smem::ld_u32(sbase.add(s_off(r1)))],
-                )
+                let sbase = buf.add(CFG.scale_block_offset(c));
+                // SAFETY: aligned offsets inside the stage, which is full and not yet released.
+                unsafe {
+                    (
+                        [
+                            smem::ld_v2_u32(wbase.add(weight_fragment_offset(r0, c, q))),
+                            smem::ld_v2_u32(wbase.add(weight_fragment_offset(r1, c, q))),
+                        ],
+                        [
+                            smem::ld_u32(sbase.add(scale_word_offset(r0))),
+                            smem::ld_u32(sbase.add(scale_word_offset(r1))),
+                        ],
+                    )
+                }
             };
             let (raw0, sw0) = load(0);
             let (raw1, sw1) = load(1);
@@ -187,32 +214,39 @@ unsafe fn consume(st: &Stages, p: &KernelParams, cw: u32, t: u32) {
                     let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
                     let a0 = dequant16(rw[0], convert::e4m3_byte_to_f16x2(sw[0], q));
                     let a1 = dequant16(rw[1], convert::e4m3_byte_to_f16x2(sw[1], q));
-                    let tokens =
-                        WgmmaDesc::k_major_sw128(stage.add(CFG.token_offset() + c * CFG.token_chunk_bytes()).0);
+                    let tokens = WgmmaDesc::k_major_sw128(buf.add(CFG.token_offset(c)).0);
                     wgmma::fence();
-                    for j in 0..4 {
+                    for j in 0..K_STEPS_PER_CHUNK as usize {
                         let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                        wgmma::mma_m64n128k16(&mut acc, frag, tokens.advance(32 * j as u32).0, 1);
+                        // SAFETY: the whole warpgroup, converged; the token chunk stays in place
+                        // until the stage is released, after a wait_group covers this MMA.
+                        unsafe {
+                            wgmma::mma_m64n128k16(
+                                &mut acc,
+                                frag,
+                                tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(),
+                                1,
+                            )
+                        };
                     }
                     wgmma::commit_group();
                     // Everything but this chunk's group is done: the previous stage is free.
                     wgmma::wait_group_fenced_n128::<1>(&mut acc);
                     if c == 0 {
                         if let Some(prev) = pending.take() {
-                            st.empty(prev).arrive();
+                            prev.release();
                         }
                     }
                 }
             }
-            pending = Some(ring.stage);
-            ring.advance();
+            pending = Some(stage);
         }
         wgmma::wait_group_fenced_n128::<0>(&mut acc);
         if let Some(prev) = pending {
-            st.empty(prev).arrive();
+            prev.release();
         }
-        store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0);
-        i += sreg::nctaid_x();
+        // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
+        unsafe { store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0) };
     }
 }
 
@@ -234,13 +268,25 @@ macro_rules! unrolled {
 /// Lanes g and g^1 (lane ^ 4) hold neighbouring n for the same m, so one shuffle per register pair
 /// gives each lane two adjacent elements of one row of C: even g stores C[m even][g, g+1], odd g
 /// stores C[m odd][g-1, g], as one 4-byte store (N is a multiple of 8, so a pair never straddles N).
+///
+/// # Safety
+/// Every thread of the warpgroup; `g.c` valid for `g.m × g.n` elements.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn store_tile(acc: &[f32; 64], g: &GroupParams, tile: Tile, cw: u32, warp: u32, g8: u32, q: u32, bf16: bool) {
+unsafe fn store_tile(
+    acc: &[f32; 64],
+    g: &GroupParams,
+    tile: WorkItem,
+    cw: u32,
+    warp: u32,
+    g8: u32,
+    q: u32,
+    bf16: bool,
+) {
     let c = g.c as *mut u16;
     let odd = g8 % 2;
-    let n_pair = tile.n_tile as u32 * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
-    let m_base = tile.m_tile as u32 * CFG.block_m + 2 * q + odd;
+    let n_pair = tile.tile_n * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
+    let m_base = tile.tile_m * CFG.block_m + 2 * q + odd;
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         for half in 0..2usize {
             // Registers 4·quad + 2·half (+1): rows n and n+8 alternate by half.
@@ -253,7 +299,8 @@ unsafe fn store_tile(acc: &[f32; 64], g: &GroupParams, tile: Tile, cw: u32, warp
             if m < g.m && n < g.n {
                 let (lo, hi) = (lo * g.alpha, hi * g.alpha);
                 let bits = if bf16 { convert::f32x2_to_bf16x2(lo, hi) } else { convert::f32x2_to_f16x2(lo, hi) };
-                *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits;
+                // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
+                unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
             }
         }
     });

@@ -1,0 +1,39 @@
+//! Launch geometry, and the per-CTA limit both architectures size their shared memory against.
+//!
+//! Every kernel's [`LaunchGeometry`] is built by a `const fn` of its architecture's module
+//! ([`crate::sm90::gemm_launch`], [`crate::sm90::dequant_launch`],
+//! [`crate::sm100::params::KernelLayout::launch`], [`crate::smoke::launch`]); the host only passes
+//! it to the driver.
+
+/// Largest dynamic shared memory per CTA on sm_90 and sm_100: 227 KiB (the opt-in limit,
+/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`; CUTLASS `sm90_smem_capacity_bytes`,
+/// `sm100_smem_capacity_bytes`).
+pub const MAX_DYNAMIC_SMEM: u32 = 232_448;
+
+/// Alignment the kernels need of the dynamic shared-memory base: one 128-byte-swizzle atom (8 rows
+/// of 128 bytes), so that TMA boxes and matrix descriptors agree on the swizzle phase.
+pub const DYNAMIC_SMEM_ALIGN: u32 = 1024;
+
+/// Grid, block, cluster and dynamic shared memory of one launch (all along x).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LaunchGeometry {
+    /// CTAs along x (a multiple of `cluster`).
+    pub grid: u32,
+    /// Threads per CTA.
+    pub block: u32,
+    /// CTAs per cluster along x (1 = no cluster).
+    pub cluster: u32,
+    /// Dynamic shared memory per CTA in bytes.
+    pub smem_bytes: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_is_227_kib() {
+        assert_eq!(MAX_DYNAMIC_SMEM, 227 * 1024);
+        assert_eq!(DYNAMIC_SMEM_ALIGN, 8 * 128);
+    }
+}

@@ -1,0 +1,112 @@
+//! The device half of an sm_90a plan: kernel functions, device tables, workspace, and the
+//! launches.
+
+use super::Sm90Layout;
+use crate::device::Gpu;
+use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::error::{Error, Result};
+use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
+use crate::problem::{GroupBuffers, Problem};
+use crate::Arch;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nvfp4_gemm_abi::sm90::{self, GroupParams};
+use nvfp4_gemm_abi::tensor_map::TensorMap;
+use std::sync::Arc;
+
+const DEQUANT: &str = "sm90_dequant_tokens";
+const GEMM: &str = "sm90_grouped_gemm";
+
+/// An sm_90a plan on a device: the layout, both functions, the device tables (group parameters,
+/// tensor maps, work list) and the f16 token workspace, allocated once by [`Sm90Plan::new`].
+pub(crate) struct Sm90Plan {
+    /// What runs, for summaries and tests.
+    pub layout: Sm90Layout,
+    dequant: CudaFunction,
+    gemm: CudaFunction,
+    workspace: CudaSlice<u8>,
+    groups: CudaSlice<u8>,
+    maps: CudaSlice<u8>,
+    work: CudaSlice<u8>,
+}
+
+impl Sm90Plan {
+    /// Plans `problem` for `gpu` and allocates the tables and the workspace.
+    pub fn new(gpu: &Gpu, problem: &Problem) -> Result<Sm90Plan> {
+        let layout = Sm90Layout::new(problem, gpu.sm_count());
+        let stream = gpu.context().default_stream();
+        let d = |e| Error::driver("allocating the plan's device tables", e);
+        let g = problem.groups().len().max(1);
+        let dequant = gpu.function(DEQUANT)?;
+        let gemm = gpu.function(GEMM)?;
+        set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
+        let work = if layout.work.is_empty() {
+            stream.alloc_zeros::<u8>(16).map_err(d)?
+        } else {
+            stream.clone_htod(bytemuck::cast_slice::<_, u8>(&layout.work)).map_err(d)?
+        };
+        Ok(Sm90Plan {
+            workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
+            groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
+            maps: stream.alloc_zeros::<u8>(2 * g * size_of::<TensorMap>()).map_err(d)?,
+            work,
+            layout,
+            dequant,
+            gemm,
+        })
+    }
+}
+
+impl ArchPlan for Sm90Plan {
+    fn has_work(&self) -> bool {
+        !self.layout.work.is_empty()
+    }
+
+    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+        let (workspace, _guard) = self.workspace.device_ptr(stream);
+        let (params, maps) = self.layout.encode(problem, buffers, workspace)?;
+        let d = |e| Error::driver("uploading the call's parameters", e);
+        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&params), &mut self.groups).map_err(d)?;
+        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&maps), &mut self.maps).map_err(d)?;
+        Ok(())
+    }
+
+    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
+        // The dequantization kernel writes the workspace the GEMM reads.
+        let (_, _workspace) = self.workspace.device_ptr_mut(stream);
+        let (groups, _g1) = self.groups.device_ptr(stream);
+        let (maps, _g2) = self.maps.device_ptr(stream);
+        let (work, _g3) = self.work.device_ptr(stream);
+        let params = self.layout.kernel_params(groups, maps, work, problem);
+        // SAFETY: both kernels take one `KernelParams` by value; every pointer in it and in the
+        // tables it points to was validated by the caller or is owned by this plan.
+        unsafe {
+            if self.layout.dequant_grid > 0 {
+                launch(&self.dequant, stream, self.layout.dequant, &params)?;
+            }
+            launch(&self.gemm, stream, self.layout.gemm, &params)
+        }
+    }
+
+    fn summary(&self) -> PlanSummary {
+        let l = &self.layout;
+        let mut launches = vec![];
+        if l.dequant_grid > 0 {
+            launches.push(KernelLaunch { kernel: DEQUANT, geometry: l.dequant });
+        }
+        launches.push(KernelLaunch { kernel: GEMM, geometry: l.gemm });
+        PlanSummary {
+            arch: Arch::Sm90a,
+            kernel: format!(
+                "{GEMM}: swap-AB wgmma m64n{}k16, tile {}x{} (tokens x weights), {} stages of K {}",
+                l.config.block_m,
+                l.config.block_m,
+                sm90::BLOCK_N,
+                l.config.stages,
+                sm90::BLOCK_K
+            ),
+            tiles: l.work.len(),
+            launches: if l.work.is_empty() { vec![] } else { launches },
+            workspace_bytes: l.workspace_bytes,
+        }
+    }
+}

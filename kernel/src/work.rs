@@ -1,0 +1,68 @@
+//! The work list both GEMM kernels walk, and the tables their [`KernelParams`] point at.
+
+use crate::ptx::sreg;
+use core::marker::PhantomData;
+use nvfp4_gemm_abi::tensor_map::TensorMap;
+use nvfp4_gemm_abi::work::{KernelParams, WorkItem};
+
+/// This CTA's walk through the work list: items `ctaid, ctaid + nctaid, ...`, and typed reads of
+/// the group table (`G`: the architecture's `GroupParams`) and the tensor-map table. Every role
+/// of a CTA makes the same walk, so their pipeline positions advance in lockstep.
+pub struct WorkCursor<'a, G> {
+    params: &'a KernelParams,
+    next: u32,
+    stride: u32,
+    group: PhantomData<G>,
+}
+
+impl<'a, G: Copy> WorkCursor<'a, G> {
+    /// Starts at this CTA's first item.
+    #[inline(always)]
+    pub fn new(params: &'a KernelParams) -> Self {
+        Self { params, next: sreg::ctaid_x(), stride: sreg::nctaid_x(), group: PhantomData }
+    }
+
+    /// The index of the next item, if any, and moves past it.
+    #[inline(always)]
+    pub fn next_index(&mut self) -> Option<u32> {
+        let i = self.peek_index()?;
+        self.next += self.stride;
+        Some(i)
+    }
+
+    /// The index the following [`Self::next_index`] will return, if any.
+    #[inline(always)]
+    pub fn peek_index(&self) -> Option<u32> {
+        if self.next < self.params.work_len {
+            Some(self.next)
+        } else {
+            None
+        }
+    }
+
+    /// Work item `i` of the list.
+    ///
+    /// # Safety
+    /// `i < work_len`, and the list is valid device memory.
+    #[inline(always)]
+    pub unsafe fn item(&self, i: u32) -> WorkItem {
+        // SAFETY: the caller's contract.
+        unsafe { *(self.params.work as *const WorkItem).add(i as usize) }
+    }
+
+    /// The parameters of group `g`.
+    ///
+    /// # Safety
+    /// `g` must index the group table, which must hold `G`s.
+    #[inline(always)]
+    pub unsafe fn group(&self, g: u32) -> G {
+        // SAFETY: the caller's contract.
+        unsafe { *(self.params.groups as *const G).add(g as usize) }
+    }
+
+    /// Entry `index` of the tensor-map table (address arithmetic only).
+    #[inline(always)]
+    pub fn tensor_map(&self, index: usize) -> *const TensorMap {
+        (self.params.tensor_maps as *const TensorMap).wrapping_add(index)
+    }
+}
