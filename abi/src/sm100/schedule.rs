@@ -16,8 +16,7 @@ use super::config::{choose_block_n, for_block_n, BlockN, BLOCK_M};
 
 /// One output tile: rows `128*tile_m ..`, columns `BLOCK_N*tile_n ..` of group `problem`.
 /// Read by the kernel from global memory; layout fixed by `#[repr(C)]` and the size assertion.
-/// Source: seed `struct WorkItem { int problem_idx; int tile_m; int tile_n; };` (the same 12
-/// bytes; unsigned here because no field is ever negative).
+/// Unsigned fields: none is ever negative.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(C)]
 pub struct WorkItem {
@@ -49,13 +48,12 @@ impl GroupShape {
         choose_block_n(self.n, self.k)
     }
 
-    /// Tiles along M: `ceil(m / 128)`. Source: seed `ceil_div((int)M, block_m)`.
+    /// Tiles along M: `ceil(m / 128)`.
     pub const fn tiles_m(self) -> u32 {
         self.m.div_ceil(BLOCK_M)
     }
 
-    /// Tiles along N at this group's width: `ceil(n / BLOCK_N)`. Source: seed
-    /// `ceil_div((int)N, block_n)`.
+    /// Tiles along N at this group's width: `ceil(n / BLOCK_N)`.
     pub const fn tiles_n(self) -> u32 {
         self.n.div_ceil(self.block_n().get())
     }
@@ -93,12 +91,11 @@ pub const fn work_list_len(groups: &[GroupShape], block_n: BlockN) -> usize {
 /// its length; `Err` (with nothing promised about `out`) when `out` is too short.
 ///
 /// - [`BlockN::N128`]: `for tile_n { for group { for tile_m } }`, skipping groups with fewer N
-///   tiles. Source: seed loop under "128-wide tiles: interleave by tile_n across groups".
+///   tiles.
 /// - [`BlockN::N256`]: `for group { for tile_m { for tile_n } }`, each `tile_m` run padded with
 ///   copies of `(group, tile_m, 0)` up to a multiple of 4. A padding item recomputes tile
 ///   `(group, tile_m, 0)` and stores the same values again: harmless, and it keeps its cluster
 ///   full for the multicast. (Alternative: a flag telling the kernel to skip the store.)
-///   Source: seed loop under "256-wide path", `cached_work_items_256.push_back({(int)i, tm, 0})`.
 ///
 /// Groups with `m = 0` or `n = 0` contribute nothing. Groups with `k = 0` still get items; the
 /// kernel must then store zeros without running an MMA (the seed does not handle `k = 0`).
@@ -234,7 +231,7 @@ mod tests {
         );
     }
 
-    /// DESIGN.md §2's ten competition shapes: all 128-wide, tile_n-major, every tile once.
+    /// docs/measuring.md §1's ten competition shapes: all 128-wide, tile_n-major, every tile once.
     #[test]
     fn all_competition_shapes() {
         let tests: [&[GroupShape]; 10] = [
@@ -261,7 +258,7 @@ mod tests {
         }
     }
 
-    /// DESIGN.md §2 benchmarks: b0/b1 256-wide (no padding: 16 and 28 N tiles), b2/b3 128-wide.
+    /// docs/measuring.md §1 benchmarks: b0/b1 256-wide (no padding: 16 and 28 N tiles), b2/b3 128-wide.
     #[test]
     fn benchmark_shapes() {
         let b0 = shapes([80, 176, 128, 72, 64, 248, 96, 160], [4096; 8], [7168; 8]);

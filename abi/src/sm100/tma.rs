@@ -3,7 +3,7 @@
 //! An operand (A: `M x K`, B: `N x K`, both K-major, two e2m1 values per byte) is described to the
 //! driver with `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B`: dimensions count 4-bit values and 16 of
 //! them pack into 8 bytes without gaps, so the global memory image is exactly the torch
-//! `float4_e2m1fn_x2` tensor ((DRV) `cuTensorMapEncodeTiled`, BLACKWELL.md §5).
+//! `float4_e2m1fn_x2` tensor ((DRV) `cuTensorMapEncodeTiled`, docs/sm100.md §5).
 //!
 //! One box is `R` rows x 256 values = `R` x 128 bytes, written with `SWIZZLE_128B`: row `r` fills
 //! bytes `[128r, 128r + 128)` and its 16-byte chunk `c` lands at `c ^ (r % 8)`. That is the K-major
@@ -35,7 +35,7 @@ pub enum TensorMapDataType {
     /// `CU_TENSOR_MAP_DATA_TYPE_UINT8` = 0.
     U8 = 0,
     /// `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B` = 13: 16 packed 4-bit values per 8 bytes.
-    /// ⚠ BLACKWELL.md §5 infers 13 from the enum order; cuda.h mirrors in public bindings list
+    /// ⚠ docs/sm100.md §5 infers 13 from the enum order; cuda.h mirrors in public bindings list
     /// `= 0x0d` / `= 13` too. Prefer cudarc's named constant when encoding.
     U4x16Align8B = 13,
 }
@@ -91,14 +91,13 @@ pub enum Fp4MapLayout {
     /// coordinates `{0, row0, k0/256}`. Needs `K % 256 == 0`: the third dimension counts whole
     /// 128-byte chunks of a row, so a partial chunk cannot be expressed (rounding up would read
     /// the next row's bytes, and past the buffer for the last row).
-    /// Source: seed `init_AB_tmap_u4`, `tma_3d_gmem2smem(..., 0, m_offset, off_k / 256, ...)`.
     Chunked3d,
     /// Proposed for `K % 256 != 0`: dims `{K, rows}`, byte stride `{K/2}`, box `{256, R}`,
     /// coordinates `{k0, row0}`. Values `K .. k0+256` of the last stage are out of bounds and
-    /// zero-filled; the smem image is the same as the 3D map's (⚠ inference, BLACKWELL.md §5;
+    /// zero-filled; the smem image is the same as the 3D map's (⚠ inference, docs/sm100.md §5;
     /// DeepGEMM's sm100 FP4 path uses 2D `16U4_ALIGN8B` maps with a 128-byte inner box).
     /// ⚠ For K < 256 (K = 64, 128) the box is wider than the tensor; the driver's rules do not
-    /// forbid it as far as BLACKWELL.md records, but it has not run on hardware.
+    /// forbid it as far as docs/sm100.md §5 records, but it has not run on hardware.
     Flat2d,
 }
 
@@ -172,11 +171,6 @@ impl Fp4TensorMap {
     /// The seed's 3D map of a `rows x k` FP4 operand with `box_rows`-row boxes (128 for A and
     /// 128-wide B, 256 for 256-wide B). `rows` is the real row count: rows past it are zero-filled
     /// (the seed stopped padding A/B and passes `A_list[i].size(0)`).
-    ///
-    /// Source: seed `globalDim = {256, global_height, global_width / 256}`, `globalStrides =
-    /// {global_width / 2, 128}`, `boxDim = {256, shared_height, 1}`, `elementStrides = {1, 1, 1}`,
-    /// `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B`, `INTERLEAVE_NONE`, `SWIZZLE_128B`,
-    /// `L2_PROMOTION_NONE`, `FLOAT_OOB_FILL_NONE`.
     pub const fn chunked_3d(rows: u32, k: u32, box_rows: u32) -> Result<Self, TensorMapError> {
         if let Err(e) = check(rows, k, box_rows) {
             return Err(e);
@@ -240,7 +234,6 @@ impl Fp4TensorMap {
 
     /// Bytes one box writes to shared memory, and what `expect_tx` counts for it even when rows
     /// or K values are out of bounds (zero-filled bytes still complete): `box_rows * 128`.
-    /// Source: seed `TMA_A_SMEM_BYTES = BLOCK_M * (TMA_BLOCK_K / 2)` in `expect_bytes`.
     pub const fn box_bytes(self) -> u32 {
         self.box_dim[1] * BOX_ROW_BYTES
     }

@@ -3,7 +3,7 @@
 //! TMEM is 128 lanes x 512 columns of 32-bit cells per SM (PTX ISA 9.1 §9.7.16.1). A CTA
 //! allocates a power-of-two number of columns in [32, 512] with `tcgen05.alloc` and addresses a
 //! cell as `lane << 16 | column` (§9.7.16.1.1). The kernel keeps three things there
-//! (BLACKWELL.md §4 and §6):
+//! (docs/sm100.md §4 and §6):
 //! - the fp32 accumulator, lane m = output row m, column n = output column n: columns
 //!   `[0, BLOCK_N)`;
 //! - the A scales of one stage (SFA): 4 columns per K=64 MMA step, right after the accumulator;
@@ -27,14 +27,14 @@ pub const TMEM_MIN_ALLOC_COLUMNS: u32 = 32;
 pub const TMEM_LANES_PER_WARP: u32 = 32;
 
 /// TMEM columns one `tcgen05.cp.32x128b.warpx4` fills: a 512-byte block of 128 rows is 32 lines
-/// of 16 bytes, i.e. four 32-bit columns (BLACKWELL.md §4).
+/// of 16 bytes, i.e. four 32-bit columns (docs/sm100.md §4).
 pub const SCALE_COLUMNS_PER_COPY: u32 = 4;
 
 /// The TMEM base address the seed assumes `tcgen05.alloc` returns. The seed never reads the
 /// address back (its alloc writes it to the first word of stage 0 and its dealloc passes 0:
 /// `tcgen05_dealloc_cols_cta1(0, TMEM_COLS)`). That is proven only with one CTA per SM (both
 /// 221312-B variants). With two CTAs per SM (the 3-stage variant, which no seed benchmark
-/// reached) the second CTA's columns start elsewhere, so the alternative (BLACKWELL.md §1 ⚠, done
+/// reached) the second CTA's columns start elsewhere, so the alternative (docs/sm100.md §1 ⚠, done
 /// by NA) is to read the allocated address from shared memory
 /// (`super::config::KernelConfig::tmem_slot_offset`) and add the plan's columns to it: see
 /// [`TmemAddress::from_bits`] and [`TmemAddress::add_columns`].
@@ -136,7 +136,7 @@ pub enum TmemPlanError {
     TooManyColumns,
 }
 
-/// The seed's TMEM column plan for one CTA (BLACKWELL.md §4 "SEED's TMEM layout"):
+/// The seed's TMEM column plan for one CTA (docs/sm100.md §4 "Column plan"):
 ///
 /// | Columns                                   | Content                                 |
 /// |-------------------------------------------|-----------------------------------------|
@@ -144,8 +144,6 @@ pub enum TmemPlanError {
 /// | `[BLOCK_N, BLOCK_N + 4*steps)`            | SFA, 4 columns per K=64 step            |
 /// | `[.., .. + 4*(BLOCK_N/128)*steps)`        | SFB, 4 columns per 128 B rows per step  |
 ///
-/// Seed lines: `SFA_tmem = BLOCK_N`, `SFB_tmem = SFA_tmem + 4 * (TMA_BLOCK_K / MMA_K)`,
-/// `scale_A_tmem = SFA_tmem + k * 4`, `scale_B_tmem = SFB_tmem + k * 8` (N=256) or `k * 4`.
 /// Columns are relative to the allocation base ([`SEED_TMEM_BASE`] in the seed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TmemPlan {
@@ -171,7 +169,7 @@ impl TmemPlan {
     }
 
     /// Columns holding the fp32 accumulator: `[0, BLOCK_N)`, one column per output column
-    /// (BLACKWELL.md §6; the seed's comment "2 columns per fp32" is wrong, see §4).
+    /// (docs/sm100.md §6; the seed's comment "2 columns per fp32" is wrong, see §4).
     pub const fn accumulator(self) -> ColumnRange {
         ColumnRange { start: 0, len: self.block_n }
     }
@@ -217,7 +215,6 @@ impl TmemPlan {
 
     /// The copy of step `k`'s SFA block: smem block `k` (the stage's SFA region holds
     /// `steps_per_stage` consecutive 512-byte blocks) into [`TmemPlan::sfa_column`].
-    /// Source: seed `tcgen05_cp_nvfp4(SFA_tmem + k * 4, SFA_desc + k * (512 >> 4))`.
     pub const fn sfa_copy(self, k: u32) -> ScaleCopy {
         ScaleCopy { smem_offset: k * crate::scale_layout::BLOCK_BYTES, tmem_column: self.sfa_column(k) }
     }
@@ -229,7 +226,7 @@ impl TmemPlan {
     ///
     /// ⚠ For `half = 1` the seed's line is elided ("⋯ 5 unchanged lines" after
     /// `if constexpr (BLOCK_N == 256) {`); this is inferred from the SFB bulk-copy offsets
-    /// (`SFB_off + SFB_HALF_BYTES`) and the `k * 8` column step (BLACKWELL.md §4 ⚠).
+    /// (`SFB_off + SFB_HALF_BYTES`) and the `k * 8` column step (docs/sm100.md §4 ⚠).
     pub const fn sfb_copy(self, k: u32, half: u32) -> ScaleCopy {
         ScaleCopy {
             smem_offset: (half * self.steps_per_stage + k) * crate::scale_layout::BLOCK_BYTES,
