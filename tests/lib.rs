@@ -181,7 +181,7 @@ pub mod cases {
         GroupShape::zip(m, n, k).unwrap()
     }
 
-    /// The competition's 10 test shapes (DESIGN.md §2) and one with K = 128 and 384 (an older
+    /// The competition's 10 test shapes (docs/measuring.md §1) and one with K = 128 and 384 (an older
     /// revision of the task).
     pub fn competition() -> Vec<Vec<GroupShape>> {
         vec![

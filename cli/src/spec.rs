@@ -1,7 +1,7 @@
 //! The shape language shared by the command-line tools (`nvfp4-gemm gen --shape`, `nvfp4-bench
 //! --shape`).
 //!
-//! A spec is either the name of a benchmark shape (`b0`, `b1`, `b2`, `b3`, DESIGN §2) or a
+//! A spec is either the name of a benchmark shape (`b0`, `b1`, `b2`, `b3`, docs/measuring.md §1) or a
 //! comma-separated list of `key=value` pairs:
 //!
 //! | key    | value                                                           |
@@ -48,7 +48,7 @@ impl NamedShapes {
 /// Names of the benchmark shapes, in order.
 pub const BENCHMARK_NAMES: [&str; 4] = ["b0", "b1", "b2", "b3"];
 
-/// The benchmark shapes of DESIGN §2 by name (`b0`..`b3`).
+/// The benchmark shapes of docs/measuring.md §1 by name (`b0`..`b3`).
 pub fn benchmark(name: &str) -> Option<NamedShapes> {
     let shapes: Vec<GroupShape> = match name {
         "b0" => shapes::B0.to_vec(),

@@ -54,7 +54,7 @@ impl GroupShape {
     }
 }
 
-/// The benchmark shapes of DESIGN §2.
+/// The benchmark shapes of docs/measuring.md §1.
 pub mod shapes {
     use super::GroupShape;
 

@@ -139,7 +139,7 @@ fn abi_constants_appear_as_immediates() {
         let body = entry(k.kernel_name());
         let idesc = k.config().instr_descriptor().to_bits();
         assert!(body.contains(&format!(", {idesc};")), "{}: idesc {idesc:#x}", k.kernel_name());
-        // (addr >> 4) | 0x4000_4040_0000_0000 and | 0x0000_4008_0000_0000 (BLACKWELL.md §2).
+        // (addr >> 4) | 0x4000_4040_0000_0000 and | 0x0000_4008_0000_0000 (docs/sm100.md §2).
         assert!(body.contains(&format!("{}", 0x4000_4040_0000_0000u64)), "{}", k.kernel_name());
         assert!(body.contains(&format!("{}", 0x0000_4008_0000_0000u64)), "{}", k.kernel_name());
         for offset in [k.config().accumulator_full_barrier_offset(), k.config().accumulator_empty_barrier_offset()] {

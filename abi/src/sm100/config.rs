@@ -2,7 +2,7 @@
 //! memory map and launch geometry. One value per variant, the single source of truth that both
 //! the kernel (as `const` items) and the host (for launch) read.
 //!
-//! The seed compiles three variants (seed `cudaFuncSetAttribute` block, DESIGN.md §3):
+//! The seed compiles three variants (seed `cudaFuncSetAttribute` block, docs/sm100.md §8):
 //!
 //! | Variant            | BLOCK_N | stages | cluster | stage bytes | dynamic smem |
 //! |--------------------|---------|--------|---------|-------------|--------------|
@@ -10,7 +10,7 @@
 //! | [`N128_SHALLOW`]   | 128     | 3      | 1       | 36864       | 110656       |
 //! | [`N256_CLUSTER4`]  | 256     | 4      | 4       | 55296       | 221312       |
 //!
-//! The 221312 B that BLACKWELL.md §7 quotes is both `36864*6 + 128` (N128, 2 barriers per stage:
+//! The 221312 B that docs/sm100.md §7 quotes is both `36864*6 + 128` (N128, 2 barriers per stage:
 //! 96 B rounded to 128) and `55296*4 + 128` (N256, 3 barriers per stage: 96 B rounded to 128).
 //!
 //! Per stage, shared memory holds `[A tile][B tile][SFA][SFB]`; after the last stage come the
@@ -60,15 +60,15 @@ pub const TMEM_ALLOC_WARP: u32 = 0;
 
 pub use crate::launch::MAX_DYNAMIC_SMEM;
 
-/// Shared memory per SM: 228 KiB (BLACKWELL.md §7).
+/// Shared memory per SM: 228 KiB (docs/sm100.md §7).
 pub const SMEM_PER_SM: u32 = 233_472;
 
-/// Shared memory the system reserves per resident block (BLACKWELL.md §7).
+/// Shared memory the system reserves per resident block (docs/sm100.md §7).
 pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
 
 /// Alignment of every stage and of the dynamic shared memory base: one 128-byte-swizzle atom
 /// (8 rows x 128 B), so that descriptors keep base offset 0. Source: seed
-/// `extern __shared__ __align__(1024) char smem_ptr[];`, BLACKWELL.md §5.
+/// `extern __shared__ __align__(1024) char smem_ptr[];`, docs/sm100.md §5.
 pub const STAGE_ALIGN: u32 = crate::launch::DYNAMIC_SMEM_ALIGN;
 
 /// Bytes of one mbarrier.
@@ -319,7 +319,7 @@ impl KernelConfig {
     /// cluster. Source: seed `mbar_base + (2*NS + i) * 8`, `mbarrier_init(..., CLUSTER_SIZE)`.
     ///
     /// ⚠ The seed arrives on it (`mbarrier_arrive_cluster`) right after *issuing* a stage's MMAs,
-    /// not when they complete (BLACKWELL.md §6); the safe alternative is
+    /// not when they complete (docs/sm100.md §6); the safe alternative is
     /// `tcgen05.commit...multicast::cluster` with `ctaMask` = rank 0 on this same barrier.
     pub const fn cluster_empty_barrier_offset(self, s: u32) -> Option<u32> {
         if self.multicast_a() {
@@ -396,7 +396,7 @@ impl KernelConfig {
     }
 
     /// Bytes the A producer announces with `arrive.expect_tx` for stage `k_iter`: the full A box
-    /// (out-of-bounds bytes count, BLACKWELL.md §5) plus the SFA blocks actually copied.
+    /// (out-of-bounds bytes count, docs/sm100.md §5) plus the SFA blocks actually copied.
     /// For a full stage this is the seed's `TMA_A_SMEM_BYTES + TMA_SFA_SMEM_BYTES` = 18432.
     /// In a cluster every CTA announces the A bytes although only rank 0 issues the multicast:
     /// the multicast completes the same transaction count on each CTA's barrier (PTX

@@ -2,7 +2,7 @@
 //!
 //! A descriptor tells the tensor core where an operand tile sits in shared memory and how its
 //! 16-byte chunks are laid out. The 64-bit encoding is PTX ISA 9.1 §9.7.16.4.1, Table 40
-//! (BLACKWELL.md §2):
+//! (docs/sm100.md §2):
 //!
 //! | Bits  | Field                                                       |
 //! |-------|-------------------------------------------------------------|
@@ -26,15 +26,15 @@
 /// Mask applied to a shared-memory byte address before it is shifted into a 14-bit field: the
 /// descriptor addresses 256 KiB of the `shared::cta` window in 16-byte units.
 ///
-/// Source: seed line `return (x & 0x3'FFFFULL) >> 4ULL;` (`desc_encode`), PTX §9.7.16.4.1.
+/// Source: PTX §9.7.16.4.1.
 pub const DESC_ADDRESS_MASK: u32 = 0x3_FFFF;
 
 /// Byte distance between consecutive 8-row groups of a K-major, 128-byte-swizzled operand: eight
-/// rows of 128 bytes. Source: seed `const int SBO = 8 * 128;`, PTX §9.7.16.3.2, BLACKWELL.md §2.
+/// rows of 128 bytes. Source: PTX §9.7.16.3.2, docs/sm100.md §2.
 pub const OPERAND_SBO_BYTES: u32 = 8 * 128;
 
 /// Byte distance between consecutive 8-row core matrices of a 512-byte scale block (8 rows of
-/// 16 bytes). Source: seed `const int SBO = 8 * 16;` in `make_desc_SF`, BLACKWELL.md §2.
+/// 16 bytes). Source: docs/sm100.md §2.
 pub const SCALE_SBO_BYTES: u32 = 8 * 16;
 
 /// The LBO the seed encodes for both descriptors. PTX §9.7.16.3.1.1 says the field is "not used,
@@ -44,17 +44,17 @@ pub const SCALE_SBO_BYTES: u32 = 8 * 16;
 pub const SEED_LBO_BYTES: u32 = 0;
 
 /// The LBO CUTLASS writes (field value 1, i.e. 16 bytes): the alternative to [`SEED_LBO_BYTES`]
-/// described in BLACKWELL.md §2 ⚠. Not used by the seed's constructors.
+/// described in docs/sm100.md §2 ⚠. Not used by the seed's constructors.
 pub const LBO_ASSUMED_ONE_BYTES: u32 = 16;
 
 /// Bytes along K covered by one `kind::mxf4nvf4` MMA (K = 64 FP4 values, two per byte). Advancing
 /// an operand descriptor by this many bytes selects the next K=64 slice inside the swizzle atom.
-/// Source: seed `make_desc_AB(stage_base + k * 32)`, BLACKWELL.md §5 "Why +32 B per MMA".
+/// Source: docs/sm100.md §5 "+32 bytes per MMA".
 pub const OPERAND_K_STEP_BYTES: u32 = 32;
 
 /// Bytes of one 128-row x 4-column scale block, the unit of one `tcgen05.cp.32x128b.warpx4`.
 /// Advancing a scale descriptor by this many bytes selects the next K=64 step's scales.
-/// Source: seed `SFA_desc + (uint64_t)k * (512ULL >> 4ULL)`, BLACKWELL.md §4.
+/// Source: docs/sm100.md §4.
 pub const SCALE_K_STEP_BYTES: u32 = crate::scale_layout::BLOCK_BYTES;
 
 /// Swizzle mode of a tcgen05 shared-memory descriptor, bits 61–63 (PTX §9.7.16.4.1 Table 40).
@@ -166,8 +166,8 @@ impl SmemDescriptor {
     /// `(addr >> 4) | 0x4000_4040_0000_0000` for `addr < 256 KiB`.
     ///
     /// `addr` must be the tile start plus a multiple of [`OPERAND_K_STEP_BYTES`] inside the first
-    /// 128 bytes, with the tile 1024-byte aligned, so that base offset 0 is right (BLACKWELL.md §5).
-    /// Source: seed `make_desc_AB`, BLACKWELL.md §2 "SEED operand descriptor".
+    /// 128 bytes, with the tile 1024-byte aligned, so that base offset 0 is right (docs/sm100.md §5).
+    /// Source: docs/sm100.md §2 "Operands".
     pub const fn operand_k_major_sw128(addr: u32) -> Self {
         SmemDescriptorFields {
             start_address: addr,
@@ -183,7 +183,7 @@ impl SmemDescriptor {
     /// Descriptor of a 512-byte scale block (32 rows of 16 bytes, no swizzle) read by
     /// `tcgen05.cp.cta_group::1.32x128b.warpx4`: SBO 128, LBO 0. Equals
     /// `(addr >> 4) | 0x0000_4008_0000_0000`. LBO is irrelevant because a row is one 16-byte
-    /// column. Source: seed `make_desc_SF`, BLACKWELL.md §2 "SEED SF descriptor".
+    /// column. Source: docs/sm100.md §2 "Scales".
     pub const fn scale_factors(addr: u32) -> Self {
         SmemDescriptorFields {
             start_address: addr,

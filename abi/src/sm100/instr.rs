@@ -3,7 +3,7 @@
 //!
 //! The descriptor is a register operand (`idesc`) that fixes the operand types, the scale type
 //! and the MMA shape. Layout for `kind::mxf4nvf4`, PTX ISA 9.1 §9.7.16.4.2 Tables 43/44
-//! (BLACKWELL.md §3):
+//! (docs/sm100.md §3):
 //!
 //! | Bits         | Field                                                        |
 //! |--------------|--------------------------------------------------------------|
@@ -25,11 +25,9 @@
 //! scales per K=64 row). Only the shape and the negate bits vary, so the constructor takes those.
 
 /// M of every `cta_group::1` block-scaled MMA the kernel issues (PTX §9.7.16.10.9.1 Table 39).
-/// Source: seed `constexpr int MMA_M = 128;`.
 pub const MMA_M: u32 = 128;
 
-/// K of one `kind::mxf4nvf4` MMA, in FP4 values. Source: seed `constexpr int MMA_K = 64;`,
-/// PTX §9.7.16.10.9.1 Table 39.
+/// K of one `kind::mxf4nvf4` MMA, in FP4 values. Source: PTX §9.7.16.10.9.1 Table 39.
 pub const MMA_K: u32 = 64;
 
 /// Smallest N, and the step between valid N values (PTX §9.7.16.10.9.1 Table 39).
@@ -39,8 +37,7 @@ pub const MMA_N_STEP: u32 = 8;
 pub const MMA_N_MAX: u32 = 256;
 
 /// Element type code for E2M1 in the A/B type fields of `kind::mxf4nvf4` (PTX §9.7.16.4.2
-/// Table 44). Source: seed `(1U<<7U) | (1U<<10U)` (BLACKWELL.md §3: elided in the diff, recovered
-/// from GN's identically formatted code).
+/// Table 44).
 pub const E2M1_TYPE_CODE: u32 = 1;
 
 /// Scale-factor element type, bit 23 (PTX §9.7.16.4.2 Table 43).
@@ -124,11 +121,8 @@ pub struct InstrDescriptor(u32);
 
 impl InstrDescriptor {
     /// The NVFP4 descriptor the seed uses: dense, A = B = E2M1, UE4M3 scales, SF IDs 0, both
-    /// operands K-major, no negation, K = 64, shape `m x n`.
-    ///
-    /// Source: seed `idesc = (1U<<7U) | (1U<<10U) | ((uint32_t)BLOCK_N >> 3U << 17U) |
-    /// ((uint32_t)MMA_M >> 7U << 27U)`; M=128, N=128 gives 0x08200480 and N=256 gives 0x08400480
-    /// (BLACKWELL.md §3).
+    /// operands K-major, no negation, K = 64, shape `m x n`. M = 128 gives 0x08200480 for N = 128
+    /// and 0x08400480 for N = 256 (docs/sm100.md §3).
     pub const fn nvfp4(m: u32, n: u32) -> Result<Self, MmaShapeError> {
         match MmaShape::new(m, n) {
             Ok(shape) => Ok(Self::nvfp4_shape(shape, false, false)),

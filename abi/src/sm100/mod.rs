@@ -2,7 +2,7 @@
 //!
 //! Everything the `tcgen05` kernel and its host launcher must agree on, as typed values and
 //! `const fn`s checked on the host against the seed kernel's hardware-proven constants
-//! (`/work/shared/seed/000_94110baf22e4fe97.txt`, facts in BLACKWELL.md):
+//! (where each comes from: docs/provenance.md; the hardware facts: docs/sm100.md):
 //! - [`desc`]: shared-memory matrix descriptors (operands, scale blocks);
 //! - [`instr`]: the `kind::mxf4nvf4` instruction descriptor and MMA shape;
 //! - [`tmem`]: TMEM addresses and the accumulator / scale column plan;

@@ -20,7 +20,7 @@
 //! - each pipeline stage gets its own TMEM columns for block scales. The seed (and CUTLASS) copy
 //!   the next stage's scales with `tcgen05.cp` into the columns the previous stage's MMAs read,
 //!   relying on an MMA → cp ordering that PTX ISA §9.7.16.6.2 does not list among its pipelined
-//!   pairs (BLACKWELL.md §1 ⚠). With one column set per stage, the copy into stage `s` is ordered
+//!   pairs (docs/sm100.md §1 ⚠). With one column set per stage, the copy into stage `s` is ordered
 //!   after the MMAs that last read it through the stage's empty → full barrier chain instead.
 //!   The accumulator and each stage's scale columns keep the seed's [`super::tmem::TmemPlan`] layout.
 

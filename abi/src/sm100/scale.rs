@@ -3,7 +3,7 @@
 //! Scales are stored in the 128x4 blocked layout of [`crate::scale_layout`]: for a 128-row block,
 //! the 512-byte blocks of consecutive K=64 slices are consecutive. So the scales one stage needs
 //! (128 rows x `TMA_BLOCK_K` values = 4 blocks) are one contiguous run, fetched with one
-//! `cp.async.bulk.shared::cta.global` per 128 rows (DESIGN.md §3, BLACKWELL.md §4).
+//! `cp.async.bulk.shared::cta.global` per 128 rows (docs/sm100.md §8, docs/sm100.md §4).
 
 use crate::scale_layout::{self, BLOCK_BYTES, BLOCK_ROWS};
 
@@ -11,11 +11,8 @@ use super::instr::MMA_K;
 
 /// Byte offset, in a blocked scale buffer with `rest_k` blocks per row block, of the 512-byte
 /// block holding rows `row0 .. row0+127` and values `k0 .. k0+63`:
-/// `((row0/128) * rest_k + k0/64) * 512`. `row0` is a multiple of 128 and `k0` of 64.
-///
-/// Source: seed `SFA_src = prob.SFA_ptr + ((m_offset / 128) * rest_k + k_blk) * 512` with
-/// `k_blk = off_k / (16 * 4)`, and the same for SFB with `n_offset`; computed here through
-/// [`scale_layout::blocked_word_offset`], the layout's own formula.
+/// `((row0/128) * rest_k + k0/64) * 512`. `row0` is a multiple of 128 and `k0` of 64. Computed
+/// through [`scale_layout::blocked_word_offset`], the layout's own formula.
 pub const fn scale_block_offset(row0: u32, k0: u32, rest_k: u32) -> usize {
     scale_layout::blocked_word_offset(row0, k0 / MMA_K, rest_k)
 }
@@ -45,7 +42,6 @@ pub const fn scale_stage_copy(row0: u32, k0: u32, steps: u32, rest_k: u32, dst_o
 
 /// The SFA copy of one stage for the A tile starting at row `m_offset`: one run of `steps`
 /// blocks at `((m_offset/128) * rest_k + k0/64) * 512`, placed at the start of the SFA region.
-/// Source: seed `tma_gmem2smem(stage_base + SFA_off, SFA_src, TMA_SFA_SMEM_BYTES, ...)`.
 pub const fn sfa_stage_copy(m_offset: u32, k0: u32, steps: u32, rest_k: u32) -> ScaleBulkCopy {
     scale_stage_copy(m_offset, k0, steps, rest_k, 0)
 }
@@ -54,10 +50,6 @@ pub const fn sfa_stage_copy(m_offset: u32, k0: u32, steps: u32, rest_k: u32) -> 
 /// one per 128-row block (1 for BLOCK_N = 128, 2 for 256), the second landing after the first's
 /// full-stage run (`steps_per_stage * 512` = the seed's `SFB_HALF_BYTES` = 2048). Returns the
 /// copies and how many of the two are used.
-///
-/// Source: seed `SFB_src0 = ... ((n_offset / 128) * rest_k + k_blk) * 512`, `SFB_src1 = ...
-/// (((n_offset / 128) + 1) * rest_k + k_blk) * 512`, destinations `SFB_off` and
-/// `SFB_off + SFB_HALF_BYTES`.
 pub const fn sfb_stage_copies(
     n_offset: u32,
     block_n: u32,

@@ -215,7 +215,7 @@ mod tests {
         );
     }
 
-    /// DESIGN.md §2's ten competition shapes: all 128-wide, tile_n-major, every tile once.
+    /// docs/measuring.md §1's ten competition shapes: all 128-wide, tile_n-major, every tile once.
     #[test]
     fn all_competition_shapes() {
         let tests: [&[GroupShape]; 10] = [
@@ -242,7 +242,7 @@ mod tests {
         }
     }
 
-    /// DESIGN.md §2 benchmarks: b0/b1 256-wide (no padding: 16 and 28 N tiles), b2/b3 128-wide.
+    /// docs/measuring.md §1 benchmarks: b0/b1 256-wide (no padding: 16 and 28 N tiles), b2/b3 128-wide.
     #[test]
     fn benchmark_shapes() {
         let b0 = shapes([80, 176, 128, 72, 64, 248, 96, 160], [4096; 8], [7168; 8]);

@@ -3,7 +3,7 @@
 //! An operand (A: `M x K`, B: `N x K`, both K-major, two e2m1 values per byte) is described to the
 //! driver with `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B`: dimensions count 4-bit values and 16 of
 //! them pack into 8 bytes without gaps, so the global memory image is exactly the torch
-//! `float4_e2m1fn_x2` tensor ((DRV) `cuTensorMapEncodeTiled`, BLACKWELL.md §5).
+//! `float4_e2m1fn_x2` tensor ((DRV) `cuTensorMapEncodeTiled`, docs/sm100.md §5).
 //!
 //! One box is `R` rows x 256 values = `R` x 128 bytes, written with `SWIZZLE_128B`: row `r` fills
 //! bytes `[128r, 128r + 128)` and its 16-byte chunk `c` lands at `c ^ (r % 8)`. That is the K-major
@@ -42,10 +42,10 @@ pub enum Fp4MapLayout {
     Chunked3d,
     /// Proposed for `K % 256 != 0`: dims `{K, rows}`, byte stride `{K/2}`, box `{256, R}`,
     /// coordinates `{k0, row0}`. Values `K .. k0+256` of the last stage are out of bounds and
-    /// zero-filled; the smem image is the same as the 3D map's (⚠ inference, BLACKWELL.md §5;
+    /// zero-filled; the smem image is the same as the 3D map's (⚠ inference, docs/sm100.md §5;
     /// DeepGEMM's sm100 FP4 path uses 2D `16U4_ALIGN8B` maps with a 128-byte inner box).
     /// ⚠ For K < 256 (K = 64, 128) the box is wider than the tensor; the driver's rules do not
-    /// forbid it as far as BLACKWELL.md records, but it has not run on hardware.
+    /// forbid it as far as docs/sm100.md records, but it has not run on hardware.
     Flat2d,
 }
 

@@ -3,7 +3,7 @@
 //! TMEM is 128 lanes x 512 columns of 32-bit cells per SM (PTX ISA 9.1 §9.7.16.1). A CTA
 //! allocates a power-of-two number of columns in [32, 512] with `tcgen05.alloc` and addresses a
 //! cell as `lane << 16 | column` (§9.7.16.1.1). The kernel keeps three things there
-//! (BLACKWELL.md §4 and §6):
+//! (docs/sm100.md §4 and §6):
 //! - the fp32 accumulator, lane m = output row m, column n = output column n: columns
 //!   `[0, BLOCK_N)`;
 //! - the A scales of one stage (SFA): 4 columns per K=64 MMA step, right after the accumulator;
@@ -27,7 +27,7 @@ pub const TMEM_MIN_ALLOC_COLUMNS: u32 = 32;
 pub const TMEM_LANES_PER_WARP: u32 = 32;
 
 /// TMEM columns one `tcgen05.cp.32x128b.warpx4` fills: a 512-byte block of 128 rows is 32 lines
-/// of 16 bytes, i.e. four 32-bit columns (BLACKWELL.md §4).
+/// of 16 bytes, i.e. four 32-bit columns (docs/sm100.md §4).
 pub const SCALE_COLUMNS_PER_COPY: u32 = 4;
 
 /// A TMEM address: lane in bits 16–31, column in bits 0–15 (PTX §9.7.16.1.1).
@@ -126,7 +126,7 @@ pub enum TmemPlanError {
     TooManyColumns,
 }
 
-/// The seed's TMEM column plan for one CTA (BLACKWELL.md §4 "SEED's TMEM layout"):
+/// The seed's TMEM column plan for one CTA (docs/sm100.md §4 "Column plan"):
 ///
 /// | Columns                                   | Content                                 |
 /// |-------------------------------------------|-----------------------------------------|
@@ -163,7 +163,7 @@ impl TmemPlan {
     }
 
     /// Columns holding the fp32 accumulator: `[0, BLOCK_N)`, one column per output column
-    /// (BLACKWELL.md §6; the seed's comment "2 columns per fp32" is wrong, see §4).
+    /// (docs/sm100.md §6; the seed's comment "2 columns per fp32" is wrong, see §4).
     pub const fn accumulator(self) -> ColumnRange {
         ColumnRange { start: 0, len: self.block_n }
     }
@@ -212,7 +212,7 @@ impl TmemPlan {
     ///
     /// ⚠ For `half = 1` the seed's line is elided ("⋯ 5 unchanged lines" after
     /// `if constexpr (BLOCK_N == 256) {`); this is inferred from the SFB bulk-copy offsets
-    /// (`SFB_off + SFB_HALF_BYTES`) and the `k * 8` column step (BLACKWELL.md §4 ⚠).
+    /// (`SFB_off + SFB_HALF_BYTES`) and the `k * 8` column step (docs/sm100.md §4 ⚠).
     pub const fn sfb_copy(self, k: u32, half: u32) -> ScaleCopy {
         ScaleCopy {
             smem_offset: (half * self.steps_per_stage + k) * crate::scale_layout::BLOCK_BYTES,

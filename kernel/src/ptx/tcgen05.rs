@@ -1,7 +1,7 @@
 //! Blackwell tensor memory (TMEM) and the 5th-generation tensor-core instructions (`tcgen05`,
 //! PTX ISA §9.7.16; sm_100a).
 //!
-//! Who issues what (PTX §9.7.16.5, BLACKWELL.md §1):
+//! Who issues what (PTX §9.7.16.5, docs/sm100.md §1):
 //! - one full, converged warp (`.sync.aligned`): [`alloc`], [`dealloc`],
 //!   [`relinquish_alloc_permit`], [`ld_16x256b_x16`] (which includes `tcgen05.wait::ld`);
 //! - one thread (asynchronous, tracked by [`commit`]): [`cp_32x128b_warpx4`], [`mma_nvfp4`],
@@ -83,7 +83,7 @@ pub fn fence_after_thread_sync() {
 /// swizzle, 16-byte rows) to TMEM, row `r` into lane `r` of each of the four 32-lane quarters,
 /// the row's four 32-bit words into columns `dst.column() .. +4`. This is how one 512-byte block
 /// of the 128x4 scale layout becomes the per-row scales a block-scaled MMA reads
-/// (BLACKWELL.md §4). One thread; asynchronous, tracked by [`commit`]. A later [`mma_nvfp4`] from
+/// (docs/sm100.md §4). One thread; asynchronous, tracked by [`commit`]. A later [`mma_nvfp4`] from
 /// the same thread sees the copied data without a wait (PTX §9.7.16.6.2, `cp → mma` pipeline).
 ///
 /// # Safety
@@ -154,7 +154,7 @@ pub fn commit(bar: Mbarrier) {
 /// [bar], ctaMask;` (PTX ISA 8.6, sm_100a; PTX §9.7.16.12.1): like [`commit`], but the arrival
 /// lands on the barrier at `bar`'s offset in every CTA of the cluster whose rank bit is set in
 /// `cta_mask`. This is how an MMA's *completion* (not its issue) releases a stage another CTA
-/// multicasts into (BLACKWELL.md §6). One thread.
+/// multicasts into (docs/sm100.md §6). One thread.
 ///
 /// # Safety
 /// The barrier must be initialized in every CTA named by `cta_mask`, and those CTAs must not exit
@@ -174,7 +174,7 @@ macro_rules! define_ld_16x256b {
         /// `tcgen05.wait::ld.sync.aligned;` in the same asm statement (PTX ISA 8.6, sm_100a;
         /// PTX §9.7.16.8.3). Reads 16 TMEM lanes from `taddr.lane()` and `8·N` columns from
         /// `taddr.column()`. With `q = laneid / 4`, `p = laneid % 4` and `j < N`, the thread gets
-        /// (BLACKWELL.md §6, PTX Table 49): `r[4j]`, `r[4j+1]` = lane `L0+q`, columns
+        /// (docs/sm100.md §6, PTX Table 49): `r[4j]`, `r[4j+1]` = lane `L0+q`, columns
         /// `C0+8j+2p`, `+1`; `r[4j+2]`, `r[4j+3]` = the same columns of lane `L0+q+8`.
         ///
         /// The registers of a `tcgen05.ld` are undefined until `tcgen05.wait::ld`; issuing both in

@@ -4,7 +4,7 @@
 //! Warp `w` may read TMEM lanes `32w .. 32w+31` only (PTX §9.7.16.8.1), which are output rows
 //! `32w ..` of the tile. It reads them as two 16-lane halves with `tcgen05.ld.16x256b.x16`, 128
 //! columns at a time. Thread `t` (`q = t/4`, `p = t%4`) then holds, for `j < 16`, columns
-//! `8j+2p, 8j+2p+1` of rows `q` and `q+8` of the half (BLACKWELL.md §6), and stores each pair as
+//! `8j+2p, 8j+2p+1` of rows `q` and `q+8` of the half (docs/sm100.md §6), and stores each pair as
 //! one 32-bit word. A half or a 128-column chunk entirely outside C is not read at all (the test
 //! is the same for every lane of the warp, so the `.aligned` load stays warp-uniform).
 //!

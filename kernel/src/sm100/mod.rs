@@ -1,5 +1,5 @@
 //! sm_100a kernels: the NVFP4 block-scaled grouped GEMM on 5th-generation tensor cores, a port
-//! of the seed's warp-specialized `tcgen05` kernel (DESIGN.md §3, BLACKWELL.md).
+//! of the seed's warp-specialized `tcgen05` kernel (docs/sm100.md §8).
 //!
 //! One CTA = 8 warps with fixed roles ([`nvfp4_gemm_abi::sm100::WarpRole`]):
 //! - warp 4, one elected lane: TMA of the A tile (rank 0 multicasts it to the cluster in the
