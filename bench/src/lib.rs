@@ -1,7 +1,10 @@
 //! The NVFP4 grouped GEMM benchmark (`nvfp4-bench`), as a library so that its CPU parts (options,
-//! statistics, table, JSON, SVG) are unit-tested on any machine. [`measure`] holds the GPU work.
+//! statistics, table, JSON, SVG) are unit-tested on any machine. [`measure`] holds the GPU work
+//! (with `cublas`, the baseline, and `inputs`, the inputs' generation and upload).
 #![warn(missing_docs)]
 
+mod cublas;
+mod inputs;
 pub mod measure;
 pub mod options;
 pub mod report;

@@ -1,28 +1,27 @@
 //! The measurements on the GPU: the ceilings (copy bandwidth, bf16 tensor rate), and per shape the
 //! correctness check, the competition-style and kernel-only timings, the host overhead and the
-//! cuBLAS baseline. Every device call's error is returned, never unwrapped.
+//! cuBLAS baseline ([`crate::cublas`]) on the inputs of [`crate::inputs`]. Every device call's
+//! error is returned, never unwrapped.
 
+use crate::cublas::{baseline, gemm_bf16, load_cublas};
+use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set};
 use crate::options::Options;
 use crate::report::{Environment, ShapeResult};
 use crate::stats::Stats;
-use cudarc::cublas::{sys as blas_sys, CudaBlas};
-use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DriverError};
 use half::{bf16, f16};
-use nvfp4_format::{
-    codec, compare, reference_grouped_gemm_f64, Group, GroupOutput, InputDistribution, SplitMix64, Tolerance,
-};
-use nvfp4_gemm::{GemmPlan, Gpu, GroupArgs, Nvfp4Operand, Output, OutputType, Problem};
+use nvfp4_format::{compare, reference_grouped_gemm_f64, GroupOutput, InputDistribution, Tolerance};
+use nvfp4_gemm::{GemmPlan, Gpu, OutputType, Problem};
 use nvfp4_gemm_cli::spec::NamedShapes;
-use rayon::prelude::*;
-use std::ffi::c_void;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Errors are messages: this is a program, not a library.
 pub type Result<T> = std::result::Result<T, String>;
 
-fn drv(during: &'static str) -> impl Fn(DriverError) -> String {
+/// Maps a driver error to a message naming what was being done.
+pub(crate) fn drv(during: &'static str) -> impl Fn(DriverError) -> String {
     move |e| format!("CUDA error while {during}: {e}")
 }
 
@@ -30,7 +29,7 @@ fn drv(during: &'static str) -> impl Fn(DriverError) -> String {
 const POISON: u16 = 0x7FFF;
 
 /// Device-side timing: events on the bench's stream and the L2 flush buffer.
-pub struct Timer {
+pub(crate) struct Timer {
     stream: Arc<CudaStream>,
     flush: CudaSlice<u8>,
 }
@@ -48,7 +47,7 @@ impl Timer {
     /// Runs `f` `warmup` times untimed, then `iters` times between a pair of events each (all
     /// events made beforehand, so the timed region holds only `f`), the L2 flushed before each when
     /// `flush`. Returns µs per iteration.
-    fn each(
+    pub(crate) fn each(
         &mut self,
         warmup: usize,
         iters: usize,
@@ -79,7 +78,8 @@ impl Timer {
     }
 }
 
-fn stats(samples: &[f64], what: &str) -> Result<Stats> {
+/// The statistics of `samples`, or an error naming `what` when none is valid.
+pub(crate) fn stats(samples: &[f64], what: &str) -> Result<Stats> {
     Stats::of(samples).ok_or_else(|| format!("{what}: no valid samples"))
 }
 
@@ -88,204 +88,6 @@ pub struct Bench {
     gpu: Gpu,
     timer: Timer,
     blas: std::result::Result<CudaBlas, String>,
-}
-
-/// Why cudarc cannot load cuBLAS, or the loaded handle. cudarc panics on a missing library or
-/// symbol; the probe (handle creation and one small GEMM) runs under `catch_unwind` with a silent
-/// panic hook so that a missing cuBLAS becomes a message.
-fn load_cublas(stream: &Arc<CudaStream>) -> std::result::Result<CudaBlas, String> {
-    // SAFETY: only tries to dlopen the library under each candidate name.
-    if !unsafe { blas_sys::is_culib_present() } {
-        return Err(format!(
-            "cudarc found no cuBLAS under the names it tries ({}); CUDA 13 ships libcublas.so.13, which is not \
-             among them: run through run-bench.sh, or put a folder with a link libcublas.so -> libcublas.so.13 on \
-             LD_LIBRARY_PATH",
-            cudarc::get_lib_name_candidates("cublas").join(", ")
-        ));
-    }
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let probe = std::panic::catch_unwind(AssertUnwindSafe(|| -> std::result::Result<CudaBlas, String> {
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| format!("cublasCreate failed: {e}"))?;
-        let n = 64;
-        let a = stream.clone_htod(&vec![bf16::ONE; n * n]).map_err(|e| e.to_string())?;
-        let mut c = stream.alloc_zeros::<bf16>(n * n).map_err(|e| e.to_string())?;
-        gemm_bf16(&blas, stream, (n, n, n), 1.0, &a, &a, &mut c)?;
-        let host = stream.clone_dtoh(&c).map_err(|e| e.to_string())?;
-        if host.iter().any(|&x| x != bf16::from_f32(n as f32)) {
-            return Err("a 64x64x64 probe GEMM gave a wrong result".into());
-        }
-        Ok(blas)
-    }));
-    std::panic::set_hook(hook);
-    match probe {
-        Ok(r) => r,
-        Err(p) => Err(format!(
-            "loading cuBLAS failed: {}",
-            p.downcast_ref::<String>().map(String::as_str).or(p.downcast_ref::<&str>().copied()).unwrap_or("panic")
-        )),
-    }
-}
-
-/// Row-major `C[m, n] = alpha · A[m, k] · B[n, k]ᵀ` with bf16 operands and output and fp32
-/// accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F). cuBLAS is column-major, so this asks for
-/// `Cᵀ[n, m] = B · Aᵀ`: B's row-major bytes are Bᵀ column-major (op T), A's are Aᵀ (op N).
-fn gemm_bf16(
-    blas: &CudaBlas,
-    stream: &Arc<CudaStream>,
-    (m, n, k): (usize, usize, usize),
-    alpha: f32,
-    a: &CudaSlice<bf16>,
-    b: &CudaSlice<bf16>,
-    c: &mut CudaSlice<bf16>,
-) -> Result<()> {
-    if a.len() < m * k || b.len() < n * k || c.len() < m * n {
-        return Err(format!(
-            "gemm_bf16 {m}x{n}x{k}: buffers of {}, {}, {} elements are too small",
-            a.len(),
-            b.len(),
-            c.len()
-        ));
-    }
-    let dim = |x: usize| i32::try_from(x).map_err(|_| format!("{x} does not fit cuBLAS's int"));
-    let (mi, ni, ki) = (dim(m)?, dim(n)?, dim(k)?);
-    let beta = 0.0f32;
-    let (a_ptr, _ra) = a.device_ptr(stream);
-    let (b_ptr, _rb) = b.device_ptr(stream);
-    let (c_ptr, _rc) = c.device_ptr_mut(stream);
-    // SAFETY: the buffers hold at least the elements the call reads and writes (asserted above) and
-    // live until the guards drop after the call is queued on the handle's stream (the same stream).
-    unsafe {
-        cudarc::cublas::result::gemm_ex(
-            *blas.handle(),
-            blas_sys::cublasOperation_t::CUBLAS_OP_T,
-            blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            ni,
-            mi,
-            ki,
-            &alpha as *const f32 as *const c_void,
-            b_ptr as *const c_void,
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            ki,
-            a_ptr as *const c_void,
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            ki,
-            &beta as *const f32 as *const c_void,
-            c_ptr as *mut c_void,
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            ni,
-            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-    }
-    .map_err(|e| format!("cublasGemmEx ({m}x{n}x{k}): {e}"))
-}
-
-struct DeviceGroup {
-    a_values: CudaSlice<u8>,
-    a_scales: CudaSlice<u8>,
-    b_values: CudaSlice<u8>,
-    b_scales: CudaSlice<u8>,
-}
-
-/// One input set on the device with its own C buffers.
-struct DeviceSet {
-    groups: Vec<DeviceGroup>,
-    c: Vec<CudaSlice<f16>>,
-    alphas: Vec<f32>,
-}
-
-fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<CudaSlice<u8>> {
-    if bytes.is_empty() {
-        return stream.alloc_zeros::<u8>(16).map_err(drv("allocating"));
-    }
-    stream.clone_htod(bytes).map_err(drv("uploading inputs"))
-}
-
-/// Host bytes of one operand: packed values and blocked scales.
-struct HostOperand {
-    values: Vec<u8>,
-    scales: Vec<u8>,
-}
-
-/// Fills `len` bytes from 8-byte words of a seeded generator, in parallel (each 64 KiB chunk its
-/// own stream), mapping each word with `word`.
-fn parallel_bytes(len: usize, seed: u64, word: fn(u64) -> [u8; 8]) -> Vec<u8> {
-    const CHUNK: usize = 1 << 16;
-    let mut out = vec![0u8; len];
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
-        let mut rng = SplitMix64::new(seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        for bytes in chunk.chunks_mut(8) {
-            let w = word(rng.next_u64());
-            bytes.copy_from_slice(&w[..bytes.len()]);
-        }
-    });
-    out
-}
-
-/// `count` random bf16 values with magnitudes in [0.5, 2) and random signs (never zero: a GEMM on
-/// zeros runs faster than on real data).
-fn random_bf16(count: usize, seed: u64) -> Vec<bf16> {
-    let bytes = parallel_bytes(2 * count, seed, |x| {
-        let mut w = [0u8; 8];
-        for (i, pair) in w.chunks_exact_mut(2).enumerate() {
-            let r = (x >> (16 * i)) as u16;
-            // Sign (bit 15) and mantissa (bits 0..7) random; exponent 126 or 127 from bit 7.
-            let bits = (r & 0x807F) | if r >> 7 & 1 == 1 { 0x3F80 } else { 0x3F00 };
-            pair.copy_from_slice(&bits.to_le_bytes());
-        }
-        w
-    });
-    bytes.chunks_exact(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))).collect()
-}
-
-/// A random operand in the competition's distribution, fast: value codes in {0..3, 8..11} (each
-/// byte masked with 0b1011_1011) and every scale byte, padding included (as the competition's
-/// generator leaves it), 1.0 or 2.0. Used for the extra input sets, which are timed, not checked.
-fn fast_operand(rows: usize, k: usize, seed: u64) -> Result<HostOperand> {
-    let scales_len = nvfp4_format::layout::blocked_len(rows, k).map_err(|e| e.to_string())?;
-    Ok(HostOperand {
-        values: parallel_bytes(rows * k / 2, seed, |x| (x & 0xBBBB_BBBB_BBBB_BBBB).to_le_bytes()),
-        scales: parallel_bytes(scales_len, seed ^ 0x5CA1E, |x| {
-            std::array::from_fn(|i| if x >> i & 1 == 1 { 0x40 } else { 0x38 })
-        }),
-    })
-}
-
-fn device_set(
-    stream: &Arc<CudaStream>,
-    operands: &[(HostOperand, HostOperand)],
-    groups: &[Group],
-) -> Result<DeviceSet> {
-    let mut set = DeviceSet { groups: vec![], c: vec![], alphas: vec![] };
-    for ((a, b), g) in operands.iter().zip(groups) {
-        set.groups.push(DeviceGroup {
-            a_values: upload(stream, &a.values)?,
-            a_scales: upload(stream, &a.scales)?,
-            b_values: upload(stream, &b.values)?,
-            b_scales: upload(stream, &b.scales)?,
-        });
-        let len = if g.m() == 0 { 16 } else { g.m() * g.n() };
-        set.c.push(stream.alloc_zeros::<f16>(len).map_err(drv("allocating C"))?);
-        set.alphas.push(g.effective_alpha_f32());
-    }
-    Ok(set)
-}
-
-fn run_set(plan: &mut GemmPlan, stream: &Arc<CudaStream>, set: &mut DeviceSet) -> Result<()> {
-    let mut args: Vec<GroupArgs> = set
-        .groups
-        .iter()
-        .zip(set.c.iter_mut())
-        .zip(&set.alphas)
-        .map(|((d, c), &alpha)| GroupArgs {
-            a: Nvfp4Operand { values: &d.a_values, scales: &d.a_scales },
-            b: Nvfp4Operand { values: &d.b_values, scales: &d.b_scales },
-            c: Output::F16(c),
-            alpha,
-        })
-        .collect();
-    plan.run(stream, &mut args).map_err(|e| format!("plan.run: {e}"))
 }
 
 /// Host-clock µs per call over `batches` batches of `calls` calls (synchronized between batches,
@@ -308,13 +110,6 @@ fn host_overhead(
     }
     stream.synchronize().map_err(drv("synchronizing"))?;
     Ok(samples)
-}
-
-fn rounded<T>(reference: &[GroupOutput<f64>], round: fn(f64) -> T) -> Vec<GroupOutput<T>> {
-    reference
-        .iter()
-        .map(|r| GroupOutput { rows: r.rows, cols: r.cols, data: r.data.iter().map(|&x| round(x)).collect() })
-        .collect()
 }
 
 impl Bench {
@@ -401,31 +196,12 @@ impl Bench {
         step("generating and uploading inputs");
         let groups = nvfp4_format::random_groups(&named.shapes, InputDistribution::Competition, o.seed)
             .map_err(|e| e.to_string())?;
-        let set0: Vec<(HostOperand, HostOperand)> = groups
-            .iter()
-            .map(|g| {
-                let op = |m: &nvfp4_format::Nvfp4Matrix| HostOperand {
-                    values: m.values().to_vec(),
-                    scales: m.scales().to_vec(),
-                };
-                (op(&g.a), op(&g.b))
-            })
-            .collect();
+        let set0 = operands_of(&groups);
         let mut sets = vec![device_set(&stream, &set0, &groups)?];
         drop(set0);
         for s in 1..o.sets {
             let seed = o.seed.wrapping_add(0x1000 * s as u64);
-            let host: Vec<(HostOperand, HostOperand)> = named
-                .shapes
-                .iter()
-                .enumerate()
-                .map(|(g, sh)| {
-                    Ok((
-                        fast_operand(sh.m, sh.k, seed + 2 * g as u64)?,
-                        fast_operand(sh.n, sh.k, seed + 2 * g as u64 + 1)?,
-                    ))
-                })
-                .collect::<Result<_>>()?;
+            let host = fast_operands(&named.shapes, seed)?;
             sets.push(device_set(&stream, &host, &groups)?);
         }
         stream.synchronize().map_err(drv("uploading inputs"))?;
@@ -452,8 +228,12 @@ impl Bench {
                         Ok(h)
                     })
                     .collect::<Result<_>>()?;
-                let cmp = compare(&got, &rounded(reference, codec::f64_to_f16), Tolerance::COMPETITION)
-                    .map_err(|e| e.to_string())?;
+                let cmp = compare(
+                    &got,
+                    &reference.iter().map(GroupOutput::rounded).collect::<Vec<GroupOutput<f16>>>(),
+                    Tolerance::COMPETITION,
+                )
+                .map_err(|e| e.to_string())?;
                 (Some(cmp.to_string()), cmp.passed())
             }
         };
@@ -509,120 +289,5 @@ impl Bench {
             floor_bytes_us,
             floor_flops_us,
         })
-    }
-}
-
-/// One group of the baseline: dequantized operands, C, and the GEMM's sizes.
-struct BaselineGroup {
-    a: CudaSlice<bf16>,
-    b: CudaSlice<bf16>,
-    c: CudaSlice<bf16>,
-    mnk: (usize, usize, usize),
-    alpha: f32,
-}
-
-/// The cuBLAS baseline on the dequantized set 0: per group `C = alpha · A · Bᵀ` in bf16 (fp32
-/// accumulation), checked against the bf16-rounded reference when there is one, then timed like
-/// the kernel-only measurement (events around all groups' calls, L2 flushed before each).
-fn baseline(
-    blas: &CudaBlas,
-    timer: &mut Timer,
-    stream: &Arc<CudaStream>,
-    groups: &[Group],
-    reference: Option<&[GroupOutput<f64>]>,
-    iters: usize,
-) -> Result<(Stats, String)> {
-    let host: Vec<(Vec<bf16>, Vec<bf16>)> =
-        groups.par_iter().map(|g| (g.a.dequantize_block_scaled_bf16(), g.b.dequantize_block_scaled_bf16())).collect();
-    let mut ops = vec![];
-    for ((a, b), g) in host.iter().zip(groups) {
-        if g.m() == 0 {
-            continue;
-        }
-        ops.push(BaselineGroup {
-            a: stream.clone_htod(a).map_err(drv("uploading"))?,
-            b: stream.clone_htod(b).map_err(drv("uploading"))?,
-            c: stream.alloc_zeros::<bf16>(g.m() * g.n()).map_err(drv("allocating"))?,
-            mnk: (g.m(), g.n(), g.k()),
-            alpha: g.effective_alpha_f32(),
-        });
-    }
-    drop(host);
-    let run = |ops: &mut [BaselineGroup]| -> Result<()> {
-        for op in ops.iter_mut() {
-            gemm_bf16(blas, stream, op.mnk, op.alpha, &op.a, &op.b, &mut op.c)?;
-        }
-        Ok(())
-    };
-    run(&mut ops)?;
-    stream.synchronize().map_err(drv("running cuBLAS"))?;
-    let note = match reference {
-        None => "not checked (--no-check)".into(),
-        Some(reference) => {
-            let mut got: Vec<Vec<bf16>> = vec![];
-            let mut it = ops.iter();
-            for g in groups {
-                got.push(if g.m() == 0 {
-                    vec![]
-                } else {
-                    stream.clone_dtoh(&it.next().expect("one per non-empty group").c).map_err(drv("downloading"))?
-                });
-            }
-            let cmp = compare(&got, &rounded(reference, codec::f64_to_bf16), Tolerance::COMPETITION)
-                .map_err(|e| e.to_string())?;
-            format!("bf16 output vs bf16-rounded reference: {cmp}")
-        }
-    };
-    let t = timer.each(3, iters, true, &mut || run(&mut ops))?;
-    Ok((stats(&t, "cuBLAS")?, note))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parallel_bytes_fills_any_length_deterministically() {
-        for len in [0, 1, 7, 8, 9, (1 << 16) + 3, 3 << 16] {
-            let a = parallel_bytes(len, 5, |x| x.to_le_bytes());
-            assert_eq!(a.len(), len);
-            assert_eq!(a, parallel_bytes(len, 5, |x| x.to_le_bytes()));
-        }
-        let a = parallel_bytes(1 << 18, 5, |x| x.to_le_bytes());
-        let b = parallel_bytes(1 << 18, 6, |x| x.to_le_bytes());
-        assert_ne!(a, b);
-        // Chunks are independent streams, not copies of one another.
-        assert_ne!(a[..1 << 16], a[1 << 16..2 << 16]);
-    }
-
-    #[test]
-    fn random_bf16_values_are_nonzero_and_bounded() {
-        let v = random_bf16(100_003, 1);
-        assert_eq!(v.len(), 100_003);
-        assert!(v.iter().all(|x| (0.5..2.0).contains(&x.to_f32().abs())));
-        let negative = v.iter().filter(|x| x.to_f32() < 0.0).count();
-        assert!((40_000..60_000).contains(&negative), "{negative}");
-        assert!(v.iter().any(|x| x.to_f32().abs() < 1.0) && v.iter().any(|x| x.to_f32().abs() >= 1.0));
-    }
-
-    #[test]
-    fn fast_operands_follow_the_competition_distribution() {
-        let op = fast_operand(200, 512, 9).unwrap();
-        assert_eq!(op.values.len(), 200 * 256);
-        assert_eq!(op.scales.len(), nvfp4_format::layout::blocked_len(200, 512).unwrap());
-        let mut codes = [0usize; 16];
-        for b in &op.values {
-            codes[(b & 0xF) as usize] += 1;
-            codes[(b >> 4) as usize] += 1;
-        }
-        for (code, &n) in codes.iter().enumerate() {
-            assert_eq!(n > 0, [0, 1, 2, 3, 8, 9, 10, 11].contains(&code), "code {code}: {n}");
-        }
-        let ones = op.scales.iter().filter(|&&s| s == 0x38).count();
-        assert_eq!(ones + op.scales.iter().filter(|&&s| s == 0x40).count(), op.scales.len());
-        assert!((ones as f64 / op.scales.len() as f64 - 0.5).abs() < 0.05);
-        // A matrix built from them is valid for the reference.
-        let m = nvfp4_format::Nvfp4Matrix::new(200, 512, op.values, op.scales, 1.0).unwrap();
-        assert!(m.dequantize().iter().all(|x| x.abs() <= 3.0));
     }
 }

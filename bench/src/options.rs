@@ -13,11 +13,14 @@ USAGE
   nvfp4-bench [--shapes LIST] [--shape SPEC]... [--out DIR] [options]
 
 SHAPES
-  --shapes LIST     benchmark shapes to run: comma-separated of b0,b1,b2,b3, or `all` (default)
-                    or `none`
-  --shape SPEC      an extra problem (repeatable): b0..b3, or key=value pairs: m, n, k each one
-                    integer or one per group joined by ':', optional g (group count) and name.
+  --shapes LIST     shapes of the default set to run: comma-separated of b0,b1,b2,b3 (the
+                    benchmark shapes) and d0,d1,d2 (decode: few tokens per group), or `all`
+                    (default: all seven) or `none`
+  --shape SPEC      an extra problem (repeatable): a name above, or key=value pairs: m, n, k each
+                    one integer or one per group joined by ':', optional g (group count) and name.
                     Example: --shape g=2,m=128:384,n=4096,k=1536,name=mine
+                    d0 = g=64,m=4,n=7168,k=2048; d1 = g=8,m=1:2:3:4:5:6:7:8,n=7168,k=2048;
+                    d2 = g=32,m=16,n=4096,k=7168
 
 MEASUREMENTS (per shape)
   competition   events around SETS back-to-back library calls, one per input set in turn (host
@@ -61,6 +64,30 @@ cuBLAS
   LD_LIBRARY_PATH. Without cuBLAS the bench still runs and prints `baseline unavailable: <why>`.
 ";
 
+/// The decode shapes of the default set (few tokens per expert, so the GEMM is bound by reading
+/// the weights), by name and spec.
+pub const DECODE_SHAPES: [(&str, &str); 3] = [
+    ("d0", "g=64,m=4,n=7168,k=2048"),
+    ("d1", "g=8,m=1:2:3:4:5:6:7:8,n=7168,k=2048"),
+    ("d2", "g=32,m=16,n=4096,k=7168"),
+];
+
+/// A shape of the default set by name: `b0`..`b3` (`nvfp4_gemm_cli::spec::benchmark`) or
+/// `d0`..`d2` ([`DECODE_SHAPES`]).
+pub fn named_shapes(name: &str) -> Option<NamedShapes> {
+    spec::benchmark(name).or_else(|| {
+        let (name, text) = DECODE_SHAPES.iter().find(|(n, _)| *n == name)?;
+        let shapes = spec::parse(text).expect("the decode specs are valid").shapes;
+        Some(NamedShapes { name: (*name).to_owned(), shapes })
+    })
+}
+
+/// The default set: b0..b3, then d0..d2.
+pub fn default_shapes() -> Vec<NamedShapes> {
+    let names = spec::BENCHMARK_NAMES.into_iter().chain(DECODE_SHAPES.map(|(n, _)| n));
+    names.map(|n| named_shapes(n).expect("a name of the default set")).collect()
+}
+
 /// Parsed options.
 #[derive(Debug, Clone, Serialize)]
 pub struct Options {
@@ -92,7 +119,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            problems: spec::benchmarks(),
+            problems: default_shapes(),
             sets: 15,
             reps: 20,
             iters: 50,
@@ -146,18 +173,25 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--shapes" => {
                 let v = value()?;
                 let list = match v.as_str() {
-                    "all" => spec::benchmarks(),
+                    "all" => default_shapes(),
                     "none" => vec![],
                     _ => v
                         .split(',')
                         .map(|s| {
-                            spec::benchmark(s.trim()).ok_or_else(|| format!("--shapes: unknown shape `{s}` (b0..b3)"))
+                            named_shapes(s.trim())
+                                .ok_or_else(|| format!("--shapes: unknown shape `{s}` (b0..b3, d0..d2)"))
                         })
                         .collect::<Result<_, _>>()?,
                 };
                 benchmarks = Some(list);
             }
-            "--shape" => extra.push(spec::parse(&value()?).map_err(|e| e.to_string())?),
+            "--shape" => {
+                let v = value()?;
+                extra.push(match named_shapes(v.trim()) {
+                    Some(named) => named,
+                    None => spec::parse(&v).map_err(|e| e.to_string())?,
+                });
+            }
             "--sets" => o.sets = count("sets", &value()?, 1)?,
             "--reps" => o.reps = count("reps", &value()?, 1)?,
             "--iters" => o.iters = count("iters", &value()?, 1)?,
@@ -172,7 +206,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             other => return Err(format!("unknown argument `{other}` (see --help)")),
         }
     }
-    let mut problems = benchmarks.unwrap_or_else(spec::benchmarks);
+    let mut problems = benchmarks.unwrap_or_else(default_shapes);
     let customs = extra.iter().filter(|s| s.name == "custom").count();
     let mut k = 0;
     for mut s in extra {
@@ -205,10 +239,21 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_the_four_benchmarks() {
+    fn defaults_are_the_four_benchmarks_and_the_three_decode_shapes() {
         let o = run("");
         let names: Vec<&str> = o.problems.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["b0", "b1", "b2", "b3"]);
+        assert_eq!(names, ["b0", "b1", "b2", "b3", "d0", "d1", "d2"]);
+        assert_eq!(o.problems[..4], spec::benchmarks()[..]);
+        let same = |p: &NamedShapes, g: usize, m: &[usize], n: usize, k: usize| {
+            assert_eq!(p.shapes.len(), g, "{}", p.name);
+            for (i, s) in p.shapes.iter().enumerate() {
+                assert_eq!((s.m, s.n, s.k), (m[i % m.len()], n, k), "{} group {i}", p.name);
+            }
+        };
+        same(&o.problems[4], 64, &[4], 7168, 2048);
+        same(&o.problems[5], 8, &[1, 2, 3, 4, 5, 6, 7, 8], 7168, 2048);
+        same(&o.problems[6], 32, &[16], 4096, 7168);
+        assert_eq!(o.problems[5].to_spec(), "g=8,m=1:2:3:4:5:6:7:8,n=7168,k=2048");
         assert_eq!((o.sets, o.reps, o.iters, o.flush_bytes), (15, 20, 50, 256 << 20));
         assert!(o.check && o.baseline);
     }
@@ -226,12 +271,18 @@ mod tests {
         let names: Vec<&str> = o.problems.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["custom1", "custom2"]);
         assert!(matches!(parse(&args("--help")), Ok(Parsed::Help)));
+        let o = run("--shapes d1,b0 --shape d2 --shape b3");
+        let names: Vec<&str> = o.problems.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["d1", "b0", "d2", "b3"]);
+        assert_eq!(o.problems[2].shapes.len(), 32);
+        assert_eq!(run("--shapes all").problems, run("").problems);
     }
 
     #[test]
     fn errors() {
         let err = |s: &str| parse(&args(s)).unwrap_err();
         assert!(err("--shapes b7").contains("unknown shape `b7`"));
+        assert!(err("--shapes d3").contains("unknown shape `d3` (b0..b3, d0..d2)"));
         assert!(err("--shapes none").contains("no shapes"));
         assert!(err("--sets 0").contains("at least 1"));
         assert!(err("--flush-mib 64").contains("at least 256"));

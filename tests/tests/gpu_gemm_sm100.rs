@@ -1,22 +1,19 @@
 //! The Blackwell grouped GEMM against the CPU reference, on an sm_100 GPU (B200): the
 //! competition's test shapes, the benchmark shapes, shapes chosen to reach every kernel path
 //! (3-stage variant, 256-wide clusters with and without a K tail, K < 256, M/N tails, empty
-//! groups), bf16 output, and seeded random problems. Each case poisons C (and guard elements
-//! around it) before each of two runs, then checks every element against the fp64 reference
-//! (atol = rtol = 1e-3), the guards, and bitwise determinism; full-range inputs additionally get
-//! the fp32-accumulation allowance of `nvfp4_gemm_tests::accumulation_allowance`.
+//! groups), bf16 output, seeded random problems, and empty groups and bad buffers. Each case, fp16
+//! or bf16 output, poisons C (and guard elements around it) before each of two runs, then checks
+//! every element against the reference rounded to the output type (fp16: atol = rtol = 1e-3;
+//! bf16: rtol 4e-3), the guards, and bitwise determinism; full-range inputs additionally get the
+//! fp32-accumulation allowance of `nvfp4_gemm_tests::accumulation_allowance`.
 //!
 //! Skipped with a printed reason without an sm_100 GPU. None of these has run yet: there is no
 //! B200 in this project's reach.
 
-use nvfp4_format::{GroupShape, InputDistribution, SplitMix64};
+use nvfp4_format::{GroupShape, InputDistribution};
 use nvfp4_gemm::Arch;
-use nvfp4_gemm_tests::cases::{self, with_dists, DISTS};
+use nvfp4_gemm_tests::cases::{self, with_dists, z, Multiples, RandomShapes, Wide};
 use nvfp4_gemm_tests::gpu_or_skip;
-
-fn z(m: &[usize], n: &[usize], k: &[usize]) -> Vec<GroupShape> {
-    GroupShape::zip(m, n, k).unwrap()
-}
 
 /// One case per kernel path the shapes above may not reach.
 fn path_cases() -> Vec<Vec<GroupShape>> {
@@ -58,32 +55,32 @@ fn kernel_paths() {
 /// multiples of 256 from 4096, to reach the cluster kernel), K a multiple of 64 up to 4096.
 #[test]
 fn random_shapes() {
-    let mut rng = SplitMix64::new(0x5EED_0100);
-    let mut cases = vec![];
-    while cases.len() < 100 {
-        let g = 1 + rng.below(12) as usize;
-        let shapes: Vec<GroupShape> = (0..g)
-            .map(|_| {
-                let m = if rng.below(10) == 0 { 0 } else { rng.below(601) as usize };
-                let wide = rng.below(3) == 0;
-                let n = if wide { 4096 + 256 * rng.below(17) as usize } else { 8 * (1 + rng.below(1024)) as usize };
-                let k = if wide { 2048 + 64 * rng.below(33) as usize } else { 64 * (1 + rng.below(64)) as usize };
-                GroupShape::new(m, n, k)
-            })
-            .collect();
-        let work: usize = shapes.iter().map(|s| s.m * s.n * s.k).sum();
-        if work <= 4 << 30 {
-            cases.push((shapes, DISTS[cases.len() % 2]));
-        }
-    }
+    let cases = cases::random(&RandomShapes {
+        seed: 0x5EED_0100,
+        count: 100,
+        max_groups: 12,
+        empty_one_in: 10,
+        m: Multiples::new(0, 1, 600),
+        n: Multiples::new(8, 8, 8192),
+        k: Multiples::new(64, 64, 4096),
+        wide: Some(Wide { one_in: 3, n: Multiples::new(4096, 256, 8192), k: Multiples::new(2048, 64, 4096) }),
+        max_work: 4 << 30,
+    });
     run_all("random_shapes", &cases, 3333);
 }
 
-/// bf16 output through both kernels: C is poisoned first, compared with the bf16 reference.
+/// bf16 output through both kernels, with the guards and the determinism check.
 #[test]
 fn bf16_output() {
     let shapes = [cases::competition()[3].clone(), z(&[200, 64], &[4096, 256], &[2048, 512])];
     cases::run_bf16("bf16_output", Arch::Sm100a, &shapes, 40);
+}
+
+/// M = 0 groups are skipped, a problem of no groups or only such groups writes nothing, and a
+/// buffer of the wrong size or type is a typed error with C left untouched.
+#[test]
+fn empty_groups_and_bad_buffers() {
+    cases::empty_groups_and_bad_buffers("empty_groups_and_bad_buffers", Arch::Sm100a);
 }
 
 #[test]
