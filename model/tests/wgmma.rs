@@ -117,7 +117,7 @@ fn fragments_and_descriptors_match_a_naive_matmul() {
     let a: [[f32; K]; 64] = std::array::from_fn(|r| std::array::from_fn(|k| small(r, k, 1)));
     let b0: Vec<[f32; K]> = (0..32).map(|n| std::array::from_fn(|k| small(n, k, 5) * 0.5)).collect();
     for l in [Layout::Sw128, Layout::Sw64, Layout::Interleave] {
-        let d = run(l, &a, &[b0.clone()], false, 3);
+        let d = run(l, &a, std::slice::from_ref(&b0), false, 3);
         for r in 0..64 {
             for n in 0..32 {
                 let want: f32 = (0..K).map(|k| a[r][k] * b0[n][k]).sum();
