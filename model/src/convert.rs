@@ -67,7 +67,31 @@ mod tests {
     fn prmt_selects_and_replicates_signs() {
         assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x3210), 0x4433_2211);
         assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x7654), 0x8877_6655);
-        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0xF0), 0x0000_FF11);
+        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x32F0), 0x4433_FF11);
+        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x3278), 0x4433_8800);
+    }
+
+    /// The kernels' e2m1 → f16 decode (two `prmt` table lookups per four values) gives the e2m1
+    /// values for every code: a check of `prmt`'s selector semantics.
+    #[test]
+    fn prmt_e2m1_decode_sequence() {
+        const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let (llo, lhi, u) = (0x3E3C_3800u32, 0x4644_4240u32, 0xC080_4000u32);
+        for q in [0x7654_3210u32, 0xFEDC_BA98, 0x0F1E_2D3C] {
+            let mut out = [0u32; 4];
+            for h in 0..2 {
+                let qh = q >> (16 * h);
+                let x = prmt(llo, lhi, qh & 0x7777) | prmt(u, u, (qh >> 2) & 0x3333);
+                out[2 * h] = prmt(x, u, 0x1404);
+                out[2 * h + 1] = prmt(x, u, 0x3424);
+            }
+            for e in 0..8 {
+                let c = (q >> (4 * e)) & 0xF;
+                let v = if c & 8 != 0 { -E2M1[(c & 7) as usize] } else { E2M1[c as usize] };
+                let got = (out[e / 2] >> (16 * (e % 2))) as u16;
+                assert_eq!(half::f16::from_bits(got).to_f32(), v, "code {c:#x}");
+            }
+        }
     }
 
     #[test]

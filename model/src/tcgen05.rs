@@ -10,7 +10,7 @@
 //! - `tcgen05.ld.16x256b.xN` + `wait::ld` (§9.7.16.8.3, §9.7.16.8.1): a warp reads lanes of its
 //!   quarter only (warp `w % 4` → lanes `32·(w%4) ..`); with `q = lane/4`, `p = lane%4`, register
 //!   `4j`/`4j+1` = lane `L0+q`, columns `C0+8j+2p`, `+1`, and `4j+2`/`4j+3` = the same of lane
-//!   `L0+q+8` (cross-checked with CuTe `SM100_TMEM_LOAD_16dp256b1x`). Synchronous in the model
+//!   `L0+q+8` (cross-checked with CuTe `Copy_Traits<SM100_TMEM_LOAD_16dp256b1x>`). Synchronous in the model
 //!   (the wrapper waits in the same statement): reading a cell an in-flight operation writes is a
 //!   hazard.
 //! - `tcgen05.cp.cta_group::1.32x128b.warpx4` (§9.7.16.9.2): 32 rows × 16 bytes from shared
@@ -21,11 +21,11 @@
 //!   N, f32, lane m / column n: Layout D, §9.7.16.10.5.4) (+)= Σ over K = 64 of (A·SFA)(B·SFB).
 //!   Instruction descriptor: Table 44 (§9.7.16.4.2); operands: shared-memory descriptors (Table
 //!   40, §9.7.16.4.1) over K-major tiles of e2m1 packed two per byte (§9.7.16.10.4.6; element `2i`
-//!   in the low nibble, as CuTe packs sub-byte types) in the canonical layouts of §9.7.16.3.3
+//!   in the low nibble) in the canonical layouts of §9.7.16.3.3
 //!   under `Swizzle<B,4,3>` of the absolute address (base offset 0). Scale factors
 //!   (§9.7.16.10.7, 4X: SFA_ID = SFB_ID = 0): the scale of row `32g + r`, K block `s` is byte `s`
 //!   of the cell at lane `r` of every 32-lane quarter (they must be duplicated to all four,
-//!   §9.7.16.10.7), column `c + g` (cross-checked with CuTe `tmem_sf_frg`); the model reads row
+//!   §9.7.16.10.7), column `c + g` (not yet cross-checked with CuTe `tmem_sf_frg`); the model reads row
 //!   `m`'s copy from the quarter of D's lane `m` and checks that all four copies agree.
 //!   Computed when it completes; the sum of 64 exact products and the accumulator is rounded once
 //!   to f32.
