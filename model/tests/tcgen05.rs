@@ -101,6 +101,12 @@ fn kernel(words: &[u32], d: &[AtomicU32], base_col: &AtomicU32, fault: u32) {
             tcgen05::cp_32x128b_warpx4(sfb, smem_desc(base + L.sfb, 128, 0));
             let (a, b) = (smem_desc(base + L.a, 1024, 2), smem_desc(base + L.b, 1024, 2));
             tcgen05::mma_mxf4nvf4_4x(acc, a, b, IDESC, sfa, sfb, false);
+            if fault == 4 {
+                // A stage released at MMA issue rather than completion: the refill overwrites
+                // operand bytes the MMA has not read yet.
+                let src = words.as_ptr() as u64;
+                tma::load_1d(base + L.a, src, 1024, base + L.bar);
+            }
             if fault == 1 {
                 // The seed's pattern: rewrite the scale columns while the MMA may still read them.
                 tcgen05::cp_32x128b_warpx4(sfa, smem_desc(base + L.sfa, 128, 0));
@@ -177,6 +183,15 @@ fn rewriting_scales_under_an_in_flight_mma_is_a_hazard() {
     let e = launch(&cfg(Schedule::default()), || kernel(&words, &d, &AtomicU32::new(0), 1)).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
     assert!(e.message.contains("mma -> cp is not ordered"), "{e}");
+}
+
+#[test]
+fn refilling_a_stage_under_an_in_flight_mma_is_a_hazard() {
+    let words = image();
+    let d: Vec<AtomicU32> = (0..128 * N).map(|_| AtomicU32::new(0)).collect();
+    let e = launch(&cfg(Schedule::default()), || kernel(&words, &d, &AtomicU32::new(0), 4)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+    assert!(e.message.contains("still reads") && e.message.contains("tcgen05.mma"), "{e}");
 }
 
 #[test]
