@@ -1,0 +1,112 @@
+//! Register-only instructions the kernels use, bit-exact from their ISA definitions. They need no
+//! model state; the kernel crate may call them directly on the host.
+
+/// `prmt.b32 d, a, b, c;` default mode (PTX ISA 9.0 §9.7.9.7): the eight bytes `{b, a}` (a = bytes
+/// 0–3) are indexed by the four selector nibbles of `c`; bit 3 of a nibble replicates the selected
+/// byte's sign bit instead.
+pub fn prmt(a: u32, b: u32, c: u32) -> u32 {
+    let src = (b as u64) << 32 | a as u64;
+    (0..4).fold(0u32, |d, i| {
+        let sel = (c >> (4 * i)) & 0xF;
+        let byte = (src >> (8 * (sel & 7))) as u8;
+        let byte = if sel & 8 != 0 {
+            if byte & 0x80 != 0 {
+                0xFF
+            } else {
+                0
+            }
+        } else {
+            byte
+        };
+        d | (byte as u32) << (8 * i)
+    })
+}
+
+/// e4m3 (e4m3fn: bias 7, no infinities, S.1111.111 is NaN) to f16 bits; exact for every finite
+/// value.
+fn e4m3_to_f16(b: u8) -> u16 {
+    let sign = (b as u16 & 0x80) << 8;
+    let (e, m) = ((b >> 3) & 0xF, b & 7);
+    if e == 15 && m == 7 {
+        return 0x7FFF;
+    }
+    let v = if e == 0 { m as f32 / 8.0 * 2f32.powi(-6) } else { (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7) };
+    sign | half::f16::from_f32(v).to_bits()
+}
+
+/// `cvt.rn.f16x2.e4m3x2 d, a;` (PTX ISA 9.0 §9.7.9.21): the upper byte of `a` goes to the upper
+/// half of `d`.
+pub fn cvt_f16x2_e4m3x2(a: u16) -> u32 {
+    (e4m3_to_f16((a >> 8) as u8) as u32) << 16 | e4m3_to_f16(a as u8) as u32
+}
+
+/// `mul.rn.f16x2 d, a, b;` (PTX ISA 9.0 §9.7.4.3): each half multiplied and rounded to nearest
+/// even (the product of two f16 is exact in f32, so one rounding).
+pub fn mul_rn_f16x2(a: u32, b: u32) -> u32 {
+    let h = |x: u32, s: u32| half::f16::from_bits((x >> s) as u16).to_f32();
+    let lo = half::f16::from_f32(h(a, 0) * h(b, 0)).to_bits() as u32;
+    let hi = half::f16::from_f32(h(a, 16) * h(b, 16)).to_bits() as u32;
+    hi << 16 | lo
+}
+
+/// `cvt.rn.f16x2.f32 d, hi, lo;` (PTX ISA 9.0 §9.7.9.21): `hi` in the upper half.
+pub fn cvt_rn_f16x2_f32(hi: f32, lo: f32) -> u32 {
+    (half::f16::from_f32(hi).to_bits() as u32) << 16 | half::f16::from_f32(lo).to_bits() as u32
+}
+
+/// `cvt.rn.bf16x2.f32 d, hi, lo;` (PTX ISA 9.0 §9.7.9.21): `hi` in the upper half.
+pub fn cvt_rn_bf16x2_f32(hi: f32, lo: f32) -> u32 {
+    (half::bf16::from_f32(hi).to_bits() as u32) << 16 | half::bf16::from_f32(lo).to_bits() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prmt_selects_and_replicates_signs() {
+        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x3210), 0x4433_2211);
+        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x7654), 0x8877_6655);
+        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x32F0), 0x4433_FF11);
+        assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x3278), 0x4433_8800);
+    }
+
+    /// The kernels' e2m1 → f16 decode (two `prmt` table lookups per four values) gives the e2m1
+    /// values for every code: a check of `prmt`'s selector semantics.
+    #[test]
+    fn prmt_e2m1_decode_sequence() {
+        const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let (llo, lhi, u) = (0x3E3C_3800u32, 0x4644_4240u32, 0xC080_4000u32);
+        for q in [0x7654_3210u32, 0xFEDC_BA98, 0x0F1E_2D3C] {
+            let mut out = [0u32; 4];
+            for h in 0..2 {
+                let qh = q >> (16 * h);
+                let x = prmt(llo, lhi, qh & 0x7777) | prmt(u, u, (qh >> 2) & 0x3333);
+                out[2 * h] = prmt(x, u, 0x1404);
+                out[2 * h + 1] = prmt(x, u, 0x3424);
+            }
+            for e in 0..8 {
+                let c = (q >> (4 * e)) & 0xF;
+                let v = if c & 8 != 0 { -E2M1[(c & 7) as usize] } else { E2M1[c as usize] };
+                let got = (out[e / 2] >> (16 * (e % 2))) as u16;
+                assert_eq!(half::f16::from_bits(got).to_f32(), v, "code {c:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn e4m3_conversion_is_exact() {
+        assert_eq!(cvt_f16x2_e4m3x2(0x3800), 0x3C00 << 16); // 1.0 in the upper byte
+        assert_eq!(cvt_f16x2_e4m3x2(0x007E) & 0xFFFF, half::f16::from_f32(448.0).to_bits() as u32);
+        assert_eq!(cvt_f16x2_e4m3x2(0x0001) & 0xFFFF, half::f16::from_f32(2f32.powi(-9)).to_bits() as u32);
+        assert_eq!(cvt_f16x2_e4m3x2(0x00FF) & 0x7C00, 0x7C00);
+    }
+
+    #[test]
+    fn f16_rounding() {
+        let one = 0x3C00u32;
+        assert_eq!(mul_rn_f16x2(one << 16 | one, 0x4000 << 16 | 0x4200), 0x4000 << 16 | 0x4200);
+        assert_eq!(cvt_rn_f16x2_f32(1.0, -2.0), 0x3C00 << 16 | 0xC000);
+        assert_eq!(cvt_rn_bf16x2_f32(1.0, 0.0), 0x3F80 << 16);
+    }
+}

@@ -1,0 +1,261 @@
+//! Shared memory: each CTA's dynamic window, the `.shared::cta` / `.shared::cluster` address
+//! spaces, and the per-byte "in flight" marks that turn a race with an asynchronous operation into
+//! a reported hazard.
+//!
+//! Address spaces (PTX ISA 9.0 §5.1.7, "Shared State Space"): a `.shared::cta` address of this
+//! model lies in `[smem_base, smem_base + dynamic_smem)` (the base is non-zero, so address 0 is
+//! never valid). A `.shared::cta` address is also a valid `.shared::cluster` address of the
+//! executing CTA. `mapa` ([`crate::cluster::map_shared`]) returns the model's `.shared::cluster`
+//! form `0x1000_0000 | rank << 20 | cta_address`, which only instructions that take
+//! `.shared::cluster` operands accept.
+//!
+//! Every byte carries: the id of the in-flight asynchronous operation that will write it (TMA,
+//! bulk copy), the number of in-flight operations that read it (wgmma, tcgen05.mma, tcgen05.cp),
+//! and whether it belongs to an mbarrier object (which only mbarrier instructions may touch,
+//! PTX ISA 9.0 §9.7.13.15.8).
+
+use crate::error::{ErrorKind, ModelError};
+use crate::exec::{instr, Flow, World};
+use std::panic::Location;
+
+/// Tag of the model's `.shared::cluster` addresses produced by `mapa`.
+pub(crate) const CLUSTER_TAG: u32 = 0x1000_0000;
+const CLUSTER_TAG_MASK: u32 = 0xF000_0000;
+
+/// One CTA's dynamic shared memory and its marks.
+pub(crate) struct Smem {
+    pub data: Vec<u8>,
+    pub writer: Vec<u32>,
+    pub readers: Vec<u16>,
+    pub mbar: Vec<bool>,
+}
+
+impl Smem {
+    pub(crate) fn new(size: u32) -> Self {
+        let n = size as usize;
+        // Uninitialized shared memory reads as a recognizable pattern, not zeros.
+        Smem { data: vec![0xA5; n], writer: vec![0; n], readers: vec![0; n], mbar: vec![false; n] }
+    }
+}
+
+/// Offset in the dynamic window of a `.shared::cta` address range, checked for bounds and
+/// alignment.
+pub(crate) fn cta_offset(w: &World, addr: u32, len: u32, align: u32) -> Result<u32, String> {
+    let base = w.cfg.smem_base;
+    if addr & CLUSTER_TAG_MASK == CLUSTER_TAG {
+        return Err(format!(
+            "{addr:#x} is a .shared::cluster address (from mapa); this operand is a .shared::cta address"
+        ));
+    }
+    if addr < base || addr as u64 + len as u64 > base as u64 + w.cfg.dynamic_smem as u64 {
+        return Err(format!(
+            "{addr:#x}..+{len} is outside the CTA's shared window {base:#x}..{:#x}",
+            base + w.cfg.dynamic_smem
+        ));
+    }
+    if addr % align != 0 {
+        return Err(format!("{addr:#x} is not {align}-byte aligned"));
+    }
+    Ok(addr - base)
+}
+
+/// CTA and offset of a `.shared::cluster` address used by thread `me`.
+pub(crate) fn cluster_target(w: &World, me: usize, addr: u32, len: u32, align: u32) -> Result<(usize, u32), String> {
+    let cta = w.threads[me].cta;
+    if addr & CLUSTER_TAG_MASK == CLUSTER_TAG {
+        let rank = (addr >> 20) & 0xFF;
+        let target = w
+            .cta_of_rank(cta, rank)
+            .ok_or_else(|| format!("{addr:#x} names cluster rank {rank}, but clusters have {} CTAs", w.cfg.cluster))?;
+        let off = cta_offset(w, addr & 0xF_FFFF, len, align)?;
+        Ok((target, off))
+    } else {
+        Ok((cta, cta_offset(w, addr, len, align)?))
+    }
+}
+
+/// `mapa`: the `.shared::cluster` address of `addr` in the CTA of rank `rank`.
+pub(crate) fn mapa(w: &World, me: usize, addr: u32, rank: u32) -> Result<u32, String> {
+    let (_, off) = cluster_target(w, me, addr, 1, 1)?;
+    if rank >= w.cfg.cluster {
+        return Err(format!("rank {rank} is not in a cluster of {} CTAs", w.cfg.cluster));
+    }
+    Ok(CLUSTER_TAG | rank << 20 | (w.cfg.smem_base + off))
+}
+
+/// Describes in-flight operation `id` for hazard messages.
+pub(crate) fn op_desc(w: &World, id: u32) -> String {
+    match w.ops.iter().find(|o| o.id == id) {
+        Some(o) => format!("#{} {} (issued at {}:{})", o.id, o.what, o.site.file(), o.site.line()),
+        None => format!("#{id}"),
+    }
+}
+
+fn first_reader_op(w: &World, cta: usize, off: u32, len: u32) -> String {
+    for o in &w.ops {
+        if o.smem_reads.iter().any(|&(c, o2, l)| c == cta && o2 < off + len && off < o2 + l) {
+            return op_desc(w, o.id);
+        }
+    }
+    "an in-flight operation".into()
+}
+
+/// Checks that a thread (generic proxy) may read `len` bytes at `off` of CTA `cta`.
+pub(crate) fn check_thread_read(w: &World, cta: usize, off: u32, len: u32) -> Result<(), String> {
+    let s = &w.ctas[cta].smem;
+    for i in off..off + len {
+        if s.mbar[i as usize] {
+            return Err(format!("dyn+{i:#x} belongs to an mbarrier object; only mbarrier instructions may access it"));
+        }
+        let wr = s.writer[i as usize];
+        if wr != 0 {
+            return Err(format!(
+                "reads dyn+{i:#x}, which in-flight {} has not written yet (read before the barrier phase completed?)",
+                op_desc(w, wr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a thread may write `len` bytes at `off` of CTA `cta`.
+pub(crate) fn check_thread_write(w: &World, cta: usize, off: u32, len: u32) -> Result<(), String> {
+    check_thread_read(w, cta, off, len)?;
+    let s = &w.ctas[cta].smem;
+    for i in off..off + len {
+        if s.readers[i as usize] != 0 {
+            return Err(format!(
+                "writes dyn+{i:#x}, which {} still reads (overwritten before the operation completed)",
+                first_reader_op(w, cta, i, 1)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that an asynchronous operation may read the range (no in-flight writer).
+pub(crate) fn check_async_read(w: &World, cta: usize, off: u32, len: u32) -> Result<(), String> {
+    let s = &w.ctas[cta].smem;
+    for i in off..off + len {
+        if s.mbar[i as usize] {
+            return Err(format!("reads dyn+{i:#x}, which belongs to an mbarrier object"));
+        }
+        let wr = s.writer[i as usize];
+        if wr != 0 {
+            return Err(format!(
+                "reads dyn+{i:#x}, which in-flight {} has not written yet (issued before its barrier phase completed?)",
+                op_desc(w, wr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that an asynchronous operation may write the range (no in-flight reader or writer).
+pub(crate) fn check_async_write(w: &World, cta: usize, off: u32, len: u32) -> Result<(), String> {
+    let s = &w.ctas[cta].smem;
+    for i in off..off + len {
+        if s.mbar[i as usize] {
+            return Err(format!("writes dyn+{i:#x}, which belongs to an mbarrier object"));
+        }
+        let wr = s.writer[i as usize];
+        if wr != 0 {
+            return Err(format!("writes dyn+{i:#x}, which in-flight {} also writes", op_desc(w, wr)));
+        }
+        if s.readers[i as usize] != 0 {
+            return Err(format!(
+                "writes dyn+{i:#x}, which {} still reads (stage refilled before the reader completed?)",
+                first_reader_op(w, cta, i, 1)
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn mark_write(w: &mut World, cta: usize, off: u32, len: u32, id: u32) {
+    w.ctas[cta].smem.writer[off as usize..(off + len) as usize].fill(id);
+}
+
+pub(crate) fn mark_read(w: &mut World, cta: usize, off: u32, len: u32) {
+    for r in &mut w.ctas[cta].smem.readers[off as usize..(off + len) as usize] {
+        *r += 1;
+    }
+}
+
+pub(crate) fn unmark_read(w: &mut World, cta: usize, off: u32, len: u32) {
+    for r in &mut w.ctas[cta].smem.readers[off as usize..(off + len) as usize] {
+        *r -= 1;
+    }
+}
+
+fn load<const N: usize>(name: &'static str, site: &'static Location<'static>, addr: u32) -> [u32; N] {
+    instr(name, site, false, |w, me| {
+        let len = 4 * N as u32;
+        let cta = w.threads[me].cta;
+        let off = cta_offset(w, addr, len, len).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
+        check_thread_read(w, cta, off, len).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
+        let d = &w.ctas[cta].smem.data;
+        Ok(Flow::Done(std::array::from_fn(|i| {
+            let o = off as usize + 4 * i;
+            u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
+        })))
+    })
+}
+
+fn store<const N: usize>(name: &'static str, site: &'static Location<'static>, addr: u32, v: [u32; N]) {
+    instr(name, site, false, |w: &mut World, me| -> Result<Flow<()>, ModelError> {
+        let len = 4 * N as u32;
+        let cta = w.threads[me].cta;
+        let off = cta_offset(w, addr, len, len).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
+        check_thread_write(w, cta, off, len).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
+        let d = &mut w.ctas[cta].smem.data;
+        for (i, x) in v.iter().enumerate() {
+            let o = off as usize + 4 * i;
+            d[o..o + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        Ok(Flow::Done(()))
+    })
+}
+
+/// `.shared::cta` address of the start of the dynamic shared memory (`cvta.to.shared` of the
+/// `extern .shared` window, PTX ISA 9.0 §5.1.7): the launch's non-zero `smem_base`.
+#[track_caller]
+pub fn dynamic_base() -> u32 {
+    instr("cvta.to.shared", Location::caller(), false, |w, _| Ok(Flow::Done(w.cfg.smem_base)))
+}
+
+/// `ld.shared.u32 d, [a];`
+#[track_caller]
+pub fn ld_u32(a: u32) -> u32 {
+    load::<1>("ld.shared.u32", Location::caller(), a)[0]
+}
+
+/// `ld.shared.v2.u32 {d0, d1}, [a];` (8-byte aligned).
+#[track_caller]
+pub fn ld_v2_u32(a: u32) -> [u32; 2] {
+    load::<2>("ld.shared.v2.u32", Location::caller(), a)
+}
+
+/// `ld.shared.v4.u32 {d0, d1, d2, d3}, [a];` (16-byte aligned).
+#[track_caller]
+pub fn ld_v4_u32(a: u32) -> [u32; 4] {
+    load::<4>("ld.shared.v4.u32", Location::caller(), a)
+}
+
+/// `st.shared.u32 [a], v;`
+#[track_caller]
+pub fn st_u32(a: u32, v: u32) {
+    store::<1>("st.shared.u32", Location::caller(), a, [v])
+}
+
+/// `st.shared.v2.u32 [a], {v0, v1};` (8-byte aligned).
+#[track_caller]
+pub fn st_v2_u32(a: u32, v: [u32; 2]) {
+    store::<2>("st.shared.v2.u32", Location::caller(), a, v)
+}
+
+/// `st.shared.v4.u32 [a], {v0..v3};` (16-byte aligned).
+#[track_caller]
+pub fn st_v4_u32(a: u32, v: [u32; 4]) {
+    store::<4>("st.shared.v4.u32", Location::caller(), a, v)
+}

@@ -1,0 +1,294 @@
+//! Threads, barriers, collectives, mbarriers, bulk copies, deadlock and hazard reports.
+
+use nvfp4_gemm_model::*;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+fn cfg(grid: u32, block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig::new(Arch::Sm90a, grid, block, smem)
+}
+
+fn seeds() -> impl Iterator<Item = Schedule> {
+    [Completion::InOrder, Completion::Reversed, Completion::Random].into_iter().enumerate().map(|(i, c)| Schedule {
+        seed: 7 + i as u64,
+        completion: c,
+        eager_permille: 100 * i as u32,
+        ..Schedule::default()
+    })
+}
+
+#[test]
+fn special_registers_shared_memory_and_bar_sync() {
+    let out: Vec<AtomicU32> = (0..2 * 64).map(|_| AtomicU32::new(0)).collect();
+    for s in seeds() {
+        launch(&cfg(2, 64, 1024).with_schedule(s), || {
+            let base = smem::dynamic_base();
+            assert_ne!(base, 0, "address 0 must never be a valid shared address");
+            let tid = sreg::tid_x();
+            smem::st_u32(base + 4 * tid, tid * 10 + sreg::ctaid_x());
+            barrier::sync_all();
+            let other = smem::ld_u32(base + 4 * ((tid + 1) % 64));
+            out[(sreg::ctaid_x() * 64 + tid) as usize].store(other, Relaxed);
+            assert_eq!(sreg::warp_id(), tid / 32);
+            assert_eq!(sreg::lane_id(), tid % 32);
+        })
+        .unwrap();
+        for cta in 0..2 {
+            for t in 0..64 {
+                assert_eq!(out[cta * 64 + t].load(Relaxed), ((t as u32 + 1) % 64) * 10 + cta as u32);
+            }
+        }
+    }
+}
+
+#[test]
+fn warp_collectives() {
+    let elected = AtomicU32::new(0);
+    let sums: Vec<AtomicU32> = (0..64).map(|_| AtomicU32::new(0)).collect();
+    launch(&cfg(1, 64, 1024), || {
+        if warp::elect_one() {
+            elected.fetch_add(1, Relaxed);
+        }
+        let lane = sreg::lane_id();
+        // Butterfly sum over the warp.
+        let mut v = lane;
+        for m in [16, 8, 4, 2, 1] {
+            v += warp::shfl_xor(v, m);
+        }
+        sums[sreg::tid_x() as usize].store(v, Relaxed);
+        assert_eq!(warp::shfl_idx(lane * 3, 5), 15);
+        warp::sync(u32::MAX);
+    })
+    .unwrap();
+    assert_eq!(elected.load(Relaxed), 2, "one elected lane per warp");
+    assert!(sums.iter().all(|s| s.load(Relaxed) == 496));
+}
+
+#[test]
+fn divergent_collective_is_reported() {
+    let e = launch(&cfg(1, 32, 1024), || {
+        if sreg::lane_id() < 16 {
+            warp::sync(u32::MAX);
+        } else {
+            let _ = warp::elect_one();
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Divergence, "{e}");
+    assert!(e.message.contains("Elect") || e.message.contains("WarpSync"), "{e}");
+}
+
+#[test]
+fn mbarrier_phases_and_parity() {
+    launch(&cfg(1, 32, 1024), || {
+        let bar = smem::dynamic_base();
+        if sreg::tid_x() == 0 {
+            mbarrier::init(bar, 32);
+            fence::mbarrier_init();
+        }
+        barrier::sync_all();
+        // A fresh barrier: parity 1 (the phase "before" phase 0) counts as complete.
+        assert!(mbarrier::try_wait(bar, 1));
+        for round in 0..3u32 {
+            mbarrier::arrive(bar);
+            while !mbarrier::try_wait(bar, round & 1) {}
+        }
+    })
+    .unwrap();
+}
+
+/// A two-stage ring: one producer thread fills stages with bulk copies (transaction bytes), one
+/// consumer warp sums them and releases each stage; every completion order gives the same sums.
+#[test]
+fn producer_consumer_ring_over_mbarriers() {
+    const STAGES: u32 = 2;
+    const ROUNDS: u32 = 6;
+    const BYTES: u32 = 128;
+    let src: Vec<u32> = (0..ROUNDS * BYTES / 4).map(|i| i * 7 + 1).collect();
+    let src_ptr = src.as_ptr() as u64;
+    let sums: Vec<AtomicU32> = (0..ROUNDS).map(|_| AtomicU32::new(0)).collect();
+    for s in seeds() {
+        for x in &sums {
+            x.store(0, Relaxed);
+        }
+        let stats = launch(&cfg(1, 64, 4096).with_schedule(s), || {
+            let base = smem::dynamic_base();
+            let full = |s: u32| base + 8 * s;
+            let empty = |s: u32| base + 64 + 8 * s;
+            let data = |s: u32| base + 1024 + BYTES * s;
+            let tid = sreg::tid_x();
+            if tid == 0 {
+                for s in 0..STAGES {
+                    mbarrier::init(full(s), 1);
+                    mbarrier::init(empty(s), 32);
+                }
+                fence::mbarrier_init();
+            }
+            barrier::sync_all();
+            if tid / 32 == 0 {
+                if tid == 0 {
+                    for r in 0..ROUNDS {
+                        let (st, ph) = (r % STAGES, (r / STAGES) & 1);
+                        while !mbarrier::try_wait(empty(st), ph ^ 1) {}
+                        mbarrier::arrive_expect_tx(full(st), BYTES);
+                        unsafe { tma::load_1d(data(st), src_ptr + (r * BYTES) as u64, BYTES, full(st)) };
+                    }
+                }
+            } else {
+                let lane = sreg::lane_id();
+                for r in 0..ROUNDS {
+                    let (st, ph) = (r % STAGES, (r / STAGES) & 1);
+                    while !mbarrier::try_wait(full(st), ph) {}
+                    let v = smem::ld_u32(data(st) + 4 * lane);
+                    sums[r as usize].fetch_add(v, Relaxed);
+                    mbarrier::arrive(empty(st));
+                }
+            }
+        })
+        .unwrap();
+        assert!(stats.async_completed == ROUNDS as u64, "{stats:?}");
+        for r in 0..ROUNDS {
+            let want: u32 = src[(r * 32) as usize..(r * 32 + 32) as usize].iter().sum();
+            assert_eq!(sums[r as usize].load(Relaxed), want, "round {r} with {s:?}");
+        }
+    }
+}
+
+#[test]
+fn wrong_parity_deadlocks_with_a_report() {
+    let e = launch(&cfg(1, 64, 1024), || {
+        let bar = smem::dynamic_base();
+        if sreg::tid_x() == 0 {
+            mbarrier::init(bar, 1);
+            fence::mbarrier_init();
+        }
+        barrier::sync_all();
+        if sreg::tid_x() == 0 {
+            mbarrier::arrive(bar);
+        }
+        // Phase 0 completes with thread 0's arrival; phase 1 never does (nobody arrives again).
+        while !mbarrier::try_wait(bar, 0) {}
+        while !mbarrier::try_wait(bar, 1) {}
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Deadlock, "{e}");
+    assert!(e.report.contains("phase 1 (parity 1), pending arrivals 1/1"), "{}", e.report);
+    assert!(e.report.contains("warp 0 lanes 0-31: waits in `mbarrier.try_wait"), "{}", e.report);
+    assert!(e.report.contains("basics.rs"), "the report names the call site: {}", e.report);
+}
+
+#[test]
+fn read_before_the_copy_lands_is_a_hazard() {
+    let src = vec![1u32; 64];
+    let p = src.as_ptr() as u64;
+    let e = launch(&cfg(1, 32, 2048), || {
+        let base = smem::dynamic_base();
+        if sreg::tid_x() == 0 {
+            mbarrier::init(base, 1);
+            fence::mbarrier_init();
+            mbarrier::arrive_expect_tx(base, 256);
+            unsafe { tma::load_1d(base + 1024, p, 256, base) };
+            // Missing wait.
+            let _ = smem::ld_u32(base + 1024 + 16);
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+    assert!(e.message.contains("has not written yet"), "{e}");
+    assert!(e.report.contains("in flight:") && e.report.contains("cp.async.bulk"), "{}", e.report);
+}
+
+#[test]
+fn tx_count_may_go_negative_before_the_expect() {
+    let src = vec![3u32; 64];
+    let p = src.as_ptr() as u64;
+    launch(&cfg(1, 32, 2048).with_schedule(Schedule { eager_permille: 1000, ..Schedule::default() }), || {
+        let base = smem::dynamic_base();
+        if sreg::tid_x() == 0 {
+            mbarrier::init(base, 1);
+            fence::mbarrier_init();
+            unsafe { tma::load_1d(base + 1024, p, 256, base) };
+            // Let the copy land first (eager completion), then announce it.
+            let _ = mbarrier::try_wait(base, 1);
+            mbarrier::arrive_expect_tx(base, 256);
+            while !mbarrier::try_wait(base, 0) {}
+            assert_eq!(smem::ld_u32(base + 1024), 3);
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn missing_fence_mbarrier_init_is_reported() {
+    let src = vec![0u32; 64];
+    let p = src.as_ptr() as u64;
+    let e = launch(&cfg(1, 32, 2048), || {
+        let base = smem::dynamic_base();
+        if sreg::tid_x() == 0 {
+            mbarrier::init(base, 1);
+            unsafe { tma::load_1d(base + 1024, p, 256, base) };
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidOperand);
+    assert!(e.message.contains("fence.mbarrier_init"), "{e}");
+}
+
+#[test]
+fn cluster_barrier_mapa_and_remote_arrive() {
+    let seen: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
+    for s in seeds() {
+        launch(&cfg(4, 64, 1024).with_cluster(2).with_schedule(s), || {
+            let bar = smem::dynamic_base();
+            let (rank, n) = (sreg::cluster_ctarank(), sreg::cluster_nctarank());
+            if sreg::tid_x() == 0 {
+                mbarrier::init(bar, 1);
+                fence::mbarrier_init();
+            }
+            cluster::sync();
+            if sreg::tid_x() == 0 {
+                let remote = cluster::map_shared(bar, (rank + 1) % n);
+                assert_ne!(remote, bar);
+                mbarrier::arrive_cluster(remote);
+            }
+            while !mbarrier::try_wait_cluster(bar, 0) {}
+            if sreg::tid_x() == 0 {
+                seen[sreg::ctaid_x() as usize].store(1 + rank, Relaxed);
+            }
+            cluster::sync();
+        })
+        .unwrap();
+        assert_eq!(seen.iter().map(|s| s.load(Relaxed)).collect::<Vec<_>>(), [1, 2, 1, 2]);
+    }
+}
+
+#[test]
+fn a_cluster_address_is_not_a_cta_address() {
+    let e = launch(&cfg(2, 32, 1024).with_cluster(2), || {
+        let a = cluster::map_shared(smem::dynamic_base(), 1);
+        let _ = smem::ld_u32(a);
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidOperand);
+    assert!(e.message.contains(".shared::cluster address"), "{e}");
+}
+
+#[test]
+fn trap_and_panic_end_the_launch() {
+    let e = launch(&cfg(1, 32, 1024), || {
+        if sreg::tid_x() == 3 {
+            sreg::trap();
+        }
+        barrier::sync_all();
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Trap);
+    let e = launch(&cfg(1, 32, 1024), || {
+        let x = std::hint::black_box(u32::MAX);
+        if sreg::tid_x() == 0 {
+            let _ = x.checked_add(1).expect("overflow in the kernel");
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Panic);
+    assert!(e.message.contains("overflow in the kernel"));
+}
