@@ -7,6 +7,7 @@
 //! descriptors) is defined once, here, with `#[repr(C)]` and a size assertion.
 #![no_std]
 
+pub mod quantize;
 pub mod scale_layout;
 pub mod sm100;
 pub mod sm90;
