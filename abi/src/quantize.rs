@@ -30,20 +30,23 @@
 //!
 //! # Work decomposition
 //!
-//! One work item is one row's 64 values (4 blocks): 128 input bytes, 32 bytes of packed values and
-//! the aligned 4-byte scale word of [`crate::scale_layout::blocked_word_offset`]. The quantizer's
-//! items also cover the padding rows of the 128-row scale blocks, whose scale words it writes as
-//! zero (K is a multiple of 64, so there are no padding scale columns); the dequantizer's cover
-//! the real rows only. Items are `row * (K/64) + chunk`, grid-strided.
+//! One work item is one block: 16 values of one row, i.e. 32 input bytes (two 16-byte loads),
+//! 8 bytes of packed values and one scale byte at [`crate::scale_layout::blocked_offset`].
+//! Consecutive threads take consecutive blocks of a row, so loads and value stores are contiguous
+//! across a warp. The quantizer's items also cover the padding rows of the last 128-row scale
+//! block, whose scale bytes it writes as zero (K is a multiple of 64, so there are no padding
+//! scale columns); the dequantizer's cover the real rows only. Items are `row * (K/16) + block`,
+//! grid-strided.
 
 /// Threads per CTA of both kernels.
 pub const THREADS: u32 = 256;
-/// Values per work item: one row's 64 values, 4 scale blocks, one 32-bit scale word.
-pub const CHUNK: u32 = 64;
-/// K must be a multiple of this (the GEMM's requirement too).
-pub const K_MULTIPLE: u32 = CHUNK;
+/// Values per work item: one scale block.
+pub const BLOCK: u32 = crate::scale_layout::SCALE_VEC;
+/// K must be a multiple of this: whole 4-scale words per row, no padding scale columns (the
+/// GEMM's requirement too).
+pub const K_MULTIPLE: u32 = 64;
 /// Upper bound (exclusive) on the items of one launch, so that the kernels' 32-bit item index
-/// and grid stride cannot overflow (`2^31` items are `2^37` values, more than a GPU holds).
+/// and grid stride cannot overflow (`2^31` items are `2^35` values, more than a GPU holds).
 pub const MAX_ITEMS: u64 = 1 << 31;
 
 /// Parameters of `nvfp4_quantize` and `nvfp4_dequantize` (passed by value).
@@ -78,14 +81,14 @@ pub const fn padded_rows(rows: u32) -> u64 {
     crate::scale_layout::rest_m(rows) as u64 * crate::scale_layout::BLOCK_ROWS as u64
 }
 
-/// Work items of `nvfp4_quantize`: every padded row's 64-value chunks.
+/// Work items of `nvfp4_quantize`: every padded row's blocks.
 pub const fn quantize_items(rows: u32, k: u32) -> u64 {
-    padded_rows(rows) * (k / CHUNK) as u64
+    padded_rows(rows) * (k / BLOCK) as u64
 }
 
-/// Work items of `nvfp4_dequantize`: every row's 64-value chunks.
+/// Work items of `nvfp4_dequantize`: every row's blocks.
 pub const fn dequantize_items(rows: u32, k: u32) -> u64 {
-    rows as u64 * (k / CHUNK) as u64
+    rows as u64 * (k / BLOCK) as u64
 }
 
 /// CTAs for `items` work items, at most `max_ctas` (the threads grid-stride beyond); 0 when
@@ -242,10 +245,11 @@ pub fn block_scale(amax_bits: u16, bf16: bool, global: f64) -> u8 {
 /// bytes of the packed row).
 #[inline(always)]
 pub fn quantize_block(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
-    let mut amax_bits = 0u16;
-    for w in words {
-        amax_bits = amax_bits.max(w as u16 & 0x7FFF).max((w >> 16) as u16 & 0x7FFF);
-    }
+    // Written out rather than looped: the device compiler keeps an array it does not unroll over
+    // in local memory. Magnitudes compare like their bit patterns, NaN patterns above infinity.
+    let [w0, w1, w2, w3, w4, w5, w6, w7] = words;
+    let mag = |w: u32| (w as u16 & 0x7FFF).max((w >> 16) as u16 & 0x7FFF);
+    let amax_bits = mag(w0).max(mag(w1)).max(mag(w2)).max(mag(w3)).max(mag(w4)).max(mag(w5)).max(mag(w6)).max(mag(w7));
     let scale = block_scale(amax_bits, bf16, global);
     if scale == E4M3_NAN {
         return (scale, 0x7777_7777_7777_7777);
@@ -255,12 +259,15 @@ pub fn quantize_block(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
         return (scale, 0);
     }
     let t = midpoints(unit);
-    let mut packed = 0u64;
-    for (w, &word) in words.iter().enumerate() {
-        let lo = e2m1_code(word as u16, bf16, &t) as u64;
-        let hi = e2m1_code((word >> 16) as u16, bf16, &t) as u64;
-        packed |= (lo | hi << 4) << (8 * w);
-    }
+    let byte = |word: u32| (e2m1_code(word as u16, bf16, &t) | e2m1_code((word >> 16) as u16, bf16, &t) << 4) as u64;
+    let packed = byte(w0)
+        | byte(w1) << 8
+        | byte(w2) << 16
+        | byte(w3) << 24
+        | byte(w4) << 32
+        | byte(w5) << 40
+        | byte(w6) << 48
+        | byte(w7) << 56;
     (scale, packed)
 }
 
@@ -269,7 +276,10 @@ pub fn quantize_block(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
 /// rounds it once to f16 or bf16.
 #[inline(always)]
 pub fn dequantize_value(code: u32, scale_times_global: f64) -> f64 {
-    let m = E2M1_MAGNITUDES[(code & 7) as usize] * scale_times_global;
+    // Twice the magnitudes 0, 0.5, ..., 6 are the integers 0, 1, 2, 3, 4, 6, 8, 12: one nibble
+    // each of a constant (no table in memory).
+    let twice = (0xC864_3210u32 >> (4 * (code & 7))) & 0xF;
+    let m = twice as f64 * (0.5 * scale_times_global);
     if code & 8 != 0 {
         -m
     } else {
@@ -292,15 +302,15 @@ mod tests {
         assert_eq!(padded_rows(0), 0);
         assert_eq!(padded_rows(1), 128);
         assert_eq!(padded_rows(129), 256);
-        assert_eq!(quantize_items(1, 64), 128);
-        assert_eq!(quantize_items(300, 256), 384 * 4);
-        assert_eq!(dequantize_items(300, 256), 1200);
+        assert_eq!(quantize_items(1, 64), 128 * 4);
+        assert_eq!(quantize_items(300, 256), 384 * 16);
+        assert_eq!(dequantize_items(300, 256), 300 * 16);
         assert_eq!(grid(0, 100), 0);
         assert_eq!(grid(1, 100), 1);
         assert_eq!(grid(256, 100), 1);
         assert_eq!(grid(257, 100), 2);
         assert_eq!(grid(1 << 30, 100), 100);
-        assert_eq!(quantize_items(u32::MAX, 1 << 22), (1u64 << 32) * (1 << 16));
+        assert_eq!(quantize_items(u32::MAX, 1 << 22), (1u64 << 32) * (1 << 18));
     }
 
     #[test]
@@ -368,6 +378,10 @@ mod tests {
 
     #[test]
     fn dequantize_value_is_the_product() {
+        for code in 0..16u32 {
+            let m = E2M1_MAGNITUDES[(code & 7) as usize] * 3.0;
+            assert_eq!(dequantize_value(code, 3.0), if code & 8 != 0 { -m } else { m });
+        }
         assert_eq!(dequantize_value(7, 2.0), 12.0);
         assert_eq!(dequantize_value(0xF, 2.0), -12.0);
         assert!(dequantize_value(8, 2.0).is_sign_negative());

@@ -13,6 +13,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod ptx;
+pub mod quantize;
 pub mod smoke;
 
 #[cfg(arch_sm90)]
