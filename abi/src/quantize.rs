@@ -15,10 +15,13 @@
 //!    sign of `x`, so `-0.0` and tiny negatives give `-0`); a block whose scale is 0 is all `+0`.
 //!
 //! The CPU quantizer encodes `f64(x / unit)`; this module compares `|x|` with the midpoints
-//! `m * unit` instead (exact products: `m` has at most 3 significant bits, the e4m3 scale 4, `g`
-//! 24). Both give the same code: `x` has at most 11 significant bits, so unless `x / unit` equals
-//! a midpoint it differs from it by more than `2^-31` relative, far more than the `2^-53` of the
-//! `f64` division, which can therefore neither create nor cross a tie.
+//! `m * unit` between the grid points instead (exact products: `m` has at most 3 significant
+//! bits, the e4m3 scale 4, `g` 24). Both give the same code: `x` has at most 11 significant bits,
+//! so unless `x / unit` equals a midpoint it differs from it by more than `2^-31` relative, far
+//! more than the `2^-53` of the `f64` division, which can therefore neither create nor cross a
+//! tie. The comparisons are done on the 16-bit patterns: per block, each midpoint becomes the
+//! pattern of the largest 16-bit float below it (or at it, see [`thresholds`]); non-negative
+//! patterns are ordered like their values, so per value that is 7 integer comparisons.
 //!
 //! # NaN and infinity (defined; the CPU quantizer with a given global scale does the same)
 //!
@@ -200,33 +203,58 @@ pub fn e4m3_from_f64(v: f64) -> u8 {
     code as u8 | sign
 }
 
-/// The e2m1 code of a 16-bit float `bits` in a block whose midpoints `m * unit` are `t` (see
-/// [`midpoints`]): ties go to the even code, magnitudes beyond `5 * unit` saturate to 6, the sign
-/// is the input's. For a non-NaN input and a positive finite unit.
+/// The largest non-negative 16-bit float (bf16 when `bf16`, else f16) at most `t`, as a bit
+/// pattern, and whether it equals `t`; the largest finite value for `t` beyond it. For a positive,
+/// finite `t`.
 #[inline(always)]
-pub fn e2m1_code(bits: u16, bf16: bool, t: &[f64; 7]) -> u8 {
-    let a = half_to_f64(bits & 0x7FFF, bf16);
-    // Midpoint i lies between codes i and i + 1; a tie goes up when i + 1 is even (i odd).
-    let code = (a > t[0]) as u8
-        + (a >= t[1]) as u8
-        + (a > t[2]) as u8
-        + (a >= t[3]) as u8
-        + (a > t[4]) as u8
-        + (a >= t[5]) as u8
-        + (a > t[6]) as u8;
-    code | ((bits >> 12) as u8 & 0x8)
+pub fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
+    let (mant_bits, bias, max_bits) = if bf16 { (7i32, 127i32, 0x7F7Fu16) } else { (10, 15, 0x7BFF) };
+    if t >= half_to_f64(max_bits, bf16) {
+        return (max_bits, t == half_to_f64(max_bits, bf16));
+    }
+    // Binary exponent, at least the format's smallest normal exponent (its quantum is the
+    // subnormals' quantum too).
+    let exp = ((t.to_bits() >> 52) as i32 - 1023).max(1 - bias);
+    // `t` in quanta 2^(exp - mant_bits) (exact scaling), truncated.
+    let scaled = t * pow2(mant_bits - exp);
+    let n = scaled as u32;
+    // Exponent field exp + bias and mantissa n - 2^mant_bits (normals), or n (subnormals and the
+    // first normal binade): one formula.
+    let bits = ((exp - (1 - bias)) as u32) << mant_bits as u32;
+    ((bits + n) as u16, n as f64 == scaled)
 }
 
-/// The block's midpoints `m * unit` for a scale unit `unit` (exact products).
+/// The block's 7 comparison thresholds for a positive finite scale unit `unit`: the e2m1
+/// magnitude code of a 16-bit float whose magnitude pattern is `mag` (not NaN) is the number of
+/// thresholds `c` with `mag > c`. Threshold `i` stands for the midpoint `m_i * unit` between
+/// codes `i` and `i + 1`: the largest pattern at most the midpoint when a tie goes down (to
+/// the even code `i`, `i` even), the largest pattern below it when a tie goes up (`i` odd).
 #[inline(always)]
-pub fn midpoints(unit: f64) -> [f64; 7] {
-    let mut t = [0.0; 7];
+pub fn thresholds(unit: f64, bf16: bool) -> [u16; 7] {
+    let mut c = [0u16; 7];
     let mut i = 0;
     while i < 7 {
-        t[i] = E2M1_MIDPOINTS[i] * unit;
+        let (floor, exact) = half_floor(E2M1_MIDPOINTS[i] * unit, bf16);
+        // `exact` implies floor > 0 (the midpoint is positive).
+        c[i] = floor - (i % 2 == 1 && exact) as u16;
         i += 1;
     }
-    t
+    c
+}
+
+/// The e2m1 code of the 16-bit float `bits` (not NaN) given its block's [`thresholds`]: nearest
+/// grid point, ties to the even code, saturating to ±6, with the input's sign bit.
+#[inline(always)]
+pub fn e2m1_code(bits: u16, c: &[u16; 7]) -> u8 {
+    let mag = bits & 0x7FFF;
+    let code = (mag > c[0]) as u8
+        + (mag > c[1]) as u8
+        + (mag > c[2]) as u8
+        + (mag > c[3]) as u8
+        + (mag > c[4]) as u8
+        + (mag > c[5]) as u8
+        + (mag > c[6]) as u8;
+    code | ((bits >> 12) as u8 & 0x8)
 }
 
 /// The scale code of a block whose largest magnitude has the bit pattern `amax_bits` (a NaN
@@ -258,8 +286,8 @@ pub fn quantize_block(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
     if unit == 0.0 {
         return (scale, 0);
     }
-    let t = midpoints(unit);
-    let byte = |word: u32| (e2m1_code(word as u16, bf16, &t) | e2m1_code((word >> 16) as u16, bf16, &t) << 4) as u64;
+    let c = thresholds(unit, bf16);
+    let byte = |word: u32| (e2m1_code(word as u16, &c) | e2m1_code((word >> 16) as u16, &c) << 4) as u64;
     let packed = byte(w0)
         | byte(w1) << 8
         | byte(w2) << 16
@@ -289,7 +317,9 @@ pub fn dequantize_value(code: u32, scale_times_global: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec;
 
     #[test]
     fn params_layout() {
@@ -374,6 +404,38 @@ mod tests {
         let (s, packed) = quantize_block(w, false, 1.0);
         assert_eq!(s, 0x7E);
         assert_eq!((packed >> 24) & 0xFF, 0x2F);
+    }
+
+    /// `half_floor` against a binary search over the ordered non-negative patterns.
+    #[test]
+    fn half_floor_is_the_largest_pattern_below() {
+        let mut ts = vec![];
+        for b in 1..0x7F80u16 {
+            for bf16 in [false, true] {
+                let v = half_to_f64(b, bf16);
+                if v.is_finite() {
+                    ts.push((v, bf16));
+                    ts.push((v * (1.0 + 1e-12), bf16));
+                    ts.push((v * (1.0 - 1e-12), bf16));
+                    ts.push((v * 1.7, bf16));
+                }
+            }
+        }
+        ts.extend([(1e-300, false), (1e-300, true), (1e300, false), (1e300, true), (65520.0, false)]);
+        for (t, bf16) in ts {
+            let max_bits = if bf16 { 0x7F7Fu16 } else { 0x7BFF };
+            // Largest pattern in 0..=max_bits with value <= t.
+            let (mut lo, mut hi) = (0u16, max_bits);
+            while lo < hi {
+                let mid = lo + (hi - lo).div_ceil(2);
+                if half_to_f64(mid, bf16) <= t {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            assert_eq!(half_floor(t, bf16), (lo, half_to_f64(lo, bf16) == t), "t = {t:e}, bf16 {bf16}");
+        }
     }
 
     #[test]
