@@ -8,6 +8,8 @@
 //! scale byte (zero over the padding rows of the last 128-row scale block); the dequantizer does
 //! the reverse for the real rows.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use crate::ptx::{cvt_f64, sreg};
 use nvfp4_gemm_abi::quantize::{
     dequantize_items, dequantize_value, e4m3_to_f64, quantize_block, quantize_items, ConvertParams, BLOCK, THREADS,
