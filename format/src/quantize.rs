@@ -9,10 +9,18 @@
 //!
 //! The divisions are done in `f64`, so the only roundings are the two format encodings (and the
 //! `f32` rounding of `g`). Dequantization is [`Nvfp4Matrix::dequantize`]: `q * s * g`.
+//!
+//! [`quantize`] rejects NaN and infinities (the global scale would be meaningless).
+//! [`quantize_with_global_scale`] accepts them, with the same results as the library's GPU
+//! quantizer (which cannot report an error without a host synchronisation):
+//! - a block holding a NaN has a NaN amax, so its scale is the e4m3 NaN `0x7F` and every value
+//!   code is `e2m1(NaN) = +6` (`0x7`): the whole block dequantizes to NaN;
+//! - `±inf` makes the block's amax infinite, so its scale saturates to 448 (`0x7E`); the infinite
+//!   values encode as `±6` and the others as `x / (448 g)`.
 
 use rayon::prelude::*;
 
-use crate::codec::{e2m1_from_f64, e4m3_from_f64, e4m3_to_f32, pack_e2m1, HostFloat, E2M1_MAX, E4M3_MAX};
+use crate::codec::{e2m1_from_f64, e4m3_from_f64, e4m3_to_f32, pack_e2m1, HostFloat, E2M1_MAX, E4M3_MAX, E4M3_NAN};
 use crate::error::FormatError;
 use crate::layout::{self, SCALE_VEC};
 use crate::matrix::Nvfp4Matrix;
@@ -37,7 +45,10 @@ pub fn quantize<T: HostFloat>(data: &[T], rows: usize, k: usize) -> Result<Nvfp4
 }
 
 /// Quantizes like [`quantize`] but with a caller-chosen global scale (1.0 gives plain one-level
-/// block scaling). Block scales that would exceed 448 saturate, and so do the values then.
+/// block scaling). Block scales that would exceed 448 saturate, and so do the values then. NaN and
+/// infinite inputs are accepted (see the module docs for what they produce). Errors: a global
+/// scale that is not finite and positive, `k` not a positive multiple of 16, a length that is not
+/// `rows * k`.
 pub fn quantize_with_global_scale<T: HostFloat>(
     data: &[T],
     rows: usize,
@@ -47,15 +58,20 @@ pub fn quantize_with_global_scale<T: HostFloat>(
     if !(global_scale.is_finite() && global_scale > 0.0) {
         return Err(FormatError::BadGlobalScale { value: global_scale });
     }
-    check_input(data, rows, k)?;
+    check_shape_and_length(data, rows, k)?;
     quantize_unchecked(data, rows, k, global_scale)
 }
 
-fn check_input<T: HostFloat>(data: &[T], rows: usize, k: usize) -> Result<(), FormatError> {
+fn check_shape_and_length<T: HostFloat>(data: &[T], rows: usize, k: usize) -> Result<(), FormatError> {
     layout::check_shape(rows, k, SCALE_VEC)?;
     if data.len() != rows * k {
         return Err(FormatError::BadLength { what: "input", expected: rows * k, actual: data.len() });
     }
+    Ok(())
+}
+
+fn check_input<T: HostFloat>(data: &[T], rows: usize, k: usize) -> Result<(), FormatError> {
+    check_shape_and_length(data, rows, k)?;
     match data.iter().position(|x| !x.to_f64().is_finite()) {
         Some(index) => Err(FormatError::NonFinite { index }),
         None => Ok(()),
@@ -64,6 +80,12 @@ fn check_input<T: HostFloat>(data: &[T], rows: usize, k: usize) -> Result<(), Fo
 
 /// Quantizes one block of 16: returns the scale code and writes the 16 value codes.
 fn quantize_block<T: HostFloat>(block: &[T], global: f64, codes: &mut [u8]) -> u8 {
+    // A NaN anywhere makes the block's amax NaN (`f64::max` would skip it), so its scale is the
+    // e4m3 NaN and its values encode `NaN / NaN`.
+    if block.iter().any(|x| x.to_f64().is_nan()) {
+        codes.fill(e2m1_from_f64(f64::NAN));
+        return E4M3_NAN;
+    }
     let amax = block.iter().fold(0.0f64, |m, &x| m.max(x.to_f64().abs()));
     let scale = e4m3_from_f64(amax / f64::from(E2M1_MAX) / global);
     let unit = f64::from(e4m3_to_f32(scale)) * global;
@@ -102,7 +124,7 @@ mod tests {
     use half::{bf16, f16};
 
     use super::*;
-    use crate::codec::{e2m1_to_f32, E2M1_VALUES, E4M3_VALUES};
+    use crate::codec::{self, e2m1_to_f32, E2M1_VALUES, E4M3_VALUES};
     use crate::rng::SplitMix64;
 
     #[test]
@@ -287,5 +309,130 @@ mod tests {
         // And the e4m3 table covers every scale the quantizer can produce.
         let m = quantize(&h, 2, 32).unwrap();
         assert!(m.plain_scales().iter().all(|&s| E4M3_VALUES[s as usize].is_finite()));
+    }
+
+    #[test]
+    fn nan_and_infinity_with_a_global_scale() {
+        let mut row = vec![1.0f32; 64];
+        row[3] = f32::NAN; // block 0
+        row[16] = f32::INFINITY; // block 1
+        row[17] = f32::NEG_INFINITY;
+        row[18] = 448.0;
+        row[32] = -f32::NAN; // block 2, with an infinity too
+        row[33] = f32::INFINITY;
+        let m = quantize_with_global_scale(&row, 1, 64, 1.0).unwrap();
+        assert_eq!(m.plain_scales(), vec![E4M3_NAN, 0x7E, E4M3_NAN, e4m3_from_f64(1.0 / 6.0)]);
+        assert!((0..16).chain(32..48).all(|c| m.code(0, c) == 0x7));
+        assert_eq!([m.code(0, 16), m.code(0, 17), m.code(0, 18), m.code(0, 19)], [0x7, 0xF, 0x2, 0x0]);
+        let d = m.dequantize();
+        assert!(d[..16].iter().chain(&d[32..48]).all(|x| x.is_nan()));
+        assert_eq!(&d[16..19], &[2688.0, -2688.0, 448.0]);
+        // `quantize` still rejects them: the tensor's amax would be meaningless.
+        assert_eq!(quantize(&row, 1, 64), Err(FormatError::NonFinite { index: 3 }));
+    }
+
+    /// The GPU quantizer's arithmetic (`nvfp4_gemm_abi::quantize`, midpoint comparisons instead of
+    /// an `f64` division per value) gives this module's codes, block for block.
+    #[test]
+    fn device_block_model_matches() {
+        use nvfp4_gemm_abi::quantize as dev;
+        let mut rng = SplitMix64::new(0xD15C_0DE5);
+        let specials_f16: [u16; 10] = [0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x0400];
+        let specials_bf16: [u16; 10] = [0x0000, 0x8000, 0x0001, 0x807F, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7FC0, 0x0080];
+        for trial in 0..4000 {
+            let bf16 = trial % 2 == 1;
+            let (rows, k) = (1 + rng.below(3) as usize, 16 * (1 + rng.below(4) as usize));
+            let specials = if bf16 { &specials_bf16 } else { &specials_f16 };
+            let exp_span = if bf16 { 250 } else { 40 };
+            let centre = rng.below(exp_span) as i32 - exp_span as i32 / 2;
+            let bits: Vec<u16> = (0..rows * k)
+                .map(|_| match rng.below(20) {
+                    0 => specials[rng.below(10) as usize],
+                    1 => rng.next_u64() as u16,
+                    // Exact e2m1 grid points times a power of two: ties and exact values.
+                    2 | 3 => {
+                        let v = codec::E2M1_VALUES[rng.below(16) as usize] as f64 * 2f64.powi(centre.clamp(-20, 10));
+                        if bf16 {
+                            bf16::from_f64(v).to_bits()
+                        } else {
+                            f16::from_f64(v).to_bits()
+                        }
+                    }
+                    _ => {
+                        let v = rng.normal() * 2f64.powi(centre + rng.below(9) as i32 - 4);
+                        if bf16 {
+                            bf16::from_f64(v).to_bits()
+                        } else {
+                            f16::from_f64(v).to_bits()
+                        }
+                    }
+                })
+                .collect();
+            let vals: Vec<f64> = bits.iter().map(|&b| dev::half_to_f64(b, bf16)).collect();
+            let finite_amax = vals.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+            let g = match trial % 5 {
+                0 => 1.0,
+                1 => global_scale_for_amax(finite_amax as f32),
+                2 => f32::from_bits(1 + rng.below(0x7F7F_FFFF) as u32),
+                3 => global_scale_for_amax(finite_amax as f32) * 2f32.powi(rng.below(40) as i32 - 20),
+                _ => 2f32.powi(rng.below(60) as i32 - 30) * 3.0,
+            };
+            if !(g.is_finite() && g > 0.0) {
+                continue;
+            }
+            let m = if bf16 {
+                let x: Vec<bf16> = bits.iter().map(|&b| bf16::from_bits(b)).collect();
+                quantize_with_global_scale(&x, rows, k, g).unwrap()
+            } else {
+                let x: Vec<f16> = bits.iter().map(|&b| f16::from_bits(b)).collect();
+                quantize_with_global_scale(&x, rows, k, g).unwrap()
+            };
+            for i in 0..rows {
+                for j in 0..k / 16 {
+                    let at = i * k + 16 * j;
+                    let words: [u32; 8] =
+                        std::array::from_fn(|w| u32::from(bits[at + 2 * w]) | u32::from(bits[at + 2 * w + 1]) << 16);
+                    let (scale, packed) = dev::quantize_block(words, bf16, f64::from(g));
+                    assert_eq!(scale, m.scale_code(i, j), "trial {trial} block ({i}, {j}) g {g:e}");
+                    let row = &m.values()[i * k / 2 + 8 * j..i * k / 2 + 8 * j + 8];
+                    assert_eq!(
+                        packed.to_le_bytes(),
+                        row,
+                        "trial {trial} block ({i}, {j}) g {g:e} {:?}",
+                        &vals[at..at + 16]
+                    );
+                }
+            }
+        }
+    }
+
+    /// The device's e4m3 encoder agrees with the codec's on every 16-bit float value scaled by a
+    /// spread of divisors, on random `f64` bit patterns, and around every midpoint.
+    #[test]
+    fn device_e4m3_encoder_matches() {
+        use nvfp4_gemm_abi::quantize as dev;
+        let mut xs = vec![];
+        for bits in 0..=u16::MAX {
+            for bf16 in [false, true] {
+                let v = dev::half_to_f64(bits, bf16);
+                let want = if bf16 { bf16::from_bits(bits).to_f64() } else { f16::from_bits(bits).to_f64() };
+                assert!(v.to_bits() == want.to_bits() || (v.is_nan() && want.is_nan()), "{bits:#06x}");
+                xs.push(v);
+                xs.push(v / 6.0);
+                xs.push(v / 6.0 / 0.3);
+            }
+        }
+        for c in 0..0x7Eu8 {
+            let mid = (f64::from(e4m3_to_f32(c)) + f64::from(e4m3_to_f32(c + 1))) / 2.0;
+            for d in -2i64..=2 {
+                xs.push(f64::from_bits(mid.to_bits().wrapping_add_signed(d)));
+            }
+        }
+        let mut rng = SplitMix64::new(5);
+        xs.extend((0..200_000).map(|_| f64::from_bits(rng.next_u64())));
+        for x in xs {
+            let (a, b) = (dev::e4m3_from_f64(x), e4m3_from_f64(x));
+            assert_eq!(a, b, "x = {x:e}");
+        }
     }
 }

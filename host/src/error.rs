@@ -35,6 +35,15 @@ pub enum Error {
     },
     /// The problem as a whole is invalid (e.g. too many groups); nothing was launched.
     InvalidProblem(String),
+    /// An argument of a single-tensor call (quantize, dequantize) is invalid; nothing was launched.
+    InvalidArgument {
+        /// The call (`"quantize"`, `"dequantize"`).
+        call: &'static str,
+        /// The argument at fault (`"k"`, `"scales"`, ...).
+        field: &'static str,
+        /// Why it is rejected.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -58,6 +67,7 @@ impl fmt::Display for Error {
             Error::Driver { during, error } => write!(f, "CUDA driver error while {during}: {error}"),
             Error::InvalidGroup { group, field, reason } => write!(f, "group {group}: `{field}`: {reason}"),
             Error::InvalidProblem(reason) => write!(f, "invalid problem: {reason}"),
+            Error::InvalidArgument { call, field, reason } => write!(f, "{call}: `{field}`: {reason}"),
         }
     }
 }

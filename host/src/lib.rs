@@ -39,6 +39,7 @@ pub mod driver;
 pub mod error;
 pub mod plan;
 pub mod problem;
+pub mod quantize;
 mod sm100;
 mod sm90;
 pub mod smoke;

@@ -15,6 +15,7 @@
 
 pub mod pipeline;
 pub mod ptx;
+pub mod quantize;
 pub mod smoke;
 pub mod work;
 

@@ -16,6 +16,7 @@
 pub mod barrier;
 pub mod cluster;
 pub mod convert;
+pub mod cvt_f64;
 pub mod fence;
 pub mod mbarrier;
 pub mod smem;

@@ -1,0 +1,402 @@
+//! NVFP4 quantization on the GPU: f16/bf16 `[rows, K]` → packed e2m1 values + e4m3 scales in the
+//! 128x4 blocked layout (ready for [`crate::GemmPlan::run`]), and the reverse for checks.
+//!
+//! The result is bit for bit that of [`nvfp4_format::quantize_with_global_scale`] on the same
+//! values and global scale `g` (NVFP4's two-level recipe: block scale `e4m3(amax / 6 / g)`, values
+//! `e2m1(x / (scale * g))`), including the padding rows of the scale layout, written as zero.
+//! The global scale is an argument (serving code calibrates it; for one tensor
+//! [`nvfp4_format::global_scale_for_amax`] gives the recipe's `amax / (6 * 448)`); pass
+//! `g_a * g_b` as the GEMM's alpha. NaN and infinities in the input cannot be reported without a
+//! host synchronisation, so they have defined results: a block holding a NaN gets the NaN scale
+//! `0x7F` (it dequantizes to NaN, and so do the GEMM rows that read it); `±inf` saturates (scale
+//! 448, value `±6`). See `nvfp4_gemm_abi::quantize` for the arithmetic.
+//!
+//! ```no_run
+//! use nvfp4_gemm::quantize::Quantizer;
+//! use nvfp4_gemm::{DeviceNvfp4, Gpu};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let stream = gpu.context().default_stream();
+//! let quantizer = Quantizer::new(&gpu)?; // once
+//! let (rows, k) = (300, 2048);
+//! let x = stream.alloc_zeros::<half::bf16>(rows * k)?; // activations on the device
+//! let mut a = DeviceNvfp4::alloc_zeros(&stream, rows, k)?; // once, reused
+//! quantizer.quantize(&stream, &x, rows, k, 0.01, a.operand_mut())?; // no allocation, no sync
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::device::Gpu;
+use crate::driver::launch::launch;
+use crate::error::{Error, Result};
+use crate::plan::Nvfp4Operand;
+use crate::problem::{BufferView, BUFFER_ALIGN};
+use crate::upload::DeviceNvfp4;
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use half::{bf16, f16};
+use nvfp4_gemm_abi::quantize::{self as abi, ConvertParams};
+use nvfp4_gemm_abi::scale_layout::blocked_bytes;
+use std::sync::Arc;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// The 16-bit float types the quantizer reads and the dequantizer writes: `f16` and `bf16`.
+pub trait DenseFloat: sealed::Sealed + DeviceRepr + Copy {
+    /// True for bf16.
+    const BF16: bool;
+}
+
+impl DenseFloat for f16 {
+    const BF16: bool = false;
+}
+
+impl DenseFloat for bf16 {
+    const BF16: bool = true;
+}
+
+/// One NVFP4 tensor being written: packed e2m1 values (`rows · k / 2` bytes) and blocked e4m3
+/// scales ([`Nvfp4Sizes::scales`] bytes).
+pub struct Nvfp4OperandMut<'a> {
+    /// Packed values.
+    pub values: &'a mut dyn DevicePtrMut<u8>,
+    /// Blocked scales.
+    pub scales: &'a mut dyn DevicePtrMut<u8>,
+}
+
+/// Buffer sizes of an NVFP4 tensor of `rows x k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nvfp4Sizes {
+    /// Bytes of packed values: `rows · k / 2`.
+    pub values: usize,
+    /// Bytes of blocked scales, padding included: `ceil(rows/128) · 128 · k / 16`.
+    pub scales: usize,
+}
+
+impl Nvfp4Sizes {
+    /// The sizes for `rows x k` (`k` a positive multiple of 64).
+    pub fn of(rows: usize, k: usize) -> Result<Nvfp4Sizes> {
+        let (r, k32) = check_shape("quantize", rows, k)?;
+        Ok(Nvfp4Sizes { values: rows * k / 2, scales: blocked_bytes(r, k32) })
+    }
+}
+
+impl DeviceNvfp4 {
+    /// Zeroed device buffers for an NVFP4 tensor of `rows x k` (`k` a positive multiple of 64),
+    /// e.g. for [`Quantizer::quantize`]'s output; an empty tensor gets 16-byte placeholders.
+    pub fn alloc_zeros(stream: &Arc<CudaStream>, rows: usize, k: usize) -> Result<DeviceNvfp4> {
+        let sizes = Nvfp4Sizes::of(rows, k)?;
+        let d = |e| Error::driver("allocating an NVFP4 tensor", e);
+        Ok(DeviceNvfp4 {
+            values: stream.alloc_zeros::<u8>(sizes.values.max(16)).map_err(d)?,
+            scales: stream.alloc_zeros::<u8>(sizes.scales.max(16)).map_err(d)?,
+        })
+    }
+
+    /// The output view [`Quantizer::quantize`] takes.
+    pub fn operand_mut(&mut self) -> Nvfp4OperandMut<'_> {
+        Nvfp4OperandMut { values: &mut self.values, scales: &mut self.scales }
+    }
+}
+
+/// The quantization kernels of a [`Gpu`], loaded once. Calls validate every argument first
+/// (nothing is launched on an error), allocate nothing and never synchronise the host, so they
+/// can be captured in a CUDA graph.
+#[derive(Debug)]
+pub struct Quantizer {
+    quantize: CudaFunction,
+    dequantize: CudaFunction,
+    max_ctas: u32,
+}
+
+/// Resident CTAs per SM the grid is sized for (the threads grid-stride beyond).
+const CTAS_PER_SM: u32 = 8;
+
+impl Quantizer {
+    /// Looks up the kernels in `gpu`'s image.
+    pub fn new(gpu: &Gpu) -> Result<Quantizer> {
+        Ok(Quantizer {
+            quantize: gpu.function("nvfp4_quantize")?,
+            dequantize: gpu.function("nvfp4_dequantize")?,
+            max_ctas: gpu.sm_count().max(1) * CTAS_PER_SM,
+        })
+    }
+
+    /// Quantizes `input` (`rows x k` row-major f16 or bf16, exactly `rows · k` elements) with the
+    /// global scale `global_scale` into `out` (exactly [`Nvfp4Sizes::of`]`(rows, k)` bytes each),
+    /// on `stream`. Every byte of both outputs is written (scale padding rows as zero).
+    ///
+    /// Errors ([`Error::InvalidArgument`], before any launch): `k` not a positive multiple of 64,
+    /// a size too large for the kernels' 32-bit indexing, `global_scale` not finite and positive,
+    /// a buffer of the wrong length, not 16-byte aligned, or overlapping another. `rows = 0`
+    /// launches nothing (the buffers are not checked).
+    pub fn quantize<T: DenseFloat>(
+        &self,
+        stream: &Arc<CudaStream>,
+        input: &dyn DevicePtr<T>,
+        rows: usize,
+        k: usize,
+        global_scale: f32,
+        out: Nvfp4OperandMut<'_>,
+    ) -> Result<()> {
+        let (values_len, scales_len) = (out.values.len(), out.scales.len());
+        let (dense_ptr, _g0) = input.device_ptr(stream);
+        let (values_ptr, _g1) = out.values.device_ptr_mut(stream);
+        let (scales_ptr, _g2) = out.scales.device_ptr_mut(stream);
+        let buffers = Buffers {
+            dense: BufferView { ptr: dense_ptr, len: input.len() },
+            values: BufferView { ptr: values_ptr, len: values_len },
+            scales: BufferView { ptr: scales_ptr, len: scales_len },
+        };
+        let Some((params, items)) = validate(Direction::Quantize, rows, k, global_scale, T::BF16, &buffers)? else {
+            return Ok(());
+        };
+        // SAFETY: `validate` checked the shape, lengths, alignment and disjointness the kernel
+        // relies on (its `# Safety`); the guards keep the buffers alive past the launch.
+        unsafe { self.launch(&self.quantize, stream, params, items) }
+    }
+
+    /// Dequantizes `input` (an NVFP4 tensor of `rows x k`: exactly [`Nvfp4Sizes::of`]`(rows, k)`
+    /// bytes each) with the global scale `global_scale` into `output` (exactly `rows · k` f16 or
+    /// bf16 elements): `e2m1 · e4m3 · g`, exact in `f64`, rounded once to nearest even (overflow
+    /// to ±inf, a NaN scale gives NaN), on `stream`. Errors as for [`Quantizer::quantize`].
+    pub fn dequantize<T: DenseFloat>(
+        &self,
+        stream: &Arc<CudaStream>,
+        input: Nvfp4Operand<'_>,
+        rows: usize,
+        k: usize,
+        global_scale: f32,
+        output: &mut dyn DevicePtrMut<T>,
+    ) -> Result<()> {
+        let (values_ptr, _g0) = input.values.device_ptr(stream);
+        let (scales_ptr, _g1) = input.scales.device_ptr(stream);
+        let len = output.len();
+        let (dense_ptr, _g2) = output.device_ptr_mut(stream);
+        let buffers = Buffers {
+            dense: BufferView { ptr: dense_ptr, len },
+            values: BufferView { ptr: values_ptr, len: input.values.len() },
+            scales: BufferView { ptr: scales_ptr, len: input.scales.len() },
+        };
+        let Some((params, items)) = validate(Direction::Dequantize, rows, k, global_scale, T::BF16, &buffers)? else {
+            return Ok(());
+        };
+        // SAFETY: as in `quantize`.
+        unsafe { self.launch(&self.dequantize, stream, params, items) }
+    }
+
+    /// # Safety
+    /// `params` must satisfy the kernel's `# Safety` contract.
+    unsafe fn launch(&self, f: &CudaFunction, stream: &CudaStream, params: ConvertParams, items: u64) -> Result<()> {
+        // SAFETY: one `ConvertParams` by value, as both kernels take; the caller vouches for it.
+        unsafe { launch(f, stream, abi::launch(items, self.max_ctas), &params) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Quantize,
+    Dequantize,
+}
+
+impl Direction {
+    fn call(self) -> &'static str {
+        match self {
+            Direction::Quantize => "quantize",
+            Direction::Dequantize => "dequantize",
+        }
+    }
+}
+
+/// Addresses and lengths (elements) of one call's buffers.
+#[derive(Debug, Clone, Copy)]
+struct Buffers {
+    dense: BufferView,
+    values: BufferView,
+    scales: BufferView,
+}
+
+fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument { call, field, reason: reason.into() }
+}
+
+/// `k` a positive multiple of 64; `rows`, `k` in `u32`; the quantizer's item count (the larger)
+/// under the kernels' 32-bit limit.
+fn check_shape(call: &'static str, rows: usize, k: usize) -> Result<(u32, u32)> {
+    if k == 0 || k % abi::K_MULTIPLE as usize != 0 {
+        return Err(invalid(call, "k", format!("{k} is not a positive multiple of {}", abi::K_MULTIPLE)));
+    }
+    let k32 = u32::try_from(k).map_err(|_| invalid(call, "k", format!("{k} is too large")))?;
+    let r32 = u32::try_from(rows).map_err(|_| invalid(call, "rows", format!("{rows} is too large")))?;
+    if abi::quantize_items(r32, k32) >= abi::MAX_ITEMS {
+        return Err(invalid(call, "rows", format!("{rows} x {k} is too large (at most 2^35 values per call)")));
+    }
+    Ok((r32, k32))
+}
+
+/// Checks one call's arguments; returns the kernel parameters and work items, or `None` when
+/// there is nothing to do (`rows = 0`). Pure: runs on the CPU.
+fn validate(
+    dir: Direction,
+    rows: usize,
+    k: usize,
+    global_scale: f32,
+    bf16: bool,
+    b: &Buffers,
+) -> Result<Option<(ConvertParams, u64)>> {
+    let call = dir.call();
+    let (r32, k32) = check_shape(call, rows, k)?;
+    if !(global_scale.is_finite() && global_scale > 0.0) {
+        return Err(invalid(call, "global_scale", format!("{global_scale} is not finite and positive")));
+    }
+    if rows == 0 {
+        return Ok(None);
+    }
+    let dense_name = if dir == Direction::Quantize { "input" } else { "output" };
+    let sizes = Nvfp4Sizes { values: rows * k / 2, scales: blocked_bytes(r32, k32) };
+    let checks = [
+        (dense_name, b.dense, rows * k, 2),
+        ("values", b.values, sizes.values, 1),
+        ("scales", b.scales, sizes.scales, 1),
+    ];
+    for (field, view, len, _) in checks {
+        if view.len != len {
+            return Err(invalid(
+                call,
+                field,
+                format!("has {} elements; rows={rows} k={k} needs exactly {len}", view.len),
+            ));
+        }
+        if view.ptr % BUFFER_ALIGN != 0 {
+            return Err(invalid(call, field, format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr)));
+        }
+    }
+    // Byte ranges must be disjoint (an output overlapping an input or the other output).
+    for (i, &(fa, va, _, sa)) in checks.iter().enumerate() {
+        for &(fb, vb, _, sb) in &checks[i + 1..] {
+            let (a0, a1) = (va.ptr, va.ptr + (va.len * sa) as u64);
+            let (b0, b1) = (vb.ptr, vb.ptr + (vb.len * sb) as u64);
+            if a0 < b1 && b0 < a1 {
+                return Err(invalid(call, fb, format!("overlaps `{fa}`")));
+            }
+        }
+    }
+    let items = match dir {
+        Direction::Quantize => abi::quantize_items(r32, k32),
+        Direction::Dequantize => abi::dequantize_items(r32, k32),
+    };
+    let params = ConvertParams {
+        dense: b.dense.ptr,
+        values: b.values.ptr,
+        scales: b.scales.ptr,
+        rows: r32,
+        k: k32,
+        global_scale,
+        bf16: bf16 as u32,
+    };
+    Ok(Some((params, items)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good(rows: usize, k: usize) -> Buffers {
+        let s = Nvfp4Sizes::of(rows, k).unwrap();
+        Buffers {
+            dense: BufferView { ptr: 0x10_0000, len: rows * k },
+            values: BufferView { ptr: 0x4000_0000, len: s.values },
+            scales: BufferView { ptr: 0x8000_0000, len: s.scales },
+        }
+    }
+
+    fn field_of(e: Error) -> (&'static str, &'static str) {
+        match e {
+            Error::InvalidArgument { call, field, .. } => (call, field),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(Nvfp4Sizes::of(130, 128).unwrap(), Nvfp4Sizes { values: 130 * 64, scales: 256 * 8 });
+        assert_eq!(Nvfp4Sizes::of(0, 64).unwrap(), Nvfp4Sizes { values: 0, scales: 0 });
+        assert_eq!(field_of(Nvfp4Sizes::of(1, 48).unwrap_err()), ("quantize", "k"));
+    }
+
+    #[test]
+    fn good_arguments_give_the_kernel_parameters() {
+        let b = good(300, 256);
+        let (p, items) = validate(Direction::Quantize, 300, 256, 0.5, true, &b).unwrap().unwrap();
+        assert_eq!(
+            p,
+            ConvertParams {
+                dense: 0x10_0000,
+                values: 0x4000_0000,
+                scales: 0x8000_0000,
+                rows: 300,
+                k: 256,
+                global_scale: 0.5,
+                bf16: 1
+            }
+        );
+        assert_eq!(items, 384 * 16);
+        let (_, items) = validate(Direction::Dequantize, 300, 256, 0.5, false, &b).unwrap().unwrap();
+        assert_eq!(items, 300 * 16);
+        // rows = 0: nothing to do, whatever the buffers.
+        let empty = Buffers { dense: BufferView { ptr: 3, len: 7 }, ..b };
+        assert_eq!(validate(Direction::Quantize, 0, 256, 1.0, false, &empty).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_arguments_are_typed_errors() {
+        let (rows, k) = (72, 192);
+        type Breaker = fn(&mut Buffers);
+        let cases: [(&str, Breaker); 10] = [
+            ("input", |b| b.dense.len -= 1),
+            ("values", |b| b.values.len += 1),
+            ("scales", |b| b.scales.len = 72 * 12), // the plain layout's size, not padded to 128 rows
+            ("input", |b| b.dense.ptr += 2),
+            ("values", |b| b.values.ptr += 8),
+            ("scales", |b| b.scales.ptr += 4),
+            ("values", |b| b.values.ptr = b.dense.ptr + 64), // overlaps the input
+            ("scales", |b| b.scales.ptr = b.values.ptr + 16), // overlaps the values
+            ("scales", |b| b.scales.ptr = b.dense.ptr - 16), // overlaps the input from below
+            ("values", |b| b.values.ptr = b.dense.ptr),
+        ];
+        for (field, break_it) in cases {
+            let mut b = good(rows, k);
+            break_it(&mut b);
+            let e = validate(Direction::Quantize, rows, k, 1.0, false, &b).unwrap_err();
+            assert_eq!(field_of(e), ("quantize", field), "{field}");
+        }
+        let mut b = good(rows, k);
+        b.dense.len += 16;
+        assert_eq!(
+            field_of(validate(Direction::Dequantize, rows, k, 1.0, false, &b).unwrap_err()),
+            ("dequantize", "output")
+        );
+        let b = good(rows, k);
+        for g in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = validate(Direction::Quantize, rows, k, g, false, &b).unwrap_err();
+            assert_eq!(field_of(e), ("quantize", "global_scale"));
+        }
+        for bad_k in [0, 16, 48, 100] {
+            assert_eq!(
+                field_of(validate(Direction::Quantize, rows, bad_k, 1.0, false, &b).unwrap_err()),
+                ("quantize", "k")
+            );
+        }
+        assert_eq!(
+            field_of(validate(Direction::Quantize, 1 << 22, 1 << 15, 1.0, false, &b).unwrap_err()),
+            ("quantize", "rows")
+        );
+        assert_eq!(field_of(validate(Direction::Quantize, 1, 1 << 33, 1.0, false, &b).unwrap_err()), ("quantize", "k"));
+        assert_eq!(
+            field_of(validate(Direction::Quantize, 1 << 33, 64, 1.0, false, &b).unwrap_err()),
+            ("quantize", "rows")
+        );
+    }
+}
