@@ -47,6 +47,16 @@ pub const WARPGROUP_THREADS: u32 = 128;
 pub const THREADS: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
 /// Register cap per thread given to ptxas for the sm_90a module (65536 / 384, rounded down to 8).
 pub const MAX_REGISTERS: u32 = 65536 / THREADS / 8 * 8;
+/// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
+/// copies; 40 is plenty).
+pub const PRODUCER_REGISTERS: u32 = 40;
+/// Registers per thread each consumer warpgroup takes with `setmaxnreg.inc`: what the producer
+/// gave back, shared by the consumers, a multiple of 8.
+pub const CONSUMER_REGISTERS: u32 = (65536 / WARPGROUP_THREADS - PRODUCER_REGISTERS) / CONSUMER_WARPGROUPS / 8 * 8;
+const _: () = assert!(
+    WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= 65536
+        && CONSUMER_REGISTERS <= 256
+);
 /// Bytes of one mbarrier.
 pub const MBARRIER_BYTES: u32 = 8;
 
@@ -124,10 +134,11 @@ impl GemmConfig {
     pub const fn dynamic_shared_memory(&self) -> u32 {
         self.empty_barrier_offset(self.stages)
     }
-    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid (a box
-    /// counts in full even where it lies out of bounds and is zero-filled).
-    pub const fn stage_tx_bytes(&self, chunks: u32) -> u32 {
-        chunks * (self.token_chunk_bytes() + SCALE_BLOCK_BYTES) + BLOCK_N * WEIGHT_ROW_BYTES
+    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid and the
+    /// group's token tiles have `block_m` rows (a box counts in full even where it lies out of
+    /// bounds and is zero-filled).
+    pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32) -> u32 {
+        chunks * (block_m * CHUNK_K * 2 + SCALE_BLOCK_BYTES) + BLOCK_N * WEIGHT_ROW_BYTES
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
@@ -168,14 +179,14 @@ pub const fn weight_map_index(g: u32) -> usize {
     crate::work::second_map_index(g)
 }
 
-/// The token map of a group: its `m × k` f16 workspace, one `CHUNK_K × block_m` box per chunk,
-/// 128-byte swizzle (the wgmma B operand's layout, see [`WgmmaDesc::k_major_sw128`]).
-pub const fn token_map(m: u32, k: u32, cfg: GemmConfig) -> TiledMap<2> {
+/// The token map of a group: its `m × k` f16 workspace, one `CHUNK_K × token_tile_rows(m)` box per
+/// chunk, 128-byte swizzle (the wgmma B operand's layout, see [`WgmmaDesc::k_major_sw128`]).
+pub const fn token_map(m: u32, k: u32) -> TiledMap<2> {
     TiledMap {
         element: TensorMapDataType::F16,
         dims: [k as u64, m as u64],
         strides_bytes: [2 * k as u64, 0],
-        box_dims: [CHUNK_K, cfg.block_m],
+        box_dims: [CHUNK_K, token_tile_rows(m)],
         swizzle: TensorMapSwizzle::B128,
         l2_promotion: L2_PROMOTION,
     }
@@ -237,30 +248,55 @@ pub struct GroupParams {
     pub dequant_first_cta: u32,
     /// Token-dequantization CTAs for this group.
     pub dequant_ctas: u32,
+    /// Token rows per tile of this group ([`token_tile_rows`]`(m)`): the wgmma N and the token
+    /// box height.
+    pub block_m: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupParams>() == 64);
+const _: () = assert!(core::mem::size_of::<GroupParams>() == 72);
 
 /// Position (0..64) in a 64-wide K chunk of the f16 token workspace where logical value `l`
 /// (0..64) of the chunk is stored.
 ///
 /// wgmma k-step `j` (physical columns `16j..16j+16`) gives thread `q` (lane % 4) the A-fragment
-/// columns `2q, 2q+1` and `2q+8, 2q+9`. We put logical values `16q+4j .. 16q+4j+4` there, so over the
-/// four k-steps thread `q` consumes logical values `16q .. 16q+16`: exactly scale block `q`.
+/// registers `2q, 2q+1` (register 0) and `2q+8, 2q+9` (register 2). Thread `q` decodes the 16
+/// logical values `16q..16q+16` (one scale block: two 32-bit words of packed e2m1) into 8 f16x2
+/// pairs: pair `p = 4h + k` of word `h` holds values `8h + k` (low half) and `8h + k + 4` (high
+/// half), the order the shift-and-mask decoder produces them in (see the kernel's
+/// `ptx::convert::e2m1x8_to_f16x2_scaled`). Pair `p` feeds k-step `p / 2`, register `2·(p % 2)`.
+/// Over the four k-steps thread `q` consumes exactly scale block `q`. The tokens are stored in the
+/// same order, so the dot products are unchanged.
 pub const fn token_k_position(l: u32) -> u32 {
     let q = l / 16;
-    let j = (l % 16) / 4;
-    let r = l % 4;
-    16 * j + 2 * q + if r < 2 { r } else { 8 + r - 2 }
+    let t = l % 16;
+    let (h, upper, k) = (t / 8, (t % 8) / 4, t % 4);
+    let p = 4 * h + k;
+    16 * (p / 2) + 2 * q + 8 * (p % 2) + upper
 }
 
-/// Where the f16 pair of logical values `2b, 2b + 1` (packed byte `b`, 0..32, of a row's chunk)
-/// goes in the chunk's workspace row, in units of f16 pairs (0..32): [`token_k_position`]`(2b) / 2`.
-/// The permutation keeps the two values of a byte adjacent and in order (a pair never straddles,
-/// checked by the tests), so the dequantization kernel stores whole f16x2 words.
-pub const fn token_pair_slot(b: u32) -> u32 {
-    token_k_position(2 * b) / 2
+/// Where the decoder's pair `k` (0..4) of packed word `w` (0..8) of a row's chunk — logical values
+/// `8w + k` and `8w + k + 4` — goes in the chunk's workspace row, in units of f16 pairs (0..32):
+/// [`token_k_position`]`(8w + k) / 2`. The permutation puts the two values of a pair adjacent and
+/// in order (checked by the tests), so the dequantization kernel stores whole f16x2 words.
+pub const fn token_pair_slot(w: u32, k: u32) -> u32 {
+    token_k_position(8 * w + k) / 2
 }
+
+/// Token rows per tile (the wgmma N) for a group of `m` tokens: 16 for decode-sized groups, else
+/// 128. Each width is a compiled copy of the consumer loop; ptxas keeps the MMAs of at most two
+/// widths in one function pipelined (with three it serializes them, C7512), so there are two.
+pub const fn token_tile_rows(m: u32) -> u32 {
+    if m <= SMALL_TILE_M {
+        SMALL_TILE_M
+    } else {
+        GemmConfig::M128.block_m
+    }
+}
+
+/// The narrow token tile: `wgmma m64n16k16`.
+pub const SMALL_TILE_M: u32 = 16;
 
 /// Swizzle mode of a wgmma descriptor, bits 62–63 (PTX ISA §9.7.15.5.1.2.2). Not the tcgen05
 /// codes (`crate::sm100::SmemSwizzle`) nor the tensor-map enum.
@@ -418,18 +454,31 @@ mod tests {
     #[test]
     fn token_pair_slots_follow_the_k_permutation() {
         let mut seen = [false; 32];
-        for b in 0..32u32 {
-            let slot = token_pair_slot(b);
-            // Both values of byte b stay adjacent, in order, in one f16x2 word.
-            assert_eq!(token_k_position(2 * b), 2 * slot);
-            assert_eq!(token_k_position(2 * b + 1), 2 * slot + 1);
-            assert!(!seen[slot as usize]);
-            seen[slot as usize] = true;
+        for w in 0..8u32 {
+            for k in 0..4 {
+                let slot = token_pair_slot(w, k);
+                // The decoder's pair (8w+k, 8w+k+4) is one f16x2 word, low value first.
+                assert_eq!(token_k_position(8 * w + k), 2 * slot);
+                assert_eq!(token_k_position(8 * w + k + 4), 2 * slot + 1);
+                assert!(!seen[slot as usize]);
+                seen[slot as usize] = true;
+            }
         }
-        // The dequantization kernel's former closed form.
-        for b in 0..32 {
-            assert_eq!(token_pair_slot(b), 8 * ((b % 8) / 2) + b / 8 + 4 * (b % 2));
+        // The consumer's fragments: pair p of thread q's block feeds k-step p/2, register 2·(p%2).
+        for q in 0..4u32 {
+            for p in 0..8u32 {
+                let (w, k) = (2 * q + p / 4, p % 4);
+                assert_eq!(2 * token_pair_slot(w, k), 16 * (p / 2) + 2 * q + 8 * (p % 2));
+            }
         }
+    }
+
+    #[test]
+    fn token_tile_widths() {
+        let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(token_tile_rows);
+        assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
+        assert_eq!(token_map(5, 256).box_dims, [CHUNK_K, 16]);
+        assert_eq!(token_map(200, 256).box_dims, [CHUNK_K, 128]);
     }
 
     #[test]
@@ -468,8 +517,8 @@ mod tests {
         assert_eq!(c.stage_bytes(), 41984);
         assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
-        assert_eq!(c.stage_tx_bytes(2), 2 * (16384 + 512) + 8192);
-        assert_eq!(c.stage_tx_bytes(1), 16384 + 512 + 8192);
+        assert_eq!(c.stage_tx_bytes(2, 128), 2 * (16384 + 512) + 8192);
+        assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
     }
 
@@ -519,7 +568,7 @@ mod tests {
     #[test]
     fn maps_and_launches() {
         assert_eq!((token_map_index(3), weight_map_index(3)), (6, 7));
-        let t = token_map(96, 512, GemmConfig::M128);
+        let t = token_map(96, 512);
         assert_eq!((t.dims, t.strides_bytes, t.box_dims), ([512, 96], [1024, 0], [64, 128]));
         assert_eq!(
             (t.element, t.swizzle, t.l2_promotion),

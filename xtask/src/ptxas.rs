@@ -86,7 +86,26 @@ pub fn assemble(
     if !out.status.success() {
         return Err(Error::msg(format!("ptxas -arch={arch} failed on {}:\n{text}", ptx.display())));
     }
+    if let Some(line) = serialized_wgmma(&text) {
+        return Err(Error::msg(format!("ptxas -arch={arch} serialized wgmma on {}: {line}", ptx.display())));
+    }
     Ok((parse_report(&text), text))
+}
+
+/// ptxas's note that it serialized a kernel's `wgmma`s (C7510..C7515: "Potential Performance
+/// Loss: wgmma.mma_async instructions are serialized due to ..."): every MMA then waits for the
+/// previous one, which costs the sm_90a GEMM most of its speed while the build still succeeds.
+/// Treated as an error, like spills.
+pub fn serialized_wgmma(text: &str) -> Option<&str> {
+    text.lines().find(|l| l.contains("wgmma.mma_async instructions are serialized"))
+}
+
+#[cfg(test)]
+#[test]
+fn finds_wgmma_serialization() {
+    let note = "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the function 'k'";
+    assert_eq!(serialized_wgmma(&format!("ptxas info : Used 3 registers\n{note}\n")), Some(note));
+    assert_eq!(serialized_wgmma("ptxas info : Used 3 registers"), None);
 }
 
 /// Parses `ptxas -v` output into one [`Resources`] per function.

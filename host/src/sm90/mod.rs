@@ -48,7 +48,7 @@ impl Sm90Layout {
             // Weight tiles outermost, token tiles inside: CTAs that run at the same time share
             // weight tiles (L2 hits), and the small token workspace stays in L2 throughout.
             for tile_n in 0..sm90::n_tiles(n) {
-                for tile_m in 0..sm90::m_tiles(m, config.block_m) {
+                for tile_m in 0..sm90::m_tiles(m, sm90::token_tile_rows(m)) {
                     work.push(WorkItem { group: g as u32, tile_m, tile_n });
                 }
             }
@@ -90,6 +90,8 @@ impl Sm90Layout {
                 workspace: workspace + self.workspace_offsets[g],
                 dequant_first_cta: self.dequant_ctas[g].0,
                 dequant_ctas: self.dequant_ctas[g].1,
+                block_m: sm90::token_tile_rows(s.m as u32),
+                reserved: 0,
             })
             .collect()
     }
@@ -111,7 +113,7 @@ impl Sm90Layout {
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             maps[sm90::token_map_index(g as u32)] =
-                crate::driver::tensor_map::encode(&sm90::token_map(m, k, self.config), p.workspace)?;
+                crate::driver::tensor_map::encode(&sm90::token_map(m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
                 crate::driver::tensor_map::encode(&sm90::weight_map(n, k), buffers[g].b_values.ptr)?;
         }

@@ -97,10 +97,11 @@ impl ArchPlan for Sm90Plan {
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{GEMM}: swap-AB wgmma m64n{}k16, tile {}x{} (tokens x weights), {} stages of K {}",
-                l.config.block_m,
-                l.config.block_m,
+                "{GEMM}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights, N = {} for groups of at most {} tokens, else {}), {} stages of K {}",
                 sm90::BLOCK_N,
+                sm90::SMALL_TILE_M,
+                sm90::SMALL_TILE_M,
+                l.config.block_m,
                 l.config.stages,
                 sm90::BLOCK_K
             ),

@@ -6,47 +6,27 @@
 use core::arch::asm;
 
 /// Decodes eight e2m1 values (the nibbles of `q`, element 0 in the low nibble) to four f16x2 words
-/// `[e0|e1, e2|e3, e4|e5, e6|e7]` (lower element in the low half).
+/// scaled by 2⁻¹⁴: word `k` holds elements `k` (low half) and `k + 4` (high half).
 ///
-/// Two `prmt` table lookups per four values: byte table `L` holds the high bytes of the f16 codes of
-/// the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 (`0x00 38 3C 3E 40 42 44 46`); the sign is or-ed in from a
-/// second table indexed by (sign, top exponent bit). The f16 low bytes are always zero. `prmt`
-/// (PTX ISA 2.0) uses a selector nibble's 3 low bits as the byte index.
+/// An e2m1 magnitude `eem` placed at f16 bits 11..9 is an f16 with exponent field `ee` and top
+/// mantissa bit `m`: exactly the e2m1 value times 2⁻¹⁴ (also for `ee = 0`, where both formats are
+/// subnormal); the sign goes to bit 15. Elements `k` and `k + 4` sit 16 bits apart in `q`, so one
+/// shift moves both magnitudes into place and another both signs (for `k = 3` the signs are
+/// already at bits 15 and 31). Plain integer arithmetic, no `asm!`: the same on every target.
 #[inline(always)]
-pub fn e2m1x8_to_f16x2(q: u32) -> [u32; 4] {
-    let (o0, o1, o2, o3): (u32, u32, u32, u32);
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .b32 m, x, s, t;",
-            // elements 0..3
-            "and.b32 m, {q}, 0x7777;",
-            "prmt.b32 x, {llo}, {lhi}, m;",
-            "shr.u32 t, {q}, 2;",
-            "and.b32 t, t, 0x3333;",
-            "prmt.b32 s, {u}, {u}, t;",
-            "or.b32 x, x, s;",
-            "prmt.b32 {o0}, x, {u}, 0x1404;",
-            "prmt.b32 {o1}, x, {u}, 0x3424;",
-            // elements 4..7
-            "shr.u32 m, {q}, 16;",
-            "and.b32 m, m, 0x7777;",
-            "prmt.b32 x, {llo}, {lhi}, m;",
-            "shr.u32 t, {q}, 18;",
-            "and.b32 t, t, 0x3333;",
-            "prmt.b32 s, {u}, {u}, t;",
-            "or.b32 x, x, s;",
-            "prmt.b32 {o2}, x, {u}, 0x1404;",
-            "prmt.b32 {o3}, x, {u}, 0x3424;",
-            "}}",
-            q = in(reg32) q, llo = in(reg32) 0x3E3C_3800u32, lhi = in(reg32) 0x4644_4240u32,
-            u = in(reg32) 0xC080_4000u32,
-            o0 = out(reg32) o0, o1 = out(reg32) o1, o2 = out(reg32) o2, o3 = out(reg32) o3,
-            options(pure, nomem, nostack));
-    }
-    [o0, o1, o2, o3]
+pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
+    const MAGNITUDE: u32 = 0x0E00_0E00;
+    const SIGN: u32 = 0x8000_8000;
+    [
+        ((q << 9) & MAGNITUDE) | ((q << 12) & SIGN),
+        ((q << 5) & MAGNITUDE) | ((q << 8) & SIGN),
+        ((q << 1) & MAGNITUDE) | ((q << 4) & SIGN),
+        ((q >> 3) & MAGNITUDE) | (q & SIGN),
+    ]
 }
+
+/// 128.0 (2⁷) in both halves of an f16x2.
+pub const F16X2_128: u32 = 0x5800_5800;
 
 /// The e4m3 byte `q` (0..4) of `w`, converted to f16 and broadcast to both halves of an f16x2.
 ///

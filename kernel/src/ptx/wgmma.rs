@@ -29,6 +29,12 @@ pub fn commit_group() {
     unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
 }
 
+/// The accumulator registers of one thread: 64 f32, enough for `m64n128k16`. Narrower widths use
+/// the first `N / 2`. One array for every width lets ptxas give all widths the same registers; the
+/// wgmma register analysis is per function, and with one array per width it serializes the MMAs
+/// (C7512, which `cargo xtask build-ptx` treats as an error).
+pub type Accumulators = [f32; 64];
+
 macro_rules! define_mma {
     ($(#[$doc:meta])* $name:ident, $wait:ident, $n:literal, $acc:literal, $first:literal $(, $i:literal)*) => {
         $(#[$doc])*
@@ -45,7 +51,7 @@ macro_rules! define_mma {
         /// until a `wait_group` covers this MMA; a [`fence`] must precede the first MMA after the
         /// registers were written.
         #[inline(always)]
-        pub unsafe fn $name(acc: &mut [f32; $acc], a: [u32; 4], b: SmemDesc, scale_d: u32) {
+        pub unsafe fn $name(acc: &mut Accumulators, a: [u32; 4], b: SmemDesc, scale_d: u32) {
             // SAFETY: the caller upholds this function's contract (see `# Safety`).
             unsafe {
                 asm!(
@@ -65,7 +71,7 @@ macro_rules! define_mma {
         /// an in/out operand: waits until at most `N` committed groups are pending, and keeps
         /// the compiler from touching `acc` across the wait. Whole warpgroup.
         #[inline(always)]
-        pub fn $wait<const N: u32>(acc: &mut [f32; $acc]) {
+        pub fn $wait<const N: u32>(acc: &mut Accumulators) {
             // SAFETY: waiting has no effect beyond ordering.
             unsafe {
                 asm!(concat!("wgmma.wait_group.sync.aligned {n}; // {", stringify!($first), "}" $(, " {", stringify!($i), "}")*),
@@ -75,7 +81,44 @@ macro_rules! define_mma {
     };
 }
 
+define_mma!(/// m64n16k16, 8 f32 accumulators per thread (the first 8 of the array).
+    mma_m64n16k16, wait_group_fenced_n16, 16, 8, 0, 1, 2, 3, 4, 5, 6, 7);
 define_mma!(/// m64n128k16, 64 f32 accumulators per thread.
     mma_m64n128k16, wait_group_fenced_n128, 128, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
     18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45,
     46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+
+/// One wgmma width `m64nNk16`, so that kernel code can be generic over N.
+pub trait MmaShape {
+    /// The N of the instruction; the first `N / 2` accumulators of the array are used.
+    const N: u32;
+    /// `mma_async` of this width (see [`mma_m64n128k16`]).
+    ///
+    /// # Safety
+    /// As [`mma_m64n128k16`].
+    unsafe fn mma(acc: &mut Accumulators, a: [u32; 4], b: SmemDesc, scale_d: u32);
+    /// `wait_group W` with this width's accumulators fenced (see [`wait_group_fenced_n128`]).
+    fn wait<const W: u32>(acc: &mut Accumulators);
+}
+
+macro_rules! shape {
+    ($ty:ident, $n:literal, $mma:ident, $wait:ident) => {
+        #[doc = concat!("`wgmma m64n", stringify!($n), "k16`.")]
+        pub struct $ty;
+        impl MmaShape for $ty {
+            const N: u32 = $n;
+            #[inline(always)]
+            unsafe fn mma(acc: &mut Accumulators, a: [u32; 4], b: SmemDesc, scale_d: u32) {
+                // SAFETY: the caller upholds the contract of the wrapper (the same).
+                unsafe { $mma(acc, a, b, scale_d) }
+            }
+            #[inline(always)]
+            fn wait<const W: u32>(acc: &mut Accumulators) {
+                $wait::<W>(acc)
+            }
+        }
+    };
+}
+
+shape!(N16, 16, mma_m64n16k16, wait_group_fenced_n16);
+shape!(N128, 128, mma_m64n128k16, wait_group_fenced_n128);

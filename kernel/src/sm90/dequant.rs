@@ -51,19 +51,17 @@ pub unsafe extern "ptx-kernel" fn sm90_dequant_tokens(p: KernelParams) {
                 (g.a_values as *const u8).add(row as usize * (g.k / 2) as usize + 32 * c as usize) as *const U32x4;
             let v = [*src, *src.add(1)];
             let sw = *((g.a_scales as *const u8).add(blocked_word_offset(row, c, rk)) as *const u32);
-            let scale = [
-                convert::e4m3_byte_to_f16x2(sw, 0),
-                convert::e4m3_byte_to_f16x2(sw, 1),
-                convert::e4m3_byte_to_f16x2(sw, 2),
-                convert::e4m3_byte_to_f16x2(sw, 3),
-            ];
+            // Block scales times 2⁷; the decoder gives values times 2⁻¹⁴; a last 2⁷ makes the
+            // product the exact value · scale (every step exact in f16).
+            let scale =
+                [0, 1, 2, 3].map(|q| convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw, q), convert::F16X2_128));
             let mut out = [0u32; 32];
             for w in 0..8 {
-                let pairs = convert::e2m1x8_to_f16x2(v[w / 4].0[w % 4]);
-                for i in 0..4 {
-                    // Byte b holds logical values 2b, 2b+1 (scale block b / 8).
-                    let b = 4 * w + i;
-                    out[token_pair_slot(b as u32) as usize] = convert::mul_f16x2(pairs[i], scale[b / 8]);
+                // Word w holds logical values 8w..8w+8 (scale block w / 2).
+                let pairs = convert::e2m1x8_to_f16x2_scaled(v[w / 4].0[w % 4]);
+                for k in 0..4 {
+                    let scaled = convert::mul_f16x2(pairs[k], scale[w / 2]);
+                    out[token_pair_slot(w as u32, k as u32) as usize] = convert::mul_f16x2(scaled, convert::F16X2_128);
                 }
             }
             let dst = (g.workspace as *mut u8).add(2 * (row as usize * g.k as usize + 64 * c as usize)) as *mut U32x4;

@@ -16,6 +16,7 @@
 
 use crate::pipeline::{Barriers, Consumer, Producer, Scope, Stage};
 use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::wgmma::MmaShape;
 use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
 use crate::work::WorkCursor;
 use nvfp4_gemm_abi::scale_layout::{rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
@@ -73,10 +74,12 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
     // SAFETY: one producer thread, every consumer thread; `p` is valid (the caller's contract).
     unsafe {
         if warpgroup == 0 {
+            warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
             if tid == 0 {
                 produce(&st, &p);
             }
         } else {
+            warp::setmaxnreg_inc::<CONSUMER_REGISTERS>();
             consume(&st, &p, warpgroup - 1, tid % WARPGROUP_THREADS);
         }
     }
@@ -106,7 +109,7 @@ unsafe fn produce(st: &Smem, p: &KernelParams) {
             let chunks = valid_chunks(g.k, ks);
             let stage = ring.acquire();
             let buf = st.stage(stage.index);
-            stage.full.arrive_expect_tx(CFG.stage_tx_bytes(chunks));
+            stage.full.arrive_expect_tx(CFG.stage_tx_bytes(chunks, g.block_m));
             // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {
@@ -115,7 +118,7 @@ unsafe fn produce(st: &Smem, p: &KernelParams) {
                         buf.add(CFG.token_offset(c)),
                         token_map,
                         (ks * BLOCK_K + c * CHUNK_K) as i32,
-                        (t.tile_m * CFG.block_m) as i32,
+                        (t.tile_m * g.block_m) as i32,
                         stage.full,
                     );
                 }
@@ -138,11 +141,14 @@ unsafe fn produce(st: &Smem, p: &KernelParams) {
     }
 }
 
-/// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale `s` (f16x2).
+/// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale `s` (f16x2, already
+/// multiplied by 2⁷): each value comes out as `value · scale · 2⁻⁷`, exact in f16 (≤ 6 significant
+/// bits, magnitudes in [2⁻¹⁷, 21], subnormal below 2⁻¹⁴); the epilogue multiplies the 2⁷ back in.
+/// Pair `p` holds values `8·(p/4) + p%4` and that plus 4 (see `token_k_position`).
 #[inline(always)]
 fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
-    let lo = convert::e2m1x8_to_f16x2(w[0]);
-    let hi = convert::e2m1x8_to_f16x2(w[1]);
+    let lo = convert::e2m1x8_to_f16x2_scaled(w[0]);
+    let hi = convert::e2m1x8_to_f16x2_scaled(w[1]);
     [
         convert::mul_f16x2(lo[0], s),
         convert::mul_f16x2(lo[1], s),
@@ -163,91 +169,111 @@ fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
 #[inline(always)]
 unsafe fn consume(st: &Smem, p: &KernelParams, cw: u32, t: u32) {
     let mut work = Work::new(p);
-    let (warp, lane) = (t / 32, t % 32);
-    let (g8, q) = (lane / 4, lane % 4);
-    // The thread's two weight rows within the 128-row tile.
-    let r0 = cw * WG_ROWS + 16 * warp + g8;
-    let r1 = r0 + 8;
     let mut ring = Consumer::<STAGES>::new(st.full(), st.empty());
+    let bf16 = p.out_bf16 != 0;
     while let Some(i) = work.next_index() {
         // SAFETY: `i < work_len`; the item names a group of the table.
         let (tile, g) = unsafe {
             let t = work.item(i);
             (t, work.group(t.group))
         };
-        let mut acc = [0f32; 64];
-        // The stage whose last MMAs may still be reading it; released once they are known done.
-        let mut pending: Option<Stage> = None;
-        for ks in 0..k_stages(g.k) {
-            let chunks = valid_chunks(g.k, ks);
-            let stage = ring.wait();
-            let buf = st.stage(stage.index);
-            // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
-            // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
-            // flight may read it (at most two groups are ever pending).
-            // All of the stage's shared loads first, in one basic block, so their latencies
-            // overlap each other and the first chunk's decoding (in the K tail the loads of an
-            // absent chunk read stale bytes that are never used).
-            let wbase = buf.add(CFG.weight_offset());
-            let load = |c: u32| {
-                let sbase = buf.add(CFG.scale_block_offset(c));
-                // SAFETY: aligned offsets inside the stage, which is full and not yet released.
-                unsafe {
-                    (
-                        [
-                            smem::ld_v2_u32(wbase.add(weight_fragment_offset(r0, c, q))),
-                            smem::ld_v2_u32(wbase.add(weight_fragment_offset(r1, c, q))),
-                        ],
-                        [
-                            smem::ld_u32(sbase.add(scale_word_offset(r0))),
-                            smem::ld_u32(sbase.add(scale_word_offset(r1))),
-                        ],
-                    )
+        // One compiled copy of the tile loop per wgmma width; the group's token tile height
+        // (`token_tile_rows`) picks it.
+        // SAFETY: as this function's.
+        unsafe {
+            if g.block_m == SMALL_TILE_M {
+                consume_tile::<wgmma::N16>(st, &mut ring, &g, tile, cw, t, bf16)
+            } else {
+                consume_tile::<wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
+            }
+        }
+    }
+}
+
+/// One tile of `S::N` tokens × 128 weights: every K stage (decode + wgmma), then the epilogue.
+///
+/// # Safety
+/// As [`consume`]; `g.block_m == S::N`.
+#[inline(always)]
+unsafe fn consume_tile<S: MmaShape>(
+    st: &Smem,
+    ring: &mut Consumer<STAGES>,
+    g: &GroupParams,
+    tile: WorkItem,
+    cw: u32,
+    t: u32,
+    bf16: bool,
+) {
+    let (warp, lane) = (t / 32, t % 32);
+    let (g8, q) = (lane / 4, lane % 4);
+    // The thread's two weight rows within the 128-row tile.
+    let r0 = cw * WG_ROWS + 16 * warp + g8;
+    let r1 = r0 + 8;
+    let mut acc: wgmma::Accumulators = [0.0; 64];
+    // The stage whose last MMAs may still be reading it; released once they are known done.
+    let mut pending: Option<Stage> = None;
+    for ks in 0..k_stages(g.k) {
+        let chunks = valid_chunks(g.k, ks);
+        let stage = ring.wait();
+        let buf = st.stage(stage.index);
+        // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
+        // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
+        // flight may read it (at most two groups are ever pending).
+        // All of the stage's shared loads first, in one basic block, so their latencies
+        // overlap each other and the first chunk's decoding (in the K tail the loads of an
+        // absent chunk read stale bytes that are never used).
+        let wbase = buf.add(CFG.weight_offset());
+        let load = |c: u32| {
+            let sbase = buf.add(CFG.scale_block_offset(c));
+            // SAFETY: aligned offsets inside the stage, which is full and not yet released.
+            unsafe {
+                (
+                    [
+                        smem::ld_v2_u32(wbase.add(weight_fragment_offset(r0, c, q))),
+                        smem::ld_v2_u32(wbase.add(weight_fragment_offset(r1, c, q))),
+                    ],
+                    [smem::ld_u32(sbase.add(scale_word_offset(r0))), smem::ld_u32(sbase.add(scale_word_offset(r1)))],
+                )
+            }
+        };
+        let (raw0, sw0) = load(0);
+        let (raw1, sw1) = load(1);
+        let raw = [raw0, raw1];
+        let scale_words = [sw0, sw1];
+        for c in 0..CHUNKS_PER_STAGE {
+            if c < chunks {
+                let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
+                // The block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
+                let s0 = convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw[0], q), convert::F16X2_128);
+                let s1 = convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw[1], q), convert::F16X2_128);
+                let a0 = dequant16(rw[0], s0);
+                let a1 = dequant16(rw[1], s1);
+                let tokens = WgmmaDesc::k_major_sw128(buf.add(CFG.token_offset(c)).0);
+                wgmma::fence();
+                for j in 0..K_STEPS_PER_CHUNK as usize {
+                    let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+                    // SAFETY: the whole warpgroup, converged; the token chunk stays in place
+                    // until the stage is released, after a wait_group covers this MMA.
+                    unsafe { S::mma(&mut acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
                 }
-            };
-            let (raw0, sw0) = load(0);
-            let (raw1, sw1) = load(1);
-            let raw = [raw0, raw1];
-            let scale_words = [sw0, sw1];
-            for c in 0..CHUNKS_PER_STAGE {
-                if c < chunks {
-                    let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
-                    let a0 = dequant16(rw[0], convert::e4m3_byte_to_f16x2(sw[0], q));
-                    let a1 = dequant16(rw[1], convert::e4m3_byte_to_f16x2(sw[1], q));
-                    let tokens = WgmmaDesc::k_major_sw128(buf.add(CFG.token_offset(c)).0);
-                    wgmma::fence();
-                    for j in 0..K_STEPS_PER_CHUNK as usize {
-                        let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                        // SAFETY: the whole warpgroup, converged; the token chunk stays in place
-                        // until the stage is released, after a wait_group covers this MMA.
-                        unsafe {
-                            wgmma::mma_m64n128k16(
-                                &mut acc,
-                                frag,
-                                tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(),
-                                1,
-                            )
-                        };
-                    }
-                    wgmma::commit_group();
-                    // Everything but this chunk's group is done: the previous stage is free.
-                    wgmma::wait_group_fenced_n128::<1>(&mut acc);
-                    if c == 0 {
-                        if let Some(prev) = pending.take() {
-                            prev.release();
-                        }
+                wgmma::commit_group();
+                // Everything but this chunk's group is done: the previous stage is free.
+                S::wait::<1>(&mut acc);
+                if c == 0 {
+                    if let Some(prev) = pending.take() {
+                        prev.release();
                     }
                 }
             }
-            pending = Some(stage);
         }
-        wgmma::wait_group_fenced_n128::<0>(&mut acc);
-        if let Some(prev) = pending {
-            prev.release();
-        }
-        // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
-        unsafe { store_tile(&acc, &g, tile, cw, warp, g8, q, p.out_bf16 != 0) };
+        pending = Some(stage);
     }
+    S::wait::<0>(&mut acc);
+    if let Some(prev) = pending {
+        prev.release();
+    }
+    // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
+    unsafe { store_tile::<S>(&acc, g, tile, bf16) };
 }
 
 /// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
@@ -262,32 +288,30 @@ macro_rules! unrolled {
     };
 }
 
-/// Writes the warpgroup's 64 × 128 accumulator tile to C (transposed: C is tokens × weights).
+/// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights).
 ///
-/// Register i of lane (g, q) holds D[n = n_base + g + 8·((i/2)%2)][m = m_base + 2q + 8·(i/4) + i%2].
+/// Register i of lane (g, q) holds D[n = n_base + g + 8·((i/2)%2)][m = m_base + 2q + 8·(i/4) + i%2]
+/// (`S::N / 2` registers, `S::N / 8` quads).
 /// Lanes g and g^1 (lane ^ 4) hold neighbouring n for the same m, so one shuffle per register pair
 /// gives each lane two adjacent elements of one row of C: even g stores C[m even][g, g+1], odd g
 /// stores C[m odd][g-1, g], as one 4-byte store (N is a multiple of 8, so a pair never straddles N).
 ///
 /// # Safety
-/// Every thread of the warpgroup; `g.c` valid for `g.m × g.n` elements.
-#[allow(clippy::too_many_arguments)]
+/// Every thread of a consumer warpgroup; `g.c` valid for `g.m × g.n` elements.
 #[inline(always)]
-unsafe fn store_tile(
-    acc: &[f32; 64],
-    g: &GroupParams,
-    tile: WorkItem,
-    cw: u32,
-    warp: u32,
-    g8: u32,
-    q: u32,
-    bf16: bool,
-) {
+unsafe fn store_tile<S: MmaShape>(acc: &wgmma::Accumulators, g: &GroupParams, tile: WorkItem, bf16: bool) {
+    // The thread's place, read again from the special registers rather than kept live through
+    // the K loop (where registers are scarce).
+    let tid = sreg::tid_x();
+    let (cw, t) = (tid / WARPGROUP_THREADS - 1, tid % WARPGROUP_THREADS);
+    let (warp, g8, q) = (t / 32, (t % 32) / 4, t % 4);
     let c = g.c as *mut u16;
     let odd = g8 % 2;
     let n_pair = tile.tile_n * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
-    let m_base = tile.tile_m * CFG.block_m + 2 * q + odd;
+    let m_base = tile.tile_m * S::N + 2 * q + odd;
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+        // Quads past N / 8 do not exist for narrower widths (a constant condition).
+        if (quad as u32) < S::N / 8 {
         for half in 0..2usize {
             // Registers 4·quad + 2·half (+1): rows n and n+8 alternate by half.
             let i = 4 * quad + 2 * half;
@@ -297,11 +321,14 @@ unsafe fn store_tile(
             let n = n_pair + 8 * half as u32;
             let m = m_base + 8 * quad as u32;
             if m < g.m && n < g.n {
-                let (lo, hi) = (lo * g.alpha, hi * g.alpha);
+                // The weights were decoded times 2⁻⁷ (`dequant16`); multiplying by 2⁷ first is
+                // exact, so this is alpha times the unscaled sum, as if decoded unscaled.
+                let (lo, hi) = (lo * 128.0 * g.alpha, hi * 128.0 * g.alpha);
                 let bits = if bf16 { convert::f32x2_to_bf16x2(lo, hi) } else { convert::f32x2_to_f16x2(lo, hi) };
                 // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
                 unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
             }
+        }
         }
     });
 }
