@@ -2,7 +2,8 @@
 //! memory map and launch geometry. One value per variant, the single source of truth that both
 //! the kernel (as `const` items) and the host (for launch) read.
 //!
-//! The seed compiles three variants (seed `cudaFuncSetAttribute` block, docs/sm100.md §8):
+//! The seed compiles three variants (docs/sm100.md §8; where each value comes from, and which
+//! are hardware-proven: docs/provenance.md §2):
 //!
 //! | Variant            | BLOCK_N | stages | cluster | stage bytes | dynamic smem |
 //! |--------------------|---------|--------|---------|-------------|--------------|
@@ -12,10 +13,12 @@
 //!
 //! The 221312 B that docs/sm100.md §7 quotes is both `36864*6 + 128` (N128, 2 barriers per stage:
 //! 96 B rounded to 128) and `55296*4 + 128` (N256, 3 barriers per stage: 96 B rounded to 128).
+//! The kernel's additions ([`super::params`]) fit in that rounding slack; only the 3-stage
+//! variant grows, to 110720 B (docs/provenance.md §3, D2).
 //!
 //! Per stage, shared memory holds `[A tile][B tile][SFA][SFB]`; after the last stage come the
 //! mbarriers (`full[stages]`, `empty[stages]`, and for clusters `cluster_empty[stages]`), then
-//! the slot `tcgen05.alloc` writes the TMEM base to.
+//! the slot `tcgen05.alloc` writes the TMEM base to, then the kernel's two accumulator barriers.
 
 use super::divides;
 use super::instr::{InstrDescriptor, MMA_K, MMA_M};
@@ -23,39 +26,35 @@ use super::tma::BOX_K_VALUES;
 use super::tmem::TmemPlan;
 use crate::scale_layout::{BLOCK_BYTES, BLOCK_ROWS, SCALE_VEC};
 
-/// Rows of A per tile, the M of the MMA. Source: seed template argument `BLOCK_M = 128`,
-/// `MMA_M = 128`.
+/// Rows of A per tile, the M of the MMA.
 pub const BLOCK_M: u32 = MMA_M;
 
-/// FP4 values of K per pipeline stage: one TMA box row of 128 bytes. Source: seed
-/// `constexpr int TMA_BLOCK_K = 256;`.
+/// FP4 values of K per pipeline stage: one TMA box row of 128 bytes.
 pub const TMA_BLOCK_K: u32 = BOX_K_VALUES;
 
 /// K=64 MMAs per stage: `TMA_BLOCK_K / MMA_K`.
 pub const MMA_STEPS_PER_STAGE: u32 = TMA_BLOCK_K / MMA_K;
 
-/// Warps per CTA. Source: seed `constexpr int TMA_NUM_WARPS = 8;`,
-/// `__launch_bounds__(TMA_NUM_WARPS * WARP_SIZE)`.
+/// Warps per CTA.
 pub const WARPS: u32 = 8;
 
 /// Threads per CTA.
 pub const THREADS: u32 = WARPS * 32;
 
-/// The warp that issues A and SFA loads. Source: seed `constexpr int TMA_WARP = 4;`.
+/// The warp that issues A and SFA loads.
 pub const PRODUCER_A_WARP: u32 = 4;
 
-/// The warp that issues the scale copies and MMAs. Source: seed `constexpr int MMA_WARP = 5;`.
+/// The warp that issues the scale copies and MMAs.
 pub const MMA_WARP: u32 = 5;
 
-/// The warp that issues B and SFB loads. Source: seed `constexpr int TMA_WARP_B = 6;`.
+/// The warp that issues B and SFB loads.
 pub const PRODUCER_B_WARP: u32 = 6;
 
 /// Warps `0..EPILOGUE_WARPS` read the accumulator: warp `w` owns TMEM lanes / output rows
-/// `32w .. 32w+31` (seed `tcgen05_ld_16x256b_x16(tmp, warp_id * 32 + m * 16, ...)`).
+/// `32w .. 32w+31`.
 pub const EPILOGUE_WARPS: u32 = 4;
 
-/// The warp that runs `tcgen05.alloc` and `tcgen05.dealloc` (a whole warp must). Source: seed
-/// `if (warp_id == 0) { asm volatile("tcgen05.alloc...`.
+/// The warp that runs `tcgen05.alloc` and `tcgen05.dealloc` (a whole warp must).
 pub const TMEM_ALLOC_WARP: u32 = 0;
 
 pub use crate::launch::MAX_DYNAMIC_SMEM;
@@ -67,8 +66,8 @@ pub const SMEM_PER_SM: u32 = 233_472;
 pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
 
 /// Alignment of every stage and of the dynamic shared memory base: one 128-byte-swizzle atom
-/// (8 rows x 128 B), so that descriptors keep base offset 0. Source: seed
-/// `extern __shared__ __align__(1024) char smem_ptr[];`, docs/sm100.md §5.
+/// (8 rows x 128 B), so that descriptors keep base offset 0 (docs/sm100.md §5). The kernel
+/// traps if the dynamic shared memory base is not aligned to it.
 pub const STAGE_ALIGN: u32 = crate::launch::DYNAMIC_SMEM_ALIGN;
 
 /// Bytes of one mbarrier.
@@ -80,7 +79,7 @@ pub const MBARRIER_BYTES: u32 = 8;
 /// variants, so the totals stay the seed's.
 pub const TMEM_SLOT_BYTES: u32 = 8;
 
-/// The tile width along N. Source: seed template argument `BLOCK_N` ∈ {128, 256}.
+/// The tile width along N.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum BlockN {
@@ -100,7 +99,6 @@ impl BlockN {
 /// The tile width the seed picks for one group: 256 when `N ≥ 4096`, `K ≥ 2048` and
 /// `N % 256 == 0`, else 128. Wide tiles halve the A traffic per output column, which pays when
 /// there are many N tiles and a long K loop to amortize the 4-stage pipeline.
-/// Source: seed `bool is_256 = (N >= 4096) && (K >= 2048) && ((N & 255) == 0);`.
 pub const fn choose_block_n(n: u32, k: u32) -> BlockN {
     if n >= 4096 && k >= 2048 && divides(256, n) {
         BlockN::N256
@@ -206,12 +204,12 @@ impl KernelConfig {
         MMA_K
     }
 
-    /// Pipeline stages. Source: seed `NS_DEEP_HI = 6`, `NS_DEEP_LO = 3`, `NS_WIDE_HI = 4`.
+    /// Pipeline stages.
     pub const fn stages(self) -> u32 {
         self.stages
     }
 
-    /// CTAs per cluster. Source: seed `constexpr int CL = 4;` for BLOCK_N = 256.
+    /// CTAs per cluster.
     pub const fn cluster_size(self) -> u32 {
         self.cluster_size
     }
@@ -221,8 +219,7 @@ impl KernelConfig {
         self.cluster_size > 1
     }
 
-    /// The `ctaMask` of the A multicast: every CTA of the cluster. Source: seed
-    /// `uint16_t mc = (1 << CLUSTER_SIZE) - 1;`.
+    /// The `ctaMask` of the A multicast: every CTA of the cluster.
     pub const fn multicast_mask(self) -> u16 {
         ((1u32 << self.cluster_size) - 1) as u16
     }
@@ -232,20 +229,17 @@ impl KernelConfig {
         MMA_STEPS_PER_STAGE
     }
 
-    /// Bytes of the A tile per stage: `128 * 256/2` = 16384. Source: seed
-    /// `TMA_A_SMEM_BYTES = BLOCK_M * (TMA_BLOCK_K / 2)`.
+    /// Bytes of the A tile per stage: `128 * 256/2` = 16384.
     pub const fn a_stage_bytes(self) -> u32 {
         BLOCK_M * (TMA_BLOCK_K / 2)
     }
 
-    /// Bytes of the B tile per stage: 16384 or 32768. Source: seed
-    /// `TMA_B_SMEM_BYTES = BLOCK_N * (TMA_BLOCK_K / 2)`.
+    /// Bytes of the B tile per stage: 16384 or 32768.
     pub const fn b_stage_bytes(self) -> u32 {
         self.block_n() * (TMA_BLOCK_K / 2)
     }
 
-    /// Bytes of A scales per stage: `128 * 256/16` = 2048 (four 512-byte blocks). Source: seed
-    /// `STAGE_128_K256 = ... + 128 * (256 / 16) + ...`.
+    /// Bytes of A scales per stage: `128 * 256/16` = 2048 (four 512-byte blocks).
     pub const fn sfa_stage_bytes(self) -> u32 {
         BLOCK_M * (TMA_BLOCK_K / SCALE_VEC)
     }
@@ -255,8 +249,7 @@ impl KernelConfig {
         self.block_n() * (TMA_BLOCK_K / SCALE_VEC)
     }
 
-    /// Bytes per stage: 36864 (BLOCK_N = 128) or 55296 (256). Source: seed `STAGE_128_K256`,
-    /// `STAGE_256_K256`.
+    /// Bytes per stage: 36864 (BLOCK_N = 128) or 55296 (256).
     pub const fn stage_bytes(self) -> u32 {
         self.a_stage_bytes() + self.b_stage_bytes() + self.sfa_stage_bytes() + self.sfb_stage_bytes()
     }
@@ -266,23 +259,22 @@ impl KernelConfig {
         0
     }
 
-    /// Offset of the B tile inside a stage. Source: seed `B_off = TMA_A_SMEM_BYTES`.
+    /// Offset of the B tile inside a stage.
     pub const fn b_offset(self) -> u32 {
         self.a_stage_bytes()
     }
 
-    /// Offset of SFA inside a stage. Source: seed `SFA_off = B_off + TMA_B_SMEM_BYTES`.
+    /// Offset of SFA inside a stage.
     pub const fn sfa_offset(self) -> u32 {
         self.b_offset() + self.b_stage_bytes()
     }
 
-    /// Offset of SFB inside a stage. Source: seed `SFB_off = SFA_off + TMA_SFA_SMEM_BYTES`.
+    /// Offset of SFB inside a stage.
     pub const fn sfb_offset(self) -> u32 {
         self.sfa_offset() + self.sfa_stage_bytes()
     }
 
-    /// Offset of stage `s` from the dynamic smem base. Source: seed
-    /// `stage_base = smem_base + stage * STAGE_SIZE`.
+    /// Offset of stage `s` from the dynamic smem base.
     pub const fn stage_offset(self, s: u32) -> u32 {
         s * self.stage_bytes()
     }
@@ -296,31 +288,30 @@ impl KernelConfig {
         }
     }
 
-    /// Offset of the first mbarrier: right after the stages. Source: seed
-    /// `mbar_base = smem_base + STAGE_SIZE * NS`.
+    /// Offset of the first mbarrier: right after the stages.
     pub const fn barrier_base(self) -> u32 {
         self.stages * self.stage_bytes()
     }
 
     /// The full barrier of stage `s` (TMA → MMA; 2 arrivals, one per producer warp, plus
-    /// transaction bytes). Source: seed `mbar_base + i * 8`, `mbarrier_init(..., 2)`.
+    /// transaction bytes).
     pub const fn full_barrier_offset(self, s: u32) -> u32 {
         self.barrier_base() + s * MBARRIER_BYTES
     }
 
-    /// The empty barrier of stage `s` (MMA commit → producers; 1 arrival). Source: seed
-    /// `mbar_base + (NS + i) * 8`, `mbarrier_init(..., 1)`.
+    /// The empty barrier of stage `s` (MMA commit → producers; 1 arrival).
     pub const fn empty_barrier_offset(self, s: u32) -> u32 {
         self.barrier_base() + (self.stages + s) * MBARRIER_BYTES
     }
 
     /// The cluster-wide empty barrier of stage `s`, used in rank 0 only (cluster size arrivals,
     /// one per CTA's MMA warp) before it multicasts into the stage again; `None` without a
-    /// cluster. Source: seed `mbar_base + (2*NS + i) * 8`, `mbarrier_init(..., CLUSTER_SIZE)`.
+    /// cluster.
     ///
     /// ⚠ The seed arrives on it (`mbarrier_arrive_cluster`) right after *issuing* a stage's MMAs,
     /// not when they complete (docs/sm100.md §6); the safe alternative is
-    /// `tcgen05.commit...multicast::cluster` with `ctaMask` = rank 0 on this same barrier.
+    /// `tcgen05.commit...multicast::cluster` with `ctaMask` = rank 0 on this same barrier, which
+    /// is what the kernel does (docs/provenance.md §3, D3).
     pub const fn cluster_empty_barrier_offset(self, s: u32) -> Option<u32> {
         if self.multicast_a() {
             Some(self.barrier_base() + (2 * self.stages + s) * MBARRIER_BYTES)
@@ -354,8 +345,7 @@ impl KernelConfig {
         [THREADS, 1, 1]
     }
 
-    /// Cluster dimensions: `[cluster_size, 1, 1]`. Source: seed
-    /// `launch_attrs[0].val.clusterDim = {CL256, 1, 1};`.
+    /// Cluster dimensions: `[cluster_size, 1, 1]`.
     pub const fn cluster_dims(self) -> [u32; 3] {
         [self.cluster_size, 1, 1]
     }
@@ -427,8 +417,7 @@ impl KernelConfig {
     /// The grid for `num_items` work items when `resident` CTAs fit on the device at once
     /// ([`Self::resident_ctas`]): one CTA per item if they all fit in one wave, else a persistent
     /// grid of one wave (CTAs loop over the list with grid stride), rounded down to whole
-    /// clusters. Source: seed `wave_cap = sm_count * occ`, `launch_ctas = persistent ? wave_cap :
-    /// num_items`.
+    /// clusters.
     pub const fn launch_grid(self, num_items: u32, resident: u32) -> u32 {
         let wave = resident / self.cluster_size * self.cluster_size;
         if num_items > wave {
@@ -447,22 +436,20 @@ const fn valid(cfg: Result<KernelConfig, ConfigError>) -> KernelConfig {
 }
 
 /// BLOCK_N = 128 with 6 stages: the default 128-wide variant, one CTA per SM (221312 B).
-/// Source: seed `grouped_gemm_kernel_v4<..., 128, 128, NS_DEEP_HI>`.
 pub const N128_DEEP: KernelConfig = valid(KernelConfig::new(BlockN::N128, 6, 1));
 
-/// BLOCK_N = 128 with 3 stages (110656 B), two CTAs per SM: used when the work list is longer
-/// than two waves of [`N128_DEEP`] (see [`select_n128`]). Source: seed
-/// `grouped_gemm_kernel_v4<..., 128, 128, NS_DEEP_LO>`.
+/// BLOCK_N = 128 with 3 stages (110720 B; the seed's 110656 plus one 64-byte step for the
+/// accumulator barriers), two CTAs per SM: used when the work list is longer than two waves of
+/// [`N128_DEEP`] (see [`select_n128`]).
 ///
 /// ⚠ Not hardware-proven: the seed picks it only past 296 items on 148 SMs, which no benchmark
 /// or test shape reaches (b1, the longest list, is 256-wide). With two CTAs per SM the second
-/// CTA's TMEM allocation starts at column 256, so the seed's assumed base 0
-/// ([`super::tmem::SEED_TMEM_BASE`]) would be wrong here: a kernel running this variant must read
-/// the base back from [`KernelConfig::tmem_slot_offset`].
+/// CTA's TMEM allocation starts at column 256, so the seed's assumed base 0 would be wrong here:
+/// the kernel reads the base back from [`KernelConfig::tmem_slot_offset`] (docs/provenance.md §3,
+/// D4).
 pub const N128_SHALLOW: KernelConfig = valid(KernelConfig::new(BlockN::N128, 3, 1));
 
 /// BLOCK_N = 256 with 4 stages in clusters of 4 that share A by multicast (221312 B).
-/// Source: seed `grouped_gemm_kernel_v4<..., 128, 256, NS_WIDE_HI, CL>`.
 pub const N256_CLUSTER4: KernelConfig = valid(KernelConfig::new(BlockN::N256, 4, 4));
 
 // Static checks per knob of each variant (the `valid` calls above already enforce them; these
@@ -483,7 +470,6 @@ const _: () = assert!(WARPS > PRODUCER_B_WARP && EPILOGUE_WARPS * 32 == BLOCK_M)
 /// The seed's choice between [`N128_DEEP`] and [`N128_SHALLOW`] for `num_items` 128-wide items:
 /// shallow when it fits more CTAs per wave and the list is longer than two deep waves.
 /// `wave_deep` / `wave_shallow` are the variants' [`KernelConfig::resident_ctas`].
-/// Source: seed `use_lo = (wave_lo > wave_hi) && (num_items_128 > 2 * wave_hi)`.
 pub const fn select_n128(num_items: u32, wave_deep: u32, wave_shallow: u32) -> KernelConfig {
     if wave_shallow > wave_deep && num_items > 2 * wave_deep {
         N128_SHALLOW

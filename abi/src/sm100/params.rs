@@ -11,8 +11,10 @@
 //! - the work list of this variant ([`super::schedule::WorkItem`]s, built by
 //!   [`super::schedule::build_work_list`]).
 //!
-//! **Layout additions ([`KernelLayout`]).** The kernel departs from the seed in two places that
-//! need room the seed's [`KernelConfig`] does not reserve:
+//! **Layout additions.** The kernel departs from the seed in two places that need room the seed's
+//! layout does not reserve. This module adds them to [`KernelConfig`] (the `impl` block below), so
+//! that each variant's shared memory and TMEM totals have one answer; [`KernelLayout`] only pairs
+//! a configuration with the name of its compiled kernel and builds its launch:
 //! - two more mbarriers hand the single TMEM accumulator between the MMA warp and the epilogue
 //!   warps (the seed serializes a tile's main loop and epilogue with `__syncthreads()` instead);
 //!   they sit right after the TMEM slot. This costs no memory in the 221312-byte variants (the
@@ -23,6 +25,9 @@
 //!   pairs (docs/sm100.md §1 ⚠). With one column set per stage, the copy into stage `s` is ordered
 //!   after the MMAs that last read it through the stage's empty → full barrier chain instead.
 //!   The accumulator and each stage's scale columns keep the seed's [`super::tmem::TmemPlan`] layout.
+//!
+//! These are departures D2 and D1 of docs/provenance.md §3, which also says where every other
+//! value of this module comes from.
 
 use super::config::{
     KernelConfig, EPILOGUE_WARPS, MAX_DYNAMIC_SMEM, MBARRIER_BYTES, N128_DEEP, N128_SHALLOW, N256_CLUSTER4,
@@ -90,9 +95,8 @@ pub use crate::tensor_map::TENSOR_MAP_BYTES;
 /// The `ctaMask` that names cluster rank 0, where the cluster-wide empty barriers live.
 pub const CLUSTER_LEADER_MASK: u16 = 1;
 
-/// A [`KernelConfig`] plus what this kernel adds to it (module docs): the accumulator barriers,
-/// per-stage scale columns in TMEM, the resulting dynamic shared memory and TMEM allocation, and
-/// the exported kernel name.
+/// A [`KernelConfig`] (which, with this module's additions, holds the whole shared-memory and TMEM
+/// layout) and the exported name of the kernel compiled for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelLayout {
     cfg: KernelConfig,

@@ -1,8 +1,8 @@
 //! The persistent schedule: the host-built list of output tiles each kernel variant walks.
 //!
 //! The seed launches one kernel per tile width, each over its own list of
-//! [`WorkItem`]s; CTA `b` takes items `b, b + grid, b + 2*grid, ...` (seed
-//! `shared_work_idx = work_idx + gridDim.x`). The order of the list is the schedule:
+//! [`WorkItem`]s; CTA `b` takes items `b, b + grid, b + 2*grid, ...`. The order of the list is
+//! the schedule:
 //! - 128-wide tiles go N-tile-major across groups (for `tile_n`, for group, for `tile_m`), so a
 //!   wave of CTAs reads the same B column strip of several groups while it is in L2;
 //! - 256-wide tiles go group, `tile_m`, `tile_n`, and each `(group, tile_m)` run is padded to a
@@ -11,6 +11,8 @@
 //!
 //! Everything here is allocation-free: the caller sizes the buffer with [`work_list_len`] and
 //! [`build_work_list`] fills it.
+//!
+//! Both orders are the seed's and ran on hardware (docs/provenance.md §2, the work-item row).
 
 use super::config::{choose_block_n, for_block_n, BlockN, BLOCK_M};
 
@@ -33,13 +35,12 @@ impl GroupShape {
         choose_block_n(self.n, self.k)
     }
 
-    /// Tiles along M: `ceil(m / 128)`. Source: seed `ceil_div((int)M, block_m)`.
+    /// Tiles along M: `ceil(m / 128)`.
     pub const fn tiles_m(self) -> u32 {
         self.m.div_ceil(BLOCK_M)
     }
 
-    /// Tiles along N at this group's width: `ceil(n / BLOCK_N)`. Source: seed
-    /// `ceil_div((int)N, block_n)`.
+    /// Tiles along N at this group's width: `ceil(n / BLOCK_N)`.
     pub const fn tiles_n(self) -> u32 {
         self.n.div_ceil(self.block_n().get())
     }
@@ -77,12 +78,11 @@ pub const fn work_list_len(groups: &[GroupShape], block_n: BlockN) -> usize {
 /// its length; `Err` (with nothing promised about `out`) when `out` is too short.
 ///
 /// - [`BlockN::N128`]: `for tile_n { for group { for tile_m } }`, skipping groups with fewer N
-///   tiles. Source: seed loop under "128-wide tiles: interleave by tile_n across groups".
+///   tiles.
 /// - [`BlockN::N256`]: `for group { for tile_m { for tile_n } }`, each `tile_m` run padded with
 ///   copies of `(group, tile_m, 0)` up to a multiple of 4. A padding item recomputes tile
 ///   `(group, tile_m, 0)` and stores the same values again: harmless, and it keeps its cluster
 ///   full for the multicast. (Alternative: a flag telling the kernel to skip the store.)
-///   Source: seed loop under "256-wide path", `cached_work_items_256.push_back({(int)i, tm, 0})`.
 ///
 /// Groups with `m = 0` or `n = 0` contribute nothing. Groups with `k = 0` still get items; the
 /// kernel must then store zeros without running an MMA (the seed does not handle `k = 0`).

@@ -14,11 +14,14 @@
 //! - a 2D map for `K % 256 != 0` (but `K % 64 == 0`), proposed here: the box's K range past the
 //!   end of the row is zero-filled, the MMA loop issues only the valid K=64 steps of the last
 //!   stage, and `expect_tx` still counts the full box.
+//!
+//! Where each map parameter comes from: docs/provenance.md §2 (the 3D map's fields are the seed's,
+//! except the L2 promotion) and §3, D5 (the 2D map).
 
 use super::divides;
 
-/// FP4 values per box row: 128 bytes, the span of the 128-byte swizzle and the seed's
-/// `TMA_BLOCK_K` (`TORCH_CHECK(shared_width == 256, ...)`).
+/// FP4 values per box row: 128 bytes, the span of the 128-byte swizzle, and the K of one pipeline
+/// stage ([`super::config::TMA_BLOCK_K`]).
 pub const BOX_K_VALUES: u32 = 256;
 
 /// Bytes per box row (`BOX_K_VALUES` 4-bit values).
@@ -38,7 +41,6 @@ pub enum Fp4MapLayout {
     /// coordinates `{0, row0, k0/256}`. Needs `K % 256 == 0`: the third dimension counts whole
     /// 128-byte chunks of a row, so a partial chunk cannot be expressed (rounding up would read
     /// the next row's bytes, and past the buffer for the last row).
-    /// Source: seed `init_AB_tmap_u4`, `tma_3d_gmem2smem(..., 0, m_offset, off_k / 256, ...)`.
     Chunked3d,
     /// Proposed for `K % 256 != 0`: dims `{K, rows}`, byte stride `{K/2}`, box `{256, R}`,
     /// coordinates `{k0, row0}`. Values `K .. k0+256` of the last stage are out of bounds and
@@ -75,7 +77,7 @@ pub struct TmaCoords {
 
 /// Everything the host passes to `cuTensorMapEncodeTiled` for one FP4 operand, besides the
 /// global address. Entries past `rank` (and past `rank - 1` for strides) are unused and 0.
-/// The global address must be 16-byte aligned (seed `TORCH_CHECK(((uintptr_t)ptr % 16) == 0`).
+/// The global address must be 16-byte aligned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Fp4TensorMap {
     /// Which shape this is; decides [`Fp4TensorMap::coords`].
@@ -118,12 +120,8 @@ const fn check(rows: u32, k: u32, box_rows: u32) -> Result<(), TensorMapError> {
 impl Fp4TensorMap {
     /// The seed's 3D map of a `rows x k` FP4 operand with `box_rows`-row boxes (128 for A and
     /// 128-wide B, 256 for 256-wide B). `rows` is the real row count: rows past it are zero-filled
-    /// (the seed stopped padding A/B and passes `A_list[i].size(0)`).
-    ///
-    /// Source: seed `globalDim = {256, global_height, global_width / 256}`, `globalStrides =
-    /// {global_width / 2, 128}`, `boxDim = {256, shared_height, 1}`, `elementStrides = {1, 1, 1}`,
-    /// `CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B`, `INTERLEAVE_NONE`, `SWIZZLE_128B`,
-    /// `FLOAT_OOB_FILL_NONE` (its `L2_PROMOTION_NONE` is replaced by [`L2_PROMOTION`]).
+    /// (the seed stopped padding A/B and passes `A_list[i].size(0)`). Every field is the seed's
+    /// except the L2 promotion: [`L2_PROMOTION`] where the seed had `NONE`.
     pub const fn chunked_3d(rows: u32, k: u32, box_rows: u32) -> Result<Self, TensorMapError> {
         if let Err(e) = check(rows, k, box_rows) {
             return Err(e);
@@ -176,8 +174,7 @@ impl Fp4TensorMap {
     }
 
     /// Coordinates of the box whose first row is `row0` and first value is `k0` (a multiple of
-    /// 256): `{0, row0, k0/256}` for the 3D map (seed `tma_3d_gmem2smem(dst, tmap, 0, m_offset,
-    /// off_k / 256, ...)`), `{k0, row0}` for the 2D map.
+    /// 256): `{0, row0, k0/256}` for the 3D map, `{k0, row0}` for the 2D map.
     pub const fn coords(self, row0: u32, k0: u32) -> TmaCoords {
         match self.layout {
             Fp4MapLayout::Chunked3d => TmaCoords { rank: 3, coords: [0, row0 as i32, (k0 / BOX_K_VALUES) as i32] },
@@ -187,7 +184,6 @@ impl Fp4TensorMap {
 
     /// Bytes one box writes to shared memory, and what `expect_tx` counts for it even when rows
     /// or K values are out of bounds (zero-filled bytes still complete): `box_rows * 128`.
-    /// Source: seed `TMA_A_SMEM_BYTES = BLOCK_M * (TMA_BLOCK_K / 2)` in `expect_bytes`.
     pub const fn box_bytes(self) -> u32 {
         self.box_dim[1] * BOX_ROW_BYTES
     }

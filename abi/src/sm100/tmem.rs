@@ -12,6 +12,9 @@
 //! Each `tcgen05.cp.32x128b.warpx4` moves one 512-byte scale block (128 rows x 4 scales) into 4
 //! columns: row `32g + r` of the block lands in lane `r` (replicated to the four lane quarters),
 //! column `c + g`, one byte per scale.
+//!
+//! Where the column plan comes from, and what of it ran on hardware: docs/provenance.md §2 (TMEM
+//! rows) and §3, D1 and D4.
 
 /// Columns of TMEM per SM (PTX §9.7.16.1; CUTLASS `tmem_allocator_sm100.hpp`).
 pub const TMEM_COLUMNS: u32 = 512;
@@ -134,8 +137,6 @@ pub enum TmemPlanError {
 /// | `[BLOCK_N, BLOCK_N + 4*steps)`            | SFA, 4 columns per K=64 step            |
 /// | `[.., .. + 4*(BLOCK_N/128)*steps)`        | SFB, 4 columns per 128 B rows per step  |
 ///
-/// Seed lines: `SFA_tmem = BLOCK_N`, `SFB_tmem = SFA_tmem + 4 * (TMA_BLOCK_K / MMA_K)`,
-/// `scale_A_tmem = SFA_tmem + k * 4`, `scale_B_tmem = SFB_tmem + k * 8` (N=256) or `k * 4`.
 /// Columns are relative to the allocation base, which the kernel reads back from shared memory
 /// (the seed assumed 0). The kernel adds one scale column set per stage and allocates for all
 /// of them: `KernelConfig::tmem_allocated_columns` is the allocation.
@@ -200,7 +201,6 @@ impl TmemPlan {
 
     /// The copy of step `k`'s SFA block: smem block `k` (the stage's SFA region holds
     /// `steps_per_stage` consecutive 512-byte blocks) into [`TmemPlan::sfa_column`].
-    /// Source: seed `tcgen05_cp_nvfp4(SFA_tmem + k * 4, SFA_desc + k * (512 >> 4))`.
     pub const fn sfa_copy(self, k: u32) -> ScaleCopy {
         ScaleCopy { smem_offset: k * crate::scale_layout::BLOCK_BYTES, tmem_column: self.sfa_column(k) }
     }

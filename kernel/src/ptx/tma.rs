@@ -63,10 +63,10 @@ pub struct CachePolicy(pub u64);
 
 impl CachePolicy {
     /// Evict first: data read once (the streamed operand). Source: CUTLASS
-    /// `CacheHintSm90::EVICT_FIRST` / `CacheHintSm100`, seed `EVICT_FIRST` (docs/sm100.md §1).
+    /// `CacheHintSm90::EVICT_FIRST` / `CacheHintSm100` (docs/sm100.md §1).
     pub const EVICT_FIRST: Self = CachePolicy(0x12F0_0000_0000_0000);
     /// Evict last: data other CTAs will read again soon (the reused operand). Source: CUTLASS
-    /// `CacheHintSm90::EVICT_LAST`, seed `EVICT_LAST` (docs/sm100.md §1).
+    /// `CacheHintSm90::EVICT_LAST` (docs/sm100.md §1).
     pub const EVICT_LAST: Self = CachePolicy(0x14F0_0000_0000_0000);
 }
 
