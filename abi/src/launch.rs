@@ -14,6 +14,12 @@ pub const MAX_DYNAMIC_SMEM: u32 = 232_448;
 /// of 128 bytes), so that TMA boxes and matrix descriptors agree on the swizzle phase.
 pub const DYNAMIC_SMEM_ALIGN: u32 = 1024;
 
+/// Shared memory per SM: 228 KiB on sm_90 and sm_100 (docs/sm90.md §7, docs/sm100.md §7).
+pub const SMEM_PER_SM: u32 = 233_472;
+
+/// Shared memory the system reserves per resident CTA (1 KiB on sm_90 and sm_100).
+pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+
 /// Grid, block, cluster and dynamic shared memory of one launch (all along x).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchGeometry {

@@ -110,6 +110,11 @@ pub const fn launch(items: u64, max_ctas: u32) -> crate::launch::LaunchGeometry 
     crate::launch::LaunchGeometry { grid: grid(items, max_ctas), block: THREADS, cluster: 1, smem_bytes: 0 }
 }
 
+/// Register caps of both kernels (`.maxnreg`, see `cargo xtask build-ptx`): [`THREADS`]-thread
+/// CTAs, four per SM.
+pub const REGISTER_CAPS: [(&str, u32); 2] = [("nvfp4_quantize", 64), ("nvfp4_dequantize", 64)];
+const _: () = assert!(4 * THREADS * 64 <= 65536);
+
 /// The canonical e4m3fn NaN.
 pub const E4M3_NAN: u8 = 0x7F;
 /// The largest finite e4m3fn code (448).

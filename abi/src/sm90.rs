@@ -18,7 +18,7 @@
 //! identically. A dot product does not depend on the order of its terms (up to fp32 rounding, which
 //! the MMA's own summation order already leaves unspecified).
 
-use crate::launch::{LaunchGeometry, MAX_DYNAMIC_SMEM};
+use crate::launch::{LaunchGeometry, MAX_DYNAMIC_SMEM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use crate::scale_layout::BLOCK_BYTES as SCALE_BLOCK_BYTES;
 use crate::tensor_map::{TensorMapDataType, TensorMapSwizzle, TiledMap, L2_PROMOTION};
 pub use crate::work::{KernelParams, WorkItem};
@@ -57,6 +57,21 @@ const _: () = assert!(
     WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= 65536
         && CONSUMER_REGISTERS <= 256
 );
+/// Threads per CTA of the decode variant: two consumer warpgroups (warps 0–7) and one producer
+/// warp (warp 8); with one thread issuing every copy, a whole producer warpgroup would only hold
+/// registers that two resident CTAs need.
+pub const DECODE_THREADS: u32 = WARPGROUP_THREADS * CONSUMER_WARPGROUPS + 32;
+/// Register cap of the decode variant: two CTAs of [`DECODE_THREADS`] per SM.
+pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
+/// Register cap of the token-dequantization kernel (256-thread CTAs, several per SM).
+pub const DEQUANT_MAX_REGISTERS: u32 = 64;
+/// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
+/// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
+pub const REGISTER_CAPS: [(&str, u32); 3] = [
+    ("sm90_grouped_gemm", MAX_REGISTERS),
+    ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
+    ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
+];
 /// Bytes of one mbarrier.
 pub const MBARRIER_BYTES: u32 = 8;
 
@@ -70,7 +85,7 @@ pub const DEQUANT_THREADS: u32 = 256;
 /// multiple of 1024 bytes, then the mbarriers `full[stages]`, `empty[stages]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmConfig {
-    /// Tokens per tile (the wgmma N): 64 or 128.
+    /// Most tokens per tile (the widest wgmma N the variant runs): 16 or 128.
     pub block_m: u32,
     /// Pipeline stages.
     pub stages: u32,
@@ -79,6 +94,48 @@ pub struct GemmConfig {
 impl GemmConfig {
     /// 128 tokens per tile (wgmma N = 128), 5 stages.
     pub const M128: GemmConfig = GemmConfig { block_m: 128, stages: 5 };
+    /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 8 stages of 13 KiB,
+    /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
+    /// twice the warps to hide the decode's latencies.
+    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, stages: 8 };
+
+    /// Threads per CTA: [`THREADS`], or [`DECODE_THREADS`] for the decode variant.
+    pub const fn threads(&self) -> u32 {
+        if self.block_m == SMALL_TILE_M {
+            DECODE_THREADS
+        } else {
+            THREADS
+        }
+    }
+
+    /// The consumer warpgroup and the thread in it (0..128) of CTA thread `tid`, or `None` for the
+    /// producer's threads (warpgroup 0 of the general variant, the last warp of the decode one).
+    pub const fn consumer_thread(&self, tid: u32) -> Option<(u32, u32)> {
+        let first = if self.block_m == SMALL_TILE_M { 0 } else { WARPGROUP_THREADS };
+        if tid < first || tid >= first + CONSUMER_WARPGROUPS * WARPGROUP_THREADS {
+            None
+        } else {
+            Some(((tid - first) / WARPGROUP_THREADS, (tid - first) % WARPGROUP_THREADS))
+        }
+    }
+
+    /// The one thread that issues every copy: the first of the producer's threads.
+    pub const fn producer_thread(&self) -> u32 {
+        if self.block_m == SMALL_TILE_M {
+            CONSUMER_WARPGROUPS * WARPGROUP_THREADS
+        } else {
+            0
+        }
+    }
+
+    /// CTAs per SM the variant is sized for (registers and shared memory).
+    pub const fn ctas_per_sm(&self) -> u32 {
+        if self.block_m == SMALL_TILE_M {
+            2
+        } else {
+            1
+        }
+    }
 
     /// Bytes of f16 tokens per chunk: `block_m` rows of 128 bytes.
     pub const fn token_chunk_bytes(&self) -> u32 {
@@ -142,13 +199,15 @@ impl GemmConfig {
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
-        (self.block_m == 64 || self.block_m == 128)
+        (self.block_m == SMALL_TILE_M || self.block_m == 128)
             && self.stages >= 2
+            && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
             && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
     }
 }
 
 const _: () = assert!(GemmConfig::M128.is_valid());
+const _: () = assert!(GemmConfig::M16.is_valid());
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 
@@ -208,10 +267,11 @@ pub const fn weight_map(n: u32, k: u32) -> TiledMap<2> {
 /// The GEMM launch for `work_len` tiles on `sm_count` SMs: a persistent grid of at most one CTA
 /// per SM (at least one CTA), [`THREADS`] threads, the configuration's shared memory.
 pub const fn gemm_launch(cfg: GemmConfig, work_len: u32, sm_count: u32) -> LaunchGeometry {
-    let grid = if work_len < sm_count { work_len } else { sm_count };
+    let resident = sm_count * cfg.ctas_per_sm();
+    let grid = if work_len < resident { work_len } else { resident };
     LaunchGeometry {
         grid: if grid == 0 { 1 } else { grid },
-        block: THREADS,
+        block: cfg.threads(),
         cluster: 1,
         smem_bytes: cfg.dynamic_shared_memory(),
     }
@@ -292,6 +352,28 @@ pub const fn token_tile_rows(m: u32) -> u32 {
         SMALL_TILE_M
     } else {
         GemmConfig::M128.block_m
+    }
+}
+
+/// The configuration for a problem whose groups have these token counts: the decode variant
+/// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the general
+/// one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger ones).
+pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
+    if m.all(|m| m <= SMALL_TILE_M) {
+        GemmConfig::M16
+    } else {
+        GemmConfig::M128
+    }
+}
+
+impl GemmConfig {
+    /// The exported name of the GEMM kernel compiled for this configuration.
+    pub const fn kernel_name(&self) -> &'static str {
+        if self.block_m == SMALL_TILE_M {
+            "sm90_grouped_gemm_decode"
+        } else {
+            "sm90_grouped_gemm"
+        }
     }
 }
 
@@ -474,6 +556,14 @@ mod tests {
     }
 
     #[test]
+    fn config_choice() {
+        assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::M16);
+        assert_eq!(config_for([4, 17].into_iter()), GemmConfig::M128);
+        assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[1].0);
+        assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
+    }
+
+    #[test]
     fn token_tile_widths() {
         let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(token_tile_rows);
         assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
@@ -518,6 +608,28 @@ mod tests {
         assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
         assert_eq!(c.stage_tx_bytes(2, 128), 2 * (16384 + 512) + 8192);
+        // The decode variant: 16-row token chunks, 13 KiB stages, two CTAs per SM.
+        let d = GemmConfig::M16;
+        assert_eq!(d.token_chunk_bytes(), 2048);
+        assert_eq!(d.weight_offset(), 4096);
+        assert_eq!(d.stage_bytes(), 13 * 1024);
+        assert_eq!(d.dynamic_shared_memory(), 8 * 13 * 1024 + 16 * 8);
+        assert!(2 * (d.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM);
+        assert_eq!(gemm_launch(d, 10_000, 132).grid, 264);
+        assert_eq!(gemm_launch(c, 10_000, 132).grid, 132);
+        assert_eq!(DECODE_MAX_REGISTERS, 112);
+        assert_eq!(gemm_launch(d, 10, 132).block, 288);
+        // Thread roles: producer first in the general variant, last in the decode one.
+        assert_eq!(c.consumer_thread(5), None);
+        assert_eq!(c.consumer_thread(128), Some((0, 0)));
+        assert_eq!(c.consumer_thread(383), Some((1, 127)));
+        assert_eq!(d.consumer_thread(0), Some((0, 0)));
+        assert_eq!(d.consumer_thread(255), Some((1, 127)));
+        assert_eq!(d.consumer_thread(256), None);
+        assert_eq!((c.producer_thread(), d.producer_thread()), (0, 256));
+        assert_eq!(c.consumer_thread(c.producer_thread()), None);
+        assert_eq!(d.consumer_thread(d.producer_thread()), None);
+        assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
         assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
     }

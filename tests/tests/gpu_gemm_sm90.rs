@@ -1,5 +1,6 @@
 //! The Hopper grouped GEMM against the CPU reference, on the H200: the competition's test shapes,
-//! the benchmark shapes, both input distributions, and 200 seeded random problems with tails.
+//! the benchmark shapes, decode-sized problems, both input distributions, and 200 seeded random
+//! problems with tails.
 //! Each case, fp16 or bf16 output, poisons C (and guard elements around it) before each of two
 //! runs, then checks every element against the reference rounded to the output type (fp16: atol =
 //! rtol = 1e-3; bf16: rtol 4e-3), the guards, and bitwise determinism.
@@ -56,4 +57,38 @@ fn bf16_output() {
 #[test]
 fn empty_groups_and_bad_buffers() {
     cases::empty_groups_and_bad_buffers("empty_groups_and_bad_buffers", Arch::Sm90a);
+}
+
+/// Decode-sized problems (every group at most 16 tokens: the two-CTAs-per-SM decode kernel) and
+/// mixed ones (16-token tiles beside 128-token tiles in the general kernel): the three decode
+/// benchmark shapes scaled down in K, K tails (K % 128 = 64, K = 64), N = 8·odd, empty groups,
+/// and 60 random problems, both input distributions.
+#[test]
+fn decode_shapes() {
+    let z = cases::z;
+    let mut shapes = vec![
+        z(&[4; 8], &[7168; 8], &[256; 8]),
+        z(&[1, 2, 3, 4, 5, 6, 7, 8], &[7168; 8], &[2048; 8]),
+        z(&[16; 4], &[4096; 4], &[1088; 4]),
+        z(&[16, 0, 1, 9], &[8, 24, 136, 520], &[64, 192, 320, 1984]),
+        z(&[0, 0], &[128, 256], &[64, 128]),
+        // Mixed: small groups beside large ones.
+        z(&[3, 200, 16, 17], &[264, 512, 1024, 128], &[448, 256, 640, 192]),
+    ];
+    shapes.extend(
+        cases::random(&RandomShapes {
+            seed: 0x5EED_0016,
+            count: 60,
+            max_groups: 24,
+            empty_one_in: 6,
+            m: Multiples::new(0, 1, 16),
+            n: Multiples::new(8, 8, 4096),
+            k: Multiples::new(64, 64, 4096),
+            wide: None,
+            max_work: 1 << 30,
+        })
+        .into_iter()
+        .map(|(s, _)| s),
+    );
+    run_all("decode_shapes", &with_dists(shapes), 4444);
 }

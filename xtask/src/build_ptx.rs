@@ -13,8 +13,9 @@ pub struct Arch {
     pub cfg: &'static str,
     /// Extra LLVM target features (PTX ISA version).
     pub features: &'static str,
-    /// The ptxas register cap (`-maxrregcount`) the architecture's kernels are sized for, if any.
-    pub max_registers: Option<u32>,
+    /// Per-kernel register caps, written into the PTX as `.maxnreg` (each kernel is sized for a
+    /// number of resident CTAs; the caps live in the abi beside the launch geometry).
+    pub register_caps: &'static [&'static [(&'static str, u32)]],
 }
 
 /// sm_90a (Hopper; PTX ISA 8.0 is rustc's default there) and sm_100a (Blackwell; `kind::mxf4nvf4`
@@ -24,10 +25,14 @@ pub const ARCHES: [Arch; 2] = [
         name: "sm_90a",
         cfg: "arch_sm90",
         features: "",
-        // 384 threads per CTA (one producer and two consumer warpgroups).
-        max_registers: Some(nvfp4_gemm_abi::sm90::MAX_REGISTERS),
+        register_caps: &[&nvfp4_gemm_abi::sm90::REGISTER_CAPS, &nvfp4_gemm_abi::quantize::REGISTER_CAPS],
     },
-    Arch { name: "sm_100a", cfg: "arch_sm100", features: "+ptx87", max_registers: None },
+    Arch {
+        name: "sm_100a",
+        cfg: "arch_sm100",
+        features: "+ptx87",
+        register_caps: &[&nvfp4_gemm_abi::quantize::REGISTER_CAPS],
+    },
 ];
 
 const KERNEL_LIB: &str = "nvfp4_gemm_kernel";
@@ -66,7 +71,9 @@ pub fn run(args: &[&str]) -> Result<()> {
             continue;
         }
         let ptx = build_arch(&root, arch)?;
-        let ptx_text = std::fs::read_to_string(&ptx)?;
+        let ptx_text =
+            with_register_caps(&std::fs::read_to_string(&ptx)?, arch.register_caps.iter().copied().flatten())?;
+        std::fs::write(&ptx, &ptx_text)?;
 
         let counts = collectives::count(&ptx_text);
         let fresh = collectives::render(arch.name, &counts);
@@ -82,9 +89,7 @@ pub fn run(args: &[&str]) -> Result<()> {
         }
 
         let cubin = ptx.with_extension("cubin");
-        let flags: Vec<String> = arch.max_registers.map(|r| format!("-maxrregcount={r}")).into_iter().collect();
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let (resources, _) = ptxas::assemble(&ptxas, arch.name, &flags, &ptx, &cubin)?;
+        let (resources, _) = ptxas::assemble(&ptxas, arch.name, &[], &ptx, &cubin)?;
         for r in &resources {
             report.push_str(&format!(
                 "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
@@ -133,6 +138,35 @@ pub fn run(args: &[&str]) -> Result<()> {
     } else {
         Err(Error::msg(problems.join("\n")))
     }
+}
+
+/// `ptx` with a `.maxnreg` directive after the parameter list of each named kernel (PTX ISA
+/// "Performance-Tuning Directives": the directive sits between an entry's parameters and its
+/// body). A name that is not a kernel of the module is an error, so a renamed kernel cannot
+/// silently lose its cap.
+fn with_register_caps<'a>(ptx: &str, caps: impl Iterator<Item = &'a (&'a str, u32)>) -> Result<String> {
+    let mut out = ptx.to_owned();
+    for (kernel, registers) in caps {
+        let entry = format!(".entry {kernel}(");
+        let Some(at) = out.find(&entry) else {
+            return Err(Error::msg(format!("register cap for `{kernel}`, which is not a kernel of this module")));
+        };
+        let Some(close) = out[at..].find("\n)\n") else {
+            return Err(Error::msg(format!("no parameter list end after `{entry}`")));
+        };
+        let insert = at + close + 3;
+        out.insert_str(insert, &format!(".maxnreg {registers}\n"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[test]
+fn register_caps_go_after_the_parameters() {
+    let ptx = ".visible .entry k(\n\t.param .u64 p\n)\n{\n\tret;\n}\n";
+    let capped = with_register_caps(ptx, [("k", 80)].iter()).unwrap();
+    assert_eq!(capped, ".visible .entry k(\n\t.param .u64 p\n)\n.maxnreg 80\n{\n\tret;\n}\n");
+    assert!(with_register_caps(ptx, [("gone", 80)].iter()).is_err());
 }
 
 /// Builds the kernel crate for one architecture and returns the path of the linked PTX.

@@ -57,13 +57,7 @@ pub const EPILOGUE_WARPS: u32 = 4;
 /// The warp that runs `tcgen05.alloc` and `tcgen05.dealloc` (a whole warp must).
 pub const TMEM_ALLOC_WARP: u32 = 0;
 
-pub use crate::launch::MAX_DYNAMIC_SMEM;
-
-/// Shared memory per SM: 228 KiB (docs/sm100.md §7).
-pub const SMEM_PER_SM: u32 = 233_472;
-
-/// Shared memory the system reserves per resident block (docs/sm100.md §7).
-pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+pub use crate::launch::{MAX_DYNAMIC_SMEM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 
 /// Alignment of every stage and of the dynamic shared memory base: one 128-byte-swizzle atom
 /// (8 rows x 128 B), so that descriptors keep base offset 0 (docs/sm100.md §5). The kernel

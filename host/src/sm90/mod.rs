@@ -38,7 +38,7 @@ pub(crate) struct Sm90Layout {
 
 impl Sm90Layout {
     pub fn new(problem: &Problem, sm_count: u32) -> Sm90Layout {
-        let config = GemmConfig::M128;
+        let config = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
         let mut work = vec![];
         let mut workspace_offsets = vec![];
         let mut dequant_ctas = vec![];

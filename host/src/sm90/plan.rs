@@ -14,7 +14,6 @@ use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
 
 const DEQUANT: &str = "sm90_dequant_tokens";
-const GEMM: &str = "sm90_grouped_gemm";
 
 /// An sm_90a plan on a device: the layout, both functions, the device tables (group parameters,
 /// tensor maps, work list) and the f16 token workspace, allocated once by [`Sm90Plan::new`].
@@ -37,7 +36,7 @@ impl Sm90Plan {
         let d = |e| Error::driver("allocating the plan's device tables", e);
         let g = problem.groups().len().max(1);
         let dequant = gpu.function(DEQUANT)?;
-        let gemm = gpu.function(GEMM)?;
+        let gemm = gpu.function(layout.config.kernel_name())?;
         set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
         let work = if layout.work.is_empty() {
             stream.alloc_zeros::<u8>(16).map_err(d)?
@@ -93,17 +92,19 @@ impl ArchPlan for Sm90Plan {
         if l.dequant_grid > 0 {
             launches.push(KernelLaunch { kernel: DEQUANT, geometry: l.dequant });
         }
-        launches.push(KernelLaunch { kernel: GEMM, geometry: l.gemm });
+        let gemm = l.config.kernel_name();
+        launches.push(KernelLaunch { kernel: gemm, geometry: l.gemm });
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{GEMM}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights, N = {} for groups of at most {} tokens, else {}), {} stages of K {}",
+                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {} for groups of at most {} tokens, else {}), {} stages of K {}, {} CTA(s) per SM",
                 sm90::BLOCK_N,
                 sm90::SMALL_TILE_M,
                 sm90::SMALL_TILE_M,
                 l.config.block_m,
                 l.config.stages,
-                sm90::BLOCK_K
+                sm90::BLOCK_K,
+                l.config.ctas_per_sm()
             ),
             tiles: l.work.len(),
             launches: if l.work.is_empty() { vec![] } else { launches },

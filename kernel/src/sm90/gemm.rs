@@ -22,65 +22,113 @@ use crate::work::WorkCursor;
 use nvfp4_gemm_abi::scale_layout::{rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
 use nvfp4_gemm_abi::sm90::*;
 
-const CFG: GemmConfig = GemmConfig::M128;
 // The consumer loads both chunks of a stage up front (`load(0)`, `load(1)`).
 const _: () = assert!(CHUNKS_PER_STAGE == 2);
-const STAGES: u32 = CFG.stages;
 type Work<'a> = WorkCursor<'a, GroupParams>;
 
-/// The CTA's dynamic shared memory as `CFG` lays it out.
-struct Smem {
-    base: SmemAddr,
+/// A compiled variant of the kernel: its configuration (tile height, stages, shared memory).
+trait Variant {
+    const CFG: GemmConfig;
 }
 
-impl Smem {
+/// 16- and 128-token tiles, 5 stages, one CTA per SM.
+struct General;
+impl Variant for General {
+    const CFG: GemmConfig = GemmConfig::M128;
+}
+
+/// 16-token tiles only, 8 stages, two CTAs per SM.
+struct Decode;
+impl Variant for Decode {
+    const CFG: GemmConfig = GemmConfig::M16;
+}
+
+/// The CTA's dynamic shared memory as `V::CFG` lays it out.
+struct Smem<V> {
+    base: SmemAddr,
+    variant: core::marker::PhantomData<V>,
+}
+
+impl<V: Variant> Smem<V> {
     /// Stage `s` (1024-byte aligned).
     #[inline(always)]
     fn stage(&self, s: u32) -> SmemAddr {
-        self.base.add(CFG.stage_offset(s))
+        self.base.add(V::CFG.stage_offset(s))
     }
     #[inline(always)]
     fn full(&self) -> Barriers {
-        Barriers::at(self.base.add(CFG.full_barrier_offset(0)))
+        Barriers::at(self.base.add(V::CFG.full_barrier_offset(0)))
     }
     #[inline(always)]
     fn empty(&self) -> Barriers {
-        Barriers::at(self.base.add(CFG.empty_barrier_offset(0)))
+        Barriers::at(self.base.add(V::CFG.empty_barrier_offset(0)))
     }
 }
 
-/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch` (`THREADS` threads,
-/// `CFG.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA per SM).
+/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch(GemmConfig::M128, ..)`
+/// (`THREADS` threads, `M128.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA
+/// per SM).
 ///
 /// # Safety
 /// `p` and the tables it points to must be what the host's sm90 plan writes for validated buffers.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
-    let st = Smem { base: smem::dynamic_base() };
+    // SAFETY: the caller's contract.
+    unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
+}
+
+/// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
+/// `gemm_launch(GemmConfig::M16, ..)` (two CTAs per SM).
+///
+/// # Safety
+/// As [`sm90_grouped_gemm`], and every group's `block_m` is `SMALL_TILE_M`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm_decode(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<Decode, { GemmConfig::M16.stages }>(&p) }
+}
+
+/// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
+///
+/// # Safety
+/// As [`sm90_grouped_gemm`].
+#[inline(always)]
+unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
+    const { assert!(V::CFG.stages == STAGES) };
+    let p = *p;
+    let st = Smem::<V> { base: smem::dynamic_base(), variant: core::marker::PhantomData };
     let tid = sreg::tid_x();
     if tid == 0 {
         for s in 0..STAGES {
             // SAFETY: before the CTA barrier below, nobody else touches the barriers.
             unsafe {
-                st.full().get(s).init(CFG.full_barrier_arrivals());
-                st.empty().get(s).init(CFG.empty_barrier_arrivals());
+                st.full().get(s).init(V::CFG.full_barrier_arrivals());
+                st.empty().get(s).init(V::CFG.empty_barrier_arrivals());
             }
         }
         fence::mbarrier_init();
     }
     // SAFETY: every thread of the CTA reaches it.
     unsafe { barrier::sync_all() };
-    let warpgroup = sreg::warp_id() / 4;
     // SAFETY: one producer thread, every consumer thread; `p` is valid (the caller's contract).
     unsafe {
-        if warpgroup == 0 {
-            warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
-            if tid == 0 {
-                produce(&st, &p);
+        match V::CFG.consumer_thread(tid) {
+            None => {
+                // Registers move from the producer (one thread issues copies) to the consumers;
+                // the decode variant has a producer warp only and no registers to spare.
+                if V::CFG.ctas_per_sm() == 1 {
+                    warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
+                }
+                if tid == V::CFG.producer_thread() {
+                    produce::<V, STAGES>(&st, &p);
+                }
             }
-        } else {
-            warp::setmaxnreg_inc::<CONSUMER_REGISTERS>();
-            consume(&st, &p, warpgroup - 1, tid % WARPGROUP_THREADS);
+            Some((cw, t)) => {
+                if V::CFG.ctas_per_sm() == 1 {
+                    warp::setmaxnreg_inc::<CONSUMER_REGISTERS>();
+                }
+                consume::<V, STAGES>(&st, &p, cw, t);
+            }
         }
     }
 }
@@ -91,7 +139,7 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
 /// # Safety
 /// One thread of the CTA; barriers initialized; `p` valid.
 #[inline(always)]
-unsafe fn produce(st: &Smem, p: &KernelParams) {
+unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
     while let Some(i) = work.next_index() {
@@ -109,13 +157,13 @@ unsafe fn produce(st: &Smem, p: &KernelParams) {
             let chunks = valid_chunks(g.k, ks);
             let stage = ring.acquire();
             let buf = st.stage(stage.index);
-            stage.full.arrive_expect_tx(CFG.stage_tx_bytes(chunks, g.block_m));
+            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m));
             // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {
                 for c in 0..chunks {
                     tma::load_2d(
-                        buf.add(CFG.token_offset(c)),
+                        buf.add(V::CFG.token_offset(c)),
                         token_map,
                         (ks * BLOCK_K + c * CHUNK_K) as i32,
                         (t.tile_m * g.block_m) as i32,
@@ -123,14 +171,14 @@ unsafe fn produce(st: &Smem, p: &KernelParams) {
                     );
                 }
                 tma::load_2d(
-                    buf.add(CFG.weight_offset()),
+                    buf.add(V::CFG.weight_offset()),
                     weight_map,
                     (ks * WEIGHT_ROW_BYTES) as i32,
                     (t.tile_n * BLOCK_N) as i32,
                     stage.full,
                 );
                 tma::load_1d(
-                    buf.add(CFG.scale_offset()),
+                    buf.add(V::CFG.scale_offset()),
                     scale_row_block.add((ks * CHUNKS_PER_STAGE * SCALE_BLOCK_BYTES) as usize),
                     chunks * SCALE_BLOCK_BYTES,
                     stage.full,
@@ -167,7 +215,7 @@ fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
 /// # Safety
 /// Every thread of consumer warpgroup `cw`; barriers initialized; `p` valid.
 #[inline(always)]
-unsafe fn consume(st: &Smem, p: &KernelParams, cw: u32, t: u32) {
+unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, cw: u32, t: u32) {
     let mut work = Work::new(p);
     let mut ring = Consumer::<STAGES>::new(st.full(), st.empty());
     let bf16 = p.out_bf16 != 0;
@@ -181,10 +229,11 @@ unsafe fn consume(st: &Smem, p: &KernelParams, cw: u32, t: u32) {
         // (`token_tile_rows`) picks it.
         // SAFETY: as this function's.
         unsafe {
-            if g.block_m == SMALL_TILE_M {
-                consume_tile::<wgmma::N16>(st, &mut ring, &g, tile, cw, t, bf16)
+            // The decode variant compiles the narrow width only.
+            if V::CFG.block_m == SMALL_TILE_M || g.block_m == SMALL_TILE_M {
+                consume_tile::<V, STAGES, wgmma::N16>(st, &mut ring, &g, tile, cw, t, bf16)
             } else {
-                consume_tile::<wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
             }
         }
     }
@@ -195,8 +244,8 @@ unsafe fn consume(st: &Smem, p: &KernelParams, cw: u32, t: u32) {
 /// # Safety
 /// As [`consume`]; `g.block_m == S::N`.
 #[inline(always)]
-unsafe fn consume_tile<S: MmaShape>(
-    st: &Smem,
+unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
+    st: &Smem<V>,
     ring: &mut Consumer<STAGES>,
     g: &GroupParams,
     tile: WorkItem,
@@ -222,9 +271,9 @@ unsafe fn consume_tile<S: MmaShape>(
         // All of the stage's shared loads first, in one basic block, so their latencies
         // overlap each other and the first chunk's decoding (in the K tail the loads of an
         // absent chunk read stale bytes that are never used).
-        let wbase = buf.add(CFG.weight_offset());
+        let wbase = buf.add(V::CFG.weight_offset());
         let load = |c: u32| {
-            let sbase = buf.add(CFG.scale_block_offset(c));
+            let sbase = buf.add(V::CFG.scale_block_offset(c));
             // SAFETY: aligned offsets inside the stage, which is full and not yet released.
             unsafe {
                 (
@@ -248,7 +297,7 @@ unsafe fn consume_tile<S: MmaShape>(
                 let s1 = convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw[1], q), convert::F16X2_128);
                 let a0 = dequant16(rw[0], s0);
                 let a1 = dequant16(rw[1], s1);
-                let tokens = WgmmaDesc::k_major_sw128(buf.add(CFG.token_offset(c)).0);
+                let tokens = WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0);
                 wgmma::fence();
                 for j in 0..K_STEPS_PER_CHUNK as usize {
                     let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
@@ -273,7 +322,7 @@ unsafe fn consume_tile<S: MmaShape>(
         prev.release();
     }
     // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
-    unsafe { store_tile::<S>(&acc, g, tile, bf16) };
+    unsafe { store_tile::<V, S>(&acc, g, tile, bf16) };
 }
 
 /// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
@@ -299,11 +348,10 @@ macro_rules! unrolled {
 /// # Safety
 /// Every thread of a consumer warpgroup; `g.c` valid for `g.m × g.n` elements.
 #[inline(always)]
-unsafe fn store_tile<S: MmaShape>(acc: &wgmma::Accumulators, g: &GroupParams, tile: WorkItem, bf16: bool) {
+unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &GroupParams, tile: WorkItem, bf16: bool) {
     // The thread's place, read again from the special registers rather than kept live through
     // the K loop (where registers are scarce).
-    let tid = sreg::tid_x();
-    let (cw, t) = (tid / WARPGROUP_THREADS - 1, tid % WARPGROUP_THREADS);
+    let Some((cw, t)) = V::CFG.consumer_thread(sreg::tid_x()) else { return };
     let (warp, g8, q) = (t / 32, (t % 32) / 4, t % 4);
     let c = g.c as *mut u16;
     let odd = g8 % 2;
