@@ -470,8 +470,13 @@ impl WgmmaDesc {
     /// The same tile advanced by `bytes` along K inside the swizzle atom (k-step `j` of 16 f16 is
     /// [`TOKEN_K_STEP_BYTES`]`·j` bytes): the start-address field moves, the swizzle follows the
     /// absolute address bits.
+    ///
+    /// Only the low word changes (the start address is bits 0–13 and stays below 2¹⁴ units of
+    /// 16 bytes inside shared memory), so the sum is computed in 32 bits: the kernel then adds one
+    /// 32-bit register per MMA and keeps the constant high word, instead of a 64-bit add.
     pub const fn advance(self, bytes: u32) -> Self {
-        WgmmaDesc(self.0 + (bytes as u64 >> 4))
+        let low = (self.0 as u32).wrapping_add(bytes >> 4);
+        WgmmaDesc((self.0 & !0xFFFF_FFFF) | low as u64)
     }
 
     /// The 64-bit operand of `wgmma.mma_async`.
@@ -577,6 +582,9 @@ mod tests {
         let d = WgmmaDesc::k_major_sw128(0x400);
         assert_eq!(d.to_bits(), 0x40 | (1 << 16) | (64u64 << 32) | (1u64 << 62));
         assert_eq!(d.advance(TOKEN_K_STEP_BYTES).to_bits(), d.to_bits() + 2);
+        // The largest start address a kernel uses stays in the low word.
+        let last = WgmmaDesc::k_major_sw128(MAX_DYNAMIC_SMEM - 1024);
+        assert_eq!(last.advance(3 * TOKEN_K_STEP_BYTES).to_bits(), last.to_bits() + 6);
         // Each field lands in its bits and nowhere else.
         let zero = WgmmaDescFields {
             start_address: 0,

@@ -52,18 +52,24 @@ macro_rules! define_mma {
         /// registers were written.
         #[inline(always)]
         pub unsafe fn $name(acc: &mut Accumulators, a: [u32; 4], b: SmemDesc, scale_d: u32) {
+            // The descriptor goes in as two 32-bit halves joined inside the asm: its high word is a
+            // constant of the tile and only the low word moves from MMA to MMA, so ptxas keeps
+            // one 32-bit add per MMA instead of a 64-bit add with carry.
+            let (b_lo, b_hi) = (b as u32, (b >> 32) as u32);
             // SAFETY: the caller upholds this function's contract (see `# Safety`).
             unsafe {
                 asm!(
                     "{{",
                     ".reg .pred p;",
+                    ".reg .b64 desc;",
                     "setp.ne.b32 p, {sd}, 0;",
+                    "mov.b64 desc, {{{b_lo}, {b_hi}}};",
                     concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.f16.f16 {{{", stringify!($first), "}",
-                            $(", {", stringify!($i), "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 0;"),
+                            $(", {", stringify!($i), "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, desc, p, 1, 1, 0;"),
                     "}}",
                     inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
                     a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
-                    b = in(reg64) b, sd = in(reg32) scale_d, options(nostack));
+                    b_lo = in(reg32) b_lo, b_hi = in(reg32) b_hi, sd = in(reg32) scale_d, options(nostack));
             }
         }
 
