@@ -67,10 +67,9 @@ pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 4] = [
+pub const REGISTER_CAPS: [(&str, u32); 3] = [
     ("sm90_grouped_gemm", MAX_REGISTERS),
     ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
-    ("sm90_grouped_gemm_wide", MAX_REGISTERS),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
 ];
 /// Bytes of one mbarrier.
@@ -84,51 +83,25 @@ pub const DEQUANT_THREADS: u32 = 256;
 ///
 /// Shared memory: `stages` stages of `[token chunks][weight tile][weight scale blocks]`, each a
 /// multiple of 1024 bytes, then the mbarriers `full[stages]`, `empty[stages]`.
-///
-/// Each variant runs two token-tile widths (wgmma N): `small_m` for groups of at most that many
-/// tokens, `block_m` for the others. Each width is a compiled copy of the consumer loop; ptxas
-/// keeps the MMAs of at most two widths in one function pipelined (with three it serializes them,
-/// C7512), hence three variants rather than one with every width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmConfig {
-    /// Tokens per tile of the larger groups (the widest wgmma N of the variant): 16, 128 or 256.
+    /// Most tokens per tile (the widest wgmma N the variant runs): 16 or 128.
     pub block_m: u32,
-    /// Tokens per tile of groups of at most `small_m` tokens.
-    pub small_m: u32,
     /// Pipeline stages.
     pub stages: u32,
 }
 
 impl GemmConfig {
-    /// The general variant (`sm90_grouped_gemm`): 128-token tiles (16 for groups of ≤ 16
-    /// tokens), 5 stages.
-    pub const M128: GemmConfig = GemmConfig { block_m: 128, small_m: SMALL_TILE_M, stages: 5 };
+    /// 128 tokens per tile (wgmma N = 128), 5 stages.
+    pub const M128: GemmConfig = GemmConfig { block_m: 128, stages: 5 };
     /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 8 stages of 13 KiB,
     /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
     /// twice the warps to hide the decode's latencies.
-    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, small_m: SMALL_TILE_M, stages: 8 };
-    /// The wide variant (`sm90_grouped_gemm_wide`): 256-token tiles for groups of more than 128
-    /// tokens (128 for the others), so that each decoded weight fragment feeds twice the MMA
-    /// work; 3 stages of 73 KiB.
-    pub const M256: GemmConfig = GemmConfig { block_m: 256, small_m: 128, stages: 3 };
-
-    /// True for the decode variant (one tile width, two CTAs per SM, a producer warp only).
-    pub const fn is_decode(&self) -> bool {
-        self.block_m == self.small_m
-    }
-
-    /// Token rows per tile (the wgmma N and the token box height) of a group of `m` tokens.
-    pub const fn tile_rows(&self, m: u32) -> u32 {
-        if m <= self.small_m {
-            self.small_m
-        } else {
-            self.block_m
-        }
-    }
+    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, stages: 8 };
 
     /// Threads per CTA: [`THREADS`], or [`DECODE_THREADS`] for the decode variant.
     pub const fn threads(&self) -> u32 {
-        if self.is_decode() {
+        if self.block_m == SMALL_TILE_M {
             DECODE_THREADS
         } else {
             THREADS
@@ -138,7 +111,7 @@ impl GemmConfig {
     /// The consumer warpgroup and the thread in it (0..128) of CTA thread `tid`, or `None` for the
     /// producer's threads (warpgroup 0 of the general variant, the last warp of the decode one).
     pub const fn consumer_thread(&self, tid: u32) -> Option<(u32, u32)> {
-        let first = if self.is_decode() { 0 } else { WARPGROUP_THREADS };
+        let first = if self.block_m == SMALL_TILE_M { 0 } else { WARPGROUP_THREADS };
         if tid < first || tid >= first + CONSUMER_WARPGROUPS * WARPGROUP_THREADS {
             None
         } else {
@@ -148,7 +121,7 @@ impl GemmConfig {
 
     /// The one thread that issues every copy: the first of the producer's threads.
     pub const fn producer_thread(&self) -> u32 {
-        if self.is_decode() {
+        if self.block_m == SMALL_TILE_M {
             CONSUMER_WARPGROUPS * WARPGROUP_THREADS
         } else {
             0
@@ -157,7 +130,7 @@ impl GemmConfig {
 
     /// CTAs per SM the variant is sized for (registers and shared memory).
     pub const fn ctas_per_sm(&self) -> u32 {
-        if self.is_decode() {
+        if self.block_m == SMALL_TILE_M {
             2
         } else {
             1
@@ -226,8 +199,7 @@ impl GemmConfig {
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
-        (self.block_m == SMALL_TILE_M || self.block_m == 128 || self.block_m == 256)
-            && self.small_m <= self.block_m
+        (self.block_m == SMALL_TILE_M || self.block_m == 128)
             && self.stages >= 2
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
             && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
@@ -236,7 +208,6 @@ impl GemmConfig {
 
 const _: () = assert!(GemmConfig::M128.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
-const _: () = assert!(GemmConfig::M256.is_valid());
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 
@@ -267,15 +238,14 @@ pub const fn weight_map_index(g: u32) -> usize {
     crate::work::second_map_index(g)
 }
 
-/// The token map of a group: its `m × k` f16 workspace, one `CHUNK_K × block_m` box per chunk
-/// (`block_m`: the group's [`GemmConfig::tile_rows`]), 128-byte swizzle (the wgmma B operand's
-/// layout, see [`WgmmaDesc::k_major_sw128`]).
-pub const fn token_map(m: u32, k: u32, block_m: u32) -> TiledMap<2> {
+/// The token map of a group: its `m × k` f16 workspace, one `CHUNK_K × token_tile_rows(m)` box per
+/// chunk, 128-byte swizzle (the wgmma B operand's layout, see [`WgmmaDesc::k_major_sw128`]).
+pub const fn token_map(m: u32, k: u32) -> TiledMap<2> {
     TiledMap {
         element: TensorMapDataType::F16,
         dims: [k as u64, m as u64],
         strides_bytes: [2 * k as u64, 0],
-        box_dims: [CHUNK_K, block_m],
+        box_dims: [CHUNK_K, token_tile_rows(m)],
         swizzle: TensorMapSwizzle::B128,
         l2_promotion: L2_PROMOTION,
     }
@@ -374,21 +344,23 @@ pub const fn token_pair_slot(w: u32, k: u32) -> u32 {
     token_k_position(8 * w + k) / 2
 }
 
-/// The configuration for a problem whose groups have these token counts (empty groups ignored):
-/// - every group fits one 16-token tile: the decode variant ([`GemmConfig::M16`], two CTAs per SM);
-/// - no group of 1–16 tokens and some of more than 128: the wide variant ([`GemmConfig::M256`]);
-/// - else the general one ([`GemmConfig::M128`], 16-token tiles for small groups among large ones).
-pub fn config_for(m: impl Iterator<Item = u32>) -> GemmConfig {
-    let (mut small, mut over_small, mut large) = (false, false, false);
-    for m in m.filter(|&m| m > 0) {
-        small |= m <= SMALL_TILE_M;
-        over_small |= m > SMALL_TILE_M;
-        large |= m > GemmConfig::M256.small_m;
+/// Token rows per tile (the wgmma N) for a group of `m` tokens: 16 for decode-sized groups, else
+/// 128. Each width is a compiled copy of the consumer loop; ptxas keeps the MMAs of at most two
+/// widths in one function pipelined (with three it serializes them, C7512), so there are two.
+pub const fn token_tile_rows(m: u32) -> u32 {
+    if m <= SMALL_TILE_M {
+        SMALL_TILE_M
+    } else {
+        GemmConfig::M128.block_m
     }
-    if !over_small {
+}
+
+/// The configuration for a problem whose groups have these token counts: the decode variant
+/// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the general
+/// one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger ones).
+pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
+    if m.all(|m| m <= SMALL_TILE_M) {
         GemmConfig::M16
-    } else if large && !small {
-        GemmConfig::M256
     } else {
         GemmConfig::M128
     }
@@ -397,10 +369,8 @@ pub fn config_for(m: impl Iterator<Item = u32>) -> GemmConfig {
 impl GemmConfig {
     /// The exported name of the GEMM kernel compiled for this configuration.
     pub const fn kernel_name(&self) -> &'static str {
-        if self.is_decode() {
+        if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
-        } else if self.block_m == 256 {
-            "sm90_grouped_gemm_wide"
         } else {
             "sm90_grouped_gemm"
         }
@@ -593,24 +563,17 @@ mod tests {
     #[test]
     fn config_choice() {
         assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::M16);
-        assert_eq!(config_for([0, 0].into_iter()), GemmConfig::M16);
         assert_eq!(config_for([4, 17].into_iter()), GemmConfig::M128);
-        assert_eq!(config_for([4, 300].into_iter()), GemmConfig::M128);
-        assert_eq!(config_for([100, 128].into_iter()), GemmConfig::M128);
-        assert_eq!(config_for([17, 0, 129].into_iter()), GemmConfig::M256);
-        assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
         assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[1].0);
-        assert_eq!(GemmConfig::M256.kernel_name(), REGISTER_CAPS[2].0);
+        assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
     }
 
     #[test]
     fn token_tile_widths() {
-        let m = [0, 1, 8, 16, 17, 64, 128, 129, 600];
-        assert_eq!(m.map(|m| GemmConfig::M128.tile_rows(m)), [16, 16, 16, 16, 128, 128, 128, 128, 128]);
-        assert_eq!(m.map(|m| GemmConfig::M16.tile_rows(m))[..4], [16; 4]);
-        assert_eq!(m.map(|m| GemmConfig::M256.tile_rows(m)), [128, 128, 128, 128, 128, 128, 128, 256, 256]);
-        assert_eq!(token_map(5, 256, 16).box_dims, [CHUNK_K, 16]);
-        assert_eq!(token_map(200, 256, 256).box_dims, [CHUNK_K, 256]);
+        let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(token_tile_rows);
+        assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
+        assert_eq!(token_map(5, 256).box_dims, [CHUNK_K, 16]);
+        assert_eq!(token_map(200, 256).box_dims, [CHUNK_K, 128]);
     }
 
     #[test]
@@ -663,12 +626,6 @@ mod tests {
         assert_eq!(gemm_launch(d, 10_000, 132).grid, 264);
         assert_eq!(gemm_launch(c, 10_000, 132).grid, 132);
         assert_eq!(DECODE_MAX_REGISTERS, 112);
-        // The wide variant: 256-row token chunks (32 KiB), 73 KiB stages, 3 of them.
-        let w = GemmConfig::M256;
-        assert_eq!(w.token_chunk_bytes(), 32768);
-        assert_eq!(w.stage_bytes(), 73 * 1024);
-        assert!(w.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
-        assert_eq!((w.threads(), w.ctas_per_sm(), w.producer_thread()), (THREADS, 1, 0));
         assert_eq!(gemm_launch(d, 10, 132).block, 288);
         // Thread roles: producer first in the general variant, last in the decode one.
         assert_eq!(c.consumer_thread(5), None);
@@ -731,7 +688,7 @@ mod tests {
     #[test]
     fn maps_and_launches() {
         assert_eq!((token_map_index(3), weight_map_index(3)), (6, 7));
-        let t = token_map(96, 512, 128);
+        let t = token_map(96, 512);
         assert_eq!((t.dims, t.strides_bytes, t.box_dims), ([512, 96], [1024, 0], [64, 128]));
         assert_eq!(
             (t.element, t.swizzle, t.l2_promotion),

@@ -48,7 +48,7 @@ impl Sm90Layout {
             // Weight tiles outermost, token tiles inside: CTAs that run at the same time share
             // weight tiles (L2 hits), and the small token workspace stays in L2 throughout.
             for tile_n in 0..sm90::n_tiles(n) {
-                for tile_m in 0..sm90::m_tiles(m, config.tile_rows(m)) {
+                for tile_m in 0..sm90::m_tiles(m, sm90::token_tile_rows(m)) {
                     work.push(WorkItem { group: g as u32, tile_m, tile_n });
                 }
             }
@@ -90,7 +90,7 @@ impl Sm90Layout {
                 workspace: workspace + self.workspace_offsets[g],
                 dequant_first_cta: self.dequant_ctas[g].0,
                 dequant_ctas: self.dequant_ctas[g].1,
-                block_m: self.config.tile_rows(s.m as u32),
+                block_m: sm90::token_tile_rows(s.m as u32),
                 reserved: 0,
             })
             .collect()
@@ -113,7 +113,7 @@ impl Sm90Layout {
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             maps[sm90::token_map_index(g as u32)] =
-                crate::driver::tensor_map::encode(&sm90::token_map(m, k, p.block_m), p.workspace)?;
+                crate::driver::tensor_map::encode(&sm90::token_map(m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
                 crate::driver::tensor_map::encode(&sm90::weight_map(n, k), buffers[g].b_values.ptr)?;
         }
@@ -147,18 +147,16 @@ mod tests {
         )
         .unwrap();
         let l = Sm90Layout::new(&p, 132);
-        // A group of more than 128 tokens and none of 1–16: the wide variant. Group 0: 2 n-tiles ×
-        // 1 m-tile of 128; group 1: none; group 2: 2 n-tiles × 1 m-tile of 256.
-        assert_eq!(l.config, GemmConfig::M256);
-        assert_eq!(l.work.len(), 2 + 2);
+        // group 0: 2 n-tiles × 1 m-tile; group 1: none; group 2: 2 × 2.
+        assert_eq!(l.work.len(), 2 + 4);
         assert_eq!(l.work[0], WorkItem { group: 0, tile_m: 0, tile_n: 0 });
         assert_eq!(l.work[1], WorkItem { group: 0, tile_m: 0, tile_n: 1 });
         assert_eq!(l.work[2], WorkItem { group: 2, tile_m: 0, tile_n: 0 });
-        assert_eq!(l.work[3], WorkItem { group: 2, tile_m: 0, tile_n: 1 });
+        assert_eq!(l.work[3], WorkItem { group: 2, tile_m: 1, tile_n: 0 });
         assert_eq!(l.workspace_offsets, vec![0, 96 * 512 * 2, 96 * 512 * 2]);
         // 96 rows × 8 chunks = 768 items = 3 CTAs; group 1 has none; 130 × 2 = 260 → 2.
         assert_eq!(l.dequant_ctas, vec![(0, 3), (3, 0), (3, 2)]);
-        assert_eq!(l.gemm, LaunchGeometry { grid: 4, block: 384, cluster: 1, smem_bytes: 224_304 });
+        assert_eq!(l.gemm, LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: 210_000 });
         assert_eq!(l.dequant, LaunchGeometry { grid: 5, block: 256, cluster: 1, smem_bytes: 0 });
     }
 

@@ -99,8 +99,8 @@ impl ArchPlan for Sm90Plan {
             kernel: format!(
                 "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {} for groups of at most {} tokens, else {}), {} stages of K {}, {} CTA(s) per SM",
                 sm90::BLOCK_N,
-                l.config.small_m,
-                l.config.small_m,
+                sm90::SMALL_TILE_M,
+                sm90::SMALL_TILE_M,
                 l.config.block_m,
                 l.config.stages,
                 sm90::BLOCK_K,

@@ -29,11 +29,11 @@ pub fn commit_group() {
     unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
 }
 
-/// The accumulator registers of one thread: 128 f32, enough for `m64n256k16`. Narrower widths use
-/// the first `N / 2` (the rest is never touched, and the compiler drops it). One array for every width lets ptxas give all widths the same registers; the
+/// The accumulator registers of one thread: 64 f32, enough for `m64n128k16`. Narrower widths use
+/// the first `N / 2`. One array for every width lets ptxas give all widths the same registers; the
 /// wgmma register analysis is per function, and with one array per width it serializes the MMAs
 /// (C7512, which `cargo xtask build-ptx` treats as an error).
-pub type Accumulators = [f32; 128];
+pub type Accumulators = [f32; 64];
 
 macro_rules! define_mma {
     ($(#[$doc:meta])* $name:ident, $wait:ident, $n:literal, $acc:literal, $first:literal $(, $i:literal)*) => {
@@ -94,9 +94,6 @@ define_mma!(/// m64n128k16, 64 f32 accumulators per thread.
     18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45,
     46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
 
-define_mma!(/// m64n256k16, 128 f32 accumulators per thread.
-    mma_m64n256k16, wait_group_fenced_n256, 256, 128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127);
-
 /// One wgmma width `m64nNk16`, so that kernel code can be generic over N.
 pub trait MmaShape {
     /// The N of the instruction; the first `N / 2` accumulators of the array are used.
@@ -131,4 +128,3 @@ macro_rules! shape {
 
 shape!(N16, 16, mma_m64n16k16, wait_group_fenced_n16);
 shape!(N128, 128, mma_m64n128k16, wait_group_fenced_n128);
-shape!(N256, 256, mma_m64n256k16, wait_group_fenced_n256);

@@ -26,45 +26,22 @@ use nvfp4_gemm_abi::sm90::*;
 const _: () = assert!(CHUNKS_PER_STAGE == 2);
 type Work<'a> = WorkCursor<'a, GroupParams>;
 
-/// A compiled variant of the kernel: its configuration (tile widths, stages, shared memory) and
-/// the wgmma shapes of its two tile widths.
+/// A compiled variant of the kernel: its configuration (tile height, stages, shared memory).
 trait Variant {
     const CFG: GemmConfig;
-    /// `m64n{small_m}k16`.
-    type Small: MmaShape;
-    /// `m64n{block_m}k16`.
-    type Big: MmaShape;
 }
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
 struct General;
 impl Variant for General {
     const CFG: GemmConfig = GemmConfig::M128;
-    type Small = wgmma::N16;
-    type Big = wgmma::N128;
 }
 
 /// 16-token tiles only, 8 stages, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
     const CFG: GemmConfig = GemmConfig::M16;
-    type Small = wgmma::N16;
-    type Big = wgmma::N16;
 }
-
-/// 128- and 256-token tiles, 3 stages, one CTA per SM.
-struct Wide;
-impl Variant for Wide {
-    const CFG: GemmConfig = GemmConfig::M256;
-    type Small = wgmma::N128;
-    type Big = wgmma::N256;
-}
-
-const _: () = assert!(<General as Variant>::Small::N == GemmConfig::M128.small_m);
-const _: () = assert!(<General as Variant>::Big::N == GemmConfig::M128.block_m);
-const _: () = assert!(<Decode as Variant>::Big::N == GemmConfig::M16.block_m);
-const _: () = assert!(<Wide as Variant>::Small::N == GemmConfig::M256.small_m);
-const _: () = assert!(<Wide as Variant>::Big::N == GemmConfig::M256.block_m);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
 struct Smem<V> {
@@ -100,7 +77,7 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
     unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
 }
 
-/// The decode variant, for problems whose groups all have at most 16 tokens. Launch:
+/// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
 /// `gemm_launch(GemmConfig::M16, ..)` (two CTAs per SM).
 ///
 /// # Safety
@@ -109,17 +86,6 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
 pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<Decode, { GemmConfig::M16.stages }>(&p) }
-}
-
-/// The wide variant, for problems with groups of more than 128 tokens and none of 1–16. Launch:
-/// `gemm_launch(GemmConfig::M256, ..)`.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm`], and every group's `block_m` is `M256.tile_rows(m)`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm_wide(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<Wide, { GemmConfig::M256.stages }>(&p) }
 }
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
@@ -260,14 +226,14 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
             (t, work.group(t.group))
         };
         // One compiled copy of the tile loop per wgmma width; the group's token tile height
-        // (`GemmConfig::tile_rows`) picks it.
+        // (`token_tile_rows`) picks it.
         // SAFETY: as this function's.
         unsafe {
-            // The decode variant compiles one width only.
-            if V::CFG.is_decode() || g.block_m == V::CFG.small_m {
-                consume_tile::<V, STAGES, V::Small>(st, &mut ring, &g, tile, cw, t, bf16)
+            // The decode variant compiles the narrow width only.
+            if V::CFG.block_m == SMALL_TILE_M || g.block_m == SMALL_TILE_M {
+                consume_tile::<V, STAGES, wgmma::N16>(st, &mut ring, &g, tile, cw, t, bf16)
             } else {
-                consume_tile::<V, STAGES, V::Big>(st, &mut ring, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
             }
         }
     }
@@ -292,7 +258,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     // The thread's two weight rows within the 128-row tile.
     let r0 = cw * WG_ROWS + 16 * warp + g8;
     let r1 = r0 + 8;
-    let mut acc: wgmma::Accumulators = [0.0; 128];
+    let mut acc: wgmma::Accumulators = [0.0; 64];
     // The stage whose last MMAs may still be reading it; released once they are known done.
     let mut pending: Option<Stage> = None;
     for ks in 0..k_stages(g.k) {
@@ -391,8 +357,7 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let odd = g8 % 2;
     let n_pair = tile.tile_n * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
     let m_base = tile.tile_m * S::N + 2 * q + odd;
-    unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                       16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+    unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         // Quads past N / 8 do not exist for narrower widths (a constant condition).
         if (quad as u32) < S::N / 8 {
         for half in 0..2usize {
