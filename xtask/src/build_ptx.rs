@@ -70,9 +70,12 @@ pub fn run(args: &[&str]) -> Result<()> {
             blessed.push_str(&collectives::table_for(&table, arch.name));
             continue;
         }
-        let ptx = build_arch(&root, arch)?;
+        // The link step's output stays as it is (cargo may not relink next time); the capped PTX
+        // is a file of its own, so the caps are inserted exactly once.
+        let linked = build_arch(&root, arch)?;
         let ptx_text =
-            with_register_caps(&std::fs::read_to_string(&ptx)?, arch.register_caps.iter().copied().flatten())?;
+            with_register_caps(&std::fs::read_to_string(&linked)?, arch.register_caps.iter().copied().flatten())?;
+        let ptx = linked.with_extension("capped.ptx");
         std::fs::write(&ptx, &ptx_text)?;
 
         let counts = collectives::count(&ptx_text);
