@@ -53,8 +53,8 @@ impl Smem {
 ///
 /// # Safety
 /// `p` and the tables it points to must be what the host's sm90 plan writes for validated buffers.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
     let st = Smem { base: smem::dynamic_base() };
     let tid = sreg::tid_x();
     if tid == 0 {
