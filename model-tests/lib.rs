@@ -466,3 +466,18 @@ pub fn run_and_check(
     );
     launched
 }
+
+/// A random problem of 1..=`max_groups` groups: M in `0..=max_m` (0 now and then), N = 8·odd up
+/// to `max_n`, K a multiple of 64 up to `max_k` — the tails the kernels must handle.
+pub fn random_shapes(seed: u64, max_groups: usize, max_m: usize, max_n: usize, max_k: usize) -> Vec<GroupShape> {
+    let mut rng = nvfp4_format::SplitMix64::new(seed);
+    let count = 1 + rng.below(max_groups as u64) as usize;
+    (0..count)
+        .map(|_| {
+            let m = if rng.below(8) == 0 { 0 } else { 1 + rng.below(max_m as u64) as usize };
+            let n = 8 * (2 * rng.below((max_n / 16) as u64) as usize + 1);
+            let k = 64 * (1 + rng.below((max_k / 64) as u64) as usize);
+            GroupShape::new(m, n, k)
+        })
+        .collect()
+}
