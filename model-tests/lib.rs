@@ -400,8 +400,20 @@ impl Residency {
 /// Runs the sm_100a launches of `ops` as [`Sm100Layout`] plans them on a device with
 /// `residency`; returns what ran.
 pub fn run_sm100(ops: &Operands, residency: Residency, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    run_sm100_with(ops, residency, run, |_| {})
+}
+
+/// [`run_sm100`] with the layout changed by `edit` before the tables are written (to model a host
+/// bug the kernels must survive or report).
+pub fn run_sm100_with(
+    ops: &Operands,
+    residency: Residency,
+    run: &ModelRun,
+    edit: impl FnOnce(&mut Sm100Layout),
+) -> Result<Vec<Launched>, Failure> {
     let problem = &ops.problem;
-    let layout = Sm100Layout::new(problem, |k| residency.of(k)).expect("sm100 layout");
+    let mut layout = Sm100Layout::new(problem, |k| residency.of(k)).expect("sm100 layout");
+    edit(&mut layout);
     let buffers = ops.buffers();
     let (params, maps) = layout.encode_with(&ModelEncoder, problem, &buffers).expect("sm100 tables");
     let mut launched = vec![];

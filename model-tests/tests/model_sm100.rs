@@ -105,13 +105,19 @@ fn model_n128_deep_random_shapes() {
     }
 }
 
+/// K = 1600 is 7 stages of 256 in the 6-stage ring (a refill within one tile); the other group
+/// has 3 × 2 tiles with K < 256, so with 2 CTAs the accumulator is handed over several times.
 #[test]
 fn model_n128_deep_completion_orders() {
-    let shapes = z(&[200, 72], &[264, 128], &[576, 192]);
+    let shapes = z(&[40, 200], &[136, 264], &[1600, 192]);
     for (order, seed) in orders() {
         let run = ModelRun::ordered(order, seed);
         check_sm100(&format!("n128_deep {order:?} seed {seed}"), &shapes, 7, F16, Residency::deep(2), &run, &[DEEP]);
     }
+    // Operations also completing while threads could run (not only when all wait).
+    let mut run = ModelRun::ordered(Completion::Random, 5);
+    run.schedule.eager_permille = 100;
+    check_sm100("n128_deep eager completions", &shapes, 7, F16, Residency::deep(2), &run, &[DEEP]);
 }
 
 /// Full-range inputs (every e2m1 code, every finite scale): the model's MMA sums exactly and
@@ -236,4 +242,27 @@ fn model_n256_cluster4_completion_orders() {
 fn model_n128_deep_and_n256_cluster4_in_one_problem() {
     let shapes = z(&[40, 96, 0], &[4096, 136, 4096], &[2112, 192, 2048]);
     check_sm100("mixed widths", &shapes, 45, F16, Residency::deep(4), &ModelRun::default(), &[DEEP, CLUSTER4]);
+}
+
+/// Host bugs the cluster kernel guards against (departure D6 of docs/provenance.md): a work list
+/// whose length is not a multiple of the cluster, or whose clusters do not share rank 0's A tile,
+/// must stop the kernel with `trap` rather than hang or multiply by another tile's A.
+#[test]
+fn model_n256_cluster4_traps_on_a_broken_work_list() {
+    let g = groups(&z(&[130], &[4096], &[2048]), Competition, 46);
+    let ops = Operands::new(&g, F16);
+    type Edit = fn(&mut nvfp4_gemm::layout::Sm100Layout);
+    let cases: [(&str, Edit); 2] = [
+        ("list not a multiple of 4", |l| {
+            l.launches[0].work.pop();
+        }),
+        // Items 0..16 are M tile 0, 16..32 M tile 1.
+        ("cluster items with different A tiles", |l| l.launches[0].work.swap(1, 16)),
+    ];
+    for (what, edit) in cases {
+        let err = run_sm100_with(&ops, Residency::deep(4), &ModelRun::default(), edit)
+            .expect_err("the kernel must refuse the list");
+        assert_eq!(err.error.kind, ErrorKind::Trap, "{what}: {err}");
+        eprintln!("{what}: {}", err.error.message);
+    }
 }
