@@ -45,6 +45,15 @@ mod sm90;
 pub mod smoke;
 pub mod upload;
 
+/// The pure half of each architecture's plan: work lists, group tables, tensor-map descriptions
+/// and launch geometry, without driver calls ([`GemmPlan`] uploads what these compute). Public so
+/// that the CPU model of the device (`model-tests/`) runs the kernels on exactly these tables,
+/// with the maps encoded by the model ([`driver::tensor_map::TiledMapEncoder`]).
+pub mod layout {
+    pub use crate::sm100::{Fp4Map, Sm100Launch, Sm100Layout};
+    pub use crate::sm90::Sm90Layout;
+}
+
 pub use device::{driver_present, Arch, Gpu};
 pub use error::{Error, Result};
 pub use nvfp4_format as format;

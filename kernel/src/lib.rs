@@ -4,13 +4,22 @@
 //! with `--cfg arch_sm100` for `sm_100a` (Blackwell, PTX ISA 8.7). Each build exports only the
 //! kernels of its architecture.
 //!
+//! On any other target (the host) the crate is an ordinary Rust library with both architectures'
+//! kernels, whose [`ptx`] wrappers call the CPU model of the device (`nvfp4-gemm-model`): the
+//! model tests (`model-tests/`) launch the entry points there. The nvptx64 build is unaffected.
+//!
 //! Layering (dependencies point one way): [`ptx`] is the only module with `asm!` or other access to
 //! the hardware (special registers, shared memory, barriers, async copies, tensor-core ops);
 //! the kernels above it ([`smoke`], `sm90`, `sm100`) are written against that vocabulary only,
 //! with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
-#![no_std]
-#![feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
-#![allow(internal_features)]
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
+)]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+// `#[ptx::kernel]`: a `macro_rules!` attribute (the entry points' ABI differs between targets).
+#![feature(macro_attr)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod pipeline;
@@ -19,12 +28,14 @@ pub mod quantize;
 pub mod smoke;
 pub mod work;
 
-#[cfg(arch_sm90)]
+// The nvptx64 builds select one architecture; the host build has both.
+#[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
 pub mod sm90;
 
-#[cfg(arch_sm100)]
+#[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
 pub mod sm100;
 
+#[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     ptx::sreg::trap()

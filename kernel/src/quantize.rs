@@ -29,8 +29,8 @@ struct U32x4([u32; 4]);
 /// to `rows * k` readable 16-bit floats, `p.values` to `rows * k / 2` writable bytes and
 /// `p.scales` to `blocked_bytes(rows, k)` writable bytes, each 16-byte aligned; the outputs
 /// overlap nothing the kernel reads. The host's `Quantizer` checks all of it before launching.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn nvfp4_quantize(p: ConvertParams) {
+#[crate::ptx::kernel]
+pub unsafe fn nvfp4_quantize(p: ConvertParams) {
     let blocks = p.k / BLOCK;
     if blocks == 0 {
         return;
@@ -76,8 +76,8 @@ pub unsafe extern "ptx-kernel" fn nvfp4_quantize(p: ConvertParams) {
 /// points to `rows * k / 2` readable bytes, `p.scales` to `blocked_bytes(rows, k)` readable bytes
 /// and `p.dense` to `rows * k` writable 16-bit floats, each 16-byte aligned; the output overlaps
 /// nothing the kernel reads. The host's `Quantizer` checks all of it before launching.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn nvfp4_dequantize(p: ConvertParams) {
+#[crate::ptx::kernel]
+pub unsafe fn nvfp4_dequantize(p: ConvertParams) {
     let blocks = p.k / BLOCK;
     if blocks == 0 {
         return;

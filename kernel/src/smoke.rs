@@ -19,8 +19,8 @@ use nvfp4_gemm_abi::smoke::{SmokeParams, SMOKE_TMA_COLS, SMOKE_TMA_ROWS, SMOKE_W
 ///
 /// # Safety
 /// Launched as `nvfp4_gemm_abi::smoke::launch` says, with `p` pointing at buffers of those sizes.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn smoke_tma_cluster(p: SmokeParams) {
+#[crate::ptx::kernel]
+pub unsafe fn smoke_tma_cluster(p: SmokeParams) {
     let map = p.map as *const tma::TensorMap;
     let tile_out = p.tile_out as *mut u8;
     let words = p.words as *mut u32;
@@ -78,9 +78,9 @@ pub unsafe extern "ptx-kernel" fn smoke_tma_cluster(p: SmokeParams) {
 ///
 /// # Safety
 /// `out` must hold one word per CTA; one warp or more per CTA.
-#[cfg(arch_sm100)]
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn smoke_tmem(out: *mut u32) {
+#[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
+#[crate::ptx::kernel]
+pub unsafe fn smoke_tmem(out: *mut u32) {
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         use crate::ptx::{barrier, tcgen05};

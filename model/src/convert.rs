@@ -59,6 +59,17 @@ pub fn cvt_rn_bf16x2_f32(hi: f32, lo: f32) -> u32 {
     (half::bf16::from_f32(hi).to_bits() as u32) << 16 | half::bf16::from_f32(lo).to_bits() as u32
 }
 
+/// `cvt.rn.f16.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): one rounding to nearest even, overflow to
+/// ±inf, subnormals kept. Returns the bit pattern.
+pub fn cvt_rn_f16_f64(x: f64) -> u16 {
+    half::f16::from_f64(x).to_bits()
+}
+
+/// `cvt.rn.bf16.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): as [`cvt_rn_f16_f64`], to bf16.
+pub fn cvt_rn_bf16_f64(x: f64) -> u16 {
+    half::bf16::from_f64(x).to_bits()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,11 +92,14 @@ pub(crate) fn collective(
     if let Some(out) = w.threads[me].coll_out.take() {
         return Ok(Flow::Done(out));
     }
-    if scope == Scope::Warpgroup && w.cfg.block % 128 != 0 {
+    // A warpgroup is four contiguous warps, the first of warp rank ≡ 0 (mod 4) (PTX ISA 9.0,
+    // "Warpgroup" in the wgmma section); the CTA may have more warps beyond the last whole
+    // warpgroup (they just cannot issue warpgroup instructions).
+    if scope == Scope::Warpgroup && (w.threads[me].tid / 128 + 1) * 128 > w.cfg.block {
         return Err(w.err_at(
             me,
             ErrorKind::InvalidOperand,
-            "warpgroup instruction in a CTA whose size is not a multiple of 128",
+            "warpgroup instruction by a warp that is not in a complete warpgroup of the CTA",
         ));
     }
     let mem = members(w, me, scope, mask);

@@ -31,6 +31,24 @@ fn l2_promotion(p: TensorMapL2Promotion) -> sys::CUtensorMapL2promotion {
     }
 }
 
+/// What turns a map description into the 128-byte tensor map the kernels read: the driver
+/// ([`DriverEncoder`], what the library uses), or a stand-in such as the CPU model of the device's
+/// encoder (the model tests plan problems with the library's layout code and encode its maps there).
+pub trait TiledMapEncoder {
+    /// Encodes `map` for the tensor at address `base`; out-of-bounds elements read as zero.
+    fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap>;
+}
+
+/// `cuTensorMapEncodeTiled` ([`encode`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DriverEncoder;
+
+impl TiledMapEncoder for DriverEncoder {
+    fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap> {
+        encode(map, base)
+    }
+}
+
 /// Encodes `map` for the tensor at device address `base`. Out-of-bounds elements read as zero.
 pub fn encode<const R: usize>(map: &TiledMap<R>, base: u64) -> Result<TensorMap> {
     let elem_strides = [1u32; R];

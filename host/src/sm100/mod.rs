@@ -13,14 +13,16 @@
 //! Both launches read the same group table and tensor-map table (`[2g]` = A, `[2g+1]` = B with the
 //! group's box height), so a group's maps are encoded once.
 //!
-//! [`Sm100Plan`] owns the device side (functions, tables, work lists) for `GemmPlan`.
+//! [`Sm100Plan`] owns the device side (functions, tables, work lists) for `GemmPlan`. The layout
+//! types are public (through [`crate::layout`]) so that the CPU model of the device runs the
+//! kernels on exactly these tables.
 
 mod plan;
 
 pub(crate) use plan::Sm100Plan;
 
 use crate::driver::launch::LaunchGeometry;
-use crate::driver::tensor_map;
+use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::problem::{GroupBuffers, OutputType, Problem};
 use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams};
@@ -33,7 +35,7 @@ use nvfp4_gemm_abi::tensor_map::{TensorMap, TiledMap};
 
 /// One kernel launch of a plan: the variant, its work list and its geometry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Sm100Launch {
+pub struct Sm100Launch {
     /// The kernel variant (configuration, name, shared memory, TMEM).
     pub kernel: KernelLayout,
     /// Output tiles in schedule order (cluster-padded for the 256-wide variant).
@@ -44,7 +46,7 @@ pub(crate) struct Sm100Launch {
 
 /// Everything about a problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Sm100Layout {
+pub struct Sm100Layout {
     /// The tile width of each group.
     pub block_n: Vec<BlockN>,
     /// The launches, 128-wide first; none when no group has work.
@@ -141,13 +143,23 @@ impl Sm100Layout {
     /// Group table and tensor-map table (`[2g]` A, `[2g+1]` B) for these buffers. Encoding the maps
     /// calls the driver (`cuTensorMapEncodeTiled`).
     pub fn encode(&self, problem: &Problem, buffers: &[GroupBuffers]) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
+        self.encode_with(&DriverEncoder, problem, buffers)
+    }
+
+    /// [`Self::encode`] with the maps encoded by `encoder`.
+    pub fn encode_with(
+        &self,
+        encoder: &impl TiledMapEncoder,
+        problem: &Problem,
+        buffers: &[GroupBuffers],
+    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers)?;
         let mut maps = Vec::with_capacity(2 * buffers.len());
         for (g, b) in buffers.iter().enumerate() {
             match self.operand_maps(problem, g)? {
                 Some((a, bm)) => {
-                    maps.push(a.encode(b.a_values.ptr)?);
-                    maps.push(bm.encode(b.b_values.ptr)?);
+                    maps.push(a.encode_with(encoder, b.a_values.ptr)?);
+                    maps.push(bm.encode_with(encoder, b.b_values.ptr)?);
                 }
                 None => maps.extend([TensorMap::ZERO, TensorMap::ZERO]),
             }
@@ -171,7 +183,7 @@ impl Sm100Layout {
 
 /// The parameters of one FP4 operand's tensor map, in the host encoder's form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fp4Map {
+pub enum Fp4Map {
     /// The flat map (K tail).
     Rank2(TiledMap<2>),
     /// The seed's chunked map (`K % 256 == 0`).
@@ -222,11 +234,11 @@ impl Fp4Map {
         }
     }
 
-    /// Encodes the map for the operand at device address `base`.
-    pub fn encode(&self, base: u64) -> Result<TensorMap> {
+    /// Encodes the map for the operand at device address `base` with `encoder`.
+    pub fn encode_with(&self, encoder: &impl TiledMapEncoder, base: u64) -> Result<TensorMap> {
         match self {
-            Fp4Map::Rank2(m) => tensor_map::encode(m, base),
-            Fp4Map::Rank3(m) => tensor_map::encode(m, base),
+            Fp4Map::Rank2(m) => encoder.encode(m, base),
+            Fp4Map::Rank3(m) => encoder.encode(m, base),
         }
     }
 }

@@ -5,11 +5,15 @@
 //! A problem becomes two launches over one group table and one tensor-map table (`[2g]` the
 //! group's f16 token workspace, `[2g+1]` its packed weights): `sm90_dequant_tokens` (A → f16
 //! workspace), then `sm90_grouped_gemm` over the work list.
+//!
+//! [`Sm90Layout`] is public (through [`crate::layout`]) so that the CPU model of the device runs
+//! the kernels on exactly these tables.
 
 mod plan;
 
 pub(crate) use plan::Sm90Plan;
 
+use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::Result;
 use crate::problem::{GroupBuffers, OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
@@ -21,22 +25,27 @@ const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 256;
 
 /// Everything about a problem that does not depend on buffer addresses.
 #[derive(Debug, Clone)]
-pub(crate) struct Sm90Layout {
+pub struct Sm90Layout {
+    /// The GEMM's configuration (tile, stages, shared memory).
     pub config: GemmConfig,
     /// The GEMM's work list: group, then weight tile, then token tile.
     pub work: Vec<WorkItem>,
     /// Byte offset of each group's f16 tokens in the workspace.
     pub workspace_offsets: Vec<u64>,
+    /// Bytes of the token workspace (at least 16).
     pub workspace_bytes: usize,
     /// (first CTA, CTA count) of each group in the dequantization grid.
     pub dequant_ctas: Vec<(u32, u32)>,
     /// CTAs of the dequantization grid (0: no group has tokens).
     pub dequant_grid: u32,
+    /// Geometry of `sm90_grouped_gemm`.
     pub gemm: LaunchGeometry,
+    /// Geometry of `sm90_dequant_tokens`.
     pub dequant: LaunchGeometry,
 }
 
 impl Sm90Layout {
+    /// Plans `problem` for a device with `sm_count` SMs (the persistent GEMM grid).
     pub fn new(problem: &Problem, sm_count: u32) -> Sm90Layout {
         let config = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
         let mut work = vec![];
@@ -104,6 +113,17 @@ impl Sm90Layout {
         buffers: &[GroupBuffers],
         workspace: u64,
     ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
+        self.encode_with(&DriverEncoder, problem, buffers, workspace)
+    }
+
+    /// [`Self::encode`] with the maps encoded by `encoder`.
+    pub fn encode_with(
+        &self,
+        encoder: &impl TiledMapEncoder,
+        problem: &Problem,
+        buffers: &[GroupBuffers],
+        workspace: u64,
+    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers, workspace);
         let mut maps = vec![TensorMap::ZERO; 2 * buffers.len()];
         for (g, (s, p)) in problem.groups().iter().zip(&params).enumerate() {
@@ -112,10 +132,9 @@ impl Sm90Layout {
                 continue;
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            maps[sm90::token_map_index(g as u32)] =
-                crate::driver::tensor_map::encode(&sm90::token_map(m, k), p.workspace)?;
+            maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
-                crate::driver::tensor_map::encode(&sm90::weight_map(n, k), buffers[g].b_values.ptr)?;
+                encoder.encode(&sm90::weight_map(n, k), buffers[g].b_values.ptr)?;
         }
         Ok((params, maps))
     }

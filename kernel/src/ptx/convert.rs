@@ -3,6 +3,9 @@
 //! Every e2m1 × e4m3 product is exact in f16 (≤ 6 significant bits, magnitudes in [2^-10, 2688]),
 //! so dequantizing to f16 and multiplying by the block scale with `mul.rn.f16x2` loses nothing.
 
+#[cfg(not(target_arch = "nvptx64"))]
+use super::model::convert as model;
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// Decodes eight e2m1 values (the nibbles of `q`, element 0 in the low nibble) to four f16x2 words
@@ -34,54 +37,81 @@ pub const F16X2_128: u32 = 0x5800_5800;
 /// converts both; every finite e4m3 value is exact in f16, 0x7F/0xFF give NaN.
 #[inline(always)]
 pub fn e4m3_byte_to_f16x2(w: u32, q: u32) -> u32 {
-    let d: u32;
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .b32 t;",
-            ".reg .b16 h;",
-            "prmt.b32 t, {w}, 0, {sel};",
-            "cvt.u16.u32 h, t;",
-            "cvt.rn.f16x2.e4m3x2 {d}, h;",
-            "}}",
-            w = in(reg32) w, sel = in(reg32) q | (q << 4), d = out(reg32) d, options(pure, nomem, nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .b32 t;",
+                ".reg .b16 h;",
+                "prmt.b32 t, {w}, 0, {sel};",
+                "cvt.u16.u32 h, t;",
+                "cvt.rn.f16x2.e4m3x2 {d}, h;",
+                "}}",
+                w = in(reg32) w, sel = in(reg32) q | (q << 4), d = out(reg32) d, options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = {
+        let t = model::prmt(w, 0, q | (q << 4));
+        model::cvt_f16x2_e4m3x2(t as u16)
+    };
     d
 }
 
 /// `mul.rn.f16x2 d, a, b;` (PTX ISA 4.2, sm_53). `.rn` keeps it from being fused into an fma.
 #[inline(always)]
 pub fn mul_f16x2(a: u32, b: u32) -> u32 {
-    let d: u32;
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("mul.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
-             options(pure, nomem, nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("mul.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
+                 options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::mul_rn_f16x2(a, b);
     d
 }
 
 /// Packs two f32 to f16x2, `lo` in the low half: `cvt.rn.f16x2.f32 d, hi, lo;` (PTX ISA 7.0, sm_80).
 #[inline(always)]
 pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {
-    let d: u32;
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rn.f16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi, l = in(reg32) lo,
-             options(pure, nomem, nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("cvt.rn.f16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi, l = in(reg32) lo,
+                 options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::cvt_rn_f16x2_f32(hi, lo);
     d
 }
 
 /// Packs two f32 to bf16x2, `lo` in the low half: `cvt.rn.bf16x2.f32 d, hi, lo;` (PTX ISA 7.0, sm_80).
 #[inline(always)]
 pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {
-    let d: u32;
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rn.bf16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi, l = in(reg32) lo,
-             options(pure, nomem, nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("cvt.rn.bf16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi, l = in(reg32) lo,
+                 options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::cvt_rn_bf16x2_f32(hi, lo);
     d
 }

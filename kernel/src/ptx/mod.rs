@@ -11,7 +11,11 @@
 //!   marks every side-effecting `asm!` call `convergent` so LLVM cannot duplicate them into divergent
 //!   branches, and `xtask build-ptx` counts them per kernel against `kernel/collectives.txt`.
 //!
-//! A CPU model of this layer is planned, so that the kernels above can run on the host.
+//! Two targets, one source: on nvptx64 each wrapper is its `asm!`; on any other target the same
+//! wrapper calls the instruction of the CPU model of the device (`nvfp4-gemm-model`, one call per
+//! wrapper, `#[track_caller]` so that the model's reports name the kernel's line), and
+//! [`kernel`] turns the entry points into Rust functions the model can launch. Nothing above this
+//! module knows which target it is built for.
 
 pub mod barrier;
 pub mod cluster;
@@ -24,7 +28,36 @@ pub mod sreg;
 pub mod tma;
 pub mod warp;
 
-#[cfg(arch_sm100)]
+// On the host both architectures' instructions exist (the model checks which one a launch uses).
+#[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
 pub mod tcgen05;
-#[cfg(arch_sm90)]
+#[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
 pub mod wgmma;
+
+/// The model of the device, on the host.
+#[cfg(not(target_arch = "nvptx64"))]
+use nvfp4_gemm_model as model;
+
+/// Marks a kernel entry point: `#[ptx::kernel] pub unsafe fn name(p: Params) { .. }` is the
+/// exported `#[no_mangle] extern "ptx-kernel"` function on nvptx64, and a plain Rust function on
+/// the host, where the model launches it (a failing launch stops its threads by unwinding, which
+/// an `extern "C"` frame would turn into an abort).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! kernel {
+    attr() ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) $body
+    };
+}
+
+/// See the nvptx64 definition: on the host, the entry point stays a Rust function.
+#[cfg(not(target_arch = "nvptx64"))]
+macro_rules! kernel {
+    attr() ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        pub unsafe fn $name($($arg: $ty),*) $body
+    };
+}
+
+pub(crate) use kernel;

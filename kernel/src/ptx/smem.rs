@@ -1,5 +1,6 @@
 //! Shared memory: the dynamic (launch-sized) window and 32-bit `.shared::cta` addresses.
 
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// A `.shared::cta` address (32 bits), as mbarrier, TMA, wgmma and tcgen05 operands take it.
@@ -15,12 +16,15 @@ impl SmemAddr {
     }
 }
 
+#[cfg(target_arch = "nvptx64")]
 /// Alignment carrier for the dynamic window: `.extern .shared .align 1024`, what the 128-byte
 /// swizzle patterns of TMA, wgmma and tcgen05 need (they repeat every 1024 bytes).
 #[repr(C, align(1024))]
 struct Align1024([u8; 1024]);
 
-/// Generic pointer to the start of the dynamic shared memory (`extern __shared__`).
+/// Generic pointer to the start of the dynamic shared memory (`extern __shared__`). Device only:
+/// the model has no generic pointers into shared memory.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn dynamic_ptr() -> *mut u8 {
     // The intrinsic only names the `.extern .shared` symbol; its size is set at launch.
@@ -31,13 +35,20 @@ pub fn dynamic_ptr() -> *mut u8 {
 ///
 /// PTX: `cvta.to.shared.u64 d, p;` (PTX ISA 2.0).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn dynamic_base() -> SmemAddr {
-    let s: u64;
-    // SAFETY: address arithmetic only.
-    unsafe {
-        asm!("cvta.to.shared.u64 {s}, {p};", s = out(reg64) s, p = in(reg64) dynamic_ptr() as u64,
-             options(pure, nomem, nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let s = {
+        let s: u64;
+        // SAFETY: address arithmetic only.
+        unsafe {
+            asm!("cvta.to.shared.u64 {s}, {p};", s = out(reg64) s, p = in(reg64) dynamic_ptr() as u64,
+                 options(pure, nomem, nostack));
+        }
+        s
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let s = super::model::smem::dynamic_base() as u64;
     SmemAddr(s as u32)
 }
 
@@ -46,13 +57,18 @@ pub fn dynamic_base() -> SmemAddr {
 /// # Safety
 /// `a` must be a 4-byte aligned address inside this CTA's shared memory.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
-    unsafe {
+    let v = unsafe {
         let v: u32;
         asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) a.0, options(readonly, nostack));
         v
-    }
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let v = super::model::smem::ld_u32(a.0);
+    v
 }
 
 /// `ld.shared.v2.u32 {d0, d1}, [a];`
@@ -60,12 +76,17 @@ pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
 /// # Safety
 /// `a` must be an 8-byte aligned address inside this CTA's shared memory.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn ld_v2_u32(a: SmemAddr) -> [u32; 2] {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
-    unsafe {
+    let v = unsafe {
         let (x, y): (u32, u32);
         asm!("ld.shared.v2.u32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y, a = in(reg32) a.0,
              options(readonly, nostack));
         [x, y]
-    }
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let v = super::model::smem::ld_v2_u32(a.0);
+    v
 }

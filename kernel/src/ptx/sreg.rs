@@ -3,6 +3,7 @@
 //! All are `mov.u32 r, %reg;` (PTX ISA 7.8+ for the cluster registers, sm_90+), readable by any
 //! thread. They are `pure`: LLVM may hoist or merge the reads.
 
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 macro_rules! sreg_u32 {
@@ -10,12 +11,18 @@ macro_rules! sreg_u32 {
         $(#[$doc])*
         #[inline(always)]
         pub fn $name() -> u32 {
-            let r: u32;
-            // SAFETY: reading a special register has no side effects.
-            unsafe {
-                asm!(concat!("mov.u32 {r}, ", $reg, ";"), r = out(reg32) r,
-                     options(pure, nomem, nostack, preserves_flags));
-            }
+            #[cfg(target_arch = "nvptx64")]
+            let r = {
+                let r: u32;
+                // SAFETY: reading a special register has no side effects.
+                unsafe {
+                    asm!(concat!("mov.u32 {r}, ", $reg, ";"), r = out(reg32) r,
+                         options(pure, nomem, nostack, preserves_flags));
+                }
+                r
+            };
+            #[cfg(not(target_arch = "nvptx64"))]
+            let r = super::model::sreg::$name();
             r
         }
     };
@@ -39,19 +46,32 @@ sreg_u32!(/// `%cluster_nctarank`: CTAs in this cluster (PTX ISA 7.8, sm_90).
 /// Warp index in the CTA, `%tid.x / 32`, made warp-uniform for the compiler with
 /// `shfl.sync.idx` from lane 0 so that role dispatch on it stays uniform.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn warp_id() -> u32 {
-    let w: u32;
-    // SAFETY: a full-warp shuffle; every lane of the warp executes this (warp-uniform call sites).
-    unsafe {
-        asm!("shfl.sync.idx.b32 {w}, {t}, 0, 0x1f, 0xffffffff;", w = out(reg32) w, t = in(reg32) tid_x() / 32,
-             options(pure, nomem, nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let w = {
+        let w: u32;
+        // SAFETY: a full-warp shuffle; every lane of the warp executes this (warp-uniform call sites).
+        unsafe {
+            asm!("shfl.sync.idx.b32 {w}, {t}, 0, 0x1f, 0xffffffff;", w = out(reg32) w, t = in(reg32) tid_x() / 32,
+                 options(pure, nomem, nostack));
+        }
+        w
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let w = super::model::sreg::warp_id();
     w
 }
 
 /// `trap;`: aborts the kernel; the launch then fails with an illegal-instruction error.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn trap() -> ! {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: trap never returns.
-    unsafe { asm!("trap;", options(noreturn, nostack)) }
+    unsafe {
+        asm!("trap;", options(noreturn, nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::sreg::trap();
 }

@@ -20,6 +20,7 @@
 
 use super::mbarrier::Mbarrier;
 use super::smem::SmemAddr;
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 use nvfp4_gemm_abi::sm100::{InstrDescriptor, SmemDescriptor, TmemAddress};
 
@@ -30,20 +31,30 @@ use nvfp4_gemm_abi::sm100::{InstrDescriptor, SmemDescriptor, TmemAddress};
 /// # Safety
 /// `dst` must be a 4-byte shared-memory slot; the warp must later [`dealloc`] the same columns.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn alloc(dst: SmemAddr, ncols: u32) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst.0,
              n = in(reg32) ncols, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tcgen05::alloc(dst.0, ncols);
 }
 
 /// `tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;` (PTX ISA 8.6, sm_100a): this CTA
 /// will allocate no more, so other CTAs on the SM need not wait for it. One full warp.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn relinquish_alloc_permit() {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: no operands.
-    unsafe { asm!("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;", options(nostack)) };
+    unsafe {
+        asm!("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tcgen05::relinquish_alloc_permit();
 }
 
 /// `tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, ncols;` (PTX ISA 8.6, sm_100a). One full
@@ -52,30 +63,46 @@ pub fn relinquish_alloc_permit() {
 /// # Safety
 /// `taddr`/`ncols` must be what [`alloc`] returned; no TMEM access to them may be pending.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn dealloc(taddr: u32, ncols: u32) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) ncols,
              options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tcgen05::dealloc(taddr, ncols);
 }
 
 /// `tcgen05.fence::before_thread_sync;` (PTX ISA 8.6, sm_100a; PTX §9.7.16.11.1): orders this
 /// thread's earlier `tcgen05` operations before its next thread synchronization (mbarrier arrive,
 /// `bar.sync`, cluster barrier). Any thread.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn fence_before_thread_sync() {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: a fence has no operands.
-    unsafe { asm!("tcgen05.fence::before_thread_sync;", options(nostack)) };
+    unsafe {
+        asm!("tcgen05.fence::before_thread_sync;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::fence::tcgen05_before_thread_sync();
 }
 
 /// `tcgen05.fence::after_thread_sync;` (PTX ISA 8.6, sm_100a; PTX §9.7.16.11.1): orders this
 /// thread's later `tcgen05` operations after its previous thread synchronization (an mbarrier
 /// wait, `bar.sync`, cluster barrier). Any thread.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn fence_after_thread_sync() {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: a fence has no operands.
-    unsafe { asm!("tcgen05.fence::after_thread_sync;", options(nostack)) };
+    unsafe {
+        asm!("tcgen05.fence::after_thread_sync;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::fence::tcgen05_after_thread_sync();
 }
 
 /// `tcgen05.cp.cta_group::1.32x128b.warpx4 [taddr], s_desc;` (PTX ISA 8.6, sm_100a;
@@ -90,12 +117,19 @@ pub fn fence_after_thread_sync() {
 /// `dst .. dst+4` columns must be allocated; `src` must describe 512 readable bytes that stay
 /// unchanged until the copy completes.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn cp_32x128b_warpx4(dst: TmemAddress, src: SmemDescriptor) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!("tcgen05.cp.cta_group::1.32x128b.warpx4 [{t}], {s};", t = in(reg32) dst.to_bits(), s = in(reg64) src.to_bits(),
              options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tcgen05::cp_32x128b_warpx4(dst.to_bits(), src.to_bits())
+    };
 }
 
 /// The NVFP4 block-scaled MMA, D(128 x N, f32, TMEM) (+)= (A ⊙ SFA)(128 x 64) · (B ⊙ SFB)(N x 64)ᵀ:
@@ -112,6 +146,7 @@ pub unsafe fn cp_32x128b_warpx4(dst: TmemAddress, src: SmemDescriptor) {
 /// Every address must be allocated TMEM / valid shared memory that stays unchanged until a
 /// [`commit`] covering this MMA has arrived.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn mma_nvfp4(
     d: TmemAddress,
     a: SmemDescriptor,
@@ -121,6 +156,7 @@ pub unsafe fn mma_nvfp4(
     sfb: TmemAddress,
     accumulate: bool,
 ) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -133,6 +169,19 @@ pub unsafe fn mma_nvfp4(
             sa = in(reg32) sfa.to_bits(), sb = in(reg32) sfb.to_bits(), acc = in(reg32) accumulate as u32,
             options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tcgen05::mma_mxf4nvf4_4x(
+            d.to_bits(),
+            a.to_bits(),
+            b.to_bits(),
+            idesc.to_bits(),
+            sfa.to_bits(),
+            sfb.to_bits(),
+            accumulate,
+        )
+    };
 }
 
 /// `tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [bar];` (PTX ISA 8.6,
@@ -142,12 +191,16 @@ pub unsafe fn mma_nvfp4(
 /// `.shared::cta` address is a valid `.shared::cluster` address of the own CTA, PTX §5.1.7).
 /// One thread.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn commit(bar: Mbarrier) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: arrives on an initialized barrier.
     unsafe {
         asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{b}];", b = in(reg32) bar.0 .0,
              options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tcgen05::commit(bar.0 .0);
 }
 
 /// `tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64
@@ -160,12 +213,16 @@ pub fn commit(bar: Mbarrier) {
 /// The barrier must be initialized in every CTA named by `cta_mask`, and those CTAs must not exit
 /// before the arrival lands.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn commit_multicast(bar: Mbarrier, cta_mask: u16) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 [{b}], {m};",
              b = in(reg32) bar.0 .0, m = in(reg16) cta_mask, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tcgen05::commit_multicast(bar.0 .0, cta_mask);
 }
 
 macro_rules! define_ld_16x256b {
@@ -186,9 +243,11 @@ macro_rules! define_ld_16x256b {
         /// The columns must be allocated, and writes to them (MMAs) complete and ordered before
         /// this (commit → mbarrier wait → [`fence_after_thread_sync`]).
         #[inline(always)]
+        #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
         pub unsafe fn $name(taddr: TmemAddress) -> [u32; $regs] {
+            #[cfg(target_arch = "nvptx64")]
             // SAFETY: the caller upholds this function's contract (see `# Safety`).
-            unsafe {
+            let r = unsafe {
                 let mut r = [0u32; $regs];
                 asm!(
                     concat!("tcgen05.ld.sync.aligned.16x256b.x", $x, ".b32 {{", define_ld_16x256b!(@list $($i),*),
@@ -198,8 +257,12 @@ macro_rules! define_ld_16x256b {
                     t = in(reg32) taddr.to_bits(),
                     options(nostack));
                 r
-
-            }
+            };
+            #[cfg(not(target_arch = "nvptx64"))]
+            let r: [u32; $regs] = super::model::tcgen05::ld_16x256b(taddr.to_bits(), $x)
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("4·x registers"));
+            r
         }
     };
     (@list $first:literal $(, $i:literal)*) => {

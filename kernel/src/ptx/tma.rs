@@ -7,15 +7,22 @@
 
 use super::mbarrier::Mbarrier;
 use super::smem::SmemAddr;
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 pub use nvfp4_gemm_abi::tensor_map::TensorMap;
 
 /// `prefetch.tensormap [a];` (PTX ISA 8.0, sm_90): warms the descriptor cache for a map.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn prefetch_tensormap(map: *const TensorMap) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: a prefetch has no architectural effect.
-    unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) map as u64, options(nostack)) };
+    unsafe {
+        asm!("prefetch.tensormap [{m}];", m = in(reg64) map as u64, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tma::prefetch_tensormap(map as u64);
 }
 
 /// 2D tensor load:
@@ -28,7 +35,9 @@ pub fn prefetch_tensormap(map: *const TensorMap) {
 /// `map` must point to a valid tensor map in global memory; `dst` must be aligned as the map's
 /// swizzle requires (1024 B for 128-byte swizzle) and own the box's bytes until `bar` completes.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_2d(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: Mbarrier) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -36,6 +45,11 @@ pub unsafe fn load_2d(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, ba
             d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
             options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_2d(dst.0, map as u64, c0, c1, bar.0 .0)
+    };
 }
 
 /// 1D bulk load:
@@ -45,7 +59,9 @@ pub unsafe fn load_2d(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, ba
 /// # Safety
 /// `src` and `dst` must be 16-byte aligned, `bytes` a multiple of 16, and the range readable.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_1d(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -53,6 +69,11 @@ pub unsafe fn load_1d(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier) 
             d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
             options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_1d(dst.0, src as u64, bytes, bar.0 .0)
+    };
 }
 
 /// An L2 cache eviction policy for the `.L2::cache_hint` form of the bulk copies: the 64-bit
@@ -78,7 +99,9 @@ impl CachePolicy {
 /// # Safety
 /// As [`load_2d`].
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: Mbarrier, policy: CachePolicy) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -86,6 +109,11 @@ pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i3
             d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0 .0,
             p = in(reg64) policy.0, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_2d_hint(dst.0, map as u64, c0, c1, bar.0 .0, policy.0)
+    };
 }
 
 /// 3D tensor load with an L2 hint:
@@ -97,7 +125,9 @@ pub unsafe fn load_2d_hint(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i3
 /// # Safety
 /// As [`load_2d`].
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_3d_hint(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], bar: Mbarrier, policy: CachePolicy) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -105,6 +135,11 @@ pub unsafe fn load_3d_hint(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], ba
             d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
             b = in(reg32) bar.0 .0, p = in(reg64) policy.0, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_3d_hint(dst.0, map as u64, c, bar.0 .0, policy.0)
+    };
 }
 
 /// 2D tensor load multicast to several CTAs of the cluster:
@@ -119,7 +154,9 @@ pub unsafe fn load_3d_hint(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], ba
 /// As [`load_2d`], in every destination CTA; each destination must have announced the bytes on its
 /// barrier (or will before the phase can complete) and must not exit before the data lands.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_2d_multicast(dst: SmemAddr, map: *const TensorMap, c0: i32, c1: i32, bar: SmemAddr, cta_mask: u16) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -127,6 +164,11 @@ pub unsafe fn load_2d_multicast(dst: SmemAddr, map: *const TensorMap, c0: i32, c
             d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) bar.0,
             k = in(reg16) cta_mask, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_2d_multicast(dst.0, map as u64, c0, c1, bar.0, cta_mask)
+    };
 }
 
 /// 3D tensor load multicast to several CTAs of the cluster:
@@ -137,7 +179,9 @@ pub unsafe fn load_2d_multicast(dst: SmemAddr, map: *const TensorMap, c0: i32, c
 /// # Safety
 /// As [`load_2d_multicast`].
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_3d_multicast(dst: SmemAddr, map: *const TensorMap, c: [i32; 3], bar: SmemAddr, cta_mask: u16) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -145,6 +189,11 @@ pub unsafe fn load_3d_multicast(dst: SmemAddr, map: *const TensorMap, c: [i32; 3
             d = in(reg32) dst.0, m = in(reg64) map as u64, x = in(reg32) c[0], y = in(reg32) c[1], z = in(reg32) c[2],
             b = in(reg32) bar.0, k = in(reg16) cta_mask, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_3d_multicast(dst.0, map as u64, c, bar.0, cta_mask)
+    };
 }
 
 /// 1D bulk load with an L2 hint:
@@ -154,7 +203,9 @@ pub unsafe fn load_3d_multicast(dst: SmemAddr, map: *const TensorMap, c: [i32; 3
 /// # Safety
 /// As [`load_1d`].
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub unsafe fn load_1d_hint(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarrier, policy: CachePolicy) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         asm!(
@@ -162,4 +213,9 @@ pub unsafe fn load_1d_hint(dst: SmemAddr, src: *const u8, bytes: u32, bar: Mbarr
             d = in(reg32) dst.0, s = in(reg64) src as u64, n = in(reg32) bytes, b = in(reg32) bar.0 .0,
             p = in(reg64) policy.0, options(nostack));
     }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the model checks the operands; the caller's contract as above.
+    unsafe {
+        super::model::tma::load_1d_hint(dst.0, src as u64, bytes, bar.0 .0, policy.0)
+    };
 }

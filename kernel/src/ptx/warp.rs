@@ -1,5 +1,6 @@
 //! Warp-level primitives: electing one lane, and reconverging a warp.
 
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// `elect.sync _|p, 0xffffffff;` (PTX ISA 8.0, sm_90): true in exactly one lane of the warp (the
@@ -7,19 +8,26 @@ use core::arch::asm;
 /// needs one issuing thread (TMA, `tcgen05.mma`, `tcgen05.cp`, `tcgen05.commit`) runs under
 /// `if elect_one() { .. }` and then reconverges with [`sync`].
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn elect_one() -> bool {
-    let elected: u32;
-    // SAFETY: a full-warp collective with no memory effects; call sites are warp-uniform.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "elect.sync _|p, 0xffffffff;",
-            "selp.u32 {e}, 1, 0, p;",
-            "}}",
-            e = out(reg32) elected,
-            options(nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let elected = {
+        let elected: u32;
+        // SAFETY: a full-warp collective with no memory effects; call sites are warp-uniform.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .pred p;",
+                "elect.sync _|p, 0xffffffff;",
+                "selp.u32 {e}, 1, 0, p;",
+                "}}",
+                e = out(reg32) elected,
+                options(nostack));
+        }
+        elected
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let elected = super::model::warp::elect_one() as u32;
     elected != 0
 }
 
@@ -27,21 +35,34 @@ pub fn elect_one() -> bool {
 /// warp has reached it, so that the warp runs converged again after a branch only some lanes
 /// took (for example the elected lane's role loop) and before a `.aligned` instruction.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn sync() {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: every lane of the warp reaches this call.
-    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+    unsafe {
+        asm!("bar.warp.sync 0xffffffff;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::warp::sync(u32::MAX);
 }
 
 /// `shfl.sync.bfly.b32 d, v, lane_mask, 0x1f, 0xffffffff;` (PTX ISA 6.0, sm_70): the value `v` of
 /// lane `laneid ^ lane_mask`. The whole warp must execute it, converged.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn shfl_xor(v: u32, lane_mask: u32) -> u32 {
-    let d: u32;
-    // SAFETY: a full-warp collective on registers; call sites are warp-uniform.
-    unsafe {
-        asm!("shfl.sync.bfly.b32 {d}, {v}, {m}, 0x1f, 0xffffffff;", d = out(reg32) d, v = in(reg32) v,
-             m = in(reg32) lane_mask, options(nostack));
-    }
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: a full-warp collective on registers; call sites are warp-uniform.
+        unsafe {
+            asm!("shfl.sync.bfly.b32 {d}, {v}, {m}, 0x1f, 0xffffffff;", d = out(reg32) d, v = in(reg32) v,
+                 m = in(reg32) lane_mask, options(nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = super::model::warp::shfl_xor(v, lane_mask);
     d
 }
 
@@ -54,7 +75,11 @@ pub fn setmaxnreg_inc<const N: u32>() {
     const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
     // SAFETY: a warpgroup collective with no operands beyond the constant; call sites are
     // warpgroup-uniform.
-    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+    #[cfg(target_arch = "nvptx64")]
+    unsafe {
+        asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack))
+    };
+    // The model has no register file: nothing to reallocate.
 }
 
 /// `setmaxnreg.dec.sync.aligned.u32 N;` (PTX ISA 8.0, sm_90a): lowers this warp's register budget
@@ -64,5 +89,9 @@ pub fn setmaxnreg_inc<const N: u32>() {
 pub fn setmaxnreg_dec<const N: u32>() {
     const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
     // SAFETY: as `setmaxnreg_inc`.
-    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+    #[cfg(target_arch = "nvptx64")]
+    unsafe {
+        asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack))
+    };
+    // The model has no register file: nothing to reallocate.
 }

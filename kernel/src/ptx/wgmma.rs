@@ -6,7 +6,11 @@
 //! The accumulators are registers that the tensor core writes asynchronously: between an `mma` and
 //! the `wait_group` that covers it they must not be read or written. [`wait_group_fenced`] takes the
 //! accumulator array through the wait so that the compiler cannot move uses of it above the wait.
+//!
+//! On the host every width maps to the model's one `wgmma` (N = 2 · accumulator registers): a new
+//! width is one more `define_mma!` line.
 
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// A shared-memory matrix descriptor for wgmma (64-bit; PTX ISA §9.7.15.5.1.2.2), built by
@@ -16,17 +20,29 @@ pub type SmemDesc = u64;
 /// `wgmma.fence.sync.aligned;` (PTX ISA 8.0, sm_90a): orders register writes to A fragments and
 /// accumulators before the next `mma_async`. Whole warpgroup.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn fence() {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: no operands.
-    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
+    unsafe {
+        asm!("wgmma.fence.sync.aligned;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::wgmma::fence();
 }
 
 /// `wgmma.commit_group.sync.aligned;` (PTX ISA 8.0, sm_90a): closes the group of this warpgroup's
 /// uncommitted `mma_async`s. Whole warpgroup.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn commit_group() {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: no operands.
-    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
+    unsafe {
+        asm!("wgmma.commit_group.sync.aligned;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::wgmma::commit_group();
 }
 
 /// The accumulator registers of one thread: 64 f32, enough for `m64n128k16`. Narrower widths use
@@ -51,11 +67,17 @@ macro_rules! define_mma {
         /// until a `wait_group` covers this MMA; a [`fence`] must precede the first MMA after the
         /// registers were written.
         #[inline(always)]
+        #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
         pub unsafe fn $name(acc: &mut Accumulators, a: [u32; 4], b: SmemDesc, scale_d: u32) {
+            #[cfg(not(target_arch = "nvptx64"))]
+            // SAFETY: the model checks the descriptor; the caller's contract as above.
+            unsafe { super::model::wgmma::mma_f16(&mut acc[..$acc], a, b, scale_d != 0) };
             // The descriptor goes in as two 32-bit halves joined inside the asm: its high word is a
             // constant of the tile and only the low word moves from MMA to MMA, so ptxas keeps
             // one 32-bit add per MMA instead of a 64-bit add with carry.
+            #[cfg(target_arch = "nvptx64")]
             let (b_lo, b_hi) = (b as u32, (b >> 32) as u32);
+            #[cfg(target_arch = "nvptx64")]
             // SAFETY: the caller upholds this function's contract (see `# Safety`).
             unsafe {
                 asm!(
@@ -77,7 +99,11 @@ macro_rules! define_mma {
         /// an in/out operand: waits until at most `N` committed groups are pending, and keeps
         /// the compiler from touching `acc` across the wait. Whole warpgroup.
         #[inline(always)]
+        #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
         pub fn $wait<const N: u32>(acc: &mut Accumulators) {
+            #[cfg(not(target_arch = "nvptx64"))]
+            super::model::wgmma::wait_group(N, &mut acc[..$acc]);
+            #[cfg(target_arch = "nvptx64")]
             // SAFETY: waiting has no effect beyond ordering.
             unsafe {
                 asm!(concat!("wgmma.wait_group.sync.aligned {n}; // {", stringify!($first), "}" $(, " {", stringify!($i), "}")*),

@@ -37,8 +37,8 @@ impl Variant for N256Cluster4 {
 /// # Safety
 /// `p` and the tables it points to must be what the host's sm100 plan writes for validated
 /// buffers, launched with this variant's geometry.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm100_gemm_n128_deep(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm100_gemm_n128_deep(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<N128Deep, 6>(&p) };
 }
@@ -48,8 +48,8 @@ pub unsafe extern "ptx-kernel" fn sm100_gemm_n128_deep(p: KernelParams) {
 /// # Safety
 /// `p` and the tables it points to must be what the host's sm100 plan writes for validated
 /// buffers, launched with this variant's geometry.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm100_gemm_n128_shallow(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm100_gemm_n128_shallow(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<N128Shallow, 3>(&p) };
 }
@@ -59,8 +59,8 @@ pub unsafe extern "ptx-kernel" fn sm100_gemm_n128_shallow(p: KernelParams) {
 /// # Safety
 /// `p` and the tables it points to must be what the host's sm100 plan writes for validated
 /// buffers, launched with this variant's geometry.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm100_gemm_n256_cluster4(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm100_gemm_n256_cluster4(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<N256Cluster4, 4>(&p) };
 }

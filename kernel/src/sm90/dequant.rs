@@ -14,8 +14,8 @@ use nvfp4_gemm_abi::sm90::{token_pair_slot, GroupParams, KernelParams, CHUNK_K, 
 ///
 /// # Safety
 /// `p` and the group table must be what the host's sm90 plan writes for validated buffers.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm90_dequant_tokens(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     let groups = p.groups as *const GroupParams;
     // SAFETY: `g < group_count` indexes the table.
     let group = |g: u32| unsafe { *groups.add(g as usize) };

@@ -71,8 +71,8 @@ impl<V: Variant> Smem<V> {
 ///
 /// # Safety
 /// `p` and the tables it points to must be what the host's sm90 plan writes for validated buffers.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
 }
@@ -82,8 +82,8 @@ pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm(p: KernelParams) {
 ///
 /// # Safety
 /// As [`sm90_grouped_gemm`], and every group's `block_m` is `SMALL_TILE_M`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn sm90_grouped_gemm_decode(p: KernelParams) {
+#[crate::ptx::kernel]
+pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<Decode, { GemmConfig::M16.stages }>(&p) }
 }

@@ -1,0 +1,500 @@
+//! The kernels' own code on the CPU: the kernel crate built for the host (its `ptx` wrappers call
+//! the device model, `nvfp4-gemm-model`), launched by the model on problems planned by the
+//! library's own layout code (`nvfp4_gemm::layout`: work lists, group tables, tensor-map
+//! descriptions, launch geometry), with the tensor maps encoded by the model instead of the driver.
+//! The result is compared with the CPU reference (`nvfp4-format`), with C poisoned before the run
+//! and guarded on both sides.
+//!
+//! Global memory is host memory: every "device buffer" is a 16-byte aligned host allocation
+//! ([`DeviceBuf`]) whose address goes into the tables, as a device address would.
+//!
+//! A run either completes (then [`Outputs::check`] compares) or the model stops it with a
+//! [`ModelError`]: the instruction, thread and kernel line, and the state of every barrier, warp
+//! and in-flight asynchronous operation.
+
+use half::{bf16, f16};
+use nvfp4_format::{compare, Group, GroupOutput, GroupShape, HostFloat, InputDistribution, Tolerance};
+use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
+use nvfp4_gemm::layout::{Sm100Layout, Sm90Layout};
+use nvfp4_gemm::problem::{BufferView, GroupBuffers};
+use nvfp4_gemm::{OutputType, Problem};
+use nvfp4_gemm_abi::launch::LaunchGeometry;
+use nvfp4_gemm_abi::sm100::params::{KernelLayout, N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TensorMapSwizzle, TiledMap};
+use nvfp4_gemm_abi::work::KernelParams;
+use nvfp4_gemm_model::tensor_map::{encode_tiled, ElementType, Interleave, OobFill, Swizzle};
+pub use nvfp4_gemm_model::{Arch, Completion, ErrorKind, LaunchConfig, ModelError, RunStats, Schedule, TmemPlacement};
+
+/// Bit pattern written into C and its guards before a run: NaN in fp16 and bf16, so an element
+/// the kernel never wrote fails the comparison.
+pub const POISON: u16 = 0x7FFF;
+/// Poisoned elements before and after each C buffer, checked untouched after the run.
+pub const GUARD: usize = 64;
+/// The bf16 check: one rounding to 8 significant bits (rtol 4e-3), atol as the competition's.
+pub const BF16_TOLERANCE: Tolerance = Tolerance::new(1e-3, 4e-3);
+
+/// The model's tensor-map encoder in place of `cuTensorMapEncodeTiled`: the library's map
+/// descriptions become the model's 128-byte encoding, which its TMA decodes (and rejects loudly
+/// where the driver would, or where the model does not implement a field).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelEncoder;
+
+impl TiledMapEncoder for ModelEncoder {
+    fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> nvfp4_gemm::Result<TensorMap> {
+        let element = match map.element {
+            TensorMapDataType::U8 => ElementType::U8,
+            TensorMapDataType::F16 => ElementType::F16,
+            TensorMapDataType::U4x16Align8B => ElementType::U4x16Align8,
+        };
+        let swizzle = match map.swizzle {
+            TensorMapSwizzle::None => Swizzle::None,
+            TensorMapSwizzle::B32 => Swizzle::B32,
+            TensorMapSwizzle::B64 => Swizzle::B64,
+            TensorMapSwizzle::B128 => Swizzle::B128,
+        };
+        encode_tiled(
+            element,
+            R,
+            base,
+            &map.dims,
+            &map.strides_bytes[..R - 1],
+            &map.box_dims,
+            &[1; R],
+            Interleave::None,
+            swizzle,
+            OobFill::Zero,
+        )
+        .map(TensorMap)
+        .map_err(|e| nvfp4_gemm::Error::InvalidProblem(format!("model tensor map {map:?}: {e}")))
+    }
+}
+
+/// A 16-byte aligned host allocation standing in for a device buffer. Its address is taken once,
+/// at creation; kernels write through it while the test holds no reference into it.
+pub struct DeviceBuf {
+    words: Vec<u128>,
+    bytes: usize,
+    addr: u64,
+}
+
+impl DeviceBuf {
+    /// `bytes` zero bytes (at least 16 are allocated, as the library's placeholders).
+    pub fn zeroed(bytes: usize) -> Self {
+        let mut words = vec![0u128; bytes.max(16).div_ceil(16)];
+        let addr = words.as_mut_ptr() as u64;
+        DeviceBuf { words, bytes, addr }
+    }
+
+    /// A copy of `data`.
+    pub fn from_bytes(data: &[u8]) -> Self {
+        let mut b = Self::zeroed(data.len());
+        b.bytes_mut()[..data.len()].copy_from_slice(data);
+        b
+    }
+
+    /// The "device address".
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Its contents.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `bytes` initialized bytes; no launch is running.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.bytes) }
+    }
+
+    /// Its contents, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `bytes`.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, self.bytes) }
+    }
+
+    /// A view of `len` elements at the start, for the library's buffer validation.
+    pub fn view(&self, len: usize) -> BufferView {
+        BufferView { ptr: self.addr, len }
+    }
+}
+
+/// The operands of a problem and its outputs (with guards), in "device" memory.
+pub struct Operands {
+    /// The problem's shapes and output type.
+    pub problem: Problem,
+    a_values: Vec<DeviceBuf>,
+    a_scales: Vec<DeviceBuf>,
+    b_values: Vec<DeviceBuf>,
+    b_scales: Vec<DeviceBuf>,
+    /// C of each group: `GUARD + m·n + GUARD` elements.
+    c: Vec<DeviceBuf>,
+    alphas: Vec<f32>,
+}
+
+impl Operands {
+    /// Copies the groups' operands and allocates poisoned outputs.
+    pub fn new(groups: &[Group], out: OutputType) -> Self {
+        let shapes: Vec<GroupShape> = groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect();
+        let problem = Problem::new(shapes, out).expect("a valid problem");
+        let mut o = Operands {
+            problem,
+            a_values: groups.iter().map(|g| DeviceBuf::from_bytes(g.a.values())).collect(),
+            a_scales: groups.iter().map(|g| DeviceBuf::from_bytes(g.a.scales())).collect(),
+            b_values: groups.iter().map(|g| DeviceBuf::from_bytes(g.b.values())).collect(),
+            b_scales: groups.iter().map(|g| DeviceBuf::from_bytes(g.b.scales())).collect(),
+            c: groups.iter().map(|g| DeviceBuf::zeroed(2 * (g.m() * g.n() + 2 * GUARD))).collect(),
+            alphas: groups.iter().map(|g| g.effective_alpha_f32()).collect(),
+        };
+        o.poison();
+        o
+    }
+
+    /// Writes [`POISON`] over every C and its guards.
+    pub fn poison(&mut self) {
+        for c in &mut self.c {
+            for pair in c.bytes_mut().chunks_exact_mut(2) {
+                pair.copy_from_slice(&POISON.to_le_bytes());
+            }
+        }
+    }
+
+    /// The library's view of the buffers (C past its leading guard), validated as the library
+    /// validates a call's buffers.
+    pub fn buffers(&self) -> Vec<GroupBuffers> {
+        let b: Vec<GroupBuffers> = self
+            .problem
+            .groups()
+            .iter()
+            .enumerate()
+            .map(|(g, s)| GroupBuffers {
+                a_values: self.a_values[g].view(self.a_values[g].bytes),
+                a_scales: self.a_scales[g].view(self.a_scales[g].bytes),
+                b_values: self.b_values[g].view(self.b_values[g].bytes),
+                b_scales: self.b_scales[g].view(self.b_scales[g].bytes),
+                c: BufferView { ptr: self.c[g].addr() + 2 * GUARD as u64, len: s.m * s.n },
+                c_type: self.problem.output(),
+                alpha: self.alphas[g],
+            })
+            .collect();
+        nvfp4_gemm::problem::validate_buffers(&self.problem, &b).expect("valid buffers");
+        b
+    }
+
+    /// C of every group (bit patterns), and the number of guard elements that changed.
+    pub fn outputs(&self) -> Outputs {
+        let mut guard_corruptions = 0;
+        let c = self
+            .c
+            .iter()
+            .map(|c| {
+                let all: Vec<u16> = c.bytes().chunks_exact(2).map(|p| u16::from_le_bytes([p[0], p[1]])).collect();
+                let n = all.len();
+                guard_corruptions += all[..GUARD].iter().chain(&all[n - GUARD..]).filter(|&&x| x != POISON).count();
+                all[GUARD..n - GUARD].to_vec()
+            })
+            .collect();
+        Outputs { c, guard_corruptions, out: self.problem.output() }
+    }
+}
+
+/// What a run left in C.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outputs {
+    /// Each group's C, row-major bit patterns.
+    pub c: Vec<Vec<u16>>,
+    /// Guard elements around the C buffers that changed.
+    pub guard_corruptions: usize,
+    /// The element type.
+    pub out: OutputType,
+}
+
+impl Outputs {
+    /// Compares with the CPU reference rounded to the output type (competition tolerance for
+    /// fp16, [`BF16_TOLERANCE`] for bf16) and checks the guards; `Err` says what failed.
+    pub fn check(&self, groups: &[Group]) -> Result<(), String> {
+        if self.guard_corruptions > 0 {
+            return Err(format!("{} guard elements around C were written", self.guard_corruptions));
+        }
+        let exact = nvfp4_format::reference_grouped_gemm_f64(groups).map_err(|e| e.to_string())?;
+        match self.out {
+            OutputType::F16 => self.compare::<f16>(&exact, Tolerance::COMPETITION, f16::from_bits),
+            OutputType::Bf16 => self.compare::<bf16>(&exact, BF16_TOLERANCE, bf16::from_bits),
+        }
+    }
+
+    fn compare<T: HostFloat>(
+        &self,
+        exact: &[GroupOutput<f64>],
+        tol: Tolerance,
+        from_bits: fn(u16) -> T,
+    ) -> Result<(), String> {
+        let got: Vec<Vec<T>> = self.c.iter().map(|g| g.iter().map(|&b| from_bits(b)).collect()).collect();
+        let expected: Vec<GroupOutput<T>> = exact.iter().map(GroupOutput::rounded).collect();
+        let c = compare(&got, &expected, tol).map_err(|e| e.to_string())?;
+        if c.passed() {
+            return Ok(());
+        }
+        // The first few failing elements, for the report.
+        let mut lines = vec![c.to_string()];
+        'outer: for (g, (x, e)) in got.iter().zip(&expected).enumerate() {
+            for (i, (x, e)) in x.iter().zip(&e.data).enumerate() {
+                if !tol.accepts(x.to_f64(), e.to_f64()) {
+                    lines.push(format!(
+                        "  group {g} row {} col {}: got {} expected {}",
+                        i / expected[g].cols.max(1),
+                        i % expected[g].cols.max(1),
+                        x.to_f64(),
+                        e.to_f64()
+                    ));
+                    if lines.len() > 8 {
+                        break 'outer;
+                    }
+                }
+            }
+        }
+        Err(lines.join("\n"))
+    }
+}
+
+/// The model's choices for every launch of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelRun {
+    /// Scheduling and completion order.
+    pub schedule: Schedule,
+    /// Where `tcgen05.alloc` places columns.
+    pub tmem: TmemPlacement,
+}
+
+impl Default for ModelRun {
+    fn default() -> Self {
+        ModelRun { schedule: Schedule::default(), tmem: TmemPlacement::Highest }
+    }
+}
+
+impl ModelRun {
+    /// The default run with completions in `order`, seeded by `seed`.
+    pub fn ordered(order: Completion, seed: u64) -> Self {
+        ModelRun { schedule: Schedule { seed, completion: order, ..Schedule::default() }, ..Self::default() }
+    }
+}
+
+/// The model's launch of a library [`LaunchGeometry`].
+pub fn launch_config(arch: Arch, g: LaunchGeometry, ctas_per_sm: u32, run: &ModelRun) -> LaunchConfig {
+    let mut cfg =
+        LaunchConfig::new(arch, g.grid, g.block, g.smem_bytes).with_cluster(g.cluster).with_schedule(run.schedule);
+    cfg.ctas_per_sm = ctas_per_sm;
+    cfg.tmem_placement = run.tmem;
+    cfg
+}
+
+/// What one launch of a run did.
+#[derive(Clone, Debug)]
+pub struct Launched {
+    /// The kernel's name.
+    pub kernel: &'static str,
+    /// Its geometry.
+    pub geometry: LaunchGeometry,
+    /// The model's counters.
+    pub stats: RunStats,
+}
+
+/// A model failure, with the kernel it stopped.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The kernel that failed.
+    pub kernel: &'static str,
+    /// The model's report.
+    pub error: ModelError,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} failed in the model: {}", self.kernel, self.error)
+    }
+}
+
+fn launch_one(
+    kernel: &'static str,
+    cfg: &LaunchConfig,
+    geometry: LaunchGeometry,
+    params: KernelParams,
+    entry: unsafe fn(KernelParams),
+) -> Result<Launched, Failure> {
+    // SAFETY: the tables `params` points to live for the launch and are what the library's layout
+    // code computes for validated buffers; the model checks every device access.
+    nvfp4_gemm_model::launch(cfg, || unsafe { entry(params) })
+        .map(|stats| Launched { kernel, geometry, stats })
+        .map_err(|error| Failure { kernel, error })
+}
+
+/// Runs both sm_90a kernels on `ops` as [`Sm90Layout`] plans them for `sm_count` SMs.
+pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
+    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode};
+    let problem = &ops.problem;
+    let layout = Sm90Layout::new(problem, sm_count);
+    let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
+    let buffers = ops.buffers();
+    let (params, maps) = layout.encode_with(&ModelEncoder, problem, &buffers, workspace.addr()).expect("sm90 tables");
+    let work = layout.work.clone();
+    let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
+    let mut launched = vec![];
+    if layout.dequant_grid > 0 {
+        let cfg = launch_config(Arch::Sm90a, layout.dequant, 1, run);
+        launched.push(launch_one("sm90_dequant_tokens", &cfg, layout.dequant, kp, sm90_dequant_tokens)?);
+    }
+    if !work.is_empty() {
+        // The variant the layout chose (the decode one when every group has at most 16 tokens).
+        let name = layout.config.kernel_name();
+        let entry: unsafe fn(KernelParams) =
+            if name == "sm90_grouped_gemm_decode" { sm90_grouped_gemm_decode } else { sm90_grouped_gemm };
+        let cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+        launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
+    }
+    drop(workspace);
+    Ok(launched)
+}
+
+/// The entry point of an sm_100a variant.
+pub fn sm100_entry(kernel: KernelLayout) -> unsafe fn(KernelParams) {
+    use nvfp4_gemm_kernel::sm100::gemm::*;
+    if kernel == N128_DEEP_KERNEL {
+        sm100_gemm_n128_deep
+    } else if kernel == N128_SHALLOW_KERNEL {
+        sm100_gemm_n128_shallow
+    } else if kernel == N256_CLUSTER4_KERNEL {
+        sm100_gemm_n256_cluster4
+    } else {
+        panic!("no entry point for {kernel:?}")
+    }
+}
+
+/// How many CTAs of each sm_100a variant are resident on the modelled device (what the library
+/// asks the driver's occupancy calculator): decides the variant of the 128-wide list
+/// (`select_n128`) and the persistent grids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Residency {
+    /// Of `sm100_gemm_n128_deep` (one per SM).
+    pub deep: u32,
+    /// Of `sm100_gemm_n128_shallow` (two per SM).
+    pub shallow: u32,
+    /// Of `sm100_gemm_n256_cluster4` (a multiple of 4).
+    pub cluster4: u32,
+}
+
+impl Residency {
+    /// `sms` SMs: `sms` deep CTAs, none of the shallow kernel (so the deep one runs),
+    /// `sms / 4` clusters.
+    pub const fn deep(sms: u32) -> Self {
+        Residency { deep: sms, shallow: 0, cluster4: sms / 4 * 4 }
+    }
+
+    /// `sms` SMs with two shallow CTAs each (the shallow kernel runs past two waves of the deep).
+    pub const fn shallow(sms: u32) -> Self {
+        Residency { deep: sms, shallow: 2 * sms, cluster4: sms / 4 * 4 }
+    }
+
+    fn of(self, k: KernelLayout) -> u32 {
+        if k == N128_DEEP_KERNEL {
+            self.deep
+        } else if k == N128_SHALLOW_KERNEL {
+            self.shallow
+        } else {
+            self.cluster4
+        }
+    }
+}
+
+/// Runs the sm_100a launches of `ops` as [`Sm100Layout`] plans them on a device with
+/// `residency`; returns what ran.
+pub fn run_sm100(ops: &Operands, residency: Residency, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    run_sm100_with(ops, residency, run, |_| {})
+}
+
+/// [`run_sm100`] with the layout changed by `edit` before the tables are written (to model a host
+/// bug the kernels must survive or report).
+pub fn run_sm100_with(
+    ops: &Operands,
+    residency: Residency,
+    run: &ModelRun,
+    edit: impl FnOnce(&mut Sm100Layout),
+) -> Result<Vec<Launched>, Failure> {
+    let problem = &ops.problem;
+    let mut layout = Sm100Layout::new(problem, |k| residency.of(k)).expect("sm100 layout");
+    edit(&mut layout);
+    let buffers = ops.buffers();
+    let (params, maps) = layout.encode_with(&ModelEncoder, problem, &buffers).expect("sm100 tables");
+    let mut launched = vec![];
+    for (i, l) in layout.launches.iter().enumerate() {
+        let work = l.work.clone();
+        let kp = layout.kernel_params(i, params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
+        let cfg = launch_config(Arch::Sm100a, l.geometry, l.kernel.config().max_ctas_per_sm(), run);
+        launched.push(launch_one(l.kernel.kernel_name(), &cfg, l.geometry, kp, sm100_entry(l.kernel))?);
+    }
+    Ok(launched)
+}
+
+/// Random groups of `shapes` (competition distribution unless `dist` says otherwise).
+pub fn groups(shapes: &[GroupShape], dist: InputDistribution, seed: u64) -> Vec<Group> {
+    let mut g = nvfp4_format::random_groups(shapes, dist, seed).expect("generate");
+    if dist == InputDistribution::FullRange {
+        for x in &mut g {
+            x.alpha = 1.0 / 65536.0;
+        }
+    }
+    g
+}
+
+/// Groups from per-group lists of M, N and K.
+pub fn z(m: &[usize], n: &[usize], k: &[usize]) -> Vec<GroupShape> {
+    GroupShape::zip(m, n, k).expect("equal lengths")
+}
+
+/// Runs `f` (one architecture's runner) on `groups`, checks C, and panics with the model's report
+/// or the comparison on failure. Returns what ran.
+pub fn run_and_check(
+    name: &str,
+    groups: &[Group],
+    out: OutputType,
+    run: &ModelRun,
+    f: impl Fn(&Operands, &ModelRun) -> Result<Vec<Launched>, Failure>,
+) -> Vec<Launched> {
+    let ops = Operands::new(groups, out);
+    let t = std::time::Instant::now();
+    let launched = f(&ops, run).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let outputs = ops.outputs();
+    if let Err(e) = outputs.check(groups) {
+        panic!("{name}: wrong result after {:?}:\n{e}", launched.iter().map(|l| l.kernel).collect::<Vec<_>>());
+    }
+    eprintln!(
+        "{name}: ok in {:.2?} ({})",
+        t.elapsed(),
+        launched
+            .iter()
+            .map(|l| format!(
+                "{} grid {}x{} cluster {}: {} instr, {} switches, {} async",
+                l.kernel,
+                l.geometry.grid,
+                l.geometry.block,
+                l.geometry.cluster,
+                l.stats.instructions,
+                l.stats.switches,
+                l.stats.async_completed
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    launched
+}
+
+/// A random problem of 1..=`max_groups` groups: M in `0..=max_m` (0 now and then), N = 8·odd up
+/// to `max_n`, K a multiple of 64 up to `max_k` — the tails the kernels must handle.
+pub fn random_shapes(seed: u64, max_groups: usize, max_m: usize, max_n: usize, max_k: usize) -> Vec<GroupShape> {
+    let mut rng = nvfp4_format::SplitMix64::new(seed);
+    let count = 1 + rng.below(max_groups as u64) as usize;
+    (0..count)
+        .map(|_| {
+            let m = if rng.below(8) == 0 { 0 } else { 1 + rng.below(max_m as u64) as usize };
+            let n = 8 * (2 * rng.below((max_n / 16) as u64) as usize + 1);
+            let k = 64 * (1 + rng.below((max_k / 64) as u64) as usize);
+            GroupShape::new(m, n, k)
+        })
+        .collect()
+}
