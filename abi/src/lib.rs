@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod launch;
+pub mod moe;
 pub mod quantize;
 pub mod scale_layout;
 pub mod sm100;

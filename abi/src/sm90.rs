@@ -77,6 +77,19 @@ pub const MBARRIER_BYTES: u32 = 8;
 
 /// Threads per CTA of the token dequantization kernel.
 pub const DEQUANT_THREADS: u32 = 256;
+/// Most token-dequantization CTAs per group (each grid-strides over the group's rows × chunks).
+pub const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 256;
+
+/// Token-dequantization CTAs of a group of `m` rows and reduction length `k`:
+/// `min(⌈m · k/64 / DEQUANT_THREADS⌉, MAX_DEQUANT_CTAS_PER_GROUP)`.
+pub const fn dequant_ctas(m: u32, k: u32) -> u32 {
+    let ctas = (m as u64 * (k / CHUNK_K) as u64).div_ceil(DEQUANT_THREADS as u64);
+    if ctas < MAX_DEQUANT_CTAS_PER_GROUP as u64 {
+        ctas as u32
+    } else {
+        MAX_DEQUANT_CTAS_PER_GROUP
+    }
+}
 
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
 /// weights, `STAGES` stages of [`BLOCK_K`].
@@ -241,11 +254,17 @@ pub const fn weight_map_index(g: u32) -> usize {
 /// The token map of a group: its `m × k` f16 workspace, one `CHUNK_K × token_tile_rows(m)` box per
 /// chunk, 128-byte swizzle (the wgmma B operand's layout, see [`WgmmaDesc::k_major_sw128`]).
 pub const fn token_map(m: u32, k: u32) -> TiledMap<2> {
+    token_map_with_box(m, k, token_tile_rows(m))
+}
+
+/// A token map over `rows × k` f16 with boxes of `block_m` rows (device-sized plans share one map
+/// per box height over the whole workspace, see `crate::moe`).
+pub const fn token_map_with_box(rows: u32, k: u32, block_m: u32) -> TiledMap<2> {
     TiledMap {
         element: TensorMapDataType::F16,
-        dims: [k as u64, m as u64],
+        dims: [k as u64, rows as u64],
         strides_bytes: [2 * k as u64, 0],
-        box_dims: [CHUNK_K, token_tile_rows(m)],
+        box_dims: [CHUNK_K, block_m],
         swizzle: TensorMapSwizzle::B128,
         l2_promotion: L2_PROMOTION,
     }
@@ -313,9 +332,15 @@ pub struct GroupParams {
     pub block_m: u32,
     /// Zero.
     pub reserved: u32,
+    /// Row of the group's first token in its token map (0 when each group has its own map; the
+    /// group's first row of the shared workspace map in device-sized plans, `crate::moe`).
+    pub token_row: u32,
+    /// Index of the group's token map in the tensor-map table ([`token_map_index`] when each group
+    /// has its own map).
+    pub token_map: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupParams>() == 72);
+const _: () = assert!(core::mem::size_of::<GroupParams>() == 80);
 
 /// Position (0..64) in a 64-wide K chunk of the f16 token workspace where logical value `l`
 /// (0..64) of the chunk is stored.

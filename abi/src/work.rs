@@ -23,7 +23,7 @@ const _: () = assert!(core::mem::size_of::<WorkItem>() == 12);
 const _: () = assert!(core::mem::align_of::<WorkItem>() == 4);
 
 /// The parameters of every GEMM kernel of both architectures (and of the sm_90a token
-/// dequantization), passed by value: 40 bytes, align 8 (no 64-byte-aligned tensor map by value).
+/// dequantization), passed by value: 48 bytes, align 8 (no 64-byte-aligned tensor map by value).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct KernelParams {
@@ -34,7 +34,8 @@ pub struct KernelParams {
     pub tensor_maps: u64,
     /// Device address of this launch's `WorkItem[work_len]`.
     pub work: u64,
-    /// Work items in the list (for a cluster variant a multiple of the cluster size).
+    /// Work items in the list (for a cluster variant a multiple of the cluster size); with
+    /// `work_len_device`, the list's capacity.
     pub work_len: u32,
     /// Groups in the table.
     pub group_count: u32,
@@ -42,9 +43,13 @@ pub struct KernelParams {
     pub out_bf16: u32,
     /// Zero.
     pub reserved: u32,
+    /// 0, or the device address of a `u32` work length written on the device (by a scheduling
+    /// kernel, `crate::moe`) before the launch: the kernel walks `min(*work_len_device, work_len)`
+    /// items.
+    pub work_len_device: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelParams>() == 40);
+const _: () = assert!(core::mem::size_of::<KernelParams>() == 48);
 const _: () = assert!(core::mem::align_of::<KernelParams>() == 8);
 
 /// Index of the first operand's map of group `g` in the tensor-map table (the token operand A
@@ -72,6 +77,6 @@ mod tests {
     fn bytes() {
         let w = WorkItem { group: 1, tile_m: 2, tile_n: 3 };
         assert_eq!(bytemuck::bytes_of(&w), &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
-        assert_eq!(bytemuck::bytes_of(&KernelParams::default()).len(), 40);
+        assert_eq!(bytemuck::bytes_of(&KernelParams::default()).len(), 48);
     }
 }

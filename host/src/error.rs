@@ -35,6 +35,8 @@ pub enum Error {
     },
     /// The problem as a whole is invalid (e.g. too many groups); nothing was launched.
     InvalidProblem(String),
+    /// The device does not support this operation (yet); nothing was launched.
+    Unsupported(String),
     /// An argument of a single-tensor call (quantize, dequantize) is invalid; nothing was launched.
     InvalidArgument {
         /// The call (`"quantize"`, `"dequantize"`).
@@ -67,6 +69,7 @@ impl fmt::Display for Error {
             Error::Driver { during, error } => write!(f, "CUDA driver error while {during}: {error}"),
             Error::InvalidGroup { group, field, reason } => write!(f, "group {group}: `{field}`: {reason}"),
             Error::InvalidProblem(reason) => write!(f, "invalid problem: {reason}"),
+            Error::Unsupported(what) => write!(f, "unsupported: {what}"),
             Error::InvalidArgument { call, field, reason } => write!(f, "{call}: `{field}`: {reason}"),
         }
     }

@@ -37,6 +37,7 @@
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod moe;
 pub mod plan;
 pub mod problem;
 pub mod quantize;
@@ -56,6 +57,7 @@ pub mod layout {
 
 pub use device::{driver_present, Arch, Gpu};
 pub use error::{Error, Result};
+pub use moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 pub use nvfp4_format as format;
 pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanSummary};
 pub use problem::{GroupShape, OutputType, Problem};

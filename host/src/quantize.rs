@@ -108,6 +108,8 @@ impl DeviceNvfp4 {
 pub struct Quantizer {
     quantize: CudaFunction,
     dequantize: CudaFunction,
+    /// `nvfp4_quantize_grouped` (device-sized layouts, `crate::moe`).
+    quantize_grouped: CudaFunction,
     max_ctas: u32,
 }
 
@@ -120,6 +122,7 @@ impl Quantizer {
         Ok(Quantizer {
             quantize: gpu.function("nvfp4_quantize")?,
             dequantize: gpu.function("nvfp4_dequantize")?,
+            quantize_grouped: gpu.function("nvfp4_quantize_grouped")?,
             max_ctas: gpu.sm_count().max(1) * CTAS_PER_SM,
         })
     }
@@ -185,6 +188,20 @@ impl Quantizer {
         };
         // SAFETY: as in `quantize`.
         unsafe { self.launch(&self.dequantize, stream, params, items) }
+    }
+
+    /// Launches `nvfp4_quantize_grouped` over `items` work items (`crate::moe`).
+    ///
+    /// # Safety
+    /// `params` must satisfy the kernel's `# Safety` contract.
+    pub(crate) unsafe fn launch_grouped(
+        &self,
+        stream: &CudaStream,
+        items: u64,
+        params: &nvfp4_gemm_abi::moe::GroupedConvertParams,
+    ) -> Result<()> {
+        // SAFETY: one `GroupedConvertParams` by value, as the kernel takes; the caller vouches.
+        unsafe { launch(&self.quantize_grouped, stream, abi::launch(items, self.max_ctas), params) }
     }
 
     /// # Safety

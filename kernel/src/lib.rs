@@ -25,6 +25,8 @@
 pub mod pipeline;
 pub mod ptx;
 pub mod quantize;
+pub mod quantize_grouped;
+pub mod scan;
 pub mod smoke;
 pub mod work;
 

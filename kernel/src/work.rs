@@ -10,6 +10,9 @@ use nvfp4_gemm_abi::work::{KernelParams, WorkItem};
 /// of a CTA makes the same walk, so their pipeline positions advance in lockstep.
 pub struct WorkCursor<'a, G> {
     params: &'a KernelParams,
+    /// Items in the list: `work_len`, or the length a scheduling kernel wrote on the device
+    /// (at most `work_len`, the list's capacity).
+    len: u32,
     next: u32,
     stride: u32,
     group: PhantomData<G>,
@@ -19,7 +22,19 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
     /// Starts at this CTA's first item.
     #[inline(always)]
     pub fn new(params: &'a KernelParams) -> Self {
-        Self { params, next: sreg::ctaid_x(), stride: sreg::nctaid_x(), group: PhantomData }
+        let len = if params.work_len_device == 0 {
+            params.work_len
+        } else {
+            // SAFETY: a non-zero `work_len_device` is the address of the plan's `u32` work length,
+            // written by the scheduling kernel earlier in the stream.
+            let device = unsafe { *(params.work_len_device as *const u32) };
+            if device < params.work_len {
+                device
+            } else {
+                params.work_len
+            }
+        };
+        Self { params, len, next: sreg::ctaid_x(), stride: sreg::nctaid_x(), group: PhantomData }
     }
 
     /// The index of the next item, if any, and moves past it.
@@ -33,7 +48,7 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
     /// The index the following [`Self::next_index`] will return, if any.
     #[inline(always)]
     pub fn peek_index(&self) -> Option<u32> {
-        if self.next < self.params.work_len {
+        if self.next < self.len {
             Some(self.next)
         } else {
             None

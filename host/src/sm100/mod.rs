@@ -177,6 +177,7 @@ impl Sm100Layout {
             group_count: problem.groups().len() as u32,
             out_bf16: (problem.output() == OutputType::Bf16) as u32,
             reserved: 0,
+            work_len_device: 0,
         }
     }
 }
@@ -427,7 +428,8 @@ mod tests {
                 work_len: 3 + 2,
                 group_count: 3,
                 out_bf16: 0,
-                reserved: 0
+                reserved: 0,
+                work_len_device: 0
             }
         );
     }

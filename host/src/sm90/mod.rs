@@ -9,8 +9,10 @@
 //! [`Sm90Layout`] is public (through [`crate::layout`]) so that the CPU model of the device runs
 //! the kernels on exactly these tables.
 
+mod device_sizes;
 mod plan;
 
+pub(crate) use device_sizes::Sm90DevicePlan;
 pub(crate) use plan::Sm90Plan;
 
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
@@ -19,9 +21,6 @@ use crate::problem::{GroupBuffers, OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, WorkItem};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
-
-/// Most token-dequantization CTAs per group (each grid-strides over the group's rows × chunks).
-const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 256;
 
 /// Everything about a problem that does not depend on buffer addresses.
 #[derive(Debug, Clone)]
@@ -63,8 +62,7 @@ impl Sm90Layout {
             }
             workspace_offsets.push(ws);
             ws += (s.m * s.k * 2) as u64;
-            let items = m * (k / sm90::CHUNK_K);
-            let c = items.div_ceil(sm90::DEQUANT_THREADS).min(MAX_DEQUANT_CTAS_PER_GROUP);
+            let c = sm90::dequant_ctas(m, k);
             dequant_ctas.push((ctas, c));
             ctas += c;
         }
@@ -101,6 +99,8 @@ impl Sm90Layout {
                 dequant_ctas: self.dequant_ctas[g].1,
                 block_m: sm90::token_tile_rows(s.m as u32),
                 reserved: 0,
+                token_row: 0,
+                token_map: sm90::token_map_index(g as u32) as u32,
             })
             .collect()
     }
@@ -149,6 +149,7 @@ impl Sm90Layout {
             group_count: problem.groups().len() as u32,
             out_bf16: (problem.output() == OutputType::Bf16) as u32,
             reserved: 0,
+            work_len_device: 0,
         }
     }
 }
@@ -204,7 +205,8 @@ mod tests {
                 work_len: 2,
                 group_count: 2,
                 out_bf16: 1,
-                reserved: 0
+                reserved: 0,
+                work_len_device: 0
             }
         );
     }

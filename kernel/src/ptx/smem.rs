@@ -71,6 +71,23 @@ pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
     v
 }
 
+/// `st.shared.u32 [a], v;`
+///
+/// # Safety
+/// `a` must be a 4-byte aligned address inside this CTA's shared memory that no other thread
+/// accesses concurrently.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn st_u32(a: SmemAddr, v: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("st.shared.u32 [{a}], {v};", a = in(reg32) a.0, v = in(reg32) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::smem::st_u32(a.0, v);
+}
+
 /// `ld.shared.v2.u32 {d0, d1}, [a];`
 ///
 /// # Safety

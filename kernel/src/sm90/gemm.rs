@@ -148,7 +148,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
             let t = work.item(i);
             (t, work.group(t.group))
         };
-        let token_map = work.tensor_map(token_map_index(t.group));
+        let token_map = work.tensor_map(g.token_map as usize);
         let weight_map = work.tensor_map(weight_map_index(t.group));
         // The weight tile's 128 rows are one row block of B's blocked scales.
         let scale_row_block = (g.b_scales as *const u8)
@@ -166,7 +166,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
                         buf.add(V::CFG.token_offset(c)),
                         token_map,
                         (ks * BLOCK_K + c * CHUNK_K) as i32,
-                        (t.tile_m * g.block_m) as i32,
+                        (g.token_row + t.tile_m * g.block_m) as i32,
                         stage.full,
                     );
                 }

@@ -3,6 +3,7 @@
 
 pub mod dequant;
 pub mod gemm;
+pub mod schedule;
 
 /// 16 bytes, so that loads and stores through it become `ld.v4`/`st.v4`.
 #[repr(C, align(16))]

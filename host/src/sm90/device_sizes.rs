@@ -1,0 +1,375 @@
+//! The sm_90a plan for device-resident group sizes (`crate::moe`): a layout for the problem's
+//! bounds ([`Sm90DeviceLayout`], no driver calls) and its device half ([`Sm90DevicePlan`]).
+//!
+//! Three launches per call, all with parameters fixed by the plan and the call's buffers:
+//! 1. `sm90_schedule` (one CTA) reads the sizes and writes the size-dependent fields of the group
+//!    table, the work list, the work length and the status bits;
+//! 2. `sm90_dequant_tokens` over the bound's grid (CTAs beyond the scheduled ones return);
+//! 3. `sm90_grouped_gemm` over a persistent grid sized for the work list's capacity, walking the
+//!    length the scheduler wrote (`KernelParams::work_len_device`).
+//!
+//! Tensor maps: `[2g + 1]` group `g`'s weights (as in host-sized plans; `[2g]` unused), and two
+//! maps over the whole f16 workspace `[token_rows, K]`, with 16-row boxes at `[2G]` and 128-row
+//! boxes at `[2G + 1]`. A group's token tiles start at its first row in those maps
+//! (`GroupParams::token_row`); rows of a tile past the group's end belong to other groups or to
+//! nothing, and only reach C columns the epilogue masks.
+
+use crate::device::Gpu;
+use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::error::{Error, Result};
+use crate::moe::{MoeBuffers, MoeProblem};
+use crate::plan::{KernelLaunch, PlanSummary};
+use crate::problem::OutputType;
+use crate::Arch;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nvfp4_gemm_abi::launch::LaunchGeometry;
+use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
+use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, WorkItem};
+use nvfp4_gemm_abi::tensor_map::TensorMap;
+use std::sync::Arc;
+
+const SCHEDULE: &str = "sm90_schedule";
+const DEQUANT: &str = "sm90_dequant_tokens";
+const GEMM: &str = "sm90_grouped_gemm";
+
+/// Everything about a device-sized problem that does not depend on buffer addresses.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sm90DeviceLayout {
+    pub config: GemmConfig,
+    /// The sizes' layout (address 0).
+    pub sizes: DeviceSizes,
+    /// Capacity of the work list: the most tiles any sizes within the bounds give.
+    pub max_work: u32,
+    /// Most dequantization CTAs any sizes within the bounds give.
+    pub max_dequant_ctas: u32,
+    pub workspace_bytes: usize,
+    pub schedule: LaunchGeometry,
+    pub dequant: LaunchGeometry,
+    pub gemm: LaunchGeometry,
+}
+
+impl Sm90DeviceLayout {
+    pub fn new(problem: &MoeProblem, sm_count: u32) -> Sm90DeviceLayout {
+        let config = GemmConfig::M128;
+        let sizes = problem.device_sizes(0);
+        let (g, k) = (sizes.groups as u64, problem.k() as u32);
+        let max_work = (abi::max_m_tiles(&sizes) * sm90::n_tiles(problem.n() as u32) as u64) as u32;
+        let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
+            g * sm90::dequant_ctas(sizes.rows, k) as u64
+        } else {
+            // Each non-empty group of m rows takes min(⌈m·c/256⌉, 256) CTAs (c = k/64 chunks):
+            // at most 1 + ⌊(m·c − 1)/256⌋, so over at most min(G, T) non-empty groups the sum is
+            // at most n + ⌊(T·c − n)/256⌋ with n = min(G, T), and at most 256·n.
+            let t = sizes.rows as u64;
+            let n = g.min(t);
+            let items = t * (k / sm90::CHUNK_K) as u64;
+            (n + (items - n) / sm90::DEQUANT_THREADS as u64).min(sm90::MAX_DEQUANT_CTAS_PER_GROUP as u64 * n)
+        } as u32;
+        Sm90DeviceLayout {
+            config,
+            sizes,
+            max_work,
+            max_dequant_ctas,
+            workspace_bytes: (problem.token_rows() * problem.k() * 2).max(16),
+            schedule: LaunchGeometry {
+                grid: 1,
+                block: SCHEDULE_THREADS,
+                cluster: 1,
+                smem_bytes: schedule_smem::bytes(sizes.groups),
+            },
+            dequant: sm90::dequant_launch(max_dequant_ctas),
+            gemm: sm90::gemm_launch(config, max_work, sm_count),
+        }
+    }
+
+    /// Tensor-map index of the workspace map with 16-row boxes (the 128-row one follows).
+    pub fn token_map_small(&self) -> u32 {
+        2 * self.sizes.groups
+    }
+
+    /// Maps in the table.
+    pub fn map_count(&self) -> usize {
+        2 * self.sizes.groups as usize + 2
+    }
+
+    /// The group table as the host writes it: the size-independent fields (the scheduler writes
+    /// the rest on every call).
+    pub fn group_params(&self, problem: &MoeProblem, buffers: &MoeBuffers) -> Vec<GroupParams> {
+        buffers
+            .weights
+            .iter()
+            .zip(&buffers.alphas)
+            .map(|((_, scales), &alpha)| GroupParams {
+                n: problem.n() as u32,
+                k: problem.k() as u32,
+                alpha,
+                b_scales: scales.ptr,
+                token_map: self.token_map_small() + 1,
+                ..GroupParams::default()
+            })
+            .collect()
+    }
+
+    /// The scheduler's parameters for these buffers and the plan's tables.
+    pub fn schedule_params(&self, problem: &MoeProblem, buffers: &MoeBuffers, tables: &DeviceTables) -> ScheduleParams {
+        ScheduleParams {
+            sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
+            groups: tables.groups,
+            work: tables.work,
+            work_len: tables.work_len,
+            status: tables.status,
+            a_values: buffers.a_values.ptr,
+            a_scales: buffers.a_scales.ptr,
+            c: buffers.c.ptr,
+            workspace: tables.workspace,
+            max_work: self.max_work,
+            k: problem.k() as u32,
+            n: problem.n() as u32,
+            token_map_small: self.token_map_small(),
+            token_map_large: self.token_map_small() + 1,
+            reserved: 0,
+        }
+    }
+
+    /// The dequantization's and the GEMM's parameters.
+    pub fn kernel_params(&self, tables: &DeviceTables, output: OutputType) -> KernelParams {
+        KernelParams {
+            groups: tables.groups,
+            tensor_maps: tables.maps,
+            work: tables.work,
+            work_len: self.max_work,
+            group_count: self.sizes.groups,
+            out_bf16: (output == OutputType::Bf16) as u32,
+            reserved: 0,
+            work_len_device: tables.work_len,
+        }
+    }
+}
+
+/// Device addresses of a plan's tables, for the parameter structs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceTables {
+    pub groups: u64,
+    pub maps: u64,
+    pub work: u64,
+    pub work_len: u64,
+    pub status: u64,
+    pub workspace: u64,
+}
+
+/// A device-sized sm_90a plan on a device: the layout, the three functions, the tables, the
+/// work-length and status words and the f16 token workspace, allocated once.
+pub(crate) struct Sm90DevicePlan {
+    pub layout: Sm90DeviceLayout,
+    schedule: CudaFunction,
+    dequant: CudaFunction,
+    gemm: CudaFunction,
+    workspace: CudaSlice<u8>,
+    groups: CudaSlice<u8>,
+    maps: CudaSlice<u8>,
+    work: CudaSlice<u8>,
+    work_len: CudaSlice<u32>,
+    status: CudaSlice<u32>,
+}
+
+impl Sm90DevicePlan {
+    pub fn new(gpu: &Gpu, problem: &MoeProblem) -> Result<Sm90DevicePlan> {
+        let layout = Sm90DeviceLayout::new(problem, gpu.sm_count());
+        let stream = gpu.context().default_stream();
+        let d = |e| Error::driver("allocating the plan's device tables", e);
+        let schedule = gpu.function(SCHEDULE)?;
+        let dequant = gpu.function(DEQUANT)?;
+        let gemm = gpu.function(GEMM)?;
+        set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
+        let g = layout.sizes.groups as usize;
+        let plan = Sm90DevicePlan {
+            workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
+            groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
+            maps: stream.alloc_zeros::<u8>(layout.map_count() * size_of::<TensorMap>()).map_err(d)?,
+            work: stream.alloc_zeros::<u8>((layout.max_work as usize).max(1) * size_of::<WorkItem>()).map_err(d)?,
+            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
+            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
+            layout,
+            schedule,
+            dequant,
+            gemm,
+        };
+        // The allocations above are on the default stream; a caller's stream must see them done.
+        stream.synchronize().map_err(d)?;
+        Ok(plan)
+    }
+
+    fn tables(&mut self, stream: &CudaStream) -> DeviceTables {
+        DeviceTables {
+            groups: self.groups.device_ptr_mut(stream).0,
+            maps: self.maps.device_ptr(stream).0,
+            work: self.work.device_ptr_mut(stream).0,
+            work_len: self.work_len.device_ptr_mut(stream).0,
+            status: self.status.device_ptr_mut(stream).0,
+            workspace: self.workspace.device_ptr_mut(stream).0,
+        }
+    }
+
+    /// Encodes the weights' maps and the workspace maps, and uploads them and the group table's
+    /// size-independent fields on `stream`.
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
+        let tables = self.tables(stream);
+        let l = &self.layout;
+        let params = l.group_params(problem, buffers);
+        let (rows, n, k) = (problem.token_rows() as u32, problem.n() as u32, problem.k() as u32);
+        let mut maps = vec![TensorMap::ZERO; l.map_count()];
+        for (g, (values, _)) in buffers.weights.iter().enumerate() {
+            maps[sm90::weight_map_index(g as u32)] =
+                crate::driver::tensor_map::encode(&sm90::weight_map(n, k), values.ptr)?;
+        }
+        let small = l.token_map_small() as usize;
+        for (i, block_m) in [(small, sm90::SMALL_TILE_M), (small + 1, l.config.block_m)] {
+            maps[i] = crate::driver::tensor_map::encode(&sm90::token_map_with_box(rows, k, block_m), tables.workspace)?;
+        }
+        let d = |e| Error::driver("uploading the call's parameters", e);
+        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&params), &mut self.groups).map_err(d)?;
+        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&maps), &mut self.maps).map_err(d)?;
+        Ok(())
+    }
+
+    /// Launches the scheduler, the token dequantization and the GEMM on `stream`.
+    ///
+    /// # Safety
+    /// `upload` must have run for weights that are still alive; `buffers` must be valid for the
+    /// problem (`validate_moe_buffers`) until the kernels complete.
+    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
+        let tables = self.tables(stream);
+        let l = &self.layout;
+        let schedule = l.schedule_params(problem, buffers, &tables);
+        let params = l.kernel_params(&tables, problem.output());
+        // SAFETY: each kernel takes its one parameter struct by value; every address in them (and
+        // in the tables they point to) was validated by the caller or is owned by this plan.
+        unsafe {
+            launch(&self.schedule, stream, l.schedule, &schedule)?;
+            launch(&self.dequant, stream, l.dequant, &params)?;
+            launch(&self.gemm, stream, l.gemm, &params)
+        }
+    }
+
+    pub fn status(&self) -> &CudaSlice<u32> {
+        &self.status
+    }
+
+    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memset_zeros(&mut self.status).map_err(|e| Error::driver("clearing the plan's status word", e))
+    }
+
+    pub fn summary(&self) -> PlanSummary {
+        let l = &self.layout;
+        PlanSummary {
+            arch: Arch::Sm90a,
+            kernel: format!(
+                "{SCHEDULE} (device sizes → work list) + {GEMM}: swap-AB wgmma m64nNk16, tile Nx{} (N = {} for groups of at most {} tokens, else {}), {} stages of K {}",
+                sm90::BLOCK_N,
+                sm90::SMALL_TILE_M,
+                sm90::SMALL_TILE_M,
+                l.config.block_m,
+                l.config.stages,
+                sm90::BLOCK_K
+            ),
+            tiles: l.max_work as usize,
+            launches: vec![
+                KernelLaunch { kernel: SCHEDULE, geometry: l.schedule },
+                KernelLaunch { kernel: DEQUANT, geometry: l.dequant },
+                KernelLaunch { kernel: GEMM, geometry: l.gemm },
+            ],
+            workspace_bytes: l.workspace_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::{MoeProblem, TokenLayout};
+    use crate::problem::BufferView;
+
+    /// The dequantization bound holds for every split of the tokens (exhaustive on small cases).
+    #[test]
+    fn dequant_bound_is_an_upper_bound() {
+        for (groups, t, k) in [(3usize, 700usize, 64usize), (5, 300, 4096), (2, 40, 8192)] {
+            let p =
+                MoeProblem::new(groups, 128, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
+            let l = Sm90DeviceLayout::new(&p, 132);
+            let mut best = 0;
+            // Splits of t into `groups` parts on a coarse grid plus the extremes.
+            let steps: Vec<usize> = (0..=t).step_by(7).chain([1, 16, 17, t - 1, t]).collect();
+            let mut stack = vec![(0usize, 0usize, 0u32)];
+            while let Some((g, used, sum)) = stack.pop() {
+                if g == groups {
+                    best = best.max(sum);
+                    continue;
+                }
+                for &m in &steps {
+                    if used + m <= t {
+                        stack.push((g + 1, used + m, sum + sm90::dequant_ctas(m as u32, k as u32)));
+                    }
+                }
+            }
+            assert!(best <= l.max_dequant_ctas, "{groups} {t} {k}: {best} > {}", l.max_dequant_ctas);
+            assert!(
+                best * 10 >= l.max_dequant_ctas * 9,
+                "{groups} {t} {k}: the bound {} is loose ({best})",
+                l.max_dequant_ctas
+            );
+        }
+        let m = MoeProblem::new(4, 128, 7168, TokenLayout::Masked { max_rows: 8 }, OutputType::F16).unwrap();
+        assert_eq!(Sm90DeviceLayout::new(&m, 132).max_dequant_ctas, 4 * sm90::dequant_ctas(8, 7168));
+    }
+
+    #[test]
+    fn layout_and_parameters() {
+        let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
+        let l = Sm90DeviceLayout::new(&p, 132);
+        // min(4, 300) + (300 − 4)/128 = 6 token tiles × 2 weight tiles.
+        assert_eq!(l.max_work, 12);
+        assert_eq!(l.gemm, sm90::gemm_launch(GemmConfig::M128, 12, 132));
+        assert_eq!(l.schedule, LaunchGeometry { grid: 1, block: 256, cluster: 1, smem_bytes: schedule_smem::bytes(4) });
+        assert_eq!(l.workspace_bytes, 300 * 512 * 2);
+        assert_eq!((l.token_map_small(), l.map_count()), (8, 10));
+        let a = p.a_sizes();
+        let v = |ptr: u64, len| BufferView { ptr, len };
+        let buffers = MoeBuffers {
+            sizes: v(0x100, 5),
+            a_values: v(0x1000, a.values),
+            a_scales: v(0x2000, a.scales),
+            weights: (0..4).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
+            alphas: vec![0.5, 1.0, 2.0, 4.0],
+            c: v(0x3000, p.c_elements()),
+            c_type: OutputType::Bf16,
+        };
+        let groups = l.group_params(&p, &buffers);
+        assert_eq!(
+            groups[2],
+            GroupParams { n: 256, k: 512, alpha: 2.0, b_scales: 0x30_8000, token_map: 9, ..GroupParams::default() }
+        );
+        let tables = DeviceTables { groups: 1, maps: 2, work: 3, work_len: 4, status: 5, workspace: 6 };
+        let s = l.schedule_params(&p, &buffers, &tables);
+        assert_eq!(
+            s.sizes,
+            DeviceSizes { sizes: 0x100, layout: abi::LAYOUT_CONTIGUOUS, groups: 4, rows: 300, reserved: 0 }
+        );
+        assert_eq!((s.groups, s.work, s.work_len, s.status, s.workspace), (1, 3, 4, 5, 6));
+        assert_eq!((s.a_values, s.a_scales, s.c), (0x1000, 0x2000, 0x3000));
+        assert_eq!((s.max_work, s.k, s.n, s.token_map_small, s.token_map_large), (12, 512, 256, 8, 9));
+        let kp = l.kernel_params(&tables, OutputType::Bf16);
+        assert_eq!(
+            kp,
+            KernelParams {
+                groups: 1,
+                tensor_maps: 2,
+                work: 3,
+                work_len: 12,
+                group_count: 4,
+                out_bf16: 1,
+                reserved: 0,
+                work_len_device: 4
+            }
+        );
+    }
+}
