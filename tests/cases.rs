@@ -17,22 +17,10 @@ pub fn z(m: &[usize], n: &[usize], k: &[usize]) -> Vec<GroupShape> {
     GroupShape::zip(m, n, k).unwrap()
 }
 
-/// The competition's 10 test shapes (docs/measuring.md §1) and one with K = 128 and 384 (an older
-/// revision of the task).
+/// The competition's 10 test shapes and one with K = 128 and 384
+/// (`nvfp4_format::generate::shapes::COMPETITION`).
 pub fn competition() -> Vec<Vec<GroupShape>> {
-    vec![
-        z(&[96, 128], &[128, 256], &[256, 512]),
-        z(&[256, 72], &[512, 384], &[256, 256]),
-        z(&[128, 128], &[128, 256], &[512, 256]),
-        z(&[80, 128, 256], &[384, 256, 128], &[256, 512, 256]),
-        z(&[64, 72, 96], &[128, 384, 512], &[512, 512, 256]),
-        z(&[64, 256, 128], &[768, 128, 256], &[512, 256, 512]),
-        z(&[128, 128, 64], &[256, 512, 512], &[768, 256, 768]),
-        z(&[128; 4], &[128; 4], &[512, 256, 512, 256]),
-        z(&[40, 56, 384, 512], &[512, 384, 256, 128], &[256; 4]),
-        z(&[512, 384, 256, 128], &[256; 4], &[512, 768, 512, 768]),
-        z(&[96, 40], &[128, 256], &[128, 384]),
-    ]
+    nvfp4_format::generate::shapes::competition()
 }
 
 /// The 4 benchmark shapes.

@@ -76,6 +76,27 @@ pub mod shapes {
     pub const B2: [GroupShape; 2] = same_nk([192, 320], 3072, 4096);
     /// b3: g = 2, K = 1536, N = 4096, M = [128, 384].
     pub const B3: [GroupShape; 2] = same_nk([128, 384], 4096, 1536);
+
+    /// The competition's 10 test problems (docs/measuring.md §1) and one with K = 128 and 384 (an
+    /// older revision of the task), as per-group (M, N, K).
+    pub const COMPETITION: [&[(usize, usize, usize)]; 11] = [
+        &[(96, 128, 256), (128, 256, 512)],
+        &[(256, 512, 256), (72, 384, 256)],
+        &[(128, 128, 512), (128, 256, 256)],
+        &[(80, 384, 256), (128, 256, 512), (256, 128, 256)],
+        &[(64, 128, 512), (72, 384, 512), (96, 512, 256)],
+        &[(64, 768, 512), (256, 128, 256), (128, 256, 512)],
+        &[(128, 256, 768), (128, 512, 256), (64, 512, 768)],
+        &[(128, 128, 512), (128, 128, 256), (128, 128, 512), (128, 128, 256)],
+        &[(40, 512, 256), (56, 384, 256), (384, 256, 256), (512, 128, 256)],
+        &[(512, 256, 512), (384, 256, 768), (256, 256, 512), (128, 256, 768)],
+        &[(96, 128, 128), (40, 256, 384)],
+    ];
+
+    /// [`COMPETITION`] as lists of [`GroupShape`].
+    pub fn competition() -> Vec<Vec<GroupShape>> {
+        COMPETITION.iter().map(|p| p.iter().map(|&(m, n, k)| GroupShape::new(m, n, k)).collect()).collect()
+    }
 }
 
 /// A random `rows x k` matrix (`k` a positive multiple of 16) drawn from `dist`.

@@ -64,11 +64,11 @@
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
 use crate::plan::{Nvfp4Operand, Output, PlanSummary};
-use crate::problem::{BufferView, OutputType, BUFFER_ALIGN, MAX_DIM};
+use crate::problem::{view, view_mut, BufferView, OutputType, BUFFER_ALIGN, MAX_DIM};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
 use crate::sm90::Sm90DevicePlan;
 use crate::upload::DeviceNvfp4;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupedConvertParams};
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
@@ -357,26 +357,6 @@ pub(crate) fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()>
         }
     }
     Ok(())
-}
-
-/// Address and length of a buffer read by the call; the guard records the read on drop.
-fn view<'s, T>(p: &'s dyn DevicePtr<T>, stream: &'s CudaStream, guards: &mut Vec<SyncOnDrop<'s>>) -> BufferView {
-    let len = p.len();
-    let (ptr, guard) = p.device_ptr(stream);
-    guards.push(guard);
-    BufferView { ptr, len }
-}
-
-/// Address and length of a buffer written by the call; the guard records the write on drop.
-fn view_mut<'s, T>(
-    p: &'s mut dyn DevicePtrMut<T>,
-    stream: &'s CudaStream,
-    guards: &mut Vec<SyncOnDrop<'s>>,
-) -> BufferView {
-    let len = p.len();
-    let (ptr, guard) = p.device_ptr_mut(stream);
-    guards.push(guard);
-    BufferView { ptr, len }
 }
 
 /// A [`MoeProblem`] planned for one GPU (sm_90a): kernels, the group table, the tensor maps,

@@ -4,7 +4,7 @@
 use crate::device::{Arch, Gpu};
 use crate::driver::launch::LaunchGeometry;
 use crate::error::Result;
-use crate::problem::{validate_buffers, BufferView, GroupBuffers, OutputType, Problem};
+use crate::problem::{validate_buffers, view, view_mut, GroupBuffers, OutputType, Problem};
 use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
@@ -98,26 +98,6 @@ pub struct GemmPlan {
     summary: PlanSummary,
     /// Addresses and alphas of the last call, to skip re-encoding.
     signature: Vec<u64>,
-}
-
-/// Address and length of a buffer read by the call; the guard records the read on drop.
-fn view<'s>(p: &'s dyn DevicePtr<u8>, stream: &'s CudaStream, guards: &mut Vec<SyncOnDrop<'s>>) -> BufferView {
-    let len = p.len();
-    let (ptr, guard) = p.device_ptr(stream);
-    guards.push(guard);
-    BufferView { ptr, len }
-}
-
-/// Address and length of a buffer written by the call; the guard records the write on drop.
-fn view_mut<'s, T>(
-    p: &'s mut dyn DevicePtrMut<T>,
-    stream: &'s CudaStream,
-    guards: &mut Vec<SyncOnDrop<'s>>,
-) -> BufferView {
-    let len = p.len();
-    let (ptr, guard) = p.device_ptr_mut(stream);
-    guards.push(guard);
-    BufferView { ptr, len }
 }
 
 impl GemmPlan {

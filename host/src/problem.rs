@@ -199,6 +199,31 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
 
 /// Well-formed fake buffers for a shape (16-byte aligned addresses from `base`, exact lengths),
 /// for CPU tests of validation and planning.
+/// Address and length of a buffer a call reads; the guard (kept in `guards` until the launches are
+/// enqueued) records the read on drop.
+pub(crate) fn view<'s, T>(
+    p: &'s dyn cudarc::driver::DevicePtr<T>,
+    stream: &'s cudarc::driver::CudaStream,
+    guards: &mut Vec<cudarc::driver::SyncOnDrop<'s>>,
+) -> BufferView {
+    let len = p.len();
+    let (ptr, guard) = p.device_ptr(stream);
+    guards.push(guard);
+    BufferView { ptr, len }
+}
+
+/// Address and length of a buffer a call writes; the guard records the write on drop.
+pub(crate) fn view_mut<'s, T>(
+    p: &'s mut dyn cudarc::driver::DevicePtrMut<T>,
+    stream: &'s cudarc::driver::CudaStream,
+    guards: &mut Vec<cudarc::driver::SyncOnDrop<'s>>,
+) -> BufferView {
+    let len = p.len();
+    let (ptr, guard) = p.device_ptr_mut(stream);
+    guards.push(guard);
+    BufferView { ptr, len }
+}
+
 #[cfg(test)]
 pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffers {
     let z = BufferSizes::of(s);

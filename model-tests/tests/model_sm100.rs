@@ -15,21 +15,9 @@ use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
 use nvfp4_gemm_model_tests::*;
 
-/// The competition's 10 test shapes and one with K = 128 and 384 (as `tests/cases.rs`).
+/// The competition's 10 test shapes and one with K = 128 and 384.
 fn competition() -> Vec<Vec<GroupShape>> {
-    vec![
-        z(&[96, 128], &[128, 256], &[256, 512]),
-        z(&[256, 72], &[512, 384], &[256, 256]),
-        z(&[128, 128], &[128, 256], &[512, 256]),
-        z(&[80, 128, 256], &[384, 256, 128], &[256, 512, 256]),
-        z(&[64, 72, 96], &[128, 384, 512], &[512, 512, 256]),
-        z(&[64, 256, 128], &[768, 128, 256], &[512, 256, 512]),
-        z(&[128, 128, 64], &[256, 512, 512], &[768, 256, 768]),
-        z(&[128; 4], &[128; 4], &[512, 256, 512, 256]),
-        z(&[40, 56, 384, 512], &[512, 384, 256, 128], &[256; 4]),
-        z(&[512, 384, 256, 128], &[256; 4], &[512, 768, 512, 768]),
-        z(&[96, 40], &[128, 256], &[128, 384]),
-    ]
+    nvfp4_format::generate::shapes::competition()
 }
 
 /// The tails: K = 64/128/192 (one stage, box wider than K), K % 256 ≠ 0 after full stages, M not a
