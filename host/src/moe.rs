@@ -11,9 +11,10 @@
 //!   scales at a 128-row-aligned offset, `nvfp4_gemm_abi::moe` defines it), reading the same
 //!   device sizes.
 //! - [`MoePlan`]: a call launches a one-CTA scheduling kernel that reads the sizes and writes the
-//!   group parameters, the work list and its length into plan-owned memory, then the token
-//!   dequantization and the GEMM, which read the length from device memory. Nothing is allocated
-//!   and nothing waits for the host.
+//!   group parameters, the work list and its length into plan-owned memory, then (sm_90a) the
+//!   token dequantization and the GEMM, or (sm_100a) the GEMM, which read the length from device
+//!   memory. Nothing is allocated and nothing waits for the host. ⚠ The sm_100a path has run only
+//!   in the CPU model of the device (`model-tests/`), never on a B200.
 //!
 //! Sizes beyond the bounds are clamped (offsets to `T`, counts to `M_max`), so no kernel reads or
 //! writes outside the tensors; each clamp raises a bit of the plan's sticky status word, which

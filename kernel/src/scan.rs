@@ -1,5 +1,9 @@
-//! Warp-wide prefix sums and reductions on `shfl.sync.bfly` (used by the scheduling kernels).
-//! Every lane of a converged warp must call them.
+//! Warp-wide prefix sums and reductions on `shfl.sync.bfly`, and a CTA-wide prefix sum on top
+//! of them (the scheduling kernels). Every lane of a converged warp must call them.
+//!
+//! `sm100_schedule` uses [`cta_exclusive_sums`]; `sm90_schedule` spells out the same steps
+//! inline, with the same shared-memory layout: moving it onto the helper compiles to different
+//! PTX (block order, register numbering), and the sm_90a kernels' PTX is kept as it was.
 
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{barrier, warp};

@@ -9,7 +9,9 @@
 //!   [`a_map_index`]`(g)`, B at [`b_map_index`]`(g)`, B's box `BLOCK_N` rows for the variant the
 //!   group runs in;
 //! - the work list of this variant ([`super::schedule::WorkItem`]s, built by
-//!   [`super::schedule::build_work_list`]).
+//!   [`super::schedule::build_work_list`], or on the device by `sm100_schedule` in the same order
+//!   for device-resident group sizes, which then also writes the length `work_len_device` points
+//!   at).
 //!
 //! **Layout additions.** The kernel departs from the seed in two places that need room the seed's
 //! layout does not reserve. This module adds them to [`KernelConfig`] (the `impl` block below), so

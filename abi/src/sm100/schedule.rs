@@ -13,6 +13,10 @@
 //! [`build_work_list`] fills it.
 //!
 //! Both orders are the seed's and ran on hardware (docs/provenance.md §2, the work-item row).
+//!
+//! With device-resident group sizes (`crate::moe`) the list is built on the device by
+//! `sm100_schedule`, in the same order: [`slots_per_m_tile`], [`slot_tile_n`] and
+//! [`device_item_index`] say where each item goes (docs/moe.md §2b).
 
 use super::config::{choose_block_n, for_block_n, BlockN, BLOCK_M};
 
