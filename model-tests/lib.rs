@@ -15,11 +15,15 @@
 use half::{bf16, f16};
 use nvfp4_format::{compare, Group, GroupOutput, GroupShape, HostFloat, InputDistribution, Tolerance};
 use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
-use nvfp4_gemm::layout::{Sm100Layout, Sm90Layout};
+use nvfp4_gemm::layout::{Sm100DeviceLayout, Sm100DeviceTables, Sm100Layout, Sm90Layout};
+use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers};
 use nvfp4_gemm::problem::{BufferView, GroupBuffers};
+use nvfp4_gemm::{MoeProblem, SizeStatus};
 use nvfp4_gemm::{OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
+use nvfp4_gemm_abi::sm100::params::GroupParams as Sm100GroupParams;
 use nvfp4_gemm_abi::sm100::params::{KernelLayout, N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+use nvfp4_gemm_abi::sm100::{build_work_list, slots_per_m_tile, work_list_len, GroupShape as AbiGroupShape, WorkItem};
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TensorMapSwizzle, TiledMap};
 use nvfp4_gemm_abi::work::KernelParams;
 use nvfp4_gemm_model::tensor_map::{encode_tiled, ElementType, Interleave, OobFill, Swizzle};
@@ -391,7 +395,8 @@ impl Residency {
         Residency { deep: sms, shallow: 2 * sms, cluster4: sms / 4 * 4 }
     }
 
-    fn of(self, k: KernelLayout) -> u32 {
+    /// Resident CTAs of kernel `k`.
+    pub fn of(self, k: KernelLayout) -> u32 {
         if k == N128_DEEP_KERNEL {
             self.deep
         } else if k == N128_SHALLOW_KERNEL {
@@ -497,4 +502,250 @@ pub fn random_shapes(seed: u64, max_groups: usize, max_m: usize, max_n: usize, m
             GroupShape::new(m, n, k)
         })
         .collect()
+}
+
+/// A device-sized (mixture-of-experts) problem in "device" memory: the sizes array, one token
+/// tensor A in the problem's layout (each group's rows and block scales where
+/// `nvfp4_gemm_abi::moe` puts them), each group's weights, and one poisoned C of `token_rows`
+/// rows with guards. The reference groups are the groups after clamping: group `g`'s A is the
+/// token rows the device assigns it.
+pub struct MoeOperands {
+    /// The problem (bounds, N, K, output).
+    pub problem: MoeProblem,
+    /// The sizes as the host wrote them (offsets or counts, possibly beyond the bounds).
+    pub sizes: Vec<u32>,
+    /// Each group's rows after clamping, and the status bits the device must raise.
+    pub rows: Vec<GroupRows>,
+    /// See [`Self::rows`].
+    pub status: SizeStatus,
+    /// The groups the reference multiplies (A: `rows[g].rows` rows).
+    pub groups: Vec<Group>,
+    sizes_buf: DeviceBuf,
+    a_values: DeviceBuf,
+    a_scales: DeviceBuf,
+    b_values: Vec<DeviceBuf>,
+    b_scales: Vec<DeviceBuf>,
+    /// `GUARD + token_rows · n + GUARD` elements.
+    c: DeviceBuf,
+}
+
+impl MoeOperands {
+    /// Random groups (competition distribution, `seed`) for `sizes`, placed in the problem's
+    /// layout. With overlapping groups (decreasing offsets) a later group's rows overwrite an
+    /// earlier one's, and [`Self::overlapping`] is true.
+    pub fn new(problem: MoeProblem, sizes: Vec<u32>, seed: u64) -> Self {
+        let (rows, status) = problem.group_rows(&sizes).expect("sizes of the right length");
+        let (n, k) = (problem.n(), problem.k());
+        let shapes: Vec<GroupShape> = rows.iter().map(|r| GroupShape::new(r.rows as usize, n, k)).collect();
+        let groups = groups(&shapes, InputDistribution::Competition, seed);
+        let a = problem.a_sizes();
+        let mut a_values = DeviceBuf::zeroed(a.values);
+        let mut a_scales = DeviceBuf::zeroed(a.scales);
+        for (r, g) in rows.iter().zip(&groups) {
+            if r.rows == 0 {
+                continue;
+            }
+            // Values: row `first + i` at `(first + i) · K/2`. Scales: the group's blocked scales
+            // (whole 128-row blocks) from scale row `scale_first` (a multiple of 128) on.
+            let v = r.first as usize * k / 2;
+            a_values.bytes_mut()[v..v + g.a.values().len()].copy_from_slice(g.a.values());
+            let s = r.scale_first as usize * k / 16;
+            a_scales.bytes_mut()[s..s + g.a.scales().len()].copy_from_slice(g.a.scales());
+        }
+        let sizes_buf = DeviceBuf::from_bytes(&sizes.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        let mut ops = MoeOperands {
+            b_values: groups.iter().map(|g| DeviceBuf::from_bytes(g.b.values())).collect(),
+            b_scales: groups.iter().map(|g| DeviceBuf::from_bytes(g.b.scales())).collect(),
+            c: DeviceBuf::zeroed(2 * (problem.c_elements() + 2 * GUARD)),
+            problem,
+            sizes,
+            rows,
+            status,
+            groups,
+            sizes_buf,
+            a_values,
+            a_scales,
+        };
+        for pair in ops.c.bytes_mut().chunks_exact_mut(2) {
+            pair.copy_from_slice(&POISON.to_le_bytes());
+        }
+        ops
+    }
+
+    /// Whether two non-empty groups share token rows (decreasing offsets): their results are
+    /// unspecified.
+    pub fn overlapping(&self) -> bool {
+        let mut r: Vec<(u32, u32)> = self.rows.iter().filter(|r| r.rows > 0).map(|r| (r.first, r.rows)).collect();
+        r.sort();
+        r.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0)
+    }
+
+    /// The library's view of the buffers, validated as `MoePlan::run` validates them.
+    pub fn buffers(&self) -> MoeBuffers {
+        let b = MoeBuffers {
+            sizes: self.sizes_buf.view(self.sizes.len()),
+            a_values: self.a_values.view(self.a_values.bytes),
+            a_scales: self.a_scales.view(self.a_scales.bytes),
+            weights: self
+                .b_values
+                .iter()
+                .zip(&self.b_scales)
+                .map(|(v, s)| (v.view(v.bytes), s.view(s.bytes)))
+                .collect(),
+            alphas: self.groups.iter().map(|g| g.effective_alpha_f32()).collect(),
+            c: BufferView { ptr: self.c.addr() + 2 * GUARD as u64, len: self.problem.c_elements() },
+            c_type: self.problem.output(),
+        };
+        validate_moe_buffers(&self.problem, &b).expect("valid buffers");
+        b
+    }
+
+    /// Checks C: each group's rows against the reference (unless groups overlap), every row of
+    /// no group still poisoned, the guards untouched.
+    pub fn check(&self) -> Result<(), String> {
+        let all: Vec<u16> = self.c.bytes().chunks_exact(2).map(|p| u16::from_le_bytes([p[0], p[1]])).collect();
+        let len = all.len();
+        let guard_corruptions = all[..GUARD].iter().chain(&all[len - GUARD..]).filter(|&&x| x != POISON).count();
+        let c = &all[GUARD..len - GUARD];
+        let n = self.problem.n();
+        let mut owned = vec![false; self.problem.token_rows()];
+        for r in &self.rows {
+            owned[r.first as usize..(r.first + r.rows) as usize].iter_mut().for_each(|o| *o = true);
+        }
+        let stray =
+            owned.iter().enumerate().filter(|(row, o)| !**o && c[row * n..(row + 1) * n].iter().any(|&x| x != POISON));
+        let stray: Vec<usize> = stray.map(|(row, _)| row).collect();
+        if !stray.is_empty() {
+            return Err(format!("rows of no group were written: {stray:?}"));
+        }
+        if self.overlapping() {
+            return if guard_corruptions > 0 {
+                Err(format!("{guard_corruptions} guard elements written"))
+            } else {
+                Ok(())
+            };
+        }
+        let per_group =
+            self.rows.iter().map(|r| c[r.first as usize * n..(r.first + r.rows) as usize * n].to_vec()).collect();
+        Outputs { c: per_group, guard_corruptions, out: self.problem.output() }.check(&self.groups)
+    }
+}
+
+/// What `sm100_schedule` wrote, read back after its launch.
+#[derive(Clone, Debug)]
+pub struct ScheduleOutcome {
+    /// The group table (host fields and the scheduler's).
+    pub groups: Vec<Sm100GroupParams>,
+    /// The work list, `work_len` items.
+    pub work: Vec<WorkItem>,
+    /// The work length it wrote.
+    pub work_len: u32,
+    /// The status word (it was 0 before).
+    pub status: u32,
+}
+
+/// Device tables of a device-sized sm_100a plan, in "device" memory.
+pub struct Sm100MoeTables {
+    /// The group table.
+    pub groups: Vec<Sm100GroupParams>,
+    /// The tensor maps.
+    pub maps: Vec<TensorMap>,
+    work: DeviceBuf,
+    work_len: DeviceBuf,
+    status: DeviceBuf,
+}
+
+impl Sm100MoeTables {
+    /// The host's tables for `layout` (maps encoded by the model), the work list filled with
+    /// `u32::MAX` so that unwritten items show.
+    pub fn new(layout: &Sm100DeviceLayout, problem: &MoeProblem, buffers: &MoeBuffers) -> Self {
+        let (groups, maps) = layout.encode_with(&ModelEncoder, problem, buffers).expect("sm100 device tables");
+        let mut work = DeviceBuf::zeroed(layout.max_work as usize * std::mem::size_of::<WorkItem>());
+        work.bytes_mut().fill(0xff);
+        Sm100MoeTables { groups, maps, work, work_len: DeviceBuf::zeroed(4), status: DeviceBuf::zeroed(4) }
+    }
+
+    /// Their addresses.
+    pub fn addresses(&self) -> Sm100DeviceTables {
+        Sm100DeviceTables {
+            groups: self.groups.as_ptr() as u64,
+            maps: self.maps.as_ptr() as u64,
+            work: self.work.addr(),
+            work_len: self.work_len.addr(),
+            status: self.status.addr(),
+        }
+    }
+
+    /// What the scheduler wrote.
+    pub fn outcome(&self) -> ScheduleOutcome {
+        let word = |b: &DeviceBuf| u32::from_le_bytes(b.bytes()[..4].try_into().unwrap());
+        let work_len = word(&self.work_len);
+        let items: Vec<WorkItem> = self
+            .work
+            .bytes()
+            .chunks_exact(12)
+            .take(work_len as usize)
+            .map(|c| {
+                let w = |i: usize| u32::from_le_bytes(c[4 * i..4 * i + 4].try_into().unwrap());
+                WorkItem { group: w(0), tile_m: w(1), tile_n: w(2) }
+            })
+            .collect();
+        ScheduleOutcome { groups: self.groups.clone(), work: items, work_len, status: word(&self.status) }
+    }
+}
+
+/// The list the device must build for `ops`' clamped sizes: the host-built list of the same
+/// groups (`build_work_list`), restricted to the first `capacity / slots` M tiles (all of them
+/// unless the list overflowed).
+pub fn expected_device_list(layout: &Sm100DeviceLayout, problem: &MoeProblem, rows: &[GroupRows]) -> Vec<WorkItem> {
+    let (n, k) = (problem.n() as u32, problem.k() as u32);
+    let shapes: Vec<AbiGroupShape> = rows.iter().map(|r| AbiGroupShape { m: r.rows, n, k }).collect();
+    let mut list = vec![WorkItem::default(); work_list_len(&shapes, layout.block_n)];
+    build_work_list(&shapes, layout.block_n, &mut list).expect("host list");
+    let capacity_rows = layout.max_work / slots_per_m_tile(n, layout.block_n);
+    let mut first_row = vec![0u32; shapes.len()];
+    let mut row = 0;
+    for (g, s) in shapes.iter().enumerate() {
+        first_row[g] = row;
+        row += s.tiles_m();
+    }
+    list.retain(|w| first_row[w.group as usize] + w.tile_m < capacity_rows);
+    list
+}
+
+/// Runs `sm100_schedule` in the model for `ops`' sizes, as [`Sm100DeviceLayout`] plans it.
+pub fn run_sm100_schedule(
+    layout: &Sm100DeviceLayout,
+    problem: &MoeProblem,
+    buffers: &MoeBuffers,
+    tables: &Sm100MoeTables,
+    run: &ModelRun,
+) -> Result<Launched, Failure> {
+    use nvfp4_gemm_kernel::sm100::schedule::sm100_schedule;
+    let sp = layout.schedule_params(problem, buffers, &tables.addresses());
+    let cfg = launch_config(Arch::Sm100a, layout.schedule, 1, run);
+    let kernel = "sm100_schedule";
+    // SAFETY: the parameters point at live tables sized by the layout, and at the validated
+    // buffers; the model checks every device access.
+    nvfp4_gemm_model::launch(&cfg, || unsafe { sm100_schedule(sp) })
+        .map(|stats| Launched { kernel, geometry: layout.schedule, stats })
+        .map_err(|error| Failure { kernel, error })
+}
+
+/// Runs a device-sized sm_100a call in the model: the scheduler, then the GEMM variant the layout
+/// chose for `residency`, on the library's tables. Returns what ran and what the scheduler wrote.
+pub fn run_sm100_moe(
+    ops: &MoeOperands,
+    residency: Residency,
+    run: &ModelRun,
+) -> Result<(Vec<Launched>, ScheduleOutcome, Sm100DeviceLayout), Failure> {
+    let problem = &ops.problem;
+    let layout = Sm100DeviceLayout::new(problem, |k| residency.of(k)).expect("sm100 device layout");
+    let buffers = ops.buffers();
+    let tables = Sm100MoeTables::new(&layout, problem, &buffers);
+    let mut launched = vec![run_sm100_schedule(&layout, problem, &buffers, &tables, run)?];
+    let kp = layout.kernel_params(&tables.addresses(), problem.output());
+    let cfg = launch_config(Arch::Sm100a, layout.gemm, layout.kernel.config().max_ctas_per_sm(), run);
+    launched.push(launch_one(layout.kernel.kernel_name(), &cfg, layout.gemm, kp, sm100_entry(layout.kernel))?);
+    Ok((launched, tables.outcome(), layout))
 }

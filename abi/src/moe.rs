@@ -238,7 +238,8 @@ pub const fn masked_group(g: u32, count: u32, max_rows: u32) -> GroupRows {
 }
 
 /// Token tiles (of the sm_90a kernel's widths, [`crate::sm90::token_tile_rows`]) of a group of `m`
-/// tokens: 0, 1 for up to 16 tokens, else `⌈m / 128⌉`.
+/// tokens: 0, 1 for up to 16 tokens, else `⌈m / 128⌉` — so `⌈m / 128⌉` for every `m`, the M tiles
+/// of the sm_100a kernel too, and [`max_m_tiles`] bounds both architectures' lists.
 pub const fn sm90_m_tiles(m: u32) -> u32 {
     crate::sm90::m_tiles(m, crate::sm90::token_tile_rows(m))
 }
@@ -272,9 +273,10 @@ pub struct GroupedConvertParams {
 
 const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 64);
 
-/// Parameters of a scheduling kernel (`sm90_schedule`): from the device sizes, it writes each
-/// group's size-dependent parameters into the group table (whose other fields the host wrote),
-/// the work list and its length, and ORs the status bits of any clamping into the status word.
+/// Parameters of a scheduling kernel (`sm90_schedule`, `sm100_schedule`): from the device sizes,
+/// it writes each group's size-dependent parameters into the architecture's group table (whose
+/// other fields the host wrote), the work list and its length, and ORs the status bits of any
+/// clamping into the status word. Fields marked with one architecture are zero for the other.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct ScheduleParams {
@@ -288,7 +290,8 @@ pub struct ScheduleParams {
     pub work_len: u64,
     /// Device address of the `u32` sticky status word (bits ORed in).
     pub status: u64,
-    /// Packed values of the token tensor A (row `r` at `r · K/2`).
+    /// sm_90a: packed values of the token tensor A (row `r` at `r · K/2`); sm_100a reads A
+    /// through its tensor map.
     pub a_values: u64,
     /// Blocked scales of A (scale row `s` of a block-aligned group at `s · K/16`).
     pub a_scales: u64,
@@ -296,7 +299,7 @@ pub struct ScheduleParams {
     pub c: u64,
     /// sm_90a: the f16 token workspace, `[token_rows, K]`.
     pub workspace: u64,
-    /// Capacity of the work list.
+    /// Capacity of the work list (sm_100a 256-wide: a multiple of 4).
     pub max_work: u32,
     /// K of every group.
     pub k: u32,
@@ -306,20 +309,22 @@ pub struct ScheduleParams {
     pub token_map_small: u32,
     /// sm_90a: tensor-map index of the workspace map with 128-row boxes.
     pub token_map_large: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// sm_100a: the GEMM's tile width, 128 or 256, which fixes the list's order
+    /// (`crate::sm100::schedule::device_item_index`).
+    pub block_n: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 112);
 
 /// Byte offsets in a scheduling kernel's dynamic shared memory: the per-warp totals, then the
-/// exclusive prefix of the groups' tiles (`G + 1` entries), then each group's token tiles (`G`).
+/// exclusive prefix of the groups' tiles (`G + 1` entries; sm_100a: of their M tiles), then each
+/// group's token tiles (`G`).
 pub mod schedule_smem {
     /// Warps of the scheduling CTA.
     pub const WARPS: u32 = super::SCHEDULE_THREADS / 32;
     /// Per-warp tile totals.
     pub const WARP_TILES: u32 = 0;
-    /// Per-warp dequantization-CTA totals (sm_90a).
+    /// Per-warp dequantization-CTA totals (sm_90a; unused by sm_100a).
     pub const WARP_CTAS: u32 = 4 * WARPS;
     /// Per-warp status bits.
     pub const WARP_STATUS: u32 = 8 * WARPS;
@@ -480,6 +485,10 @@ mod tests {
         assert_eq!(max_m_tiles(&masked(5, 16)), 5);
         assert_eq!(max_m_tiles(&masked(5, 300)), 15);
         assert_eq!(sm90_m_tiles(0), 0);
+        // The sm_90a token tiles are the sm_100a M tiles (128 rows).
+        for m in 0..2000 {
+            assert_eq!(sm90_m_tiles(m), m.div_ceil(crate::sm100::config::BLOCK_M), "m {m}");
+        }
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub mod upload;
 /// that the CPU model of the device (`model-tests/`) runs the kernels on exactly these tables,
 /// with the maps encoded by the model ([`driver::tensor_map::TiledMapEncoder`]).
 pub mod layout {
-    pub use crate::sm100::{Fp4Map, Sm100Launch, Sm100Layout};
+    pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100DeviceTables, Sm100Launch, Sm100Layout};
     pub use crate::sm90::Sm90Layout;
 }
 

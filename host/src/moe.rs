@@ -11,9 +11,10 @@
 //!   scales at a 128-row-aligned offset, `nvfp4_gemm_abi::moe` defines it), reading the same
 //!   device sizes.
 //! - [`MoePlan`]: a call launches a one-CTA scheduling kernel that reads the sizes and writes the
-//!   group parameters, the work list and its length into plan-owned memory, then the token
-//!   dequantization and the GEMM, which read the length from device memory. Nothing is allocated
-//!   and nothing waits for the host.
+//!   group parameters, the work list and its length into plan-owned memory, then (sm_90a) the
+//!   token dequantization and the GEMM, or (sm_100a) the GEMM, which read the length from device
+//!   memory. Nothing is allocated and nothing waits for the host. ⚠ The sm_100a path has run only
+//!   in the CPU model of the device (`model-tests/`), never on a B200.
 //!
 //! Sizes beyond the bounds are clamped (offsets to `T`, counts to `M_max`), so no kernel reads or
 //! writes outside the tensors; each clamp raises a bit of the plan's sticky status word, which
@@ -66,6 +67,7 @@ use crate::error::{Error, Result};
 use crate::plan::{Nvfp4Operand, Output, PlanSummary};
 use crate::problem::{view, view_mut, BufferView, OutputType, BUFFER_ALIGN, MAX_DIM};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
+use crate::sm100::Sm100DevicePlan;
 use crate::sm90::Sm90DevicePlan;
 use crate::upload::DeviceNvfp4;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
@@ -295,20 +297,29 @@ pub struct MoeArgs<'a> {
     pub c: Output<'a>,
 }
 
-/// Addresses and lengths of one call's buffers, as the validator sees them.
+/// Addresses and lengths of one call's buffers, as the validator sees them (and the layout code
+/// of each architecture reads them; public for the device model's tests, `model-tests/`).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct MoeBuffers {
+pub struct MoeBuffers {
+    /// The sizes array (`u32` elements).
     pub sizes: BufferView,
+    /// Packed values of A (bytes).
     pub a_values: BufferView,
+    /// Blocked scales of A (bytes).
     pub a_scales: BufferView,
+    /// Each group's weight values and scales (bytes).
     pub weights: Vec<(BufferView, BufferView)>,
+    /// Each group's alpha.
     pub alphas: Vec<f32>,
+    /// C (elements).
     pub c: BufferView,
+    /// C's element type.
     pub c_type: OutputType,
 }
 
-/// Checks one call's buffers against the problem. Pure: runs on the CPU.
-pub(crate) fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
+/// Checks one call's buffers against the problem, as [`MoePlan::run`] does before any launch.
+/// Pure: runs on the CPU.
+pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
     const CALL: &str = "moe run";
     let a = p.a_sizes();
     let checks = [
@@ -359,33 +370,81 @@ pub(crate) fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()>
     Ok(())
 }
 
-/// A [`MoeProblem`] planned for one GPU (sm_90a): kernels, the group table, the tensor maps,
-/// the work list for the bounds, the work-length and status words, the f16 token workspace —
-/// all allocated once by [`MoePlan::new`].
+/// One architecture's device-sized plan.
+enum DevicePlan {
+    Sm90(Sm90DevicePlan),
+    Sm100(Sm100DevicePlan),
+}
+
+impl DevicePlan {
+    fn summary(&self) -> PlanSummary {
+        match self {
+            DevicePlan::Sm90(p) => p.summary(),
+            DevicePlan::Sm100(p) => p.summary(),
+        }
+    }
+
+    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
+        match self {
+            DevicePlan::Sm90(p) => p.upload(stream, problem, buffers),
+            DevicePlan::Sm100(p) => p.upload(stream, problem, buffers),
+        }
+    }
+
+    /// # Safety
+    /// As the architectures' `launch`.
+    unsafe fn launch(&mut self, stream: &CudaStream, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                DevicePlan::Sm90(p) => p.launch(stream, problem, buffers),
+                DevicePlan::Sm100(p) => p.launch(stream, problem, buffers),
+            }
+        }
+    }
+
+    fn status(&self) -> &CudaSlice<u32> {
+        match self {
+            DevicePlan::Sm90(p) => p.status(),
+            DevicePlan::Sm100(p) => p.status(),
+        }
+    }
+
+    fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        match self {
+            DevicePlan::Sm90(p) => p.clear_status(stream),
+            DevicePlan::Sm100(p) => p.clear_status(stream),
+        }
+    }
+}
+
+/// A [`MoeProblem`] planned for one GPU: kernels, the group table, the tensor maps, the work
+/// list for the bounds, the work-length and status words (and on sm_90a the f16 token
+/// workspace) — all allocated once by [`MoePlan::new`].
 ///
-/// [`MoePlan::run`] launches three kernels: the scheduler (sizes → group table, work list, work
-/// length, status), the token dequantization and the GEMM. A call whose weights and alphas are
-/// those of the previous call copies nothing from the host, so it can be captured in a CUDA graph
-/// (run once before capturing); the sizes, A and C are kernel parameters and may change freely.
+/// [`MoePlan::run`] launches the scheduler (sizes → group table, work list, work length,
+/// status), then on sm_90a the token dequantization and the GEMM, on sm_100a the GEMM (which
+/// reads A through a tensor map). A call whose weights and alphas (and on sm_100a A's address)
+/// are those of the previous call copies nothing from the host, so it can be captured in a CUDA
+/// graph (run once before capturing); the sizes and C (and on sm_90a A) are kernel parameters
+/// and may change freely.
+///
+/// ⚠ The sm_100a path has never run on a GPU (no B200 was available): its kernels are checked
+/// by ptxas and run in the CPU model of the device (`model-tests/`), not on hardware.
 pub struct MoePlan {
     problem: MoeProblem,
-    plan: Sm90DevicePlan,
+    plan: DevicePlan,
     summary: PlanSummary,
     /// Weight addresses and alphas of the last call, to skip re-uploading.
     signature: Vec<u64>,
 }
 
 impl MoePlan {
-    /// Plans `problem` for `gpu` and allocates everything a call needs. sm_90a only for now: on
-    /// sm_100a this is [`Error::Unsupported`].
+    /// Plans `problem` for `gpu` and allocates everything a call needs.
     pub fn new(gpu: &Gpu, problem: MoeProblem) -> Result<MoePlan> {
         let plan = match gpu.arch() {
-            Arch::Sm90a => Sm90DevicePlan::new(gpu, &problem)?,
-            Arch::Sm100a => {
-                return Err(Error::Unsupported(
-                    "device-resident group sizes (MoePlan) are implemented for sm_90a only".into(),
-                ))
-            }
+            Arch::Sm90a => DevicePlan::Sm90(Sm90DevicePlan::new(gpu, &problem)?),
+            Arch::Sm100a => DevicePlan::Sm100(Sm100DevicePlan::new(gpu, &problem)?),
         };
         let summary = plan.summary();
         Ok(MoePlan { problem, plan, summary, signature: vec![] })
@@ -420,12 +479,16 @@ impl MoePlan {
         };
         let buffers = MoeBuffers { sizes, a_values, a_scales, weights, alphas: args.alphas.to_vec(), c, c_type };
         validate_moe_buffers(&self.problem, &buffers)?;
-        let signature: Vec<u64> = buffers
+        let mut signature: Vec<u64> = buffers
             .weights
             .iter()
             .zip(&buffers.alphas)
             .flat_map(|((v, s), a)| [v.ptr, s.ptr, a.to_bits() as u64])
             .collect();
+        if let DevicePlan::Sm100(_) = self.plan {
+            // The token map holds A's address.
+            signature.push(buffers.a_values.ptr);
+        }
         if signature != self.signature {
             self.plan.upload(stream_arc, &self.problem, &buffers)?;
             self.signature = signature;

@@ -1,7 +1,12 @@
-//! Warp-wide prefix sums and reductions on `shfl.sync.bfly` (used by the scheduling kernels).
-//! Every lane of a converged warp must call them.
+//! Warp-wide prefix sums and reductions on `shfl.sync.bfly`, and a CTA-wide prefix sum on top
+//! of them (the scheduling kernels). Every lane of a converged warp must call them.
+//!
+//! `sm100_schedule` uses [`cta_exclusive_sums`]; `sm90_schedule` spells out the same steps
+//! inline, with the same shared-memory layout: moving it onto the helper compiles to different
+//! PTX (block order, register numbering), and the sm_90a kernels' PTX is kept as it was.
 
-use crate::ptx::warp;
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{barrier, warp};
 
 /// The sum of `x` over the lanes below `lane` (exclusive prefix) and over the whole warp.
 ///
@@ -28,4 +33,65 @@ pub fn warp_or(x: u32) -> u32 {
         v |= warp::shfl_xor(v, 1 << bit);
     }
     v
+}
+
+/// Exclusive prefix sums over every thread of a CTA of `warps` warps, of `N` values per thread,
+/// and the bitwise OR of `status` over the CTA: returns (the sums over the threads below this
+/// one, the CTA totals, the OR). Warp butterflies, then the warp totals through shared memory:
+/// value `j` of warp `w` at `table + 4 · (warps · j + w)`, the status of warp `w` at
+/// `table + 4 · (warps · N + w)` (the scheduling kernels' `schedule_smem` layout, whose per-warp
+/// tables start at 0 in this order).
+///
+/// # Safety
+/// Every thread of the CTA calls it, each warp converged (it holds a CTA barrier); `table` is
+/// `4 · warps · (N + 1)` bytes of shared memory that nobody else uses during the call.
+#[inline(always)]
+pub unsafe fn cta_exclusive_sums<const N: usize>(
+    x: [u32; N],
+    status: u32,
+    warp: u32,
+    lane: u32,
+    warps: u32,
+    table: SmemAddr,
+) -> ([u32; N], [u32; N], u32) {
+    let at = |j: u32, w: u32| table.add(4 * (warps * j + w));
+    let mut before = [0u32; N];
+    let mut warp_total = [0u32; N];
+    for j in 0..N {
+        (before[j], warp_total[j]) = warp_exclusive_sum(x[j], lane);
+    }
+    let warp_status = warp_or(status);
+    // SAFETY: each word is written by one lane and read after the barrier, which every thread
+    // reaches (the caller's contract).
+    unsafe {
+        if lane == 0 {
+            for j in 0..N {
+                smem::st_u32(at(j as u32, warp), warp_total[j]);
+            }
+            smem::st_u32(at(N as u32, warp), warp_status);
+        }
+        barrier::sync_all();
+    }
+    let mut total = [0u32; N];
+    let mut all_status = 0u32;
+    for w in 0..warps {
+        // SAFETY: written before the barrier.
+        let (t, s) = unsafe {
+            let mut t = [0u32; N];
+            for (j, t) in t.iter_mut().enumerate() {
+                *t = smem::ld_u32(at(j as u32, w));
+            }
+            (t, smem::ld_u32(at(N as u32, w)))
+        };
+        if w < warp {
+            for j in 0..N {
+                before[j] += t[j];
+            }
+        }
+        for j in 0..N {
+            total[j] += t[j];
+        }
+        all_status |= s;
+    }
+    (before, total, all_status)
 }

@@ -37,6 +37,12 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
         Self { params, len, next: sreg::ctaid_x(), stride: sreg::nctaid_x(), group: PhantomData }
     }
 
+    /// Items this walk covers (the list's length as read at the start).
+    #[inline(always)]
+    pub fn work_len(&self) -> u32 {
+        self.len
+    }
+
     /// The index of the next item, if any, and moves past it.
     #[inline(always)]
     pub fn next_index(&mut self) -> Option<u32> {

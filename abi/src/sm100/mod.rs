@@ -36,6 +36,9 @@ pub use config::{
 pub use desc::{LboMode, SmemDescriptor, SmemDescriptorFields, SmemSwizzle};
 pub use instr::{InstrDescriptor, MmaShape, MmaShapeError, ScaleType};
 pub use scale::{scale_block_offset, sfa_stage_copy, sfb_stage_copies, ScaleBulkCopy};
-pub use schedule::{build_work_list, work_list_len, GroupShape, WorkItem, WorkListTooSmall};
+pub use schedule::{
+    build_work_list, device_item_index, slot_tile_n, slots_per_m_tile, work_list_len, GroupShape, WorkItem,
+    WorkListTooSmall,
+};
 pub use tma::{Fp4MapLayout, Fp4TensorMap, TensorMapError, TmaCoords};
 pub use tmem::{ColumnRange, ScaleCopy, TmemAddress, TmemPlan, TmemPlanError};

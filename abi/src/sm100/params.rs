@@ -9,7 +9,9 @@
 //!   [`a_map_index`]`(g)`, B at [`b_map_index`]`(g)`, B's box `BLOCK_N` rows for the variant the
 //!   group runs in;
 //! - the work list of this variant ([`super::schedule::WorkItem`]s, built by
-//!   [`super::schedule::build_work_list`]).
+//!   [`super::schedule::build_work_list`], or on the device by `sm100_schedule` in the same order
+//!   for device-resident group sizes, which then also writes the length `work_len_device` points
+//!   at).
 //!
 //! **Layout additions.** The kernel departs from the seed in two places that need room the seed's
 //! layout does not reserve. This module adds them to [`KernelConfig`] (the `impl` block below), so
@@ -60,14 +62,21 @@ pub struct GroupParams {
     /// Rank of both operand maps of the group: 3 for the seed's chunked map (`K % 256 == 0`),
     /// 2 for the flat map (the K tail); the `rank` field of [`super::tma::Fp4TensorMap`].
     pub map_rank: u32,
+    /// Row of the group's first token in its A map: 0 when each group has its own A map; in
+    /// device-sized plans (`crate::moe`) every group's A map is the whole token tensor and this
+    /// is the group's first row, written by `sm100_schedule`.
+    pub token_row: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupParams>() == 48);
+const _: () = assert!(core::mem::size_of::<GroupParams>() == 56);
 const _: () = assert!(core::mem::align_of::<GroupParams>() == 8);
 
 impl GroupParams {
-    /// Coordinates of the TMA box whose first row is `row0` and first value is `k0` (a multiple of
-    /// 256), for a map of this group's rank. Equal to [`super::tma::Fp4TensorMap::coords`] of the
+    /// Coordinates of the TMA box whose first row is `row0` (of the map: tile rows are offset by
+    /// [`Self::token_row`] for A) and first value is `k0` (a multiple of 256), for a map of this
+    /// group's rank. Equal to [`super::tma::Fp4TensorMap::coords`] of the
     /// map the host encoded (checked by this module's tests), so the kernel needs only the rank.
     pub const fn box_coords(&self, row0: u32, k0: u32) -> TmaCoords {
         if self.map_rank == 3 {

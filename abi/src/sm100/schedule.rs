@@ -13,6 +13,10 @@
 //! [`build_work_list`] fills it.
 //!
 //! Both orders are the seed's and ran on hardware (docs/provenance.md §2, the work-item row).
+//!
+//! With device-resident group sizes (`crate::moe`) the list is built on the device by
+//! `sm100_schedule`, in the same order: [`slots_per_m_tile`], [`slot_tile_n`] and
+//! [`device_item_index`] say where each item goes (docs/moe.md §2b).
 
 use super::config::{choose_block_n, for_block_n, BlockN, BLOCK_M};
 
@@ -148,6 +152,38 @@ pub const fn build_work_list(
         }
     }
     Ok(len)
+}
+
+/// Items per M tile of a list of width `block_n` over groups of `n` columns: the N tiles, for
+/// the 256-wide list padded to a multiple of the cluster size (the padding items repeat
+/// `tile_n = 0`, as [`build_work_list`] pads).
+pub const fn slots_per_m_tile(n: u32, block_n: BlockN) -> u32 {
+    n.div_ceil(block_n.get()).next_multiple_of(for_block_n(block_n).cluster_size())
+}
+
+/// The `tile_n` of slot `slot` of an M tile ([`slots_per_m_tile`]): the slot itself, or 0 for a
+/// padding slot.
+pub const fn slot_tile_n(slot: u32, n: u32, block_n: BlockN) -> u32 {
+    if slot < n.div_ceil(block_n.get()) {
+        slot
+    } else {
+        0
+    }
+}
+
+/// Where a list built on the device (`sm100_schedule`, for device-resident group sizes) puts the
+/// item of M-tile row `row` and slot `slot`. There every group has the same N and K, so every
+/// group is in the one list of width `block_n`; the groups' M tiles are numbered in group order
+/// (row = the number of M tiles of the groups before + `tile_m`), and the list holds the rows
+/// `0..rows` with `slots` items each. The index is the item's position in [`build_work_list`]'s
+/// order for the same groups (checked by the tests): `tile_n`-major for 128-wide tiles
+/// (`slot · rows + row`), M-tile-major with the cluster padding for 256-wide ones
+/// (`row · slots + slot`), so each aligned run of 4 items shares one A tile.
+pub const fn device_item_index(block_n: BlockN, rows: u32, slots: u32, row: u32, slot: u32) -> u32 {
+    match block_n {
+        BlockN::N128 => slot * rows + row,
+        BlockN::N256 => row * slots + slot,
+    }
 }
 
 #[cfg(test)]
@@ -321,5 +357,51 @@ mod tests {
         };
         assert_eq!(LIST.1, 3);
         assert_eq!(LIST.0[2], item(1, 0, 1));
+    }
+
+    /// For groups of one N and K (the device-sized case), the device formula puts every item
+    /// where the host-built list has it, for both widths, and a list cut after `rows` M tiles is
+    /// a prefix of each N tile's run (128-wide) or of the list (256-wide).
+    #[test]
+    fn device_index_is_the_host_order() {
+        let mut state = 5u64;
+        let mut next = |below: u32| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) as u32) % below
+        };
+        for (n, k) in [(136u32, 320u32), (256, 256), (4096, 2048), (4352, 2112), (7168, 2048)] {
+            for _ in 0..40 {
+                let count = 1 + next(7) as usize;
+                let mut groups = [GroupShape::default(); 8];
+                for g in groups.iter_mut().take(count) {
+                    *g = GroupShape { m: if next(4) == 0 { 0 } else { next(400) }, n, k };
+                }
+                let groups = &groups[..count];
+                let block_n = choose_block_n(n, k);
+                let mut host = [WorkItem::default(); 512];
+                let len = build_work_list(groups, block_n, &mut host).unwrap();
+                let slots = slots_per_m_tile(n, block_n);
+                let rows: u32 = groups.iter().map(|g| g.tiles_m()).sum();
+                assert_eq!(len as u32, rows * slots);
+                if block_n == BlockN::N256 {
+                    assert_eq!(slots % 4, 0);
+                }
+                let mut device = [WorkItem::default(); 512];
+                let mut row = 0;
+                for (i, g) in groups.iter().enumerate() {
+                    for tile_m in 0..g.tiles_m() {
+                        for slot in 0..slots {
+                            let at = device_item_index(block_n, rows, slots, row + tile_m, slot);
+                            device[at as usize] =
+                                WorkItem { group: i as u32, tile_m, tile_n: slot_tile_n(slot, n, block_n) };
+                        }
+                    }
+                    row += g.tiles_m();
+                }
+                assert_eq!(&device[..len], &host[..len], "{groups:?}");
+            }
+        }
+        assert_eq!((slots_per_m_tile(136, BlockN::N128), slots_per_m_tile(4352, BlockN::N256)), (2, 20));
+        assert_eq!((slot_tile_n(17, 4352, BlockN::N256), slot_tile_n(16, 4352, BlockN::N256)), (0, 16));
     }
 }

@@ -17,8 +17,11 @@
 //! types are public (through [`crate::layout`]) so that the CPU model of the device runs the
 //! kernels on exactly these tables.
 
+mod device_sizes;
 mod plan;
 
+pub(crate) use device_sizes::Sm100DevicePlan;
+pub use device_sizes::{Sm100DeviceLayout, Sm100DeviceTables};
 pub(crate) use plan::Sm100Plan;
 
 use crate::driver::launch::LaunchGeometry;
@@ -135,6 +138,8 @@ impl Sm100Layout {
                     c: b.c.ptr,
                     ldc: s.n as u32,
                     map_rank,
+                    token_row: 0,
+                    reserved: 0,
                 })
             })
             .collect()
@@ -414,6 +419,8 @@ mod tests {
                 c: 0x50_0000,
                 ldc: 384,
                 map_rank: 2,
+                token_row: 0,
+                reserved: 0,
             }
         );
         assert_eq!(params[1].map_rank, 0);

@@ -12,6 +12,28 @@ use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, KERNELS};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
 
+/// Raises every sm_100a GEMM kernel's shared-memory limit and asks the driver how many CTAs (for
+/// the cluster kernel: how many clusters) of each fit on the device: each kernel's
+/// [`KernelConfig::resident_ctas`](nvfp4_gemm_abi::sm100::KernelConfig::resident_ctas).
+pub(crate) fn resident_ctas(gpu: &Gpu) -> Result<Vec<(KernelLayout, u32)>> {
+    let stream = gpu.context().default_stream();
+    let mut resident = vec![];
+    for kernel in KERNELS {
+        let cfg = kernel.config();
+        let f = gpu.function(kernel.kernel_name())?;
+        // The occupancy queries count the dynamic shared memory against the function's
+        // limit, so the limit must be raised first.
+        set_max_dynamic_smem(&f, cfg.dynamic_shared_memory())?;
+        // One cluster (one CTA without clusters) of the kernel's launch.
+        let one_cluster = LaunchGeometry { grid: cfg.cluster_size(), ..kernel.launch(0, 0) };
+        // The driver does not know the kernel's TMEM use; never plan beyond it.
+        let per_sm = ctas_per_sm(&f, one_cluster.block, one_cluster.smem_bytes)?.min(cfg.max_ctas_per_sm());
+        let clusters = if cfg.cluster_size() > 1 { max_active_clusters(&f, &stream, one_cluster)? } else { 0 };
+        resident.push((kernel, cfg.resident_ctas(gpu.sm_count(), per_sm, clusters)));
+    }
+    Ok(resident)
+}
+
 /// An sm_100a plan on a device: the layout, one function per launch, and the device tables (group
 /// parameters and tensor maps, shared by the launches; one work list per launch). Allocated once
 /// by [`Sm100Plan::new`]; `upload` refreshes the tables for new buffers and `launch` runs the
@@ -31,20 +53,7 @@ impl Sm100Plan {
     /// and uploads the work lists.
     pub fn new(gpu: &Gpu, problem: &Problem) -> Result<Sm100Plan> {
         let stream = gpu.context().default_stream();
-        let mut resident = vec![];
-        for kernel in KERNELS {
-            let cfg = kernel.config();
-            let f = gpu.function(kernel.kernel_name())?;
-            // The occupancy queries count the dynamic shared memory against the function's
-            // limit, so the limit must be raised first.
-            set_max_dynamic_smem(&f, cfg.dynamic_shared_memory())?;
-            // One cluster (one CTA without clusters) of the kernel's launch.
-            let one_cluster = LaunchGeometry { grid: cfg.cluster_size(), ..kernel.launch(0, 0) };
-            // The driver does not know the kernel's TMEM use; never plan beyond it.
-            let per_sm = ctas_per_sm(&f, one_cluster.block, one_cluster.smem_bytes)?.min(cfg.max_ctas_per_sm());
-            let clusters = if cfg.cluster_size() > 1 { max_active_clusters(&f, &stream, one_cluster)? } else { 0 };
-            resident.push((kernel, cfg.resident_ctas(gpu.sm_count(), per_sm, clusters)));
-        }
+        let resident = resident_ctas(gpu)?;
         let resident = |k: KernelLayout| resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c);
         let layout = Sm100Layout::new(problem, resident)?;
         let d = |e| Error::driver("allocating the plan's device tables", e);

@@ -127,7 +127,7 @@ impl Sm90DeviceLayout {
             n: problem.n() as u32,
             token_map_small: self.token_map_small(),
             token_map_large: self.token_map_small() + 1,
-            reserved: 0,
+            block_n: 0,
         }
     }
 

@@ -85,8 +85,11 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     let warp = sreg::warp_id();
     let clustered = cfg.multicast_a();
     let rank = if clustered { sreg::cluster_ctarank() } else { 0 };
-    // A cluster walks the list in lockstep only if every CTA of it gets the same number of items.
-    if clustered && (p.work_len % cfg.cluster_size() != 0 || sreg::nctaid_x() % cfg.cluster_size() != 0) {
+    // A cluster walks the list in lockstep only if every CTA of it gets the same number of items:
+    // the list's length (the host's, or the one a scheduling kernel wrote) and the grid must be
+    // multiples of the cluster size.
+    let len = super::WorkCursor::new(p).work_len();
+    if clustered && (len % cfg.cluster_size() != 0 || sreg::nctaid_x() % cfg.cluster_size() != 0) {
         sreg::trap();
     }
 

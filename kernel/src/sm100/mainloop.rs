@@ -97,7 +97,10 @@ pub unsafe fn produce_a<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
             }
             let g = work.group(item.group);
             let map = work.tensor_map(a_map_index(item.group));
+            // The tile's first row of A's map (the group's first token row when every group's
+            // map is the whole token tensor), and of the group's scales.
             let m0 = item.tile_m * BLOCK_M;
+            let row0 = g.token_row + m0;
             let rest_k = scale_layout::rest_k(g.k);
             for k_iter in 0..cfg.k_iterations(g.k) {
                 let stage = ring.acquire();
@@ -107,11 +110,11 @@ pub unsafe fn produce_a<V: Variant, const STAGES: u32>(smem: SharedMap<V>, p: &K
                 // Announce before issuing, so that no byte can complete the phase early.
                 full.arrive_expect_tx(cfg.producer_a_tx_bytes(g.k, k_iter));
                 if !clustered {
-                    load_box(&g, smem.a_tile(s), map, m0, k0, full, CachePolicy::EVICT_LAST);
+                    load_box(&g, smem.a_tile(s), map, row0, k0, full, CachePolicy::EVICT_LAST);
                 } else if leader {
                     let dst = cluster::map_shared(smem.a_tile(s), rank);
                     let bar = cluster::map_shared(full.0, rank);
-                    let c = g.box_coords(m0, k0);
+                    let c = g.box_coords(row0, k0);
                     if c.rank == 3 {
                         tma::load_3d_multicast(dst, map, c.coords, bar, cfg.multicast_mask());
                     } else {

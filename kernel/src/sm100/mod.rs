@@ -21,6 +21,7 @@
 pub mod epilogue;
 pub mod gemm;
 pub mod mainloop;
+pub mod schedule;
 
 use crate::pipeline::Barriers;
 use crate::ptx::smem::SmemAddr;

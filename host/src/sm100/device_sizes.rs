@@ -1,0 +1,409 @@
+//! The sm_100a plan for device-resident group sizes (`crate::moe`): a layout for the problem's
+//! bounds ([`Sm100DeviceLayout`], no driver calls; public through `crate::layout` so that the
+//! device model runs the kernels on exactly these tables) and its device half
+//! ([`Sm100DevicePlan`]).
+//!
+//! Two launches per call, both with parameters fixed by the plan and the call's buffers:
+//! 1. `sm100_schedule` (one CTA) reads the sizes and writes the size-dependent fields of the group
+//!    table (`m`, `a_scales`, `c`, `token_row`), the work list, the work length and the status bits;
+//! 2. the GEMM variant for the problem's one tile width over a persistent grid sized for the work
+//!    list's capacity, walking the length the scheduler wrote (`KernelParams::work_len_device`).
+//!
+//! Every group has the same N and K, so every group has the same tile width
+//! ([`choose_block_n`]): one list and one kernel. 128-wide: the 6-stage kernel, or the 3-stage
+//! one when the capacity is longer than two of its waves ([`select_n128`], as host-sized plans
+//! choose by the list's length). 256-wide: the cluster kernel; the scheduler pads each M tile's run
+//! to a multiple of 4 on the device, so the length it writes, like the capacity, is a multiple of
+//! the cluster size ([`slots_per_m_tile`]).
+//!
+//! Tensor maps: `[2g]` is the same map for every group, over the whole token tensor A
+//! (`[token_rows, K]`, 128-row boxes); a group's tiles start at its first row there
+//! (`GroupParams::token_row`). Rows of a tile past the group's end belong to other groups or to
+//! nothing (zero-filled by TMA past the tensor); each MMA row depends only on its own A row and
+//! scales, and the epilogue masks rows ≥ `m`, so they never reach C. `[2g + 1]` is group `g`'s
+//! weights with the variant's box height, as in host-sized plans.
+
+use super::Fp4Map;
+use crate::device::Gpu;
+use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
+use crate::error::{Error, Result};
+use crate::moe::{MoeBuffers, MoeProblem};
+use crate::plan::{KernelLaunch, PlanSummary};
+use crate::problem::OutputType;
+use crate::Arch;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nvfp4_gemm_abi::launch::LaunchGeometry;
+use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
+use nvfp4_gemm_abi::sm100::config::BLOCK_M;
+use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams};
+use nvfp4_gemm_abi::sm100::{
+    choose_block_n, for_block_n, select_n128, slots_per_m_tile, BlockN, Fp4TensorMap, WorkItem, N128_SHALLOW,
+};
+use nvfp4_gemm_abi::tensor_map::TensorMap;
+use std::sync::Arc;
+
+/// The scheduling kernel's exported name.
+pub const SCHEDULE: &str = "sm100_schedule";
+
+/// Everything about a device-sized problem that does not depend on buffer addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sm100DeviceLayout {
+    /// The GEMM variant every group runs in.
+    pub kernel: KernelLayout,
+    /// Its tile width.
+    pub block_n: BlockN,
+    /// The sizes' layout (address 0).
+    pub sizes: DeviceSizes,
+    /// Capacity of the work list: the most items any sizes within the bounds give
+    /// (`max_m_tiles · slots_per_m_tile`; a multiple of 4 for the cluster kernel).
+    pub max_work: u32,
+    /// The scheduler's launch: one CTA.
+    pub schedule: LaunchGeometry,
+    /// The GEMM's launch, for the capacity.
+    pub gemm: LaunchGeometry,
+}
+
+/// Device addresses of a plan's tables, for the parameter structs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sm100DeviceTables {
+    /// `GroupParams[G]`.
+    pub groups: u64,
+    /// `TensorMap[2G]`.
+    pub maps: u64,
+    /// `WorkItem[max_work]`.
+    pub work: u64,
+    /// The `u32` work length.
+    pub work_len: u64,
+    /// The `u32` status word.
+    pub status: u64,
+}
+
+impl Sm100DeviceLayout {
+    /// Plans `problem` with `resident(kernel)` CTAs of each kernel resident on the whole device
+    /// (as [`super::Sm100Layout::new`]).
+    pub fn new(problem: &MoeProblem, resident: impl Fn(KernelLayout) -> u32) -> Result<Sm100DeviceLayout> {
+        let sizes = problem.device_sizes(0);
+        let (n, k) = (problem.n() as u32, problem.k() as u32);
+        let block_n = choose_block_n(n, k);
+        let max_work = abi::max_m_tiles(&sizes) * slots_per_m_tile(n, block_n) as u64;
+        let max_work = u32::try_from(max_work)
+            .map_err(|_| Error::InvalidProblem(format!("{max_work} output tiles exceed the work list's indexing")))?;
+        let cfg = match block_n {
+            BlockN::N128 => {
+                let wave = |c| kernel_for(c).map_or(0, &resident);
+                select_n128(max_work, wave(for_block_n(BlockN::N128)), wave(N128_SHALLOW))
+            }
+            BlockN::N256 => for_block_n(BlockN::N256),
+        };
+        let kernel = kernel_for(cfg)
+            .ok_or_else(|| Error::InvalidProblem(format!("no sm_100a kernel is compiled for {cfg:?}")))?;
+        let resident_ctas = resident(kernel);
+        let gemm = kernel.launch(max_work, resident_ctas);
+        if gemm.grid == 0 {
+            return Err(Error::InvalidProblem(format!(
+                "{} cannot run here: {resident_ctas} resident CTAs",
+                kernel.kernel_name()
+            )));
+        }
+        Ok(Sm100DeviceLayout {
+            kernel,
+            block_n,
+            sizes,
+            max_work,
+            schedule: LaunchGeometry {
+                grid: 1,
+                block: SCHEDULE_THREADS,
+                cluster: 1,
+                smem_bytes: schedule_smem::bytes(sizes.groups),
+            },
+            gemm,
+        })
+    }
+
+    /// The map over the whole token tensor A (every group's `[2g]`) and the map of one group's
+    /// weights (`[2g + 1]`). Both have the rank K gives them.
+    pub fn maps(&self, problem: &MoeProblem) -> Result<(Fp4Map, Fp4Map)> {
+        let k = problem.k() as u32;
+        let a = Fp4Map::new(Fp4TensorMap::for_operand(problem.token_rows() as u32, k, BLOCK_M), 0, "a")?;
+        let b = Fp4Map::new(Fp4TensorMap::for_operand(problem.n() as u32, k, self.block_n.get()), 0, "b")?;
+        debug_assert_eq!(a.rank(), b.rank());
+        Ok((a, b))
+    }
+
+    /// The group table as the host writes it: the size-independent fields (the scheduler writes
+    /// `m`, `a_scales`, `c` and `token_row` on every call).
+    pub fn group_params(&self, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<Vec<GroupParams>> {
+        let map_rank = self.maps(problem)?.0.rank();
+        Ok(buffers
+            .weights
+            .iter()
+            .zip(&buffers.alphas)
+            .map(|((_, scales), &alpha)| GroupParams {
+                n: problem.n() as u32,
+                k: problem.k() as u32,
+                alpha,
+                b_scales: scales.ptr,
+                ldc: problem.n() as u32,
+                map_rank,
+                ..GroupParams::default()
+            })
+            .collect())
+    }
+
+    /// Group table and tensor-map table for these buffers, the maps encoded by `encoder`.
+    pub fn encode_with(
+        &self,
+        encoder: &impl TiledMapEncoder,
+        problem: &MoeProblem,
+        buffers: &MoeBuffers,
+    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
+        let params = self.group_params(problem, buffers)?;
+        let (a, b) = self.maps(problem)?;
+        let a = a.encode_with(encoder, buffers.a_values.ptr)?;
+        let mut maps = Vec::with_capacity(2 * buffers.weights.len());
+        for (values, _) in &buffers.weights {
+            maps.push(a);
+            maps.push(b.encode_with(encoder, values.ptr)?);
+        }
+        Ok((params, maps))
+    }
+
+    /// The scheduler's parameters for these buffers and the plan's tables.
+    pub fn schedule_params(
+        &self,
+        problem: &MoeProblem,
+        buffers: &MoeBuffers,
+        tables: &Sm100DeviceTables,
+    ) -> ScheduleParams {
+        ScheduleParams {
+            sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
+            groups: tables.groups,
+            work: tables.work,
+            work_len: tables.work_len,
+            status: tables.status,
+            a_values: 0,
+            a_scales: buffers.a_scales.ptr,
+            c: buffers.c.ptr,
+            workspace: 0,
+            max_work: self.max_work,
+            k: problem.k() as u32,
+            n: problem.n() as u32,
+            token_map_small: 0,
+            token_map_large: 0,
+            block_n: self.block_n.get(),
+        }
+    }
+
+    /// The GEMM's parameters.
+    pub fn kernel_params(&self, tables: &Sm100DeviceTables, output: OutputType) -> KernelParams {
+        KernelParams {
+            groups: tables.groups,
+            tensor_maps: tables.maps,
+            work: tables.work,
+            work_len: self.max_work,
+            group_count: self.sizes.groups,
+            out_bf16: (output == OutputType::Bf16) as u32,
+            reserved: 0,
+            work_len_device: tables.work_len,
+        }
+    }
+}
+
+/// A device-sized sm_100a plan on a device: the layout, the two functions, the tables and the
+/// work-length and status words, allocated once.
+pub(crate) struct Sm100DevicePlan {
+    pub layout: Sm100DeviceLayout,
+    schedule: CudaFunction,
+    gemm: CudaFunction,
+    groups: CudaSlice<u8>,
+    maps: CudaSlice<u8>,
+    work: CudaSlice<u8>,
+    work_len: CudaSlice<u32>,
+    status: CudaSlice<u32>,
+}
+
+impl Sm100DevicePlan {
+    pub fn new(gpu: &Gpu, problem: &MoeProblem) -> Result<Sm100DevicePlan> {
+        let resident = super::plan::resident_ctas(gpu)?;
+        let layout =
+            Sm100DeviceLayout::new(problem, |k| resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c))?;
+        let stream = gpu.context().default_stream();
+        let d = |e| Error::driver("allocating the plan's device tables", e);
+        let schedule = gpu.function(SCHEDULE)?;
+        let gemm = gpu.function(layout.kernel.kernel_name())?;
+        set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
+        let g = layout.sizes.groups as usize;
+        let plan = Sm100DevicePlan {
+            groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
+            maps: stream.alloc_zeros::<u8>(2 * g * size_of::<TensorMap>()).map_err(d)?,
+            work: stream.alloc_zeros::<u8>((layout.max_work as usize).max(1) * size_of::<WorkItem>()).map_err(d)?,
+            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
+            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
+            layout,
+            schedule,
+            gemm,
+        };
+        // The allocations above are on the default stream; a caller's stream must see them done.
+        stream.synchronize().map_err(d)?;
+        Ok(plan)
+    }
+
+    fn tables(&mut self, stream: &CudaStream) -> Sm100DeviceTables {
+        Sm100DeviceTables {
+            groups: self.groups.device_ptr_mut(stream).0,
+            maps: self.maps.device_ptr(stream).0,
+            work: self.work.device_ptr_mut(stream).0,
+            work_len: self.work_len.device_ptr_mut(stream).0,
+            status: self.status.device_ptr_mut(stream).0,
+        }
+    }
+
+    /// Encodes the token map and the weights' maps, and uploads them and the group table's
+    /// size-independent fields on `stream`. The token map holds A's address: a call with another
+    /// A uploads again (the signature includes it).
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
+        let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers)?;
+        let d = |e| Error::driver("uploading the call's parameters", e);
+        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&params), &mut self.groups).map_err(d)?;
+        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&maps), &mut self.maps).map_err(d)?;
+        Ok(())
+    }
+
+    /// Launches the scheduler and the GEMM on `stream`.
+    ///
+    /// # Safety
+    /// `upload` must have run for weights and an A that are still alive; `buffers` must be valid
+    /// for the problem (`validate_moe_buffers`) until the kernels complete.
+    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
+        let tables = self.tables(stream);
+        let l = &self.layout;
+        let schedule = l.schedule_params(problem, buffers, &tables);
+        let params = l.kernel_params(&tables, problem.output());
+        // SAFETY: each kernel takes its one parameter struct by value; every address in them (and
+        // in the tables they point to) was validated by the caller or is owned by this plan.
+        unsafe {
+            launch(&self.schedule, stream, l.schedule, &schedule)?;
+            launch(&self.gemm, stream, l.gemm, &params)
+        }
+    }
+
+    pub fn status(&self) -> &CudaSlice<u32> {
+        &self.status
+    }
+
+    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memset_zeros(&mut self.status).map_err(|e| Error::driver("clearing the plan's status word", e))
+    }
+
+    pub fn summary(&self) -> PlanSummary {
+        let l = &self.layout;
+        let c = l.kernel.config();
+        PlanSummary {
+            arch: Arch::Sm100a,
+            kernel: format!(
+                "{SCHEDULE} (device sizes → work list) + {}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}",
+                l.kernel.kernel_name(),
+                c.block_m(),
+                c.block_n(),
+                c.stages(),
+                c.block_k(),
+                c.cluster_size()
+            ),
+            tiles: l.max_work as usize,
+            launches: vec![
+                KernelLaunch { kernel: SCHEDULE, geometry: l.schedule },
+                KernelLaunch { kernel: l.kernel.kernel_name(), geometry: l.gemm },
+            ],
+            workspace_bytes: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::TokenLayout;
+    use crate::problem::BufferView;
+    use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+
+    fn static_occupancy(kernel: KernelLayout) -> u32 {
+        kernel.config().resident_ctas(148, kernel.config().max_ctas_per_sm(), 37)
+    }
+
+    fn layout(groups: usize, n: usize, k: usize, layout: TokenLayout) -> (MoeProblem, Sm100DeviceLayout) {
+        let p = MoeProblem::new(groups, n, k, layout, OutputType::F16).unwrap();
+        let l = Sm100DeviceLayout::new(&p, static_occupancy).unwrap();
+        (p, l)
+    }
+
+    #[test]
+    fn variant_capacity_and_geometry() {
+        // 128-wide: min(4, 300) + (300 − 4)/128 = 6 M tiles × 2 N tiles.
+        let (_, l) = layout(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 });
+        assert_eq!((l.kernel, l.block_n, l.max_work), (N128_DEEP_KERNEL, BlockN::N128, 12));
+        assert_eq!(l.gemm, N128_DEEP_KERNEL.launch(12, 148));
+        assert_eq!(l.schedule, LaunchGeometry { grid: 1, block: 256, cluster: 1, smem_bytes: schedule_smem::bytes(4) });
+        // A capacity past two deep waves: the 3-stage kernel, as host-sized plans choose.
+        let (_, l) = layout(64, 4096, 1024, TokenLayout::Masked { max_rows: 16 });
+        assert_eq!((l.kernel, l.max_work), (N128_SHALLOW_KERNEL, 64 * 32));
+        // The MoE shapes are 256-wide: N tiles padded to a multiple of 4 per M tile.
+        let (_, l) = layout(256, 7168, 2048, TokenLayout::Masked { max_rows: 16 });
+        assert_eq!((l.kernel, l.block_n, l.max_work), (N256_CLUSTER4_KERNEL, BlockN::N256, 256 * 28));
+        let (_, l) = layout(3, 4352, 2048, TokenLayout::Contiguous { max_tokens: 200 });
+        assert_eq!(l.max_work, 4 * 20, "17 N tiles padded to 20; min(3, 200) + 197/128 M tiles");
+        assert_eq!((l.max_work % 4, l.gemm.grid % 4, l.gemm.cluster), (0, 0, 4));
+        assert!(Sm100DeviceLayout::new(
+            &MoeProblem::new(1, 8, 64, TokenLayout::Masked { max_rows: 1 }, OutputType::F16).unwrap(),
+            |_| 0
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn tables_and_parameters() {
+        let (p, l) = layout(3, 136, 320, TokenLayout::Contiguous { max_tokens: 300 });
+        let a = p.a_sizes();
+        let v = |ptr: u64, len| BufferView { ptr, len };
+        let buffers = MoeBuffers {
+            sizes: v(0x100, 4),
+            a_values: v(0x1000, a.values),
+            a_scales: v(0x2000, a.scales),
+            weights: (0..3).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
+            alphas: vec![0.5, 1.0, 2.0],
+            c: v(0x3000, p.c_elements()),
+            c_type: OutputType::F16,
+        };
+        let groups = l.group_params(&p, &buffers).unwrap();
+        assert_eq!(
+            groups[2],
+            GroupParams {
+                n: 136,
+                k: 320,
+                alpha: 2.0,
+                b_scales: 0x30_8000,
+                ldc: 136,
+                map_rank: 2,
+                ..GroupParams::default()
+            }
+        );
+        let (a_map, b_map) = l.maps(&p).unwrap();
+        match (a_map, b_map) {
+            (Fp4Map::Rank2(a), Fp4Map::Rank2(b)) => {
+                assert_eq!((a.dims, a.box_dims), ([320, 300], [256, 128]));
+                assert_eq!((b.dims, b.box_dims), ([320, 136], [256, 128]));
+            }
+            other => panic!("{other:?}"),
+        }
+        let tables = Sm100DeviceTables { groups: 1, maps: 2, work: 3, work_len: 4, status: 5 };
+        let s = l.schedule_params(&p, &buffers, &tables);
+        assert_eq!(
+            s.sizes,
+            DeviceSizes { sizes: 0x100, layout: abi::LAYOUT_CONTIGUOUS, groups: 3, rows: 300, reserved: 0 }
+        );
+        assert_eq!((s.groups, s.work, s.work_len, s.status, s.a_scales, s.c), (1, 3, 4, 5, 0x2000, 0x3000));
+        assert_eq!((s.max_work, s.k, s.n, s.block_n), (l.max_work, 320, 136, 128));
+        let kp = l.kernel_params(&tables, OutputType::Bf16);
+        assert_eq!((kp.work_len, kp.work_len_device, kp.group_count, kp.out_bf16), (l.max_work, 4, 3, 1));
+    }
+}
