@@ -749,3 +749,71 @@ pub fn run_sm100_moe(
     launched.push(launch_one(layout.kernel.kernel_name(), &cfg, layout.gemm, kp, sm100_entry(layout.kernel))?);
     Ok((launched, tables.outcome(), layout))
 }
+
+/// A 128-byte aligned host allocation for the probes (tensor maps need 64-byte alignment).
+pub struct ProbeBuf {
+    blocks: Vec<Block128>,
+    len: usize,
+    addr: u64,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(128))]
+struct Block128([u8; 128]);
+
+/// The device model as a [`ProbeTarget`](nvfp4_gemm::probe::ProbeTarget): "device" buffers are
+/// host allocations, maps are the model's encoding ([`ModelEncoder`]), launches run the probe
+/// kernels (`nvfp4_gemm_kernel::probe`, built for the host) as sm_90a.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModelTarget {
+    /// The model's choices.
+    pub run: ModelRun,
+}
+
+impl nvfp4_gemm::probe::ProbeTarget for ModelTarget {
+    type Buf = ProbeBuf;
+
+    fn upload(&self, bytes: &[u8]) -> Result<ProbeBuf, String> {
+        let mut blocks = vec![Block128([0; 128]); bytes.len().max(16).div_ceil(128)];
+        let addr = blocks.as_mut_ptr() as u64;
+        // SAFETY: `blocks` holds at least `bytes.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        Ok(ProbeBuf { blocks, len: bytes.len(), addr })
+    }
+
+    fn addr(&self, buf: &ProbeBuf) -> u64 {
+        buf.addr
+    }
+
+    fn download(&self, buf: &ProbeBuf) -> Result<Vec<u8>, String> {
+        debug_assert_eq!(buf.addr, buf.blocks.as_ptr() as u64);
+        // SAFETY: `blocks` holds at least `len` initialized bytes; no launch is running.
+        Ok(unsafe { std::slice::from_raw_parts(buf.addr as *const u8, buf.len) }.to_vec())
+    }
+
+    fn encode(&self, map: &TiledMap<2>, base: u64) -> Result<TensorMap, String> {
+        ModelEncoder.encode(map, base).map_err(|e| e.to_string())
+    }
+
+    fn launch(
+        &self,
+        kernel: nvfp4_gemm::probe::ProbeKernel,
+        geometry: LaunchGeometry,
+        params: nvfp4_gemm::probe::ProbeParams,
+    ) -> Result<(), String> {
+        use nvfp4_gemm::probe::ProbeKernel;
+        use nvfp4_gemm_kernel::probe::*;
+        let entry: unsafe fn(nvfp4_gemm::probe::ProbeParams) = match kernel {
+            ProbeKernel::Tma => tma_probe,
+            ProbeKernel::Sync => sync_probe,
+            ProbeKernel::WgmmaN16 => wgmma_probe_n16,
+            ProbeKernel::WgmmaN128 => wgmma_probe_n128,
+        };
+        let cfg = launch_config(Arch::Sm90a, geometry, 1, &self.run);
+        // SAFETY: the probe runners (`nvfp4_gemm::probe`) allocate what each kernel's contract
+        // asks for; the model checks every shared-memory and asynchronous access.
+        nvfp4_gemm_model::launch(&cfg, || unsafe { entry(params) })
+            .map(|_| ())
+            .map_err(|e| format!("{} failed in the model: {e}", kernel.name()))
+    }
+}

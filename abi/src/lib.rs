@@ -9,6 +9,7 @@
 
 pub mod launch;
 pub mod moe;
+pub mod probe;
 pub mod quantize;
 pub mod scale_layout;
 pub mod sm100;

@@ -39,6 +39,7 @@ pub mod driver;
 pub mod error;
 pub mod moe;
 pub mod plan;
+pub mod probe;
 pub mod problem;
 pub mod quantize;
 mod sm100;

@@ -10,7 +10,7 @@
 //!
 //! Layering (dependencies point one way): [`ptx`] is the only module with `asm!` or other access to
 //! the hardware (special registers, shared memory, barriers, async copies, tensor-core ops);
-//! the kernels above it ([`smoke`], `sm90`, `sm100`) are written against that vocabulary only,
+//! the kernels above it ([`smoke`], `probe`, `sm90`, `sm100`) are written against that vocabulary only,
 //! with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
@@ -36,6 +36,10 @@ pub mod sm90;
 
 #[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
 pub mod sm100;
+
+// The hardware probes run on the H200 (and in the model): sm_90a only.
+#[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
+pub mod probe;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -42,6 +42,29 @@ sreg_u32!(/// `%cluster_ctarank`: rank of this CTA in its cluster (PTX ISA 7.8, 
     cluster_ctarank, "%cluster_ctarank");
 sreg_u32!(/// `%cluster_nctarank`: CTAs in this cluster (PTX ISA 7.8, sm_90).
     cluster_nctarank, "%cluster_nctarank");
+sreg_u32!(/// `%clusterid.x`: cluster index in the grid (PTX ISA 7.8, sm_90).
+    clusterid_x, "%clusterid.x");
+sreg_u32!(/// `%nclusterid.x`: clusters in the grid (PTX ISA 7.8, sm_90).
+    nclusterid_x, "%nclusterid.x");
+
+/// `mov.u64 r, %globaltimer;` (PTX ISA 3.1): a global nanosecond timer. Not `pure`: every read
+/// is a new value. (In the model: its own clock, advancing with the instructions executed.)
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn globaltimer() -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    let t = {
+        let t: u64;
+        // SAFETY: reading a special register has no side effects.
+        unsafe {
+            asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack, preserves_flags));
+        }
+        t
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let t = super::model::sreg::globaltimer();
+    t
+}
 
 /// Warp index in the CTA, `%tid.x / 32`, made warp-uniform for the compiler with
 /// `shfl.sync.idx` from lane 0 so that role dispatch on it stays uniform.
