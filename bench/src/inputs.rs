@@ -36,8 +36,8 @@ fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<CudaSlice<u8>> {
 
 /// Host bytes of one operand: packed values and blocked scales.
 pub(crate) struct HostOperand {
-    values: Vec<u8>,
-    scales: Vec<u8>,
+    pub(crate) values: Vec<u8>,
+    pub(crate) scales: Vec<u8>,
 }
 
 /// Fills `len` bytes from 8-byte words of a seeded generator, in parallel (each 64 KiB chunk its
@@ -74,7 +74,7 @@ pub(crate) fn random_bf16(count: usize, seed: u64) -> Vec<bf16> {
 /// A random operand in the competition's distribution, fast: value codes in {0..3, 8..11} (each
 /// byte masked with 0b1011_1011) and every scale byte, padding included (as the competition's
 /// generator leaves it), 1.0 or 2.0. Used for the extra input sets, which are timed, not checked.
-fn fast_operand(rows: usize, k: usize, seed: u64) -> Result<HostOperand> {
+pub(crate) fn fast_operand(rows: usize, k: usize, seed: u64) -> Result<HostOperand> {
     let scales_len = nvfp4_format::layout::blocked_len(rows, k).map_err(|e| e.to_string())?;
     Ok(HostOperand {
         values: parallel_bytes(rows * k / 2, seed, |x| (x & 0xBBBB_BBBB_BBBB_BBBB).to_le_bytes()),

@@ -2,6 +2,7 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use nvfp4_gemm_bench::measure::Bench;
+use nvfp4_gemm_bench::moe::{MoeReport, RoutingFile};
 use nvfp4_gemm_bench::options::{self, Options, Parsed};
 use nvfp4_gemm_bench::report::{self, Report};
 use std::panic::AssertUnwindSafe;
@@ -11,11 +12,28 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// Phases per shape (`Bench::shape` calls its step callback this many times).
 const STEPS_PER_SHAPE: u64 = 6;
 
+/// Phases per MoE row (`Bench::moe_shape` calls its step callback this many times).
+const STEPS_PER_MOE: u64 = 6;
+
 fn run(o: Options) -> Result<ExitCode, String> {
     let started = Instant::now();
+    if let Some(path) = &o.write_routing {
+        RoutingFile::new(&o.moe, o.seed).write(path)?;
+        eprintln!("wrote the routings of {} MoE shapes (seed {}) to {}", o.moe.len(), o.seed, path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    // The PyTorch baseline runs first, with the GPU to itself.
+    let torch = if o.moe.is_empty() {
+        None
+    } else {
+        std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+        let t = nvfp4_gemm_bench::torch::baseline(&o);
+        eprintln!("PyTorch baseline: {}", t.note);
+        Some(t)
+    };
     let mut bench = Bench::new(&o)?;
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
-    let pb = ProgressBar::new(1 + STEPS_PER_SHAPE * o.problems.len() as u64);
+    let pb = ProgressBar::new(1 + STEPS_PER_SHAPE * o.problems.len() as u64 + STEPS_PER_MOE * o.moe.len() as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
@@ -67,6 +85,36 @@ fn run(o: Options) -> Result<ExitCode, String> {
             }
         }
     }
+    let mut moe_rows = vec![];
+    for shape in &o.moe {
+        let torch = torch.as_ref().expect("made when there are MoE rows");
+        let mut steps: u64 = 0;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            bench.moe_shape(shape, &o, torch, &mut |phase| {
+                if steps > 0 {
+                    pb.inc(1);
+                }
+                steps += 1;
+                log(&pb, format!("{}: {phase}", shape.name));
+            })
+        }))
+        .unwrap_or_else(|_| Err("panicked (message above)".into()));
+        pb.inc(STEPS_PER_MOE.saturating_sub(steps.saturating_sub(1)));
+        match result {
+            Ok(r) => {
+                let check = r.check.as_deref().unwrap_or("check skipped (--no-check)");
+                pb.suspend(|| {
+                    eprintln!("{}: GemmPlan {}; MoePlan {}", r.name, r.plan_kernel, r.moe_kernel);
+                    eprintln!("{}: {check}", r.name);
+                });
+                moe_rows.push(r);
+            }
+            Err(e) => {
+                pb.suspend(|| eprintln!("{}: ERROR: {e}", shape.name));
+                errors.push(format!("{}: {e}", shape.name));
+            }
+        }
+    }
     pb.finish_and_clear();
     let unix_time = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let report = Report {
@@ -75,6 +123,7 @@ fn run(o: Options) -> Result<ExitCode, String> {
         environment,
         options: o.clone(),
         shapes,
+        moe: torch.map(|torch| MoeReport { seed: o.seed, torch, shapes: moe_rows }),
     };
     let json = o.out.join("nvfp4-bench.json");
     let svg = o.out.join("nvfp4-bench.svg");

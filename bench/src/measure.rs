@@ -26,11 +26,11 @@ pub(crate) fn drv(during: &'static str) -> impl Fn(DriverError) -> String {
 }
 
 /// f16 NaN written into C before the checked run: an element the kernel never wrote fails.
-const POISON: u16 = 0x7FFF;
+pub(crate) const POISON: u16 = 0x7FFF;
 
 /// Device-side timing: events on the bench's stream and the L2 flush buffer.
 pub(crate) struct Timer {
-    stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
     flush: CudaSlice<u8>,
 }
 
@@ -85,14 +85,16 @@ pub(crate) fn stats(samples: &[f64], what: &str) -> Result<Stats> {
 
 /// The GPU, its stream, the timer and (when it loads) cuBLAS.
 pub struct Bench {
-    gpu: Gpu,
-    timer: Timer,
+    pub(crate) gpu: Gpu,
+    pub(crate) timer: Timer,
     blas: std::result::Result<CudaBlas, String>,
+    /// The stream of the MoE rows, once made ([`crate::moe_measure`]).
+    pub(crate) moe_stream: Option<Arc<CudaStream>>,
 }
 
 /// Host-clock µs per call over `batches` batches of `calls` calls (synchronized between batches,
 /// never inside one).
-fn host_overhead(
+pub(crate) fn host_overhead(
     stream: &Arc<CudaStream>,
     batches: usize,
     calls: usize,
@@ -122,7 +124,7 @@ impl Bench {
         let stream = gpu.context().default_stream();
         let flush = stream.alloc_zeros::<u8>(o.flush_bytes).map_err(drv("allocating the L2 flush buffer"))?;
         let blas = if o.baseline { load_cublas(&stream) } else { Err("disabled with --no-baseline".into()) };
-        Ok(Bench { gpu, timer: Timer { stream, flush }, blas })
+        Ok(Bench { gpu, timer: Timer { stream, flush }, blas, moe_stream: None })
     }
 
     /// One line about the device.

@@ -1,5 +1,6 @@
 //! Command-line options of `nvfp4-bench`.
 
+use crate::moe::MoeShape;
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -48,6 +49,25 @@ OPTIONS
   --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
   --out DIR         where nvfp4-bench.json and nvfp4-bench.svg go (default: bench-results)
   -h, --help        this text
+
+MOE ROWS (off unless asked for; run after the shapes above)
+  --moe             add the MoE rows m0..m3: many experts, few tokens each, random routing
+                    (seeded by --seed), bf16 activations on the GPU:
+                    m0 = e=64,t=1-16,n=7168,k=2048   m1 = e=256,t=1-8,n=7168,k=2048
+                    m2 = e=64,t=1-16,n=4096,k=7168   m3 = e=256,t=1-8,n=4096,k=7168
+                    (e experts, each given a uniform count of tokens in t = lo-hi)
+  --moe-shapes LIST which of m0..m3 (comma-separated, `all` or `none`); implies --moe
+  --moe-shape SPEC  an extra MoE problem (repeatable), e.g. e=128,t=0-4,n=2048,k=1024,name=mine
+  --torch WHAT      the PyTorch baseline of the MoE rows: `auto` (default: run torch_moe.py beside
+                    this binary with python3, or $NVFP4_BENCH_PYTHON, before opening the GPU; it
+                    writes DIR/torch-moe.json), `off`, or the path of a torch-moe.json to read
+  --write-moe-routing FILE
+                    write the MoE rows' routings (JSON, for torch_moe.py) and exit; no GPU needed
+  Per MoE row, each checked once against the CPU reference, then timed like kernel-only (L2
+  flushed, events, median of ITERS): (a) quantize_grouped + GemmPlan::run (sizes known on the
+  host), (b) quantize_grouped + MoePlan::run (contiguous layout, sizes read on the device),
+  (c) replay of a CUDA graph holding (b). Table: us and NVFP4 weight TB/s of each, PyTorch's best
+  us and x_* = PyTorch us / ours (above 1: faster than PyTorch).
 
 OUTPUT
   stdout: one table row per shape (µs are medians):
@@ -114,6 +134,37 @@ pub struct Options {
     pub baseline: bool,
     /// Output folder.
     pub out: PathBuf,
+    /// MoE rows to run after the problems (none unless asked for).
+    #[serde(skip)]
+    pub moe: Vec<MoeShape>,
+    /// Where the MoE rows' PyTorch baseline comes from.
+    #[serde(skip)]
+    pub torch: Torch,
+    /// Write the MoE routings to this file and exit.
+    #[serde(skip)]
+    pub write_routing: Option<PathBuf>,
+}
+
+/// Where the MoE rows' PyTorch baseline comes from (`--torch`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Torch {
+    /// Run `torch_moe.py` beside the executable.
+    #[default]
+    Auto,
+    /// No baseline.
+    Off,
+    /// Read this `torch-moe.json`.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for Torch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Torch::Auto => write!(f, "auto"),
+            Torch::Off => write!(f, "off"),
+            Torch::File(p) => write!(f, "{}", p.display()),
+        }
+    }
 }
 
 impl Default for Options {
@@ -130,6 +181,9 @@ impl Default for Options {
             check: true,
             baseline: true,
             out: PathBuf::from("bench-results"),
+            moe: vec![],
+            torch: Torch::Auto,
+            write_routing: None,
         }
     }
 }
@@ -156,6 +210,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut o = Options::default();
     let mut benchmarks: Option<Vec<NamedShapes>> = None;
     let mut extra = vec![];
+    let (mut moe_flag, mut moe_list, mut moe_extra): (bool, Option<Vec<MoeShape>>, Vec<MoeShape>) =
+        (false, None, vec![]);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -200,7 +256,40 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--flush-mib" => o.flush_bytes = count("flush-mib", &value()?, 256)? << 20,
             "--seed" => o.seed = value()?.parse().map_err(|_| "--seed: not a whole number".to_owned())?,
             "--out" => o.out = PathBuf::from(value()?),
-            "--no-check" | "--no-baseline" if inline.is_some() => return Err(format!("{name} takes no value")),
+            "--moe-shapes" => {
+                let v = value()?;
+                moe_list = Some(match v.as_str() {
+                    "all" => MoeShape::defaults(),
+                    "none" => vec![],
+                    _ => v
+                        .split(',')
+                        .map(|s| {
+                            MoeShape::named(s.trim())
+                                .ok_or_else(|| format!("--moe-shapes: unknown shape `{s}` (m0..m3)"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                });
+            }
+            "--moe-shape" => {
+                let v = value()?;
+                moe_extra.push(match MoeShape::named(v.trim()) {
+                    Some(s) => s,
+                    None => MoeShape::parse(&v)?,
+                });
+            }
+            "--torch" => {
+                o.torch = match value()?.as_str() {
+                    "auto" => Torch::Auto,
+                    "off" => Torch::Off,
+                    "" => return Err("--torch: auto, off or a file".into()),
+                    path => Torch::File(PathBuf::from(path)),
+                }
+            }
+            "--write-moe-routing" => o.write_routing = Some(PathBuf::from(value()?)),
+            "--no-check" | "--no-baseline" | "--moe" if inline.is_some() => {
+                return Err(format!("{name} takes no value"))
+            }
+            "--moe" => moe_flag = true,
             "--no-check" => o.check = false,
             "--no-baseline" => o.baseline = false,
             other => return Err(format!("unknown argument `{other}` (see --help)")),
@@ -216,10 +305,30 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         problems.push(s);
     }
-    if problems.is_empty() {
-        return Err("no shapes to run (--shapes none and no --shape)".into());
+    let mut moe = moe_list.unwrap_or_else(|| {
+        if moe_flag || (o.write_routing.is_some() && moe_extra.is_empty()) {
+            MoeShape::defaults()
+        } else {
+            vec![]
+        }
+    });
+    let customs = moe_extra.iter().filter(|s| s.name == "custom").count();
+    let mut k = 0;
+    for mut s in moe_extra {
+        if s.name == "custom" && customs > 1 {
+            k += 1;
+            s.name = format!("custom{k}");
+        }
+        moe.push(s);
+    }
+    if o.write_routing.is_some() && moe.is_empty() {
+        return Err("--write-moe-routing: no MoE shapes (--moe-shapes none)".into());
+    }
+    if problems.is_empty() && moe.is_empty() {
+        return Err("no shapes to run (--shapes none and no --shape or --moe)".into());
     }
     o.problems = problems;
+    o.moe = moe;
     Ok(Parsed::Run(o))
 }
 
@@ -290,5 +399,54 @@ mod tests {
         assert!(err("--frob").contains("unknown argument"));
         assert!(err("--shape m=1,n=8").contains("missing k"));
         assert!(err("--no-check=1").contains("takes no value"));
+    }
+
+    fn moe_names(o: &Options) -> Vec<&str> {
+        o.moe.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn moe_rows_are_off_unless_asked_for() {
+        let o = run("");
+        assert!(o.moe.is_empty() && o.write_routing.is_none());
+        assert_eq!(o.torch, Torch::Auto);
+        // The JSON's options are unchanged by the MoE options.
+        let v = serde_json::to_value(&o).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["baseline", "check", "flush_bytes", "host_batches", "host_calls", "iters", "out", "reps", "seed", "sets"]
+        );
+    }
+
+    #[test]
+    fn moe_options() {
+        let o = run("--moe --shapes none --out /tmp/o");
+        assert!(o.problems.is_empty());
+        assert_eq!(moe_names(&o), ["m0", "m1", "m2", "m3"]);
+        assert_eq!(o.moe[1].experts, 256);
+        let o = run("--moe-shapes m2,m0 --moe-shape e=8,t=0-2,n=256,k=128 --moe-shape m3 --torch off");
+        assert_eq!(o.problems.len(), 7, "the default shapes stay");
+        assert_eq!(moe_names(&o), ["m2", "m0", "custom", "m3"]);
+        assert_eq!((o.moe[2].experts, o.moe[2].tokens), (8, (0, 2)));
+        assert_eq!(o.torch, Torch::Off);
+        let o = run("--shapes none --moe-shape e=8,t=1,n=8,k=64 --moe-shape e=9,t=1,n=8,k=64,name=x --moe-shape e=2,t=1,n=8,k=64");
+        assert_eq!(moe_names(&o), ["custom1", "x", "custom2"]);
+        assert_eq!(run("--moe --moe-shapes none").moe, vec![]);
+        assert_eq!(run("--moe-shapes all").moe, MoeShape::defaults());
+        assert_eq!(run("--moe --torch=/tmp/t.json").torch, Torch::File(PathBuf::from("/tmp/t.json")));
+        let o = run("--write-moe-routing /tmp/r.json --shapes none");
+        assert_eq!(o.write_routing, Some(PathBuf::from("/tmp/r.json")));
+        assert_eq!(moe_names(&o), ["m0", "m1", "m2", "m3"]);
+        let o = run("--write-moe-routing /tmp/r.json --moe-shape e=2,t=1,n=8,k=64,name=only");
+        assert_eq!(moe_names(&o), ["only"]);
+        let err = |s: &str| parse(&args(s)).unwrap_err();
+        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3)"));
+        assert!(err("--moe-shape e=1,t=1,n=8").contains("missing k"));
+        assert!(err("--moe=1").contains("takes no value"));
+        assert!(err("--shapes none --moe-shapes none").contains("no shapes"));
+        assert!(err("--write-moe-routing /tmp/r.json --moe-shapes none").contains("no MoE shapes"));
+        assert!(err("--torch").contains("needs a value"));
     }
 }

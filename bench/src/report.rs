@@ -99,12 +99,16 @@ pub struct Report {
     pub options: crate::options::Options,
     /// One entry per problem.
     pub shapes: Vec<ShapeResult>,
+    /// The MoE rows (only with `--moe`; absent from the JSON otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<crate::moe::MoeReport>,
 }
 
 impl Report {
     /// All checks passed (or were skipped).
     pub fn passed(&self) -> bool {
         self.shapes.iter().all(|s| s.check_passed)
+            && self.moe.as_ref().is_none_or(|m| m.shapes.iter().all(|s| s.check_passed))
     }
 }
 
@@ -161,9 +165,35 @@ pub fn table(report: &Report) -> String {
             ]
         })
         .collect();
+    if !rows.is_empty() || report.moe.is_none() {
+        out += &aligned(&header, &rows);
+    }
+    for s in &report.shapes {
+        let _ = writeln!(
+            out,
+            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating | floors: bytes {:.2} us, flops {} us",
+            s.name,
+            s.spec,
+            s.host_cached_us.median,
+            s.host_rotating_us.median,
+            s.floor_bytes_us,
+            opt(s.floor_flops_us, 2)
+        );
+    }
+    if let Some(moe) = &report.moe {
+        if !report.shapes.is_empty() {
+            out.push('\n');
+        }
+        out += &crate::moe::table(moe);
+    }
+    out
+}
+
+/// A text table: the first column left-aligned, the others right-aligned, two spaces apart.
+pub(crate) fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r.as_ref()) {
             *w = (*w).max(c.chars().count());
         }
     }
@@ -178,21 +208,10 @@ pub fn table(report: &Report) -> String {
         }
         l
     };
+    let mut out = String::new();
     let _ = writeln!(out, "{}", line(&mut header.iter().copied()));
-    for r in &rows {
-        let _ = writeln!(out, "{}", line(&mut r.iter().map(String::as_str)));
-    }
-    for s in &report.shapes {
-        let _ = writeln!(
-            out,
-            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating | floors: bytes {:.2} us, flops {} us",
-            s.name,
-            s.spec,
-            s.host_cached_us.median,
-            s.host_rotating_us.median,
-            s.floor_bytes_us,
-            opt(s.floor_flops_us, 2)
-        );
+    for r in rows {
+        let _ = writeln!(out, "{}", line(&mut r.as_ref().iter().map(String::as_str)));
     }
     out
 }
@@ -325,6 +344,7 @@ mod tests {
             },
             options: crate::options::Options::default(),
             shapes: vec![shape("b0", 16.0, Some(20.0)), shape("custom", 10.0, None)],
+            moe: None,
         }
     }
 

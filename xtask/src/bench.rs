@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: builds the benchmark (`nvfp4-bench`) and the command-line tool
-//! (`nvfp4-gemm`) in release mode, copies them into `bundle/bin/` with `run-bench.sh`, and prints
-//! the command to run on the GPU machine. Only `bundle/bin/` is touched, so it can follow
+//! (`nvfp4-gemm`) in release mode, copies them into `bundle/bin/` with `run-bench.sh` and the MoE
+//! rows' PyTorch baseline `torch_moe.py`, and prints the commands to run on the GPU machine. Only `bundle/bin/` is touched, so it can follow
 //! `cargo xtask bundle` (which rebuilds the whole folder: run it first).
 
 use crate::bundle::{json_str, walk_size};
@@ -14,7 +14,9 @@ use std::process::{Command, Stdio};
 /// for libcublasLt.so.13).
 const RUN_BENCH: &str = r#"#!/usr/bin/env bash
 # Usage: bundle/bin/run-bench.sh [nvfp4-bench options], e.g. --out "$OUT". See nvfp4-bench --help.
+# With --moe, nvfp4-bench runs torch_moe.py (beside it) with the LD_LIBRARY_PATH saved here.
 here="$(cd "$(dirname "$0")" && pwd)"
+export NVFP4_BENCH_ORIG_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 find_cublas() {
   local d
   for d in ${CUDA_HOME:+"$CUDA_HOME/lib64"} /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
@@ -83,18 +85,28 @@ pub fn run(args: &[&str]) -> Result<()> {
     }
     let script = bin.join("run-bench.sh");
     std::fs::write(&script, RUN_BENCH)?;
+    let torch_script = bin.join("torch_moe.py");
+    std::fs::copy(root.join("bench/torch_moe.py"), &torch_script)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        for s in [&script, &torch_script] {
+            std::fs::set_permissions(s, std::fs::Permissions::from_mode(0o755))?;
+        }
     }
     let size = walk_size(&root.join("bundle"))?;
-    println!("bench: copied {} and run-bench.sh to {}", copied.join(", "), bin.display());
+    println!("bench: copied {}, run-bench.sh and torch_moe.py to {}", copied.join(", "), bin.display());
     println!("bundle/ is {:.1} MiB (the device tool carries at most 64 MiB)", size as f64 / (1 << 20) as f64);
     if size > 60 << 20 {
         return Err(Error::msg("bundle is over 60 MiB"));
     }
     println!("On the GPU machine (device tool `run`, carry [\"bundle\"]):");
     println!("  set -o pipefail; bundle/bin/run-bench.sh --out \"$OUT\" 2>&1 | tee \"$OUT/bench.log\"");
+    println!(
+        "MoE rows (quantize + GEMM, graph replay) beside PyTorch's best option (torch_moe.py, run by nvfp4-bench):"
+    );
+    println!(
+        "  set -o pipefail; bundle/bin/run-bench.sh --moe --shapes none --out \"$OUT\" 2>&1 | tee \"$OUT/bench-moe.log\""
+    );
     Ok(())
 }

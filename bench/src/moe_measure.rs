@@ -1,0 +1,331 @@
+//! The MoE rows on the GPU (`Bench::moe_shape`): for one [`MoeShape`] and its seeded routing, bf16
+//! activations on the device are quantized on the GPU (`Quantizer::quantize_grouped`, contiguous
+//! layout) and multiplied by every expert's NVFP4 weights in three ways, each checked once
+//! against the CPU reference and then timed like the kernel-only rows:
+//!
+//! - (a) `GemmPlan::run`, the sizes known on the host (each group's A and C are slices of the
+//!   grouped tensors / its own C);
+//! - (b) `MoePlan::run`, the sizes read on the device;
+//! - (c) a CUDA graph holding (b), captured once and replayed.
+//!
+//! All of it runs on one stream of its own (capture needs one), with cudarc's cross-stream event
+//! tracking off (as `nvfp4_gemm::moe` documents), after the other rows.
+
+use crate::inputs::fast_operand;
+use crate::measure::{drv, host_overhead, stats, Bench, Result, POISON};
+use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, Routing, TorchBaseline};
+use crate::options::Options;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use half::{bf16, f16};
+use nvfp4_format::{
+    compare, quantize_with_global_scale, reference_grouped_gemm_f64, Comparison, Group, GroupOutput, Nvfp4Matrix,
+    Tolerance,
+};
+use nvfp4_gemm::moe::{GroupRows, MoeArgs, MoePlan, MoeProblem, TokenLayout};
+use nvfp4_gemm::quantize::Quantizer;
+use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, GroupShape, Nvfp4Operand, Output, OutputType, Problem};
+use std::sync::Arc;
+
+/// The activations' global scale ([`exact_activations`] are exact NVFP4 with it).
+const G_X: f32 = 1.0;
+
+/// Maps a library error to a message naming what was being done.
+fn lib(during: &'static str) -> impl Fn(nvfp4_gemm::Error) -> String {
+    move |e| format!("{during}: {e}")
+}
+
+/// The device buffers one row writes.
+struct Buffers {
+    /// Activations `[T, K]`, sorted by expert.
+    x: CudaSlice<bf16>,
+    /// `offsets[E + 1]`.
+    sizes: CudaSlice<u32>,
+    /// The quantized tokens (grouped layout).
+    a: DeviceNvfp4,
+    /// C of (b) and (c), `[T, N]`.
+    c_moe: CudaSlice<f16>,
+    /// C of (a), one per expert (16 elements for an empty one).
+    c_plan: Vec<CudaSlice<f16>>,
+}
+
+/// What the calls read.
+struct Calls<'a> {
+    stream: Arc<CudaStream>,
+    quantizer: &'a Quantizer,
+    problem: &'a MoeProblem,
+    rows: &'a [GroupRows],
+    weights: &'a [Nvfp4Operand<'a>],
+    alphas: &'a [f32],
+}
+
+impl Calls<'_> {
+    fn quantize(&self, b: &mut Buffers) -> Result<()> {
+        self.quantizer
+            .quantize_grouped(&self.stream, &b.x, self.problem, &b.sizes, G_X, b.a.operand_mut())
+            .map_err(lib("quantize_grouped"))
+    }
+
+    /// (a): quantize, then the host-sized plan on each group's slices of A.
+    fn host_sized(&self, plan: &mut GemmPlan, b: &mut Buffers) -> Result<()> {
+        self.quantize(b)?;
+        let k = self.problem.k();
+        let views: Vec<(CudaView<u8>, CudaView<u8>)> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let (first, m, scale_first) = (r.first as usize, r.rows as usize, r.scale_first as usize);
+                let values = first * k / 2;
+                let scales = scale_first * k / 16;
+                (
+                    b.a.values.slice(values..values + m * k / 2),
+                    b.a.scales.slice(scales..scales + m.div_ceil(128) * 128 * k / 16),
+                )
+            })
+            .collect();
+        let mut args: Vec<GroupArgs> = views
+            .iter()
+            .zip(b.c_plan.iter_mut())
+            .zip(self.weights)
+            .zip(self.alphas)
+            .map(|(((a, c), w), &alpha)| GroupArgs {
+                a: Nvfp4Operand { values: &a.0, scales: &a.1 },
+                b: *w,
+                c: Output::F16(c),
+                alpha,
+            })
+            .collect();
+        plan.run(&self.stream, &mut args).map_err(lib("GemmPlan::run"))
+    }
+
+    /// (b): quantize, then the plan that reads the sizes on the device.
+    fn device_sized(&self, plan: &mut MoePlan, b: &mut Buffers) -> Result<()> {
+        self.quantize(b)?;
+        let mut args = MoeArgs {
+            sizes: &b.sizes,
+            a: b.a.operand(),
+            weights: self.weights,
+            alphas: self.alphas,
+            c: Output::F16(&mut b.c_moe),
+        };
+        plan.run(&self.stream, &mut args).map_err(lib("MoePlan::run"))
+    }
+}
+
+fn poison(stream: &Arc<CudaStream>, c: &mut CudaSlice<f16>) -> Result<()> {
+    stream.memcpy_htod(&vec![f16::from_bits(POISON); c.len()], c).map_err(drv("poisoning C"))
+}
+
+/// Each group's rows of the `[T, N]` output.
+fn grouped_output(stream: &Arc<CudaStream>, c: &CudaSlice<f16>, rows: &[GroupRows], n: usize) -> Result<Vec<Vec<f16>>> {
+    stream.synchronize().map_err(drv("running the checked call"))?;
+    let host = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
+    Ok(rows.iter().map(|r| host[r.first as usize * n..(r.first + r.rows) as usize * n].to_vec()).collect())
+}
+
+fn compared(got: &[Vec<f16>], reference: &[GroupOutput<f16>]) -> Result<Comparison> {
+    compare(got, reference, Tolerance::COMPETITION).map_err(|e| e.to_string())
+}
+
+impl Bench {
+    /// The MoE rows' stream, made on first use: the context is synchronized, cudarc's
+    /// cross-stream event tracking turned off (a capturing stream may not wait on events recorded
+    /// outside the capture), and the timer moved to the new stream.
+    fn moe_stream(&mut self) -> Result<Arc<CudaStream>> {
+        if let Some(s) = &self.moe_stream {
+            return Ok(s.clone());
+        }
+        let ctx = self.gpu.context().clone();
+        ctx.synchronize().map_err(drv("synchronizing before the MoE rows"))?;
+        // SAFETY: from here on the bench uses one stream, this one, except for the plans' own
+        // allocations on the default stream, which `moe_shape` follows with a context
+        // synchronisation; nothing relies on cudarc's implicit cross-stream waits.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("creating the MoE stream"))?;
+        self.timer.stream = stream.clone();
+        self.moe_stream = Some(stream.clone());
+        Ok(stream)
+    }
+
+    /// One MoE row (module docs). `step` is called before each phase with its name.
+    pub fn moe_shape(
+        &mut self,
+        shape: &MoeShape,
+        o: &Options,
+        torch: &TorchBaseline,
+        step: &mut dyn FnMut(&str),
+    ) -> Result<MoeResult> {
+        let stream = self.moe_stream()?;
+        let ctx = self.gpu.context().clone();
+        let (experts, n, k) = (shape.experts, shape.n, shape.k);
+
+        step("generating and uploading inputs");
+        let counts = shape.routing(o.seed);
+        let offsets = offsets_of(&counts);
+        let tokens = offsets[experts] as usize;
+        if tokens == 0 {
+            return Err("the routing gives no expert a token".into());
+        }
+        let problem = MoeProblem::new(experts, n, k, TokenLayout::Contiguous { max_tokens: tokens }, OutputType::F16)
+            .map_err(lib("MoeProblem"))?;
+        let (rows, expected_status) = problem.group_rows(&offsets).map_err(lib("group_rows"))?;
+        if !expected_status.is_ok() {
+            return Err(format!("the routing's sizes would be clamped: {expected_status}"));
+        }
+        let x_host = exact_activations(tokens, k, o.seed ^ 0xAC71_7A7E);
+        // Expert e: competition-distributed weights (global scale 1) and its rows of the
+        // activations, quantized on the CPU for the reference.
+        let groups: Vec<Group> = rows
+            .iter()
+            .enumerate()
+            .map(|(e, r)| {
+                let w = fast_operand(n, k, o.seed.wrapping_add(0x10_0000 + 2 * e as u64))?;
+                let b = Nvfp4Matrix::new(n, k, w.values, w.scales, 1.0).map_err(|e| e.to_string())?;
+                let (first, m) = (r.first as usize, r.rows as usize);
+                let a = quantize_with_global_scale(&x_host[first * k..(first + m) * k], m, k, G_X)
+                    .map_err(|e| e.to_string())?;
+                Group::new(a, b, 1.0).map_err(|e| e.to_string())
+            })
+            .collect::<Result<_>>()?;
+        let w_dev: Vec<DeviceNvfp4> = groups
+            .iter()
+            .map(|g| DeviceNvfp4::upload(&stream, &g.b))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(lib("uploading the weights"))?;
+        let weights: Vec<Nvfp4Operand> = w_dev.iter().map(DeviceNvfp4::operand).collect();
+        let alphas: Vec<f32> = groups.iter().map(Group::effective_alpha_f32).collect();
+        let mut bufs = Buffers {
+            x: stream.clone_htod(&x_host).map_err(drv("uploading the activations"))?,
+            sizes: stream.clone_htod(&offsets).map_err(drv("uploading the offsets"))?,
+            a: DeviceNvfp4::alloc_zeros_sized(&stream, problem.a_sizes()).map_err(lib("allocating A"))?,
+            c_moe: stream.alloc_zeros::<f16>(problem.c_elements()).map_err(drv("allocating C"))?,
+            c_plan: counts
+                .iter()
+                .map(|&m| stream.alloc_zeros::<f16>((m as usize * n).max(16)))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(drv("allocating C"))?,
+        };
+        drop(x_host);
+        let quantizer = Quantizer::new(&self.gpu).map_err(lib("loading the quantizer"))?;
+        let shapes: Vec<GroupShape> = counts.iter().map(|&m| GroupShape::new(m as usize, n, k)).collect();
+        let mut gemm = GemmPlan::new(&self.gpu, Problem::new(shapes, OutputType::F16).map_err(lib("Problem"))?)
+            .map_err(lib("planning (GemmPlan)"))?;
+        let mut moe = MoePlan::new(&self.gpu, problem.clone()).map_err(lib("planning (MoePlan)"))?;
+        // The plans allocate and fill their tables on the default stream.
+        ctx.synchronize().map_err(drv("planning"))?;
+        let (plan_kernel, moe_kernel) = (gemm.summary().kernel.clone(), moe.summary().kernel.clone());
+        let calls = Calls {
+            stream: stream.clone(),
+            quantizer: &quantizer,
+            problem: &problem,
+            rows: &rows,
+            weights: &weights,
+            alphas: &alphas,
+        };
+
+        step("checking against the CPU reference");
+        let reference: Option<Vec<GroupOutput<f16>>> = if o.check {
+            let exact = reference_grouped_gemm_f64(&groups).map_err(|e| e.to_string())?;
+            Some(exact.iter().map(GroupOutput::rounded).collect())
+        } else {
+            None
+        };
+        drop(groups);
+        if reference.is_some() {
+            for c in bufs.c_plan.iter_mut() {
+                poison(&stream, c)?;
+            }
+            poison(&stream, &mut bufs.c_moe)?;
+        }
+        // (a) and (b) once each (the first MoePlan call uploads its tables: needed before capture).
+        calls.host_sized(&mut gemm, &mut bufs)?;
+        stream.synchronize().map_err(drv("running GemmPlan"))?;
+        let got_plan: Vec<Vec<f16>> = bufs
+            .c_plan
+            .iter()
+            .zip(&counts)
+            .map(|(c, &m)| {
+                let mut h = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
+                h.truncate(m as usize * n);
+                Ok(h)
+            })
+            .collect::<Result<_>>()?;
+        moe.clear_status(&stream).map_err(lib("clearing the status"))?;
+        calls.device_sized(&mut moe, &mut bufs)?;
+        let got_moe = grouped_output(&stream, &bufs.c_moe, &rows, n)?;
+        // (c): capture (b) once.
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(drv("beginning the capture"))?;
+        let captured = calls.device_sized(&mut moe, &mut bufs);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("ending the capture"));
+        captured?;
+        let graph = graph?.ok_or("the capture made no graph")?;
+        if reference.is_some() {
+            poison(&stream, &mut bufs.c_moe)?;
+        }
+        graph.launch().map_err(drv("launching the graph"))?;
+        let got_graph = grouped_output(&stream, &bufs.c_moe, &rows, n)?;
+        let status = moe.read_status(&stream).map_err(lib("reading the status"))?;
+        let (check, check_passed) = match &reference {
+            None => (None, true),
+            Some(r) => {
+                let (a, b, c) = (compared(&got_plan, r)?, compared(&got_moe, r)?, compared(&got_graph, r)?);
+                let passed = a.passed() && b.passed() && c.passed() && status.is_ok();
+                let text = format!("GemmPlan {a} | MoePlan {b} | graph replay {c} | MoePlan status {status}");
+                (Some(text), passed)
+            }
+        };
+        drop((got_plan, got_moe, got_graph));
+
+        step("timing (a) GemmPlan");
+        let t = self.timer.each(3, o.iters, true, &mut || calls.host_sized(&mut gemm, &mut bufs))?;
+        let plan_us = stats(&t, "GemmPlan")?;
+        step("timing (b) MoePlan");
+        let t = self.timer.each(3, o.iters, true, &mut || calls.device_sized(&mut moe, &mut bufs))?;
+        let moe_us = stats(&t, "MoePlan")?;
+        step("timing (c) graph replay");
+        let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
+        let graph_us = stats(&t, "graph replay")?;
+
+        step("host overhead");
+        let (batches, per) = (o.host_batches, o.host_calls);
+        let ha = host_overhead(&stream, batches, per, &mut |_| calls.host_sized(&mut gemm, &mut bufs))?;
+        let hb = host_overhead(&stream, batches, per, &mut |_| calls.device_sized(&mut moe, &mut bufs))?;
+        let hc = host_overhead(&stream, batches, per, &mut |_| graph.launch().map_err(drv("launching the graph")))?;
+        stream.synchronize().map_err(drv("synchronizing"))?;
+        let after = moe.read_status(&stream).map_err(lib("reading the status"))?;
+        if !after.is_ok() {
+            return Err(format!("the MoePlan status word after the timed calls: {after}"));
+        }
+        drop(graph);
+
+        let routing =
+            Routing { name: shape.name.clone(), spec: shape.to_spec(), experts, n, k, counts: counts.clone() };
+        let (torch, torch_note) = match torch.row(&routing) {
+            Ok(row) => (Some(row), String::new()),
+            Err(why) => (None, why),
+        };
+        Ok(MoeResult {
+            name: shape.name.clone(),
+            spec: shape.to_spec(),
+            experts,
+            n,
+            k,
+            tokens,
+            counts,
+            weight_bytes: shape.weight_bytes(),
+            flops: 2.0 * (tokens * n * k) as f64,
+            plan_kernel,
+            moe_kernel,
+            check,
+            check_passed,
+            plan_us,
+            moe_us,
+            graph_us,
+            host_us: [stats(&ha, "host (a)")?, stats(&hb, "host (b)")?, stats(&hc, "host (c)")?],
+            torch,
+            torch_note,
+        })
+    }
+}
