@@ -82,8 +82,9 @@ mod tests {
         assert_eq!(prmt(0x4433_2211, 0x8877_6655, 0x3278), 0x4433_8800);
     }
 
-    /// The kernels' e2m1 → f16 decode (two `prmt` table lookups per four values) gives the e2m1
-    /// values for every code: a check of `prmt`'s selector semantics.
+    /// A `prmt`-table e2m1 → f16 decode (two table lookups per four values; the sm90 kernels'
+    /// decoder until 2026-11-30) gives the e2m1 values for every code: a check of `prmt`'s
+    /// selector semantics, including the sign-replicating mode.
     #[test]
     fn prmt_e2m1_decode_sequence() {
         const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];

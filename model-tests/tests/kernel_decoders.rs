@@ -1,0 +1,28 @@
+//! The kernels' conversion helpers that are plain Rust (the same code on nvptx64 and the host),
+//! checked on the CPU against the format crate's codecs.
+
+use nvfp4_format::codec::e2m1_to_f32;
+use nvfp4_gemm_kernel::ptx::convert::{e2m1x8_to_f16x2_scaled, F16X2_128};
+
+/// Every e2m1 code in every nibble of a word: word `k` of the result holds elements `k` (low half)
+/// and `k + 4` (high half), each the e2m1 value times 2⁻¹⁴, with the sign of the code (also −0).
+#[test]
+fn model_sm90_e2m1_decoder_every_code_every_position() {
+    for code in 0..16u32 {
+        for pos in 0..8 {
+            // The other nibbles get other codes, so a leak between positions shows.
+            let q = (0..8).fold(0u32, |w, p| w | (if p == pos { code } else { (code + 5 * p + 3) % 16 }) << (4 * p));
+            let words = e2m1x8_to_f16x2_scaled(q);
+            for e in 0..8u32 {
+                let c = (q >> (4 * e)) & 0xF;
+                let bits = (words[(e % 4) as usize] >> (16 * (e / 4))) as u16;
+                let got = half::f16::from_bits(bits);
+                let want = e2m1_to_f32(c as u8) * (-14f32).exp2();
+                assert_eq!(got.to_f32(), want, "word {q:#010x} element {e} (code {c:#x})");
+                assert_eq!(got.is_sign_negative(), c & 8 != 0, "sign of code {c:#x}");
+            }
+        }
+    }
+    assert_eq!(half::f16::from_bits(F16X2_128 as u16).to_f32(), 128.0);
+    assert_eq!(F16X2_128 >> 16, F16X2_128 & 0xFFFF);
+}
