@@ -30,7 +30,6 @@ use std::sync::Arc;
 
 const SCHEDULE: &str = "sm90_schedule";
 const DEQUANT: &str = "sm90_dequant_tokens";
-const GEMM: &str = "sm90_grouped_gemm";
 
 /// Everything about a device-sized problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,8 +49,10 @@ pub(crate) struct Sm90DeviceLayout {
 
 impl Sm90DeviceLayout {
     pub fn new(problem: &MoeProblem, sm_count: u32) -> Sm90DeviceLayout {
-        let config = GemmConfig::M128;
         let sizes = problem.device_sizes(0);
+        // The most rows any group can have within the bounds (`M_max`, or all `T` tokens): when
+        // that fits a 16-token tile the decode variant serves every routing.
+        let config = sm90::config_for(std::iter::once(sizes.rows));
         let (g, k) = (sizes.groups as u64, problem.k() as u32);
         let max_work = (abi::max_m_tiles(&sizes) * sm90::n_tiles(problem.n() as u32) as u64) as u32;
         let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
@@ -179,7 +180,7 @@ impl Sm90DevicePlan {
         let d = |e| Error::driver("allocating the plan's device tables", e);
         let schedule = gpu.function(SCHEDULE)?;
         let dequant = gpu.function(DEQUANT)?;
-        let gemm = gpu.function(GEMM)?;
+        let gemm = gpu.function(layout.config.kernel_name())?;
         set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
         let g = layout.sizes.groups as usize;
         let plan = Sm90DevicePlan {
@@ -264,7 +265,8 @@ impl Sm90DevicePlan {
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{SCHEDULE} (device sizes → work list) + {GEMM}: swap-AB wgmma m64nNk16, tile Nx{} (N = {} for groups of at most {} tokens, else {}), {} stages of K {}",
+                "{SCHEDULE} (device sizes → work list) + {}: swap-AB wgmma m64nNk16, tile Nx{} (N = {} for groups of at most {} tokens, else {}), {} stages of K {}",
+                l.config.kernel_name(),
                 sm90::BLOCK_N,
                 sm90::SMALL_TILE_M,
                 sm90::SMALL_TILE_M,
@@ -276,7 +278,7 @@ impl Sm90DevicePlan {
             launches: vec![
                 KernelLaunch { kernel: SCHEDULE, geometry: l.schedule },
                 KernelLaunch { kernel: DEQUANT, geometry: l.dequant },
-                KernelLaunch { kernel: GEMM, geometry: l.gemm },
+                KernelLaunch { kernel: l.config.kernel_name(), geometry: l.gemm },
             ],
             workspace_bytes: l.workspace_bytes,
         }
@@ -320,6 +322,19 @@ mod tests {
         }
         let m = MoeProblem::new(4, 128, 7168, TokenLayout::Masked { max_rows: 8 }, OutputType::F16).unwrap();
         assert_eq!(Sm90DeviceLayout::new(&m, 132).max_dequant_ctas, 4 * sm90::dequant_ctas(8, 7168));
+    }
+
+    /// Bounds under which no group can exceed 16 tokens run the decode variant.
+    #[test]
+    fn variant_follows_the_bounds() {
+        let plan =
+            |layout| Sm90DeviceLayout::new(&MoeProblem::new(64, 256, 512, layout, OutputType::F16).unwrap(), 132);
+        let masked16 = plan(TokenLayout::Masked { max_rows: 16 });
+        assert_eq!(masked16.config, GemmConfig::M16);
+        assert_eq!(masked16.gemm, sm90::gemm_launch(GemmConfig::M16, masked16.max_work, 132));
+        assert_eq!(plan(TokenLayout::Masked { max_rows: 17 }).config, GemmConfig::M128);
+        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 16 }).config, GemmConfig::M16);
+        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 553 }).config, GemmConfig::M128);
     }
 
     #[test]
