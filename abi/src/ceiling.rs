@@ -27,8 +27,11 @@ pub const TMA_BW_MAX_STAGE_BYTES: u32 = 32 * 1024;
 pub const TMA_BW_BARRIER_BYTES: u32 = 1024;
 /// Consumer warps (warps 1..; warp 0's lane 0 is the producer).
 pub const TMA_BW_CONSUMER_WARPS: u32 = 4;
-/// Consumer threads: each arrives on a stage's empty barrier once per round.
+/// Consumer threads: each waits for every stage.
 pub const TMA_BW_CONSUMER_THREADS: u32 = 32 * TMA_BW_CONSUMER_WARPS;
+/// Arrivals that release a stage: lane 0 of each consumer warp (the only thread that reads a
+/// stage is lane 0 of the first, so no other thread's reads need ordering before the refill).
+pub const TMA_BW_EMPTY_ARRIVALS: u32 = TMA_BW_CONSUMER_WARPS;
 /// Threads per CTA: a producer warp and the consumer warps.
 pub const TMA_BW_THREADS: u32 = 32 + TMA_BW_CONSUMER_THREADS;
 /// Words each CTA writes to `out`: boxes received, wrapping sum of the first word of each box.

@@ -4,9 +4,9 @@
 //!
 //! One producer thread (warp 0, lane 0) issues per stage `boxes_per_stage` TMA tile loads, all
 //! completing on the stage's full barrier; the consumer warps wait for each stage and release it
-//! at once. Only the first consumer thread touches the data: it reads the first word of each box
-//! and counts the boxes, and writes both to `out` at the end (so that the host, and the model,
-//! can check that every box arrived).
+//! at once (lane 0 of each warp arrives on the empty barrier). Only the first consumer thread
+//! touches the data: it reads the first word of each box and counts the boxes, and writes both to
+//! `out` at the end (so that the host, and the model, can check that every box arrived).
 
 use crate::pipeline::{Barriers, Consumer, Producer, Scope};
 use crate::ptx::smem::{self, SmemAddr};
@@ -33,7 +33,7 @@ pub unsafe fn xfer_tma_bandwidth(p: TmaBandwidthParams) {
             // SAFETY: nobody else uses the barriers before the CTA barrier below.
             unsafe {
                 full.get(s).init(1);
-                empty.get(s).init(TMA_BW_CONSUMER_THREADS);
+                empty.get(s).init(TMA_BW_EMPTY_ARRIVALS);
             }
         }
         fence::mbarrier_init();
@@ -71,7 +71,10 @@ pub unsafe fn xfer_tma_bandwidth(p: TmaBandwidthParams) {
                 }
                 boxes += p.boxes_per_stage;
             }
-            s.release();
+            // One release per consumer warp: the only reader of the stage is lane 0 of the first.
+            if tid % 32 == 0 {
+                s.release();
+            }
             load += grid;
         }
         if first {
