@@ -7,6 +7,7 @@
 //! descriptors) is defined once, here, with `#[repr(C)]` and a size assertion.
 #![no_std]
 
+pub mod ceiling;
 pub mod launch;
 pub mod moe;
 pub mod probe;

@@ -1,9 +1,11 @@
 //! The NVFP4 grouped GEMM benchmark (`nvfp4-bench`), as a library so that its CPU parts (options,
 //! statistics, table, JSON, SVG) are unit-tested on any machine. [`measure`] holds the GPU work
-//! (with `cublas`, the baseline, and `inputs`, the inputs' generation and upload); [`moe`] the MoE
-//! rows (`moe_measure` their GPU half) and [`torch`] the PyTorch baseline script's runner.
+//! (with `cublas`, the baseline, and `inputs`, the inputs' generation and upload), [`ceiling`] the
+//! TMA ceilings; [`moe`] the MoE rows (`moe_measure` their GPU half) and [`torch`] the PyTorch
+//! baseline script's runner.
 #![warn(missing_docs)]
 
+pub mod ceiling;
 mod cublas;
 mod inputs;
 pub mod measure;

@@ -46,7 +46,7 @@ fn run(o: Options) -> Result<ExitCode, String> {
         }
         pb.set_message(msg);
     };
-    log(&pb, format!("{}: measuring copy bandwidth and bf16 tensor rate", bench.device()));
+    log(&pb, format!("{}: measuring the ceilings (copy bandwidth, bf16 tensor rate, TMA bandwidth)", bench.device()));
     let environment = bench.environment(&o)?;
     pb.inc(1);
     if !environment.cublas.starts_with("loaded") {
@@ -128,10 +128,12 @@ fn run(o: Options) -> Result<ExitCode, String> {
     let json = o.out.join("nvfp4-bench.json");
     let svg = o.out.join("nvfp4-bench.svg");
     report::write_json(&report, &json)?;
+    let mut wrote = json.display().to_string();
     if !report.shapes.is_empty() {
         report::write_svg(&report, &svg)?;
+        wrote += &format!(" and {}", svg.display());
     }
-    eprintln!("wrote {} and {} ({:.1} s)", json.display(), svg.display(), started.elapsed().as_secs_f64());
+    eprintln!("wrote {wrote} ({:.1} s)", started.elapsed().as_secs_f64());
     print!("{}", report::table(&report));
     if !errors.is_empty() {
         return Err(errors.join("; "));

@@ -1,6 +1,6 @@
-//! The measurements on the GPU: the ceilings (copy bandwidth, bf16 tensor rate), and per shape the
-//! correctness check, the competition-style and kernel-only timings, the host overhead and the
-//! cuBLAS baseline ([`crate::cublas`]) on the inputs of [`crate::inputs`]. Every device call's
+//! The measurements on the GPU: the ceilings (copy bandwidth, bf16 tensor rate, TMA bandwidth from
+//! L2 and DRAM), and per shape the correctness check, the competition-style and kernel-only
+//! timings, the host overhead and the cuBLAS baseline ([`crate::cublas`]) on the inputs of [`crate::inputs`]. Every device call's
 //! error is returned, never unwrapped.
 
 use crate::cublas::{baseline, gemm_bf16, load_cublas};
@@ -144,8 +144,9 @@ impl Bench {
         self.timer.stream.clone()
     }
 
-    /// Measures the ceilings: a 1 GiB device-to-device copy (median of 20) and, with cuBLAS, an
-    /// 8192³ bf16 GEMM on random data (median of 10).
+    /// Measures the ceilings: a 1 GiB device-to-device copy (median of 20), with cuBLAS an 8192³
+    /// bf16 GEMM on random data (median of 10), and the TMA ceilings ([`crate::ceiling`]; on a
+    /// failure they are left out with the reason, like the tensor rate).
     pub fn environment(&mut self, o: &Options) -> Result<Environment> {
         let stream = self.stream();
         let copy_bytes = 1usize << 30;
@@ -158,6 +159,10 @@ impl Bench {
             Ok(rate) => (rate, self.cublas_status()),
             Err(e) => (None, format!("loaded, but the tensor-rate GEMM failed: {e}")),
         };
+        let (tma, tma_note) = match crate::ceiling::measure(&self.gpu, &mut self.timer) {
+            Ok(tma) => (tma, "measured".to_owned()),
+            Err(e) => (vec![], format!("unavailable: {e}")),
+        };
         Ok(Environment {
             device: self.device(),
             copy_tb_s,
@@ -165,6 +170,8 @@ impl Bench {
             tensor_tflops,
             cublas,
             flush_bytes: o.flush_bytes,
+            tma,
+            tma_note,
         })
     }
 

@@ -37,6 +37,16 @@ MEASUREMENTS (per shape)
                 device-to-device copy, read + write bytes), FLOPs / measured bf16 tensor rate
                 (cuBLAS 8192^3); floor = the larger
 
+CEILINGS (once, at the start; also in the JSON's environment)
+  copy          1 GiB device-to-device copy, (read + write bytes) / time, median of 20
+  bf16 tensor   cuBLAS 8192^3 bf16 GEMM, median of 10 (needs cuBLAS)
+  TMA           the kernel xfer_tma_bandwidth, one CTA per SM: one thread issues 2D TMA loads of
+                the GEMM's boxes (f16 64x128 128B-swizzled 16 KiB token boxes, u8 64x128
+                64B-swizzled 8 KiB weight boxes) into a 6-stage shared-memory ring; the consumer
+                warps only wait and release. L2->SM: a 16 MiB buffer read 512 times per launch;
+                DRAM->SM: a 2 GiB buffer read twice. Bytes into shared memory / time, events
+                around each launch, median of 10 after 2 warm-ups; every CTA's box count checked
+
 OPTIONS
   --sets N          input sets for the competition timing (default 15)
   --reps N          competition repetitions (default 20)
@@ -48,6 +58,8 @@ OPTIONS
   --no-check        skip the comparison with the CPU reference
   --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
   --out DIR         where nvfp4-bench.json and nvfp4-bench.svg go (default: bench-results)
+  --ceilings        measure the ceilings only (copy, bf16 tensor rate, TMA), print and write the
+                    JSON, and exit (no shapes; not with --shapes, --shape or the MoE options)
   -h, --help        this text
 
 MOE ROWS (off unless asked for; run after the shapes above)
@@ -143,6 +155,9 @@ pub struct Options {
     /// Write the MoE routings to this file and exit.
     #[serde(skip)]
     pub write_routing: Option<PathBuf>,
+    /// Measure the ceilings only (`--ceilings`): no problems, no MoE rows.
+    #[serde(skip)]
+    pub ceilings_only: bool,
 }
 
 /// Where the MoE rows' PyTorch baseline comes from (`--torch`).
@@ -184,6 +199,7 @@ impl Default for Options {
             moe: vec![],
             torch: Torch::Auto,
             write_routing: None,
+            ceilings_only: false,
         }
     }
 }
@@ -286,14 +302,29 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                 }
             }
             "--write-moe-routing" => o.write_routing = Some(PathBuf::from(value()?)),
-            "--no-check" | "--no-baseline" | "--moe" if inline.is_some() => {
+            "--no-check" | "--no-baseline" | "--moe" | "--ceilings" if inline.is_some() => {
                 return Err(format!("{name} takes no value"))
             }
             "--moe" => moe_flag = true,
+            "--ceilings" => o.ceilings_only = true,
             "--no-check" => o.check = false,
             "--no-baseline" => o.baseline = false,
             other => return Err(format!("unknown argument `{other}` (see --help)")),
         }
+    }
+    if o.ceilings_only {
+        let asked = benchmarks.is_some()
+            || !extra.is_empty()
+            || moe_flag
+            || moe_list.is_some()
+            || !moe_extra.is_empty()
+            || o.write_routing.is_some();
+        if asked {
+            return Err("--ceilings measures the ceilings only: no --shapes, --shape or MoE options".into());
+        }
+        o.problems = vec![];
+        o.moe = vec![];
+        return Ok(Parsed::Run(o));
     }
     let mut problems = benchmarks.unwrap_or_else(default_shapes);
     let customs = extra.iter().filter(|s| s.name == "custom").count();
@@ -399,6 +430,18 @@ mod tests {
         assert!(err("--frob").contains("unknown argument"));
         assert!(err("--shape m=1,n=8").contains("missing k"));
         assert!(err("--no-check=1").contains("takes no value"));
+    }
+
+    #[test]
+    fn ceilings_only() {
+        let o = run("--ceilings --no-baseline --out /tmp/c");
+        assert!(o.ceilings_only && o.problems.is_empty() && o.moe.is_empty() && !o.baseline);
+        assert!(!run("").ceilings_only);
+        let err = |s: &str| parse(&args(s)).unwrap_err();
+        for s in ["--ceilings --shapes b0", "--ceilings --shape d1", "--ceilings --moe", "--moe-shapes m0 --ceilings"] {
+            assert!(err(s).contains("ceilings only"), "{s}");
+        }
+        assert!(err("--ceilings=1").contains("takes no value"));
     }
 
     fn moe_names(o: &Options) -> Vec<&str> {

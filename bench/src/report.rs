@@ -20,6 +20,11 @@ pub struct Environment {
     pub cublas: String,
     /// L2 flush buffer bytes.
     pub flush_bytes: usize,
+    /// The TMA ceilings (L2→SM, DRAM→SM; [`crate::ceiling`]); empty when they could not be
+    /// measured (`tma_note` says why).
+    pub tma: Vec<crate::ceiling::TmaCeiling>,
+    /// `measured`, or why the TMA ceilings are missing.
+    pub tma_note: String,
 }
 
 /// One problem's results. Times in µs; rates from the kernel-only median.
@@ -129,6 +134,17 @@ pub fn table(report: &Report) -> String {
         opt(env.tensor_tflops, 0),
         env.cublas
     );
+    match crate::ceiling::headline(&env.tma) {
+        Some(line) => {
+            let _ = writeln!(out, "{line}");
+        }
+        None => {
+            let _ = writeln!(out, "TMA ceilings: {}", env.tma_note);
+        }
+    }
+    for t in env.tma.iter().skip(1) {
+        let _ = writeln!(out, "  TMA {}→SM {:.2} TB/s ({})", t.source.name(), t.tb_s, t.describe());
+    }
     let header = [
         "shape",
         "check",
@@ -165,7 +181,7 @@ pub fn table(report: &Report) -> String {
             ]
         })
         .collect();
-    if !rows.is_empty() || report.moe.is_none() {
+    if !rows.is_empty() {
         out += &aligned(&header, &rows);
     }
     for s in &report.shapes {
@@ -341,6 +357,8 @@ mod tests {
                 tensor_tflops: Some(780.0),
                 cublas: "loaded".into(),
                 flush_bytes: 256 << 20,
+                tma: crate::ceiling::tests::sample(),
+                tma_note: "measured".into(),
             },
             options: crate::options::Options::default(),
             shapes: vec![shape("b0", 16.0, Some(20.0)), shape("custom", 10.0, None)],
@@ -366,11 +384,22 @@ mod tests {
         let text = table(&sample());
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("device: Test GPU"));
-        assert!(lines[2].starts_with("shape") && lines[2].contains("x_cublas"));
-        assert!(lines[3].starts_with("b0 ") && lines[3].contains("1.25") && lines[3].contains("50%"));
-        assert!(lines[4].starts_with("custom") && lines[4].contains("n/a"));
-        assert_eq!(lines[2].len(), lines[3].len());
-        assert_eq!(lines[3].len(), lines[4].len());
+        assert!(lines[1].starts_with("ceilings: copy 4.30 TB/s"));
+        assert!(lines[2].starts_with("TMA L2→SM 7.50 TB/s (f16 64x128 sw128, 6 stages x 2 boxes"));
+        assert!(lines[2].ends_with("TMA DRAM→SM 3.90 TB/s"));
+        assert_eq!(lines[3], "  TMA L2→SM 5.00 TB/s (u8 64x128 sw64, 6 stages x 1 box = 48 KiB in flight per SM)");
+        assert!(lines[4].starts_with("  TMA DRAM→SM 3.90 TB/s (f16"));
+        let lines = &lines[5..];
+        assert!(lines[0].starts_with("shape") && lines[0].contains("x_cublas"));
+        assert!(lines[1].starts_with("b0 ") && lines[1].contains("1.25") && lines[1].contains("50%"));
+        assert!(lines[2].starts_with("custom") && lines[2].contains("n/a"));
+        assert_eq!(lines[0].len(), lines[1].len());
+        assert_eq!(lines[1].len(), lines[2].len());
+        // Without the TMA ceilings: why, on the line after the others.
+        let mut r = sample();
+        r.environment.tma.clear();
+        r.environment.tma_note = "unavailable: test".into();
+        assert_eq!(table(&r).lines().nth(2), Some("TMA ceilings: unavailable: test"));
     }
 
     #[test]
@@ -383,6 +412,9 @@ mod tests {
         assert_eq!(v["shapes"][0]["kernel_us"]["median"], 16.0);
         assert_eq!(v["shapes"][1]["cublas_us"], serde_json::Value::Null);
         assert_eq!(v["environment"]["copy_tb_s"], 4.3);
+        assert_eq!(v["environment"]["tma"][0]["source"], "L2");
+        assert_eq!(v["environment"]["tma"][0]["tb_s"], 7.5);
+        assert_eq!(v["environment"]["tma"][2]["boxes_per_stage"], 2);
         write_svg(&r, &dir.join("r.svg")).unwrap();
         let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("b0") && svg.contains("custom") && svg.contains("kernel-only"));

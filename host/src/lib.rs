@@ -34,6 +34,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub mod ceiling;
 pub mod device;
 pub mod driver;
 pub mod error;

@@ -10,8 +10,8 @@
 //!
 //! Layering (dependencies point one way): [`ptx`] is the only module with `asm!` or other access to
 //! the hardware (special registers, shared memory, barriers, async copies, tensor-core ops);
-//! the kernels above it ([`smoke`], `probe`, `sm90`, `sm100`) are written against that vocabulary only,
-//! with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
+//! the kernels above it ([`smoke`], `probe`, `ceiling`, `sm90`, `sm100`) are written against that
+//! vocabulary only, with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -40,6 +40,10 @@ pub mod sm100;
 // The hardware probes run on the H200 (and in the model): sm_90a only.
 #[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
 pub mod probe;
+
+// The TMA bandwidth kernel of the bench's ceilings (sm_90a, and in the model).
+#[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
+pub mod ceiling;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
