@@ -1,5 +1,7 @@
 //! What cudarc's safe layer lacks, wrapped once at the `sys` level: cluster launches through
-//! `cuLaunchKernelEx` and tensor maps through `cuTensorMapEncodeTiled`.
+//! `cuLaunchKernelEx`, tensor maps through `cuTensorMapEncodeTiled`, and a fixed chain of kernels
+//! as one CUDA graph.
 
+pub mod graph;
 pub mod launch;
 pub mod tensor_map;

@@ -3,6 +3,7 @@
 
 use super::Sm90Layout;
 use crate::device::Gpu;
+use crate::driver::graph::{is_capturing, KernelChain};
 use crate::driver::launch::{launch, set_max_dynamic_smem};
 use crate::error::{Error, Result};
 use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
@@ -26,6 +27,9 @@ pub(crate) struct Sm90Plan {
     groups: CudaSlice<u8>,
     maps: CudaSlice<u8>,
     work: CudaSlice<u8>,
+    /// Both launches as one graph (built at the first launch outside a stream capture): their
+    /// parameters only hold this plan's own table addresses, so one graph serves every call.
+    chain: Option<KernelChain>,
 }
 
 impl Sm90Plan {
@@ -51,6 +55,7 @@ impl Sm90Plan {
             layout,
             dequant,
             gemm,
+            chain: None,
         })
     }
 }
@@ -79,10 +84,22 @@ impl ArchPlan for Sm90Plan {
         // SAFETY: both kernels take one `KernelParams` by value; every pointer in it and in the
         // tables it points to was validated by the caller or is owned by this plan.
         unsafe {
-            if self.layout.dequant_grid > 0 {
-                launch(&self.dequant, stream, self.layout.dequant, &params)?;
+            if is_capturing(stream)? {
+                // Inside a caller's capture: plain launches become nodes of the caller's graph.
+                if self.layout.dequant_grid > 0 {
+                    launch(&self.dequant, stream, self.layout.dequant, &params)?;
+                }
+                return launch(&self.gemm, stream, self.layout.gemm, &params);
             }
-            launch(&self.gemm, stream, self.layout.gemm, &params)
+            if self.chain.is_none() {
+                let mut kernels = vec![];
+                if self.layout.dequant_grid > 0 {
+                    kernels.push((&self.dequant, self.layout.dequant, params));
+                }
+                kernels.push((&self.gemm, self.layout.gemm, params));
+                self.chain = Some(KernelChain::new(&kernels)?);
+            }
+            self.chain.as_mut().expect("built above").launch(stream)
         }
     }
 

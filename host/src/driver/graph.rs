@@ -1,0 +1,102 @@
+//! A fixed chain of kernel launches as one CUDA graph (`cuGraphCreate`, `cuGraphAddKernelNode`,
+//! `cuGraphInstantiateWithFlags`, `cuGraphLaunch`): one driver call per replay instead of one per
+//! kernel. Kernel nodes copy their parameter values when added, so a graph serves every call whose
+//! parameters are the same (a plan's are: they hold the addresses of its own tables).
+
+use crate::driver::launch::LaunchGeometry;
+use crate::error::{Error, Result};
+use cudarc::driver::{sys, CudaFunction, CudaStream};
+use std::ffi::c_void;
+
+/// An instantiated graph of kernels that run one after the other.
+pub struct KernelChain {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: the driver's graph handles may be used from any thread; a `KernelChain` is only launched
+// through `&mut` owners (one launch at a time) and destroyed once.
+unsafe impl Send for KernelChain {}
+
+fn check(what: &'static str, r: sys::CUresult) -> Result<()> {
+    r.result().map_err(|e| Error::driver(what, e))
+}
+
+impl KernelChain {
+    /// A graph of `kernels` in order, each after the previous one, each taking one parameter
+    /// struct `P` by value. Only kernels without clusters (`geometry.cluster == 1`).
+    ///
+    /// # Safety
+    /// Each function must take exactly one parameter of type `P`; the addresses in the parameters
+    /// must stay valid for every launch of the chain.
+    pub unsafe fn new<P: bytemuck::Pod>(kernels: &[(&CudaFunction, LaunchGeometry, P)]) -> Result<KernelChain> {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check("creating a graph", unsafe { sys::cuGraphCreate(&mut graph, 0) })?;
+        let mut chain = KernelChain { graph, exec: std::ptr::null_mut() };
+        let mut previous: Option<sys::CUgraphNode> = None;
+        for (f, geometry, params) in kernels {
+            if geometry.cluster != 1 {
+                return Err(Error::driver(
+                    "adding a kernel node",
+                    sys::CUresult::CUDA_ERROR_NOT_SUPPORTED.result().unwrap_err(),
+                ));
+            }
+            let mut value: P = *params;
+            let mut args = [&mut value as *mut P as *mut c_void];
+            // SAFETY: zero is a valid bit pattern of the plain-data node parameters.
+            let mut node_params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            node_params.func = f.cu_function();
+            node_params.gridDimX = geometry.grid;
+            node_params.gridDimY = 1;
+            node_params.gridDimZ = 1;
+            node_params.blockDimX = geometry.block;
+            node_params.blockDimY = 1;
+            node_params.blockDimZ = 1;
+            node_params.sharedMemBytes = geometry.smem_bytes;
+            node_params.kernelParams = args.as_mut_ptr();
+            let mut node: sys::CUgraphNode = std::ptr::null_mut();
+            let deps: Vec<sys::CUgraphNode> = previous.into_iter().collect();
+            // SAFETY: `args` points at a live `P` for the call (the driver copies the value).
+            check("adding a kernel node", unsafe {
+                sys::cuGraphAddKernelNode_v2(&mut node, chain.graph, deps.as_ptr(), deps.len(), &node_params)
+            })?;
+            previous = Some(node);
+        }
+        // SAFETY: out-pointer to the chain's field; the graph is complete.
+        check("instantiating a graph", unsafe { sys::cuGraphInstantiateWithFlags(&mut chain.exec, chain.graph, 0) })?;
+        Ok(chain)
+    }
+
+    /// Launches the chain on `stream`.
+    ///
+    /// # Safety
+    /// The parameters' addresses must be valid (the contract of [`KernelChain::new`]).
+    pub unsafe fn launch(&mut self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: an instantiated graph and a live stream.
+        check("launching a graph", unsafe { sys::cuGraphLaunch(self.exec, stream.cu_stream()) })
+    }
+}
+
+impl Drop for KernelChain {
+    fn drop(&mut self) {
+        // SAFETY: handles created by `new`, destroyed once; errors cannot be reported from drop.
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+            }
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// True when `stream` is being captured into a graph (then kernels are launched one by one, so
+/// that they become part of the caller's graph).
+pub fn is_capturing(stream: &CudaStream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local; a live stream.
+    check("querying the stream's capture status", unsafe {
+        sys::cuStreamIsCapturing(stream.cu_stream(), &mut status)
+    })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
