@@ -15,7 +15,9 @@
 use half::{bf16, f16};
 use nvfp4_format::{compare, Group, GroupOutput, GroupShape, HostFloat, InputDistribution, Tolerance};
 use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
-use nvfp4_gemm::layout::{Sm100DeviceLayout, Sm100DeviceTables, Sm100Layout, Sm90Layout};
+use nvfp4_gemm::layout::{
+    Sm100DeviceLayout, Sm100DeviceTables, Sm100Layout, Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout,
+};
 use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers};
 use nvfp4_gemm::problem::{BufferView, GroupBuffers};
 use nvfp4_gemm::{MoeProblem, SizeStatus};
@@ -748,6 +750,69 @@ pub fn run_sm100_moe(
     let cfg = launch_config(Arch::Sm100a, layout.gemm, layout.kernel.config().max_ctas_per_sm(), run);
     launched.push(launch_one(layout.kernel.kernel_name(), &cfg, layout.gemm, kp, sm100_entry(layout.kernel))?);
     Ok((launched, tables.outcome(), layout))
+}
+
+/// What a device-sized sm_90a call left in its tables: the status word, the work length and the
+/// group table (host fields and the scheduler's).
+#[derive(Clone, Debug)]
+pub struct Sm90MoeOutcome {
+    /// The status word (it was 0 before).
+    pub status: u32,
+    /// The work length the scheduler wrote.
+    pub work_len: u32,
+    /// The group table after the call.
+    pub groups: Vec<nvfp4_gemm_abi::sm90::GroupParams>,
+    /// The variant that ran.
+    pub kernel: &'static str,
+}
+
+/// Runs a device-sized sm_90a call in the model, as [`Sm90DeviceLayout`] plans it for `sm_count`
+/// SMs: `sm90_schedule`, `sm90_dequant_tokens`, then the GEMM variant the layout chose.
+pub fn run_sm90_moe(
+    ops: &MoeOperands,
+    sm_count: u32,
+    run: &ModelRun,
+) -> Result<(Vec<Launched>, Sm90MoeOutcome), Failure> {
+    use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
+    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode};
+    use nvfp4_gemm_kernel::sm90::schedule::sm90_schedule;
+    let problem = &ops.problem;
+    let layout = Sm90DeviceLayout::new(problem, sm_count);
+    let buffers = ops.buffers();
+    let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
+    let (groups, maps) =
+        layout.encode_with(&ModelEncoder, problem, &buffers, workspace.addr()).expect("sm90 device tables");
+    let mut work = DeviceBuf::zeroed((layout.max_work as usize).max(1) * std::mem::size_of::<WorkItem>());
+    work.bytes_mut().fill(0xff);
+    let (work_len, status) = (DeviceBuf::zeroed(4), DeviceBuf::zeroed(4));
+    let tables = Sm90DeviceTables {
+        groups: groups.as_ptr() as u64,
+        maps: maps.as_ptr() as u64,
+        work: work.addr(),
+        work_len: work_len.addr(),
+        status: status.addr(),
+        workspace: workspace.addr(),
+    };
+    let sp = layout.schedule_params(problem, &buffers, &tables);
+    let cfg = launch_config(Arch::Sm90a, layout.schedule, 1, run);
+    // SAFETY: the parameters point at live tables sized by the layout and at the validated
+    // buffers; the model checks every device access.
+    let schedule = nvfp4_gemm_model::launch(&cfg, || unsafe { sm90_schedule(sp) })
+        .map(|stats| Launched { kernel: "sm90_schedule", geometry: layout.schedule, stats })
+        .map_err(|error| Failure { kernel: "sm90_schedule", error })?;
+    let mut launched = vec![schedule];
+    let kp = layout.kernel_params(&tables, problem.output());
+    let cfg = launch_config(Arch::Sm90a, layout.dequant, 1, run);
+    launched.push(launch_one("sm90_dequant_tokens", &cfg, layout.dequant, kp, sm90_dequant_tokens)?);
+    let kernel = layout.config.kernel_name();
+    let entry: unsafe fn(KernelParams) =
+        if kernel == "sm90_grouped_gemm_decode" { sm90_grouped_gemm_decode } else { sm90_grouped_gemm };
+    let cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+    launched.push(launch_one(kernel, &cfg, layout.gemm, kp, entry)?);
+    let word = |b: &DeviceBuf| u32::from_le_bytes(b.bytes()[..4].try_into().unwrap());
+    let outcome = Sm90MoeOutcome { status: word(&status), work_len: word(&work_len), groups, kernel };
+    drop(workspace);
+    Ok((launched, outcome))
 }
 
 /// A 128-byte aligned host allocation for the probes (tensor maps need 64-byte alignment).

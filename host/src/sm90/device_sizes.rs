@@ -16,6 +16,7 @@
 
 use crate::device::Gpu;
 use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
 use crate::plan::{KernelLaunch, PlanSummary};
@@ -33,7 +34,8 @@ const DEQUANT: &str = "sm90_dequant_tokens";
 
 /// Everything about a device-sized problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Sm90DeviceLayout {
+pub struct Sm90DeviceLayout {
+    /// The GEMM variant (the decode one when no group can exceed 16 tokens).
     pub config: GemmConfig,
     /// The sizes' layout (address 0).
     pub sizes: DeviceSizes,
@@ -41,13 +43,18 @@ pub(crate) struct Sm90DeviceLayout {
     pub max_work: u32,
     /// Most dequantization CTAs any sizes within the bounds give.
     pub max_dequant_ctas: u32,
+    /// Bytes of the f16 token workspace (`token_rows × K` f16).
     pub workspace_bytes: usize,
+    /// `sm90_schedule`'s launch.
     pub schedule: LaunchGeometry,
+    /// `sm90_dequant_tokens`' launch (sized for the bounds).
     pub dequant: LaunchGeometry,
+    /// The GEMM's launch (a persistent grid for the work list's capacity).
     pub gemm: LaunchGeometry,
 }
 
 impl Sm90DeviceLayout {
+    /// The layout of `problem`'s bounds on a device with `sm_count` SMs.
     pub fn new(problem: &MoeProblem, sm_count: u32) -> Sm90DeviceLayout {
         let sizes = problem.device_sizes(0);
         // The most rows any group can have within the bounds (`M_max`, or all `T` tokens): when
@@ -111,8 +118,35 @@ impl Sm90DeviceLayout {
             .collect()
     }
 
+    /// The group table's size-independent fields and the tensor maps (the weights', and the two
+    /// over the workspace at `workspace`), encoded by `encoder`.
+    pub fn encode_with(
+        &self,
+        encoder: &impl TiledMapEncoder,
+        problem: &MoeProblem,
+        buffers: &MoeBuffers,
+        workspace: u64,
+    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
+        let params = self.group_params(problem, buffers);
+        let (rows, n, k) = (problem.token_rows() as u32, problem.n() as u32, problem.k() as u32);
+        let mut maps = vec![TensorMap::ZERO; self.map_count()];
+        for (g, (values, _)) in buffers.weights.iter().enumerate() {
+            maps[sm90::weight_map_index(g as u32)] = encoder.encode(&sm90::weight_map(n, k), values.ptr)?;
+        }
+        let small = self.token_map_small() as usize;
+        for (i, block_m) in [(small, sm90::SMALL_TILE_M), (small + 1, self.config.block_m)] {
+            maps[i] = encoder.encode(&sm90::token_map_with_box(rows, k, block_m), workspace)?;
+        }
+        Ok((params, maps))
+    }
+
     /// The scheduler's parameters for these buffers and the plan's tables.
-    pub fn schedule_params(&self, problem: &MoeProblem, buffers: &MoeBuffers, tables: &DeviceTables) -> ScheduleParams {
+    pub fn schedule_params(
+        &self,
+        problem: &MoeProblem,
+        buffers: &MoeBuffers,
+        tables: &Sm90DeviceTables,
+    ) -> ScheduleParams {
         ScheduleParams {
             sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
             groups: tables.groups,
@@ -133,7 +167,7 @@ impl Sm90DeviceLayout {
     }
 
     /// The dequantization's and the GEMM's parameters.
-    pub fn kernel_params(&self, tables: &DeviceTables, output: OutputType) -> KernelParams {
+    pub fn kernel_params(&self, tables: &Sm90DeviceTables, output: OutputType) -> KernelParams {
         KernelParams {
             groups: tables.groups,
             tensor_maps: tables.maps,
@@ -147,14 +181,20 @@ impl Sm90DeviceLayout {
     }
 }
 
-/// Device addresses of a plan's tables, for the parameter structs.
+/// Device addresses of a device-sized sm_90a plan's tables, for the parameter structs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DeviceTables {
+pub struct Sm90DeviceTables {
+    /// `GroupParams[G]`.
     pub groups: u64,
+    /// `TensorMap[2G + 2]`.
     pub maps: u64,
+    /// `WorkItem[max_work]`.
     pub work: u64,
+    /// The `u32` work length.
     pub work_len: u64,
+    /// The `u32` status word.
     pub status: u64,
+    /// The f16 token workspace.
     pub workspace: u64,
 }
 
@@ -200,8 +240,8 @@ impl Sm90DevicePlan {
         Ok(plan)
     }
 
-    fn tables(&mut self, stream: &CudaStream) -> DeviceTables {
-        DeviceTables {
+    fn tables(&mut self, stream: &CudaStream) -> Sm90DeviceTables {
+        Sm90DeviceTables {
             groups: self.groups.device_ptr_mut(stream).0,
             maps: self.maps.device_ptr(stream).0,
             work: self.work.device_ptr_mut(stream).0,
@@ -215,18 +255,7 @@ impl Sm90DevicePlan {
     /// size-independent fields on `stream`.
     pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
         let tables = self.tables(stream);
-        let l = &self.layout;
-        let params = l.group_params(problem, buffers);
-        let (rows, n, k) = (problem.token_rows() as u32, problem.n() as u32, problem.k() as u32);
-        let mut maps = vec![TensorMap::ZERO; l.map_count()];
-        for (g, (values, _)) in buffers.weights.iter().enumerate() {
-            maps[sm90::weight_map_index(g as u32)] =
-                crate::driver::tensor_map::encode(&sm90::weight_map(n, k), values.ptr)?;
-        }
-        let small = l.token_map_small() as usize;
-        for (i, block_m) in [(small, sm90::SMALL_TILE_M), (small + 1, l.config.block_m)] {
-            maps[i] = crate::driver::tensor_map::encode(&sm90::token_map_with_box(rows, k, block_m), tables.workspace)?;
-        }
+        let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers, tables.workspace)?;
         let d = |e| Error::driver("uploading the call's parameters", e);
         stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&params), &mut self.groups).map_err(d)?;
         stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&maps), &mut self.maps).map_err(d)?;
@@ -363,7 +392,7 @@ mod tests {
             groups[2],
             GroupParams { n: 256, k: 512, alpha: 2.0, b_scales: 0x30_8000, token_map: 9, ..GroupParams::default() }
         );
-        let tables = DeviceTables { groups: 1, maps: 2, work: 3, work_len: 4, status: 5, workspace: 6 };
+        let tables = Sm90DeviceTables { groups: 1, maps: 2, work: 3, work_len: 4, status: 5, workspace: 6 };
         let s = l.schedule_params(&p, &buffers, &tables);
         assert_eq!(
             s.sizes,

@@ -13,6 +13,7 @@ mod device_sizes;
 mod plan;
 
 pub(crate) use device_sizes::Sm90DevicePlan;
+pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
 pub(crate) use plan::Sm90Plan;
 
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
