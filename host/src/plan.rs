@@ -65,6 +65,21 @@ pub struct PlanSummary {
     pub workspace_bytes: usize,
 }
 
+/// Copies a plan's parameter tables to the device on `stream`: the group table and the tensor
+/// maps (both plain data from the abi). Every plan's upload ends with this.
+pub(crate) fn upload_tables<G: bytemuck::Pod, M: bytemuck::Pod>(
+    stream: &Arc<CudaStream>,
+    groups: &[G],
+    groups_dst: &mut cudarc::driver::CudaSlice<u8>,
+    maps: &[M],
+    maps_dst: &mut cudarc::driver::CudaSlice<u8>,
+) -> Result<()> {
+    let d = |e| crate::error::Error::driver("uploading the call's parameters", e);
+    stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(groups), groups_dst).map_err(d)?;
+    stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(maps), maps_dst).map_err(d)?;
+    Ok(())
+}
+
 /// The device half of a plan for one architecture: its tables, uploads and launches. Both
 /// architectures have the same shape (`sm90::Sm90Plan`, `sm100::Sm100Plan`): a pure layout
 /// (work lists, geometry, parameter encoding) and this device part.

@@ -264,10 +264,7 @@ impl Sm100DevicePlan {
     /// A uploads again (the signature includes it).
     pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
         let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers)?;
-        let d = |e| Error::driver("uploading the call's parameters", e);
-        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&params), &mut self.groups).map_err(d)?;
-        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&maps), &mut self.maps).map_err(d)?;
-        Ok(())
+        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
     }
 
     /// Launches the scheduler and the GEMM on `stream`.

@@ -68,10 +68,7 @@ impl ArchPlan for Sm90Plan {
     fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
         let (workspace, _guard) = self.workspace.device_ptr(stream);
         let (params, maps) = self.layout.encode(problem, buffers, workspace)?;
-        let d = |e| Error::driver("uploading the call's parameters", e);
-        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&params), &mut self.groups).map_err(d)?;
-        stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(&maps), &mut self.maps).map_err(d)?;
-        Ok(())
+        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
     }
 
     unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
