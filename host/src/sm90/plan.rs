@@ -81,19 +81,21 @@ impl ArchPlan for Sm90Plan {
         // SAFETY: both kernels take one `KernelParams` by value; every pointer in it and in the
         // tables it points to was validated by the caller or is owned by this plan.
         unsafe {
-            if is_capturing(stream)? {
-                // Inside a caller's capture: plain launches become nodes of the caller's graph.
-                if self.layout.dequant_grid > 0 {
-                    launch(&self.dequant, stream, self.layout.dequant, &params)?;
-                }
-                return launch(&self.gemm, stream, self.layout.gemm, &params);
-            }
-            if self.chain.is_none() {
+            let capturing = is_capturing(stream)?;
+            if capturing || self.chain.is_none() {
+                // The token dequantization (if any tokens) writes the workspace the GEMM reads.
                 let mut kernels = vec![];
                 if self.layout.dequant_grid > 0 {
                     kernels.push((&self.dequant, self.layout.dequant, params));
                 }
                 kernels.push((&self.gemm, self.layout.gemm, params));
+                if capturing {
+                    // Inside a caller's capture: plain launches become nodes of the caller's graph.
+                    for (f, geometry, p) in &kernels {
+                        launch(f, stream, *geometry, p)?;
+                    }
+                    return Ok(());
+                }
                 self.chain = Some(KernelChain::new(&kernels)?);
             }
             self.chain.as_mut().expect("built above").launch(stream)
