@@ -31,6 +31,14 @@ pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
 /// 128.0 (2⁷) in both halves of an f16x2.
 pub const F16X2_128: u32 = 0x5800_5800;
 
+/// The e4m3 scale byte `q` (0..4) of `w` times 2⁷, broadcast to an f16x2: the factor that turns
+/// [`e2m1x8_to_f16x2_scaled`]'s values (×2⁻¹⁴) into value·scale·2⁻⁷ (exact: ≤ 448·128 = 57344).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn e4m3_byte_to_f16x2_times_128(w: u32, q: u32) -> u32 {
+    mul_f16x2(e4m3_byte_to_f16x2(w, q), F16X2_128)
+}
+
 /// The e4m3 byte `q` (0..4) of `w`, converted to f16 and broadcast to both halves of an f16x2.
 ///
 /// `prmt` puts the byte twice in the low half-word, then `cvt.rn.f16x2.e4m3x2` (PTX ISA 7.8, sm_89)

@@ -53,8 +53,7 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
             let sw = *((g.a_scales as *const u8).add(blocked_word_offset(row, c, rk)) as *const u32);
             // Block scales times 2⁷; the decoder gives values times 2⁻¹⁴; a last 2⁷ makes the
             // product the exact value · scale (every step exact in f16).
-            let scale =
-                [0, 1, 2, 3].map(|q| convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw, q), convert::F16X2_128));
+            let scale = [0, 1, 2, 3].map(|q| convert::e4m3_byte_to_f16x2_times_128(sw, q));
             let mut out = [0u32; 32];
             for w in 0..8 {
                 // Word w holds logical values 8w..8w+8 (scale block w / 2).

@@ -293,8 +293,8 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
             if c < chunks {
                 let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
                 // The block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
-                let s0 = convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw[0], q), convert::F16X2_128);
-                let s1 = convert::mul_f16x2(convert::e4m3_byte_to_f16x2(sw[1], q), convert::F16X2_128);
+                let s0 = convert::e4m3_byte_to_f16x2_times_128(sw[0], q);
+                let s1 = convert::e4m3_byte_to_f16x2_times_128(sw[1], q);
                 let a0 = dequant16(rw[0], s0);
                 let a1 = dequant16(rw[1], s1);
                 let tokens = WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0);
