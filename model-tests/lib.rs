@@ -333,7 +333,7 @@ fn launch_one(
 /// Runs both sm_90a kernels on `ops` as [`Sm90Layout`] plans them for `sm_count` SMs.
 pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode};
+    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode, sm90_grouped_gemm_t64};
     let problem = &ops.problem;
     let layout = Sm90Layout::new(problem, sm_count);
     let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
@@ -349,8 +349,12 @@ pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Lau
     if !work.is_empty() {
         // The variant the layout chose (the decode one when every group has at most 16 tokens).
         let name = layout.config.kernel_name();
-        let entry: unsafe fn(KernelParams) =
-            if name == "sm90_grouped_gemm_decode" { sm90_grouped_gemm_decode } else { sm90_grouped_gemm };
+        let entry: unsafe fn(KernelParams) = match name {
+            "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
+            "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
+            "sm90_grouped_gemm" => sm90_grouped_gemm,
+            other => panic!("no entry point for {other}"),
+        };
         let cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
     }

@@ -4,7 +4,8 @@
 //! A launch takes one [`KernelParams`] by value. It points at three tables the host writes to
 //! device memory before the launch: the architecture's `GroupParams[group_count]`, the tensor-map
 //! table (two 128-byte maps per group, see each architecture's `*_map_index`), and the launch's
-//! `WorkItem[work_len]`. CTA `b` of a grid of `G` takes items `b, b + G, b + 2G, ...`.
+//! `WorkItem[work_len]`. CTA `b` of a grid of `G` takes items `b, b + G, b + 2G, ...`, skipping
+//! holes ([`WorkItem::HOLE`], sm_90a only).
 
 /// One output tile: rows `tile_m * BLOCK_M ..` and columns `tile_n * BLOCK_N ..` of C of group
 /// `group`, with the tile sizes of the kernel that walks the list.
@@ -17,6 +18,18 @@ pub struct WorkItem {
     pub tile_m: u32,
     /// Tile index along N (C's columns: weights).
     pub tile_n: u32,
+}
+
+impl WorkItem {
+    /// A hole: an entry the sm_90a GEMM skips (every role of the CTA alike). The host leaves holes
+    /// where a balanced list gives some CTAs fewer tiles than others, so that CTA `b` still finds
+    /// its items at `b, b + G, ...` (the sm_100a kernels' lists have none).
+    pub const HOLE: WorkItem = WorkItem { group: u32::MAX, tile_m: 0, tile_n: 0 };
+
+    /// True for [`WorkItem::HOLE`].
+    pub const fn is_hole(&self) -> bool {
+        self.group == u32::MAX
+    }
 }
 
 const _: () = assert!(core::mem::size_of::<WorkItem>() == 12);

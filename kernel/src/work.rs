@@ -51,6 +51,22 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
         Some(i)
     }
 
+    /// The next item that is not a hole ([`WorkItem::HOLE`]), if any, and moves past it.
+    ///
+    /// # Safety
+    /// The list is valid device memory of at least `work_len` items.
+    #[inline(always)]
+    pub unsafe fn next_item(&mut self) -> Option<WorkItem> {
+        while let Some(i) = self.next_index() {
+            // SAFETY: `i < work_len`, the caller's contract.
+            let t = unsafe { self.item(i) };
+            if !t.is_hole() {
+                return Some(t);
+            }
+        }
+        None
+    }
+
     /// The index the following [`Self::next_index`] will return, if any.
     #[inline(always)]
     pub fn peek_index(&self) -> Option<u32> {

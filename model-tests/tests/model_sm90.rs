@@ -77,6 +77,23 @@ fn model_sm90_decode_variant() {
     }
 }
 
+/// Groups whose tails fit 64-token tiles: the 64/128 variant (`sm90_grouped_gemm_t64`; 176 tokens
+/// as three 64-row tiles, 128 as one of 128, 40 as one of 64), its work list balanced over 2 CTAs
+/// (one takes the long K = 1024 tile and fewer items: holes), K tails and N = 8·odd, under two
+/// completion orders.
+#[test]
+fn model_sm90_t64_variant() {
+    let shapes = z(&[176, 128, 40], &[136, 24, 136], &[320, 1024, 64]);
+    let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
+    let layout = nvfp4_gemm::layout::Sm90Layout::new(&problem, 2);
+    assert_eq!(layout.config.kernel_name(), "sm90_grouped_gemm_t64");
+    assert!(layout.work.iter().any(|w| w.is_hole()), "{:?}", layout.work);
+    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
+        let run = ModelRun::ordered(order, seed);
+        check_sm90(&format!("sm90 t64 {order:?} seed {seed}"), &shapes, 14, F16, 2, &run);
+    }
+}
+
 /// The competition's 10 test shapes and the K = 128/384 one, unscaled. About 45 s of one core in
 /// the model (every tile-stage is 16 warpgroup meetings per consumer): too long for CI's budget,
 /// so it runs on request (`cargo test -p nvfp4-gemm-model-tests -- --ignored`).

@@ -28,7 +28,7 @@ use nvfp4_gemm_abi::tensor_map::TensorMap;
 pub struct Sm90Layout {
     /// The GEMM's configuration (tile, stages, shared memory).
     pub config: GemmConfig,
-    /// The GEMM's work list: group, then weight tile, then token tile.
+    /// The GEMM's work list, balanced over the grid ([`balance`]; may hold holes).
     pub work: Vec<WorkItem>,
     /// Byte offset of each group's f16 tokens in the workspace.
     pub workspace_offsets: Vec<u64>,
@@ -48,6 +48,7 @@ impl Sm90Layout {
     /// Plans `problem` for a device with `sm_count` SMs (the persistent GEMM grid).
     pub fn new(problem: &Problem, sm_count: u32) -> Sm90Layout {
         let config = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
+        // (item, relative time) in the order group, weight tile, token tile.
         let mut work = vec![];
         let mut workspace_offsets = vec![];
         let mut dequant_ctas = vec![];
@@ -56,9 +57,11 @@ impl Sm90Layout {
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             // Weight tiles outermost, token tiles inside: CTAs that run at the same time share
             // weight tiles (L2 hits), and the small token workspace stays in L2 throughout.
+            let rows = config.tile_rows(m);
+            let cost = sm90::k_stages(k) as u64 * sm90::tile_cost(rows) as u64;
             for tile_n in 0..sm90::n_tiles(n) {
-                for tile_m in 0..sm90::m_tiles(m, sm90::token_tile_rows(m)) {
-                    work.push(WorkItem { group: g as u32, tile_m, tile_n });
+                for tile_m in 0..sm90::m_tiles(m, rows) {
+                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
                 }
             }
             workspace_offsets.push(ws);
@@ -67,6 +70,8 @@ impl Sm90Layout {
             dequant_ctas.push((ctas, c));
             ctas += c;
         }
+        let grid = (work.len() as u32).min(sm_count * config.ctas_per_sm());
+        let work = balance(work, grid);
         Sm90Layout {
             config,
             gemm: sm90::gemm_launch(config, work.len() as u32, sm_count),
@@ -98,7 +103,7 @@ impl Sm90Layout {
                 workspace: workspace + self.workspace_offsets[g],
                 dequant_first_cta: self.dequant_ctas[g].0,
                 dequant_ctas: self.dequant_ctas[g].1,
-                block_m: sm90::token_tile_rows(s.m as u32),
+                block_m: self.config.tile_rows(s.m as u32),
                 reserved: 0,
                 token_row: 0,
                 token_map: sm90::token_map_index(g as u32) as u32,
@@ -133,7 +138,7 @@ impl Sm90Layout {
                 continue;
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(m, k), p.workspace)?;
+            maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(self.config, m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
                 encoder.encode(&sm90::weight_map(n, k), buffers[g].b_values.ptr)?;
         }
@@ -155,6 +160,40 @@ impl Sm90Layout {
     }
 }
 
+/// Lays `items` (each with its relative time) out for a persistent grid of `ctas` CTAs, where CTA
+/// `b` takes the entries `b, b + ctas, ...`: longest first, each to the CTA with the least time so
+/// far (ties: the lowest index), so that the last CTA to finish is not much later than the
+/// average; a CTA with fewer items than others gets holes ([`WorkItem::HOLE`]), which the kernel
+/// skips. Items of equal time keep their order (group, weight tile, token tile), so neighbouring
+/// CTAs run neighbouring tiles at the same time and share the weight tiles in L2. With
+/// `ctas ≥ items` every CTA takes one item (no holes).
+fn balance(mut items: Vec<(WorkItem, u64)>, ctas: u32) -> Vec<WorkItem> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    if ctas == 0 || items.len() <= ctas as usize {
+        return items.into_iter().map(|(w, _)| w).collect();
+    }
+    items.sort_by_key(|&(_, cost)| Reverse(cost)); // stable
+    let mut queues: Vec<Vec<WorkItem>> = vec![vec![]; ctas as usize];
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = (0..ctas).map(|b| Reverse((0, b))).collect();
+    for (w, cost) in items {
+        let Reverse((load, b)) = heap.pop().expect("ctas > 0");
+        queues[b as usize].push(w);
+        heap.push(Reverse((load + cost, b)));
+    }
+    let depth = queues.iter().map(Vec::len).max().unwrap_or(0);
+    let mut list = Vec::with_capacity(depth * ctas as usize);
+    for j in 0..depth {
+        for q in &queues {
+            list.push(q.get(j).copied().unwrap_or(WorkItem::HOLE));
+        }
+    }
+    while list.last().is_some_and(WorkItem::is_hole) {
+        list.pop();
+    }
+    list
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,7 +202,7 @@ mod tests {
     #[test]
     fn layout_of_a_small_problem() {
         let p = Problem::new(
-            vec![GroupShape::new(96, 256, 512), GroupShape::new(0, 128, 256), GroupShape::new(130, 136, 128)],
+            vec![GroupShape::new(96, 256, 512), GroupShape::new(0, 128, 256), GroupShape::new(200, 136, 128)],
             OutputType::F16,
         )
         .unwrap();
@@ -175,10 +214,53 @@ mod tests {
         assert_eq!(l.work[2], WorkItem { group: 2, tile_m: 0, tile_n: 0 });
         assert_eq!(l.work[3], WorkItem { group: 2, tile_m: 1, tile_n: 0 });
         assert_eq!(l.workspace_offsets, vec![0, 96 * 512 * 2, 96 * 512 * 2]);
-        // 96 rows × 8 chunks = 768 items = 3 CTAs; group 1 has none; 130 × 2 = 260 → 2.
+        // 96 rows × 8 chunks = 768 items = 3 CTAs; group 1 has none; 200 × 2 = 400 → 2.
         assert_eq!(l.dequant_ctas, vec![(0, 3), (3, 0), (3, 2)]);
         assert_eq!(l.gemm, LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: 210_000 });
         assert_eq!(l.dequant, LaunchGeometry { grid: 5, block: 256, cluster: 1, smem_bytes: 0 });
+    }
+
+    #[test]
+    fn tails_of_64_rows_pick_the_64_128_variant() {
+        // b0's token counts: 8 groups, 32 weight tiles each.
+        let m = [80, 176, 128, 72, 64, 248, 96, 160];
+        let p = Problem::new(m.iter().map(|&m| GroupShape::new(m, 4096, 7168)).collect::<Vec<_>>(), OutputType::F16)
+            .unwrap();
+        let l = Sm90Layout::new(&p, 132);
+        assert_eq!(l.config, GemmConfig::M128_64);
+        let params = l.group_params(&p, &vec![crate::problem::fake_buffers(&p.groups()[0], 0, 1.0); 8], 0);
+        assert_eq!(params.iter().map(|g| g.block_m).collect::<Vec<_>>(), [128, 64, 128, 128, 64, 128, 128, 64]);
+        // 6 tiles of 128 rows and 7 of 64 per weight tile.
+        let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
+        assert_eq!(real.len(), 32 * 13);
+        let mut sorted: Vec<_> = real.iter().map(|w| (w.group, w.tile_n, w.tile_m)).collect();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 32 * 13, "every tile once");
+        assert_eq!(l.gemm.grid, 132);
+        // CTA b walks b, b + 132, ...: its time in units of a 64-row tile's (96) — 128-row tiles cost 160.
+        let cost = |w: &WorkItem| if params[w.group as usize].block_m == 128 { 160 } else { 96 };
+        let loads: Vec<u64> =
+            (0..132).map(|b| l.work.iter().skip(b).step_by(132).filter(|w| !w.is_hole()).map(cost).sum()).collect();
+        let (max, total) = (*loads.iter().max().unwrap(), loads.iter().sum::<u64>());
+        assert_eq!(total, 32 * (6 * 160 + 7 * 96));
+        // Within one tile of the average (a round-robin walk of the same list would reach 3 × 160 + 96).
+        assert!(max * 132 <= total + 160 * 132, "max {max}, mean {}", total / 132);
+    }
+
+    #[test]
+    fn balance_lays_out_longest_first_with_holes() {
+        let w = |g| WorkItem { group: g, tile_m: 0, tile_n: 0 };
+        // Two CTAs; costs 5, 1, 1, 1, 1, 1: CTA 0 takes the 5, CTA 1 the five 1s.
+        let items = vec![(w(0), 1), (w(1), 5), (w(2), 1), (w(3), 1), (w(4), 1), (w(5), 1)];
+        let list = balance(items, 2);
+        let h = WorkItem::HOLE;
+        assert_eq!(list, vec![w(1), w(0), h, w(2), h, w(3), h, w(4), h, w(5)]);
+        // As many CTAs as items: the list as given.
+        assert_eq!(balance(vec![(w(0), 1), (w(1), 9)], 2), vec![w(0), w(1)]);
+        // Equal costs: round robin in the given order, no holes.
+        let items: Vec<_> = (0..7).map(|g| (w(g), 3)).collect();
+        assert_eq!(balance(items, 3), (0..7).map(w).collect::<Vec<_>>());
     }
 
     #[test]

@@ -113,16 +113,15 @@ impl ArchPlan for Sm90Plan {
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {} for groups of at most {} tokens, else {}), {} stages of K {}, {} CTA(s) per SM",
+                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {} or {}, per group), {} stages of K {}, {} CTA(s) per SM",
                 sm90::BLOCK_N,
-                sm90::SMALL_TILE_M,
-                sm90::SMALL_TILE_M,
+                l.config.narrow,
                 l.config.block_m,
                 l.config.stages,
                 sm90::BLOCK_K,
                 l.config.ctas_per_sm()
             ),
-            tiles: l.work.len(),
+            tiles: l.work.iter().filter(|w| !w.is_hole()).count(),
             launches: if l.work.is_empty() { vec![] } else { launches },
             workspace_bytes: l.workspace_bytes,
         }

@@ -26,22 +26,36 @@ use nvfp4_gemm_abi::sm90::*;
 const _: () = assert!(CHUNKS_PER_STAGE == 2);
 type Work<'a> = WorkCursor<'a, GroupParams>;
 
-/// A compiled variant of the kernel: its configuration (tile height, stages, shared memory).
+/// A compiled variant of the kernel: its configuration (tile heights, stages, shared memory) and
+/// the wgmma width of its narrow tiles (`CFG.narrow`).
 trait Variant {
     const CFG: GemmConfig;
+    type Narrow: MmaShape;
 }
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
 struct General;
 impl Variant for General {
     const CFG: GemmConfig = GemmConfig::M128;
+    type Narrow = wgmma::N16;
+}
+
+/// 64- and 128-token tiles, 5 stages, one CTA per SM.
+struct Tail64;
+impl Variant for Tail64 {
+    const CFG: GemmConfig = GemmConfig::M128_64;
+    type Narrow = wgmma::N64;
 }
 
 /// 16-token tiles only, 8 stages, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
     const CFG: GemmConfig = GemmConfig::M16;
+    type Narrow = wgmma::N16;
 }
+
+const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
+const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
 struct Smem<V> {
@@ -75,6 +89,17 @@ impl<V: Variant> Smem<V> {
 pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
+}
+
+/// The 64/128 variant, for prefill problems whose groups' tails fit 64-token tiles. Launch:
+/// `gemm_launch(GemmConfig::M128_64, ..)`.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm`], and every group's `block_m` is 64 or 128.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<Tail64, { GemmConfig::M128_64.stages }>(&p) }
 }
 
 /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
@@ -142,12 +167,10 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
 unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
-    while let Some(i) = work.next_index() {
-        // SAFETY: `i < work_len`; the item names a group of the table.
-        let (t, g) = unsafe {
-            let t = work.item(i);
-            (t, work.group(t.group))
-        };
+    // SAFETY: the list holds `work_len` items; each names a group of the table.
+    while let Some(t) = unsafe { work.next_item() } {
+        // SAFETY: as above.
+        let g = unsafe { work.group(t.group) };
         let token_map = work.tensor_map(g.token_map as usize);
         let weight_map = work.tensor_map(weight_map_index(t.group));
         // The weight tile's 128 rows are one row block of B's blocked scales.
@@ -219,19 +242,17 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
     let mut work = Work::new(p);
     let mut ring = Consumer::<STAGES>::new(st.full(), st.empty());
     let bf16 = p.out_bf16 != 0;
-    while let Some(i) = work.next_index() {
-        // SAFETY: `i < work_len`; the item names a group of the table.
-        let (tile, g) = unsafe {
-            let t = work.item(i);
-            (t, work.group(t.group))
-        };
+    // SAFETY: the list holds `work_len` items; each names a group of the table.
+    while let Some(tile) = unsafe { work.next_item() } {
+        // SAFETY: as above.
+        let g = unsafe { work.group(tile.group) };
         // One compiled copy of the tile loop per wgmma width; the group's token tile height
         // (`token_tile_rows`) picks it.
         // SAFETY: as this function's.
         unsafe {
             // The decode variant compiles the narrow width only.
-            if V::CFG.block_m == SMALL_TILE_M || g.block_m == SMALL_TILE_M {
-                consume_tile::<V, STAGES, wgmma::N16>(st, &mut ring, &g, tile, cw, t, bf16)
+            if V::CFG.block_m == V::CFG.narrow || g.block_m == V::CFG.narrow {
+                consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, &g, tile, cw, t, bf16)
             } else {
                 consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
             }
