@@ -67,9 +67,8 @@ pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 4] = [
+pub const REGISTER_CAPS: [(&str, u32); 3] = [
     ("sm90_grouped_gemm", MAX_REGISTERS),
-    ("sm90_grouped_gemm_t64", MAX_REGISTERS),
     ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
 ];
@@ -101,8 +100,8 @@ pub const fn dequant_ctas(m: u32, k: u32) -> u32 {
 pub struct GemmConfig {
     /// Most tokens per tile (the widest wgmma N the variant runs): 16 or 128.
     pub block_m: u32,
-    /// The variant's other token-tile height (its narrower wgmma N): 16 or 64; equal to
-    /// `block_m` when the variant runs one width only.
+    /// The variant's other token-tile height (its narrower wgmma N): 16; equal to `block_m` when
+    /// the variant runs one width only.
     pub narrow: u32,
     /// Pipeline stages.
     pub stages: u32,
@@ -111,37 +110,22 @@ pub struct GemmConfig {
 impl GemmConfig {
     /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
     pub const M128: GemmConfig = GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5 };
-    /// 64- or 128-token tiles, 5 stages (`sm90_grouped_gemm_t64`): for prefill problems whose
-    /// groups' token counts a mix of 64- and 128-row tiles covers with less padding.
-    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: 64, stages: 5 };
     /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 8 stages of 13 KiB,
     /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
     /// twice the warps to hide the decode's latencies.
     pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8 };
     /// Every compiled variant.
-    pub const ALL: [GemmConfig; 3] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16];
+    pub const ALL: [GemmConfig; 2] = [GemmConfig::M128, GemmConfig::M16];
 
     /// Token rows per tile (the wgmma N) for a group of `m` tokens under this variant: the
-    /// decode variant's 16; for the others the narrow width when `m` fits one narrow tile. A
-    /// larger group takes the wide tiles, except that a narrow width of at least half the wide
-    /// one (64 of 128) also covers it when [`tile_cost`] finds its tiles cheaper (ties: the wide
-    /// ones). `M128`: 16 for `m ≤ 16`, else 128; `M128_64`: 64 for 176 tokens (3 × 64 rows,
-    /// not 2 × 128), 128 for 80.
+    /// narrow width when `m` fits one narrow tile, else the wide one (`M128`: 16 for `m ≤ 16`,
+    /// else 128; the decode variant: 16).
     pub const fn tile_rows(&self, m: u32) -> u32 {
-        let narrow_covers_more = 2 * self.narrow >= self.block_m
-            && m_tiles(m, self.narrow) * tile_cost(self.narrow) < m_tiles(m, self.block_m) * tile_cost(self.block_m);
-        if m <= self.narrow || self.narrow == self.block_m || narrow_covers_more {
+        if m <= self.narrow {
             self.narrow
         } else {
             self.block_m
         }
-    }
-
-    /// Relative time of a group of `m` tokens under this variant, per 128 weight rows and per
-    /// stage ([`tile_cost`] summed over its tiles).
-    pub const fn group_cost(&self, m: u32) -> u64 {
-        let w = self.tile_rows(m);
-        m_tiles(m, w) as u64 * tile_cost(w) as u64
     }
 
     /// Threads per CTA: [`THREADS`], or [`DECODE_THREADS`] for the decode variant.
@@ -245,7 +229,7 @@ impl GemmConfig {
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
         (self.block_m == SMALL_TILE_M || self.block_m == 128)
-            && (self.narrow == SMALL_TILE_M || self.narrow == 64)
+            && self.narrow == SMALL_TILE_M
             && self.narrow <= self.block_m
             && self.stages >= 2
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
@@ -254,7 +238,6 @@ impl GemmConfig {
 }
 
 const _: () = assert!(GemmConfig::M128.is_valid());
-const _: () = assert!(GemmConfig::M128_64.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
@@ -413,28 +396,25 @@ pub const fn token_tile_rows(m: u32) -> u32 {
     GemmConfig::M128.tile_rows(m)
 }
 
-/// Relative cost of one token tile of `rows` rows, per 128 weight rows and stage, in token rows:
-/// the MMA work grows with `rows`, the weight decode ([`TILE_FIXED_COST`]) does not.
+/// Relative time of one token tile of `rows` rows, per stage, in token rows of MMA work: the MMA
+/// grows with `rows`, the rest ([`TILE_FIXED_COST`]) does not. Orders the host's work list
+/// (longest first).
 pub const fn tile_cost(rows: u32) -> u32 {
     TILE_FIXED_COST + rows
 }
 
-/// The part of a tile's time that does not depend on its token rows (decoding the weight tile,
-/// the stage hand-offs), in token rows of MMA work: an estimate from the H200 timings of the
-/// 16-, 64- and 128-token tiles (PERF.md).
-pub const TILE_FIXED_COST: u32 = 32;
+/// The part of a tile's time per stage that does not shrink with its token rows, in token rows
+/// of MMA work: on the H200 a 64-row tile took ~0.72 of a 128-row one (PERF.md #14), i.e.
+/// `(F + 64) / (F + 128) ≈ 0.72`.
+pub const TILE_FIXED_COST: u32 = 100;
 
 /// The configuration for a problem whose groups have these token counts: the decode variant
 /// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the
-/// general variant of the lower total [`GemmConfig::group_cost`] ([`GemmConfig::M128`] on ties,
-/// which also runs 16-token tiles for the small groups among larger ones).
-pub fn config_for(m: impl Iterator<Item = u32> + Clone) -> GemmConfig {
-    if m.clone().all(|m| m <= SMALL_TILE_M) {
-        return GemmConfig::M16;
-    }
-    let cost = |c: GemmConfig| m.clone().map(|m| c.group_cost(m)).sum::<u64>();
-    if cost(GemmConfig::M128_64) < cost(GemmConfig::M128) {
-        GemmConfig::M128_64
+/// general one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger
+/// ones).
+pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
+    if m.all(|m| m <= SMALL_TILE_M) {
+        GemmConfig::M16
     } else {
         GemmConfig::M128
     }
@@ -456,8 +436,6 @@ impl GemmConfig {
     pub const fn kernel_name(&self) -> &'static str {
         if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
-        } else if self.narrow == 64 {
-            "sm90_grouped_gemm_t64"
         } else {
             "sm90_grouped_gemm"
         }
@@ -650,38 +628,24 @@ mod tests {
     #[test]
     fn config_choice() {
         assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::M16);
-        // 16 + 128 rows (cost 48 + 160) against 64 + 64 (96 + 96).
-        assert_eq!(config_for([4, 17].into_iter()), GemmConfig::M128_64);
-        // Many decode-sized groups beside one large one: the 16-token tiles win.
-        assert_eq!(config_for([4, 4, 4, 200].into_iter()), GemmConfig::M128);
-        // Multiples of 128 tie: the established variant.
-        assert_eq!(config_for([128, 256].into_iter()), GemmConfig::M128);
-        // The benchmark shapes b0 and b1 (PERF.md): tails of ≤ 64 rows.
-        assert_eq!(config_for([80, 176, 128, 72, 64, 248, 96, 160].into_iter()), GemmConfig::M128_64);
-        assert_eq!(config_for([40, 76, 168, 72, 164, 148, 196, 160].into_iter()), GemmConfig::M128_64);
+        assert_eq!(config_for([4, 17].into_iter()), GemmConfig::M128);
         assert_eq!(config_for_device_sizes(16), GemmConfig::M16);
         assert_eq!(config_for_device_sizes(17), GemmConfig::M128);
         for c in GemmConfig::ALL {
             assert!(REGISTER_CAPS.iter().any(|(name, _)| *name == c.kernel_name()), "{c:?}");
         }
-        assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[2].0);
+        assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[1].0);
         assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
-        assert_eq!(GemmConfig::M128_64.kernel_name(), REGISTER_CAPS[1].0);
     }
 
     #[test]
     fn token_tile_widths() {
         let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(token_tile_rows);
         assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
-        // 64/128: 64 while one or several 64-row tiles cost less than the 128-row ones.
-        let rows = [1, 64, 65, 80, 128, 160, 176, 192, 248, 320].map(|m| GemmConfig::M128_64.tile_rows(m));
-        assert_eq!(rows, [64, 64, 128, 128, 128, 64, 64, 64, 128, 128]);
         assert_eq!(GemmConfig::M16.tile_rows(9), 16);
-        assert_eq!(GemmConfig::M128_64.group_cost(176), 3 * 96);
-        assert_eq!(GemmConfig::M128.group_cost(176), 2 * 160);
+        assert_eq!((tile_cost(16), tile_cost(128)), (116, 228));
         assert_eq!(token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 16]);
         assert_eq!(token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 128]);
-        assert_eq!(token_map(GemmConfig::M128_64, 176, 256).box_dims, [CHUNK_K, 64]);
     }
 
     #[test]
@@ -747,11 +711,6 @@ mod tests {
         assert_eq!(d.consumer_thread(d.producer_thread()), None);
         assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
         assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
-        // The 64/128 variant: the same stages (sized for 128 rows), 64-row boxes in its narrow tiles.
-        let t = GemmConfig::M128_64;
-        assert_eq!((t.stage_bytes(), t.dynamic_shared_memory(), t.threads()), (41984, 5 * 41984 + 80, 384));
-        assert_eq!(t.stage_tx_bytes(2, 64), 2 * (8192 + 512) + 8192);
-        assert_eq!((t.consumer_thread(128), t.producer_thread(), t.ctas_per_sm()), (Some((0, 0)), 0, 1));
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
     }
 

@@ -77,20 +77,20 @@ fn model_sm90_decode_variant() {
     }
 }
 
-/// Groups whose tails fit 64-token tiles: the 64/128 variant (`sm90_grouped_gemm_t64`; 176 tokens
-/// as three 64-row tiles, 128 as one of 128, 40 as one of 64), its work list balanced over 2 CTAs
-/// (one takes the long K = 1024 tile and fewer items: holes), K tails and N = 8·odd, under two
-/// completion orders.
+/// A work list balanced over 2 CTAs with holes (host `balance`): one CTA takes the long tile
+/// (K = 1024, 8 stages of a 128-token tile), the other the four short ones (16-token tiles of
+/// K = 320 and 128-token tiles of K = 64) and skips the holes beside them; K tails, N = 8·odd;
+/// under two completion orders.
 #[test]
-fn model_sm90_t64_variant() {
-    let shapes = z(&[176, 128, 40], &[136, 24, 136], &[320, 1024, 64]);
+fn model_sm90_balanced_list_with_holes() {
+    let shapes = z(&[128, 8, 40], &[24, 136, 136], &[1024, 320, 64]);
     let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
     let layout = nvfp4_gemm::layout::Sm90Layout::new(&problem, 2);
-    assert_eq!(layout.config.kernel_name(), "sm90_grouped_gemm_t64");
+    assert_eq!(layout.config.kernel_name(), "sm90_grouped_gemm");
     assert!(layout.work.iter().any(|w| w.is_hole()), "{:?}", layout.work);
     for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
         let run = ModelRun::ordered(order, seed);
-        check_sm90(&format!("sm90 t64 {order:?} seed {seed}"), &shapes, 14, F16, 2, &run);
+        check_sm90(&format!("sm90 balanced {order:?} seed {seed}"), &shapes, 14, F16, 2, &run);
     }
 }
 

@@ -40,13 +40,6 @@ impl Variant for General {
     type Narrow = wgmma::N16;
 }
 
-/// 64- and 128-token tiles, 5 stages, one CTA per SM.
-struct Tail64;
-impl Variant for Tail64 {
-    const CFG: GemmConfig = GemmConfig::M128_64;
-    type Narrow = wgmma::N64;
-}
-
 /// 16-token tiles only, 8 stages, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
@@ -54,7 +47,7 @@ impl Variant for Decode {
     type Narrow = wgmma::N16;
 }
 
-const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
+const _: () = assert!(GemmConfig::M128.narrow == 16);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
@@ -89,17 +82,6 @@ impl<V: Variant> Smem<V> {
 pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
-}
-
-/// The 64/128 variant, for prefill problems whose groups' tails fit 64-token tiles. Launch:
-/// `gemm_launch(GemmConfig::M128_64, ..)`.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm`], and every group's `block_m` is 64 or 128.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<Tail64, { GemmConfig::M128_64.stages }>(&p) }
 }
 
 /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
