@@ -75,20 +75,45 @@ pub const REGISTER_CAPS: [(&str, u32); 3] = [
 /// Bytes of one mbarrier.
 pub const MBARRIER_BYTES: u32 = 8;
 
+/// The GEMM kernels may start before the token dequantization that precedes them has finished
+/// (programmatic dependent launch): only the producer thread reads what the dequantization wrote
+/// (the workspace, through TMA), and it executes `griddepcontrol.wait` before its first token load,
+/// after the first stage's weight loads; the dequantization lets it be scheduled at its start
+/// (`griddepcontrol.launch_dependents`). The host launches the GEMM with programmatic stream
+/// serialization when a dequantization precedes it in the same call.
+pub const GEMM_STARTS_EARLY: bool = true;
+
 /// Threads per CTA of the token dequantization kernel.
 pub const DEQUANT_THREADS: u32 = 256;
+/// Threads per work item (one row × 64-wide chunk: 128 bytes of f16 out) of the token
+/// dequantization kernel: each writes one 16-byte slot, so that a warp stores 512 contiguous bytes.
+pub const DEQUANT_THREADS_PER_ITEM: u32 = 8;
+/// Work items each token-dequantization thread takes per pass (their loads are issued together).
+pub const DEQUANT_ITEMS_PER_THREAD: u32 = 4;
+/// Work items one token-dequantization CTA covers per pass: item `i` of a pass goes to threads
+/// `8 · (i % 32) ..` (so a warp covers 4 consecutive items), in round `i / 32`.
+pub const DEQUANT_ITEMS_PER_CTA: u32 = DEQUANT_THREADS / DEQUANT_THREADS_PER_ITEM * DEQUANT_ITEMS_PER_THREAD;
 /// Most token-dequantization CTAs per group (each grid-strides over the group's rows × chunks).
 pub const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 256;
 
 /// Token-dequantization CTAs of a group of `m` rows and reduction length `k`:
-/// `min(⌈m · k/64 / DEQUANT_THREADS⌉, MAX_DEQUANT_CTAS_PER_GROUP)`.
+/// `min(⌈m · k/64 / DEQUANT_ITEMS_PER_CTA⌉, MAX_DEQUANT_CTAS_PER_GROUP)`.
 pub const fn dequant_ctas(m: u32, k: u32) -> u32 {
-    let ctas = (m as u64 * (k / CHUNK_K) as u64).div_ceil(DEQUANT_THREADS as u64);
+    let ctas = (m as u64 * (k / CHUNK_K) as u64).div_ceil(DEQUANT_ITEMS_PER_CTA as u64);
     if ctas < MAX_DEQUANT_CTAS_PER_GROUP as u64 {
         ctas as u32
     } else {
         MAX_DEQUANT_CTAS_PER_GROUP
     }
+}
+
+/// Where thread `j` (0..8) of a token-dequantization work item finds its inputs and puts its
+/// output: it writes 16-byte slot `j` of the item's 128-byte f16 row, i.e. the four f16x2 pairs
+/// `4j .. 4j + 4` of [`token_pair_slot`]; pair `4j + q` is pair `j % 4` (of the decoder's four)
+/// of packed word `j / 4 + 2q`, scaled by block `q`. Returns those four word indices (0..8).
+pub const fn dequant_slot_words(j: u32) -> [u32; 4] {
+    let h = j / 4;
+    [h, h + 2, h + 4, h + 6]
 }
 
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
@@ -601,6 +626,25 @@ mod tests {
             logical.sort();
             assert_eq!(logical, core::array::from_fn(|i| 16 * q + i as u32));
         }
+    }
+
+    #[test]
+    fn dequant_slots_cover_each_pair_once() {
+        // Slot j, element q holds pair j % 4 of word dequant_slot_words(j)[q], scale block q.
+        let mut seen = [false; 32];
+        for j in 0..DEQUANT_THREADS_PER_ITEM {
+            for (q, w) in dequant_slot_words(j).into_iter().enumerate() {
+                assert_eq!(token_pair_slot(w, j % 4), 4 * j + q as u32, "slot {j} element {q}");
+                assert_eq!(w / 2, q as u32, "word {w} is in scale block {q}");
+                assert!(!seen[(4 * w + j % 4) as usize]);
+                seen[(4 * w + j % 4) as usize] = true;
+            }
+        }
+        assert!(seen[..].iter().filter(|&&x| x).count() == 32);
+        assert_eq!(DEQUANT_ITEMS_PER_CTA, 128);
+        assert_eq!(dequant_ctas(96, 512), 6);
+        assert_eq!(dequant_ctas(248, 7168), 217);
+        assert_eq!(dequant_ctas(1024, 7168), 256);
     }
 
     #[test]

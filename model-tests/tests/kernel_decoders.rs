@@ -2,7 +2,7 @@
 //! checked on the CPU against the format crate's codecs.
 
 use nvfp4_format::codec::e2m1_to_f32;
-use nvfp4_gemm_kernel::ptx::convert::{e2m1x8_to_f16x2_scaled, F16X2_128};
+use nvfp4_gemm_kernel::ptx::convert::{e2m1x2_pair_to_f16x2_scaled, e2m1x8_to_f16x2_scaled, F16X2_128};
 
 /// Every e2m1 code in every nibble of a word: word `k` of the result holds elements `k` (low half)
 /// and `k + 4` (high half), each the e2m1 value times 2⁻¹⁴, with the sign of the code (also −0).
@@ -13,6 +13,10 @@ fn model_sm90_e2m1_decoder_every_code_every_position() {
             // The other nibbles get other codes, so a leak between positions shows.
             let q = (0..8).fold(0u32, |w, p| w | (if p == pos { code } else { (code + 5 * p + 3) % 16 }) << (4 * p));
             let words = e2m1x8_to_f16x2_scaled(q);
+            // The one-pair decoder (the token dequantization's) gives the same words.
+            for k in 0..4 {
+                assert_eq!(e2m1x2_pair_to_f16x2_scaled(q, 4 * k), words[k as usize], "word {q:#010x} pair {k}");
+            }
             for e in 0..8u32 {
                 let c = (q >> (4 * e)) & 0xF;
                 let bits = (words[(e % 4) as usize] >> (16 * (e / 4))) as u16;

@@ -38,9 +38,13 @@ pub mod sreg {
     };
 }
 
-/// CTA-level named barriers (`bar.sync`, PTX ISA 9.0 §9.7.13.1).
+/// CTA-level named barriers (`bar.sync`, PTX ISA 9.0 §9.7.13.1), and the grid-dependency controls
+/// (`griddepcontrol`, "Parallel Synchronization and Communication Instructions: griddepcontrol").
 pub mod barrier {
-    pub use crate::sync::{bar_sync as sync, bar_sync_all as sync_all};
+    pub use crate::sync::{
+        bar_sync as sync, bar_sync_all as sync_all, griddepcontrol_launch_dependents as grid_launch_dependents,
+        griddepcontrol_wait as grid_dependency_wait,
+    };
 }
 
 /// Cluster barrier and distributed shared memory addresses (PTX ISA 9.0 §9.7.13.3, §9.7.9.23).

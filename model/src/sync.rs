@@ -318,6 +318,21 @@ pub fn bar_sync(id: u32, threads: u32) {
     })
 }
 
+/// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): waits until the grids this one depends on
+/// programmatically have completed and their memory is visible. The model runs launches one after
+/// another, so they always have: counted in [`crate::RunStats::fences`], no other effect.
+#[track_caller]
+pub fn griddepcontrol_wait() {
+    fence(Location::caller(), "griddepcontrol.wait", false)
+}
+
+/// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): lets a programmatically dependent
+/// grid be scheduled early. Launches run one after another in the model: counted, no effect.
+#[track_caller]
+pub fn griddepcontrol_launch_dependents() {
+    fence(Location::caller(), "griddepcontrol.launch_dependents", false)
+}
+
 /// `bar.sync 0;` with every thread of the CTA (`__syncthreads()`).
 #[track_caller]
 pub fn bar_sync_all() {

@@ -3,7 +3,7 @@
 //! kernel. Kernel nodes copy their parameter values when added, so a graph serves every call whose
 //! parameters are the same (a plan's are: they hold the addresses of its own tables).
 
-use crate::driver::launch::LaunchGeometry;
+use crate::driver::launch::{LaunchGeometry, Start};
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaStream};
 use std::ffi::c_void;
@@ -23,19 +23,22 @@ fn check(what: &'static str, r: sys::CUresult) -> Result<()> {
 }
 
 impl KernelChain {
-    /// A graph of `kernels` in order, each after the previous one, each taking one parameter
-    /// struct `P` by value. Only kernels without clusters (`geometry.cluster == 1`).
+    /// A graph of `kernels` in order, each after the previous one (with [`Start::Early`], through
+    /// a programmatic edge: it may start once the previous kernel's CTAs have all executed
+    /// `griddepcontrol.launch_dependents` or exited), each taking one parameter struct `P` by
+    /// value. Only kernels without clusters (`geometry.cluster == 1`).
     ///
     /// # Safety
     /// Each function must take exactly one parameter of type `P`; the addresses in the parameters
-    /// must stay valid for every launch of the chain.
-    pub unsafe fn new<P: bytemuck::Pod>(kernels: &[(&CudaFunction, LaunchGeometry, P)]) -> Result<KernelChain> {
+    /// must stay valid for every launch of the chain; a kernel marked [`Start::Early`] must wait
+    /// (`griddepcontrol.wait`) before it reads what the previous one writes.
+    pub unsafe fn new<P: bytemuck::Pod>(kernels: &[(&CudaFunction, LaunchGeometry, Start, P)]) -> Result<KernelChain> {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         check("creating a graph", unsafe { sys::cuGraphCreate(&mut graph, 0) })?;
         let mut chain = KernelChain { graph, exec: std::ptr::null_mut() };
         let mut previous: Option<sys::CUgraphNode> = None;
-        for (f, geometry, params) in kernels {
+        for (f, geometry, start, params) in kernels {
             if geometry.cluster != 1 {
                 return Err(Error::driver(
                     "adding a kernel node",
@@ -56,11 +59,21 @@ impl KernelChain {
             node_params.sharedMemBytes = geometry.smem_bytes;
             node_params.kernelParams = args.as_mut_ptr();
             let mut node: sys::CUgraphNode = std::ptr::null_mut();
-            let deps: Vec<sys::CUgraphNode> = previous.into_iter().collect();
             // SAFETY: `args` points at a live `P` for the call (the driver copies the value).
             check("adding a kernel node", unsafe {
-                sys::cuGraphAddKernelNode_v2(&mut node, chain.graph, deps.as_ptr(), deps.len(), &node_params)
+                sys::cuGraphAddKernelNode_v2(&mut node, chain.graph, std::ptr::null(), 0, &node_params)
             })?;
+            if let Some(prev) = previous {
+                let mut edge = sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] };
+                if *start == Start::Early {
+                    edge.from_port = sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8;
+                    edge.type_ = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+                }
+                // SAFETY: two nodes of this graph; one edge described by `edge`.
+                check("adding a graph edge", unsafe {
+                    sys::cuGraphAddDependencies_v2(chain.graph, &prev, &node, &edge, 1)
+                })?;
+            }
             previous = Some(node);
         }
         // SAFETY: out-pointer to the chain's field; the graph is complete.

@@ -1,5 +1,5 @@
-//! Kernel launches with cluster dimensions (`cuLaunchKernelEx`), and the driver's occupancy
-//! queries.
+//! Kernel launches with cluster dimensions and programmatic dependent launch (`cuLaunchKernelEx`),
+//! and the driver's occupancy queries.
 
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaStream};
@@ -12,9 +12,34 @@ pub fn set_max_dynamic_smem(f: &CudaFunction, bytes: u32) -> Result<()> {
         .map_err(|e| Error::driver("setting the kernel's shared memory size", e))
 }
 
-fn launch_config(geom: LaunchGeometry, stream: &CudaStream, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: geom.cluster, y: 1, z: 1 };
+/// When a launch may start relative to the work before it in the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// After everything before it has completed (a plain launch).
+    AfterPrevious,
+    /// As soon as the kernel before it lets it (`griddepcontrol.launch_dependents` in every CTA,
+    /// or their exit): programmatic dependent launch. The kernel must execute
+    /// `griddepcontrol.wait` before it reads anything the previous kernel writes.
+    Early,
+}
+
+fn launch_config(
+    geom: LaunchGeometry,
+    start: Start,
+    stream: &CudaStream,
+    attrs: &mut [sys::CUlaunchAttribute; 2],
+) -> sys::CUlaunchConfig {
+    let mut n = 0;
+    if geom.cluster > 1 {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[n].value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: geom.cluster, y: 1, z: 1 };
+        n += 1;
+    }
+    if start == Start::Early {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
     sys::CUlaunchConfig {
         gridDimX: geom.grid,
         gridDimY: 1,
@@ -24,8 +49,8 @@ fn launch_config(geom: LaunchGeometry, stream: &CudaStream, attr: &mut sys::CUla
         blockDimZ: 1,
         sharedMemBytes: geom.smem_bytes,
         hStream: stream.cu_stream(),
-        attrs: attr,
-        numAttrs: if geom.cluster > 1 { 1 } else { 0 },
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: n as u32,
     }
 }
 
@@ -41,13 +66,29 @@ pub unsafe fn launch<P: bytemuck::Pod>(
     geom: LaunchGeometry,
     params: &P,
 ) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { launch_with(f, stream, geom, Start::AfterPrevious, params) }
+}
+
+/// [`launch`] with the start rule `start`.
+///
+/// # Safety
+/// As [`launch`]; with [`Start::Early`], `f` must wait (`griddepcontrol.wait`) before it reads
+/// anything the kernel before it in the stream writes.
+pub unsafe fn launch_with<P: bytemuck::Pod>(
+    f: &CudaFunction,
+    stream: &CudaStream,
+    geom: LaunchGeometry,
+    start: Start,
+    params: &P,
+) -> Result<()> {
     let mut value: P = *params;
     let mut args = [&mut value as *mut P as *mut c_void];
-    // SAFETY: zero is a valid bit pattern of the attribute union; fields are set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    let config = launch_config(geom, stream, &mut attr);
+    // SAFETY: zero is a valid bit pattern of the attribute union; fields are set by launch_config.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let config = launch_config(geom, start, stream, &mut attrs);
     // SAFETY: `args` holds one pointer to a live `P`, matching the kernel (the caller's
-    // contract); `config` points at `attr`, alive for the call.
+    // contract); `config` points at `attrs`, alive for the call.
     unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
         .map_err(|e| Error::driver("launching a kernel", e))
@@ -66,10 +107,10 @@ pub fn ctas_per_sm(f: &CudaFunction, block: u32, smem_bytes: u32) -> Result<u32>
 /// occupancy does not. `geom.grid` must be a multiple of the cluster size.
 pub fn max_active_clusters(f: &CudaFunction, stream: &CudaStream, geom: LaunchGeometry) -> Result<u32> {
     // SAFETY: zero is a valid bit pattern of the attribute union; fields are set by launch_config.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    let config = launch_config(geom, stream, &mut attr);
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let config = launch_config(geom, Start::AfterPrevious, stream, &mut attrs);
     let mut clusters = 0i32;
-    // SAFETY: `config` points at `attr`, alive for the call; the driver writes one int.
+    // SAFETY: `config` points at `attrs`, alive for the call; the driver writes one int.
     unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) }
         .result()
         .map_err(|e| Error::driver("querying a kernel's cluster occupancy", e))?;

@@ -15,7 +15,7 @@
 //! nothing, and only reach C columns the epilogue masks.
 
 use crate::device::Gpu;
-use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem, Start};
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
@@ -65,13 +65,14 @@ impl Sm90DeviceLayout {
         let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
             g * sm90::dequant_ctas(sizes.rows, k) as u64
         } else {
-            // Each non-empty group of m rows takes min(⌈m·c/256⌉, 256) CTAs (c = k/64 chunks):
-            // at most 1 + ⌊(m·c − 1)/256⌋, so over at most min(G, T) non-empty groups the sum is
-            // at most n + ⌊(T·c − n)/256⌋ with n = min(G, T), and at most 256·n.
+            // Each non-empty group of m rows takes min(⌈m·c/I⌉, 256) CTAs (c = k/64 chunks,
+            // I = DEQUANT_ITEMS_PER_CTA): at most 1 + ⌊(m·c − 1)/I⌋, so over at most min(G, T)
+            // non-empty groups the sum is at most n + ⌊(T·c − n)/I⌋ with n = min(G, T), and at
+            // most 256·n.
             let t = sizes.rows as u64;
             let n = g.min(t);
             let items = t * (k / sm90::CHUNK_K) as u64;
-            (n + (items - n) / sm90::DEQUANT_THREADS as u64).min(sm90::MAX_DEQUANT_CTAS_PER_GROUP as u64 * n)
+            (n + (items - n) / sm90::DEQUANT_ITEMS_PER_CTA as u64).min(sm90::MAX_DEQUANT_CTAS_PER_GROUP as u64 * n)
         } as u32;
         Sm90DeviceLayout {
             config,
@@ -274,7 +275,11 @@ impl Sm90DevicePlan {
         unsafe {
             launch(&self.schedule, stream, l.schedule, &schedule)?;
             launch(&self.dequant, stream, l.dequant, &params)?;
-            launch(&self.gemm, stream, l.gemm, &params)
+            // The GEMM may start while the dequantization runs (it waits before its first token
+            // load); the scheduler's tables it reads at its start were complete before the
+            // dequantization began.
+            let start = if sm90::GEMM_STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
+            launch_with(&self.gemm, stream, l.gemm, start, &params)
         }
     }
 

@@ -214,10 +214,10 @@ mod tests {
         assert_eq!(l.work[2], WorkItem { group: 2, tile_m: 0, tile_n: 0 });
         assert_eq!(l.work[3], WorkItem { group: 2, tile_m: 1, tile_n: 0 });
         assert_eq!(l.workspace_offsets, vec![0, 96 * 512 * 2, 96 * 512 * 2]);
-        // 96 rows × 8 chunks = 768 items = 3 CTAs; group 1 has none; 200 × 2 = 400 → 2.
-        assert_eq!(l.dequant_ctas, vec![(0, 3), (3, 0), (3, 2)]);
+        // 96 rows × 8 chunks = 768 items = 6 CTAs of 128; group 1 has none; 200 × 2 = 400 → 4.
+        assert_eq!(l.dequant_ctas, vec![(0, 6), (6, 0), (6, 4)]);
         assert_eq!(l.gemm, LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: 210_000 });
-        assert_eq!(l.dequant, LaunchGeometry { grid: 5, block: 256, cluster: 1, smem_bytes: 0 });
+        assert_eq!(l.dequant, LaunchGeometry { grid: 10, block: 256, cluster: 1, smem_bytes: 0 });
     }
 
     #[test]
@@ -278,7 +278,7 @@ mod tests {
         let params = l.group_params(&p, &buffers, 0x9000_0000);
         assert_eq!(params[0].workspace, 0x9000_0000);
         assert_eq!(params[1].workspace, 0x9000_0000 + 96 * 512 * 2);
-        assert_eq!((params[0].dequant_first_cta, params[0].dequant_ctas), (0, 3));
+        assert_eq!((params[0].dequant_first_cta, params[0].dequant_ctas), (0, 6));
         assert_eq!((params[0].alpha, params[0].b_scales), (0.5, buffers[0].b_scales.ptr));
         assert_eq!(
             l.kernel_params(0x1000, 0x2000, 0x3000, &p),

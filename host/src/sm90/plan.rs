@@ -4,7 +4,7 @@
 use super::Sm90Layout;
 use crate::device::Gpu;
 use crate::driver::graph::{is_capturing, KernelChain};
-use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::launch::{launch_with, set_max_dynamic_smem, Start};
 use crate::error::{Error, Result};
 use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
@@ -83,16 +83,21 @@ impl ArchPlan for Sm90Plan {
         unsafe {
             let capturing = is_capturing(stream)?;
             if capturing || self.chain.is_none() {
-                // The token dequantization (if any tokens) writes the workspace the GEMM reads.
+                // The token dequantization (if any tokens) writes the workspace the GEMM reads; the
+                // GEMM may start before it ends and waits for it before its first token load.
                 let mut kernels = vec![];
+                let mut gemm_start = Start::AfterPrevious;
                 if self.layout.dequant_grid > 0 {
-                    kernels.push((&self.dequant, self.layout.dequant, params));
+                    kernels.push((&self.dequant, self.layout.dequant, Start::AfterPrevious, params));
+                    if sm90::GEMM_STARTS_EARLY {
+                        gemm_start = Start::Early;
+                    }
                 }
-                kernels.push((&self.gemm, self.layout.gemm, params));
+                kernels.push((&self.gemm, self.layout.gemm, gemm_start, params));
                 if capturing {
-                    // Inside a caller's capture: plain launches become nodes of the caller's graph.
-                    for (f, geometry, p) in &kernels {
-                        launch(f, stream, *geometry, p)?;
+                    // Inside a caller's capture: the launches become nodes of the caller's graph.
+                    for (f, geometry, start, p) in &kernels {
+                        launch_with(f, stream, *geometry, *start, p)?;
                     }
                     return Ok(());
                 }

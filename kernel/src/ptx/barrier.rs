@@ -1,4 +1,5 @@
-//! The CTA-wide barrier (`bar.sync 0`).
+//! The CTA-wide barrier (`bar.sync 0`), and the grid-dependency controls of programmatic dependent
+//! launch (`griddepcontrol`).
 
 #[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
@@ -17,4 +18,36 @@ pub unsafe fn sync_all() {
     }
     #[cfg(not(target_arch = "nvptx64"))]
     super::model::barrier::sync_all();
+}
+
+/// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"; PTX 7.8, sm_90): waits until every grid this
+/// one depends on programmatically (launched with programmatic stream serialization after it) has
+/// completed and its memory operations are visible to this grid. Without such a dependency it
+/// returns at once. Only threads that read what the earlier grid wrote need it.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn grid_dependency_wait() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: no operands; waiting has no other effect.
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack));
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::barrier::grid_dependency_wait();
+}
+
+/// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"; PTX 7.8, sm_90): lets the grid
+/// that depends on this one programmatically be scheduled once every CTA of this grid has executed
+/// it or exited. Says nothing about this grid's memory: the dependent grid still waits
+/// ([`grid_dependency_wait`]) before reading it. Without a dependent grid it has no effect.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn grid_launch_dependents() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: no operands; a scheduling hint.
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack));
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::barrier::grid_launch_dependents();
 }

@@ -28,6 +28,17 @@ pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
     ]
 }
 
+/// One pair of [`e2m1x8_to_f16x2_scaled`] alone: pair `shift / 4` of word `q` (`shift` = 0, 4, 8
+/// or 12, which may vary between threads): nibbles `shift / 4` and `shift / 4 + 4`, moved down to
+/// nibbles 0 and 4 and placed as there.
+#[inline(always)]
+pub fn e2m1x2_pair_to_f16x2_scaled(q: u32, shift: u32) -> u32 {
+    const MAGNITUDE: u32 = 0x0E00_0E00;
+    const SIGN: u32 = 0x8000_8000;
+    let x = q >> shift;
+    ((x << 9) & MAGNITUDE) | ((x << 12) & SIGN)
+}
+
 /// 128.0 (2⁷) in both halves of an f16x2.
 pub const F16X2_128: u32 = 0x5800_5800;
 

@@ -149,6 +149,7 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
 unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
+    let mut dequantized = false;
     // SAFETY: the list holds `work_len` items; each names a group of the table.
     while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
@@ -166,15 +167,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
             // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {
-                for c in 0..chunks {
-                    tma::load_2d(
-                        buf.add(V::CFG.token_offset(c)),
-                        token_map,
-                        (ks * BLOCK_K + c * CHUNK_K) as i32,
-                        (g.token_row + t.tile_m * g.block_m) as i32,
-                        stage.full,
-                    );
-                }
+                // The weights first: they do not depend on the token dequantization.
                 tma::load_2d(
                     buf.add(V::CFG.weight_offset()),
                     weight_map,
@@ -188,6 +181,21 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
                     chunks * SCALE_BLOCK_BYTES,
                     stage.full,
                 );
+                if !dequantized {
+                    // The workspace is written by the token dequantization, which this grid may
+                    // overlap (`GEMM_STARTS_EARLY`): wait for it before the first token load.
+                    barrier::grid_dependency_wait();
+                    dequantized = true;
+                }
+                for c in 0..chunks {
+                    tma::load_2d(
+                        buf.add(V::CFG.token_offset(c)),
+                        token_map,
+                        (ks * BLOCK_K + c * CHUNK_K) as i32,
+                        (g.token_row + t.tile_m * g.block_m) as i32,
+                        stage.full,
+                    );
+                }
             }
             ring.commit(stage);
         }
