@@ -333,7 +333,7 @@ fn launch_one(
 /// Runs both sm_90a kernels on `ops` as [`Sm90Layout`] plans them for `sm_count` SMs.
 pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode};
+    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode, sm90_grouped_gemm_t64};
     let problem = &ops.problem;
     let layout = Sm90Layout::new(problem, sm_count);
     let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
@@ -351,6 +351,7 @@ pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Lau
         let name = layout.config.kernel_name();
         let entry: unsafe fn(KernelParams) = match name {
             "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
+            "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
             "sm90_grouped_gemm" => sm90_grouped_gemm,
             other => panic!("no entry point for {other}"),
         };

@@ -67,8 +67,9 @@ pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 3] = [
+pub const REGISTER_CAPS: [(&str, u32); 4] = [
     ("sm90_grouped_gemm", MAX_REGISTERS),
+    ("sm90_grouped_gemm_t64", MAX_REGISTERS),
     ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
 ];
@@ -125,8 +126,9 @@ pub const fn dequant_slot_words(j: u32) -> [u32; 4] {
 pub struct GemmConfig {
     /// Most tokens per tile (the widest wgmma N the variant runs): 16 or 128.
     pub block_m: u32,
-    /// The variant's other token-tile height (its narrower wgmma N): 16; equal to `block_m` when
-    /// the variant runs one width only.
+    /// The variant's narrower wgmma N: 16 (whole groups of at most 16 tokens, `M128`), 64 (the
+    /// last tile of a group whose last rows fit 64, `M128_64`); equal to `block_m` when the variant
+    /// runs one width only.
     pub narrow: u32,
     /// Pipeline stages.
     pub stages: u32,
@@ -139,17 +141,33 @@ impl GemmConfig {
     /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
     /// twice the warps to hide the decode's latencies.
     pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8 };
+    /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
+    /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
+    /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
+    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5 };
     /// Every compiled variant.
-    pub const ALL: [GemmConfig; 2] = [GemmConfig::M128, GemmConfig::M16];
+    pub const ALL: [GemmConfig; 3] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16];
 
-    /// Token rows per tile (the wgmma N) for a group of `m` tokens under this variant: the
-    /// narrow width when `m` fits one narrow tile, else the wide one (`M128`: 16 for `m ≤ 16`,
-    /// else 128; the decode variant: 16).
+    /// Token rows per tile of a group of `m` tokens under this variant (the group's `block_m`:
+    /// the pitch of its tiles and the height of its token boxes): `M128` 16 for `m ≤ 16`, else 128;
+    /// `M128_64` 128; the decode variant 16.
     pub const fn tile_rows(&self, m: u32) -> u32 {
-        if m <= self.narrow {
+        if m <= self.narrow && self.narrow == SMALL_TILE_M {
             self.narrow
         } else {
             self.block_m
+        }
+    }
+
+    /// The wgmma N of token tile `tile_m` of a group of `m` tokens whose tiles have `block_m`
+    /// rows: `narrow` for a whole narrow group (`block_m == narrow`) and, in `M128_64`, for the
+    /// group's last tile when its rows fit 64 (the rest of its 128-row box is zero-filled and
+    /// unused); else `block_m`.
+    pub const fn tile_width(&self, m: u32, block_m: u32, tile_m: u32) -> u32 {
+        if block_m == self.narrow || (self.narrow == TAIL_TILE_M && m - tile_m * block_m <= TAIL_TILE_M) {
+            self.narrow
+        } else {
+            block_m
         }
     }
 
@@ -254,7 +272,7 @@ impl GemmConfig {
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
         (self.block_m == SMALL_TILE_M || self.block_m == 128)
-            && self.narrow == SMALL_TILE_M
+            && (self.narrow == SMALL_TILE_M || (self.narrow == TAIL_TILE_M && self.block_m == 128))
             && self.narrow <= self.block_m
             && self.stages >= 2
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
@@ -263,6 +281,7 @@ impl GemmConfig {
 }
 
 const _: () = assert!(GemmConfig::M128.is_valid());
+const _: () = assert!(GemmConfig::M128_64.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
@@ -461,6 +480,8 @@ impl GemmConfig {
     pub const fn kernel_name(&self) -> &'static str {
         if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
+        } else if self.narrow == TAIL_TILE_M {
+            "sm90_grouped_gemm_t64"
         } else {
             "sm90_grouped_gemm"
         }
@@ -469,6 +490,8 @@ impl GemmConfig {
 
 /// The narrow token tile: `wgmma m64n16k16`.
 pub const SMALL_TILE_M: u32 = 16;
+/// The tail tile of `M128_64`: `wgmma m64n64k16`.
+pub const TAIL_TILE_M: u32 = 64;
 
 /// Swizzle mode of a wgmma descriptor, bits 62–63 (PTX ISA §9.7.15.5.1.2.2). Not the tcgen05
 /// codes (`crate::sm100::SmemSwizzle`) nor the tensor-map enum.
@@ -678,8 +701,9 @@ mod tests {
         for c in GemmConfig::ALL {
             assert!(REGISTER_CAPS.iter().any(|(name, _)| *name == c.kernel_name()), "{c:?}");
         }
-        assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[1].0);
+        assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[2].0);
         assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
+        assert_eq!(GemmConfig::M128_64.kernel_name(), REGISTER_CAPS[1].0);
     }
 
     #[test]
@@ -688,6 +712,16 @@ mod tests {
         assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
         assert_eq!(GemmConfig::M16.tile_rows(9), 16);
         assert_eq!((tile_cost(16), tile_cost(128)), (116, 228));
+        // 64/128: every group has 128-row tiles; the last one runs 64 wide when its rows fit.
+        let t = GemmConfig::M128_64;
+        assert_eq!([1, 64, 65, 176, 200].map(|m| t.tile_rows(m)), [128; 5]);
+        assert_eq!(
+            [(1, 0), (64, 0), (65, 0), (176, 0), (176, 1), (192, 1), (193, 1)].map(|(m, i)| t.tile_width(m, 128, i)),
+            [64, 64, 128, 128, 64, 64, 128]
+        );
+        let c = GemmConfig::M128;
+        assert_eq!([(5, 16, 0), (17, 128, 0), (176, 128, 1)].map(|(m, b, i)| c.tile_width(m, b, i)), [16, 128, 128]);
+        assert_eq!(GemmConfig::M16.tile_width(3, 16, 0), 16);
         assert_eq!(token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 16]);
         assert_eq!(token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 128]);
     }

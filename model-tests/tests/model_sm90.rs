@@ -94,6 +94,21 @@ fn model_sm90_balanced_list_with_holes() {
     }
 }
 
+/// Groups whose last rows fit 64: the 64/128 variant (`sm90_grouped_gemm_t64`: 176 tokens as a
+/// 128-row tile and a 64-wide tail, 40 as one 64-wide tile, 128 as one 128-row tile), with K tails
+/// and N = 8·odd, on 2 CTAs, under two completion orders.
+#[test]
+fn model_sm90_t64_variant() {
+    let shapes = z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]);
+    let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
+    let layout = nvfp4_gemm::layout::Sm90Layout::new(&problem, 2);
+    assert_eq!(layout.config.kernel_name(), "sm90_grouped_gemm_t64");
+    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
+        let run = ModelRun::ordered(order, seed);
+        check_sm90(&format!("sm90 t64 {order:?} seed {seed}"), &shapes, 15, F16, 2, &run);
+    }
+}
+
 /// The competition's 10 test shapes and the K = 128/384 one, unscaled. About 45 s of one core in
 /// the model (every tile-stage is 16 warpgroup meetings per consumer): too long for CI's budget,
 /// so it runs on request (`cargo test -p nvfp4-gemm-model-tests -- --ignored`).

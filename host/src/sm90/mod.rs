@@ -47,31 +47,28 @@ pub struct Sm90Layout {
 impl Sm90Layout {
     /// Plans `problem` for a device with `sm_count` SMs (the persistent GEMM grid).
     pub fn new(problem: &Problem, sm_count: u32) -> Sm90Layout {
-        let config = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
-        // (item, relative time) in the order group, weight tile, token tile.
-        let mut work = vec![];
+        // The decode variant when every group fits a 16-token tile; else whichever of the two
+        // general variants finishes its balanced list first (ties: `M128`).
+        let general = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
+        let candidates: &[GemmConfig] =
+            if general == GemmConfig::M16 { &[GemmConfig::M16] } else { &[GemmConfig::M128, GemmConfig::M128_64] };
+        let (config, work) = candidates
+            .iter()
+            .map(|&c| (c, Self::work_list(problem, c, sm_count)))
+            .min_by_key(|(_, (_, makespan))| *makespan)
+            .map(|(c, (work, _))| (c, work))
+            .expect("at least one candidate");
         let mut workspace_offsets = vec![];
         let mut dequant_ctas = vec![];
         let (mut ws, mut ctas) = (0u64, 0u32);
-        for (g, s) in problem.groups().iter().enumerate() {
-            let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            // Weight tiles outermost, token tiles inside: CTAs that run at the same time share
-            // weight tiles (L2 hits), and the small token workspace stays in L2 throughout.
-            let rows = config.tile_rows(m);
-            let cost = sm90::k_stages(k) as u64 * sm90::tile_cost(rows) as u64;
-            for tile_n in 0..sm90::n_tiles(n) {
-                for tile_m in 0..sm90::m_tiles(m, rows) {
-                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
-                }
-            }
+        for s in problem.groups() {
+            let (m, k) = (s.m as u32, s.k as u32);
             workspace_offsets.push(ws);
             ws += (s.m * s.k * 2) as u64;
             let c = sm90::dequant_ctas(m, k);
             dequant_ctas.push((ctas, c));
             ctas += c;
         }
-        let grid = (work.len() as u32).min(sm_count * config.ctas_per_sm());
-        let work = balance(work, grid);
         Sm90Layout {
             config,
             gemm: sm90::gemm_launch(config, work.len() as u32, sm_count),
@@ -82,6 +79,26 @@ impl Sm90Layout {
             dequant_ctas,
             dequant_grid: ctas,
         }
+    }
+
+    /// The work list of `problem` under variant `config`, balanced over its persistent grid on
+    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units).
+    fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
+        // (item, relative time) in the order group, weight tile, token tile.
+        let mut work = vec![];
+        for (g, s) in problem.groups().iter().enumerate() {
+            let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
+            let rows = config.tile_rows(m);
+            for tile_n in 0..sm90::n_tiles(n) {
+                for tile_m in 0..sm90::m_tiles(m, rows) {
+                    let width = config.tile_width(m, rows, tile_m);
+                    let cost = sm90::k_stages(k) as u64 * sm90::tile_cost(width) as u64;
+                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
+                }
+            }
+        }
+        let grid = (work.len() as u32).min(sm_count * config.ctas_per_sm());
+        balance(work, grid)
     }
 
     /// Group parameters for these buffers, with the workspace at device address `workspace`.
@@ -160,18 +177,20 @@ impl Sm90Layout {
     }
 }
 
-/// Lays `items` (each with its relative time) out for a persistent grid of `ctas` CTAs, where CTA
+/// Lays `items` (each with its relative time) out for a persistent grid of `ctas` CTAs (and returns
+/// the busiest CTA's total time), where CTA
 /// `b` takes the entries `b, b + ctas, ...`: longest first, each to the CTA with the least time so
 /// far (ties: the lowest index), so that the last CTA to finish is not much later than the
 /// average; a CTA with fewer items than others gets holes ([`WorkItem::HOLE`]), which the kernel
 /// skips. Items of equal time keep their order (group, weight tile, token tile), so neighbouring
 /// CTAs run neighbouring tiles at the same time and share the weight tiles in L2. With
 /// `ctas ≥ items` every CTA takes one item (no holes).
-fn balance(mut items: Vec<(WorkItem, u64)>, ctas: u32) -> Vec<WorkItem> {
+fn balance(mut items: Vec<(WorkItem, u64)>, ctas: u32) -> (Vec<WorkItem>, u64) {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     if ctas == 0 || items.len() <= ctas as usize {
-        return items.into_iter().map(|(w, _)| w).collect();
+        let makespan = items.iter().map(|&(_, c)| c).max().unwrap_or(0);
+        return (items.into_iter().map(|(w, _)| w).collect(), makespan);
     }
     items.sort_by_key(|&(_, cost)| Reverse(cost)); // stable
     let mut queues: Vec<Vec<WorkItem>> = vec![vec![]; ctas as usize];
@@ -191,7 +210,8 @@ fn balance(mut items: Vec<(WorkItem, u64)>, ctas: u32) -> Vec<WorkItem> {
     while list.last().is_some_and(WorkItem::is_hole) {
         list.pop();
     }
-    list
+    let makespan = heap.into_iter().map(|Reverse((load, _))| load).max().unwrap_or(0);
+    (list, makespan)
 }
 
 #[cfg(test)]
@@ -220,33 +240,54 @@ mod tests {
         assert_eq!(l.dequant, LaunchGeometry { grid: 10, block: 256, cluster: 1, smem_bytes: 0 });
     }
 
+    /// CTA loads (in `tile_cost` units) of a layout's persistent walk: CTA b takes b, b + G, ...
+    fn cta_loads(l: &Sm90Layout, p: &Problem) -> Vec<u64> {
+        let g = l.gemm.grid as usize;
+        let cost = |w: &WorkItem| {
+            let s = &p.groups()[w.group as usize];
+            let rows = l.config.tile_rows(s.m as u32);
+            sm90::k_stages(s.k as u32) as u64 * sm90::tile_cost(l.config.tile_width(s.m as u32, rows, w.tile_m)) as u64
+        };
+        (0..g).map(|b| l.work.iter().skip(b).step_by(g).filter(|w| !w.is_hole()).map(cost).sum()).collect()
+    }
+
+    fn same_nk(m: &[usize]) -> Problem {
+        Problem::new(m.iter().map(|&m| GroupShape::new(m, 4096, 1024)).collect::<Vec<_>>(), OutputType::F16).unwrap()
+    }
+
     #[test]
-    fn mixed_tiles_are_balanced_over_the_grid() {
-        // 16-token tiles (cost 116) beside 128-token ones (228), K = 7168 everywhere.
-        let m = [200, 4, 300, 9, 16];
-        let p = Problem::new(m.iter().map(|&m| GroupShape::new(m, 4096, 7168)).collect::<Vec<_>>(), OutputType::F16)
-            .unwrap();
+    fn tails_of_64_rows_take_the_64_128_variant() {
+        // b0's token counts (K 1024 here: 8 stages): 8 tiles of 128 rows and 3 tails of ≤ 64 per
+        // weight tile, against 11 of 128.
+        let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
+        let l = Sm90Layout::new(&p, 132);
+        assert_eq!(l.config, GemmConfig::M128_64);
+        let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
+        assert_eq!(real.len(), 32 * 11);
+        let mut tiles: Vec<_> = real.iter().map(|w| (w.group, w.tile_n, w.tile_m)).collect();
+        tiles.sort();
+        tiles.dedup();
+        assert_eq!(tiles.len(), 32 * 11, "every tile once");
+        let loads = cta_loads(&l, &p);
+        assert_eq!(loads.iter().sum::<u64>(), 32 * 8 * (8 * 228 + 3 * 164));
+        // 256 long tiles and 96 tails on 132 CTAs: the busiest ends after two long tiles and a
+        // tail, where `M128` (352 long tiles) needs three long ones.
+        assert_eq!(*loads.iter().max().unwrap(), 8 * (2 * 228 + 164));
+        assert!(loads.iter().max().unwrap() < &(8 * 3 * 228));
+    }
+
+    #[test]
+    fn small_groups_keep_the_16_128_variant() {
+        // Four groups of ≤ 16 tokens beside one of 200: 16-row tiles (116) beat 64-row tails (164).
+        let p = same_nk(&[4, 9, 16, 3, 200]);
         let l = Sm90Layout::new(&p, 132);
         assert_eq!(l.config, GemmConfig::M128);
         let params = l.group_params(&p, &vec![crate::problem::fake_buffers(&p.groups()[0], 0, 1.0); 5], 0);
-        assert_eq!(params.iter().map(|g| g.block_m).collect::<Vec<_>>(), [128, 16, 128, 16, 16]);
-        // Per weight tile: 2 + 3 tiles of 128 rows, 3 of 16.
-        let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
-        assert_eq!(real.len(), 32 * 8);
-        let mut sorted: Vec<_> = real.iter().map(|w| (w.group, w.tile_n, w.tile_m)).collect();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 32 * 8, "every tile once");
-        assert_eq!(l.gemm.grid, 132);
-        // CTA b walks b, b + 132, ...
-        let cost = |w: &WorkItem| sm90::tile_cost(params[w.group as usize].block_m) as u64;
-        let loads: Vec<u64> =
-            (0..132).map(|b| l.work.iter().skip(b).step_by(132).filter(|w| !w.is_hole()).map(cost).sum()).collect();
-        let (max, total) = (*loads.iter().max().unwrap(), loads.iter().sum::<u64>());
-        assert_eq!(total, 32 * (5 * 228 + 3 * 116));
-        // 160 long tiles on 132 CTAs, then the short ones fill the CTAs with one: the last CTA
-        // ends after two long tiles (a round-robin walk of the list as built reaches 2·228 + 116).
-        assert_eq!(max, 2 * 228);
+        assert_eq!(params.iter().map(|g| g.block_m).collect::<Vec<_>>(), [16, 16, 16, 16, 128]);
+        // Per weight tile 2 long tiles, 4 short ones: 64 long + 128 short on 132 CTAs.
+        let loads = cta_loads(&l, &p);
+        assert_eq!(loads.iter().sum::<u64>(), 32 * 8 * (2 * 228 + 4 * 116));
+        assert_eq!(*loads.iter().max().unwrap(), 8 * 2 * 116);
     }
 
     #[test]
@@ -254,14 +295,15 @@ mod tests {
         let w = |g| WorkItem { group: g, tile_m: 0, tile_n: 0 };
         // Two CTAs; costs 5, 1, 1, 1, 1, 1: CTA 0 takes the 5, CTA 1 the five 1s.
         let items = vec![(w(0), 1), (w(1), 5), (w(2), 1), (w(3), 1), (w(4), 1), (w(5), 1)];
-        let list = balance(items, 2);
+        let (list, makespan) = balance(items, 2);
+        assert_eq!(makespan, 5);
         let h = WorkItem::HOLE;
         assert_eq!(list, vec![w(1), w(0), h, w(2), h, w(3), h, w(4), h, w(5)]);
         // As many CTAs as items: the list as given.
-        assert_eq!(balance(vec![(w(0), 1), (w(1), 9)], 2), vec![w(0), w(1)]);
+        assert_eq!(balance(vec![(w(0), 1), (w(1), 9)], 2), (vec![w(0), w(1)], 9));
         // Equal costs: round robin in the given order, no holes.
         let items: Vec<_> = (0..7).map(|g| (w(g), 3)).collect();
-        assert_eq!(balance(items, 3), (0..7).map(w).collect::<Vec<_>>());
+        assert_eq!(balance(items, 3), ((0..7).map(w).collect::<Vec<_>>(), 9));
     }
 
     #[test]

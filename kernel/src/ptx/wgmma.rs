@@ -115,6 +115,9 @@ macro_rules! define_mma {
 
 define_mma!(/// m64n16k16, 8 f32 accumulators per thread (the first 8 of the array).
     mma_m64n16k16, wait_group_fenced_n16, 16, 8, 0, 1, 2, 3, 4, 5, 6, 7);
+define_mma!(/// m64n64k16, 32 f32 accumulators per thread (the first 32 of the array).
+    mma_m64n64k16, wait_group_fenced_n64, 64, 32, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+    19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 define_mma!(/// m64n128k16, 64 f32 accumulators per thread.
     mma_m64n128k16, wait_group_fenced_n128, 128, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
     18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45,
@@ -153,4 +156,5 @@ macro_rules! shape {
 }
 
 shape!(N16, 16, mma_m64n16k16, wait_group_fenced_n16);
+shape!(N64, 64, mma_m64n64k16, wait_group_fenced_n64);
 shape!(N128, 128, mma_m64n128k16, wait_group_fenced_n128);

@@ -40,6 +40,13 @@ impl Variant for General {
     type Narrow = wgmma::N16;
 }
 
+/// 128-token tiles whose group's last tile runs 64 wide when its rows fit, 5 stages, one CTA per SM.
+struct Tail64;
+impl Variant for Tail64 {
+    const CFG: GemmConfig = GemmConfig::M128_64;
+    type Narrow = wgmma::N64;
+}
+
 /// 16-token tiles only, 8 stages, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
@@ -47,7 +54,7 @@ impl Variant for Decode {
     type Narrow = wgmma::N16;
 }
 
-const _: () = assert!(GemmConfig::M128.narrow == 16);
+const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
@@ -82,6 +89,18 @@ impl<V: Variant> Smem<V> {
 pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
+}
+
+/// The 64/128 variant: as [`sm90_grouped_gemm`] with 128-token tiles only, except that a group's
+/// last tile runs `wgmma m64n64k16` when its rows fit 64. Launch:
+/// `gemm_launch(GemmConfig::M128_64, ..)`.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm`], and every group's `block_m` is 128.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<Tail64, { GemmConfig::M128_64.stages }>(&p) }
 }
 
 /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
@@ -236,12 +255,11 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
     while let Some(tile) = unsafe { work.next_item() } {
         // SAFETY: as above.
         let g = unsafe { work.group(tile.group) };
-        // One compiled copy of the tile loop per wgmma width; the group's token tile height
-        // (`token_tile_rows`) picks it.
+        // One compiled copy of the tile loop per wgmma width; `tile_width` picks it (the decode
+        // variant compiles the narrow width only).
         // SAFETY: as this function's.
         unsafe {
-            // The decode variant compiles the narrow width only.
-            if V::CFG.block_m == V::CFG.narrow || g.block_m == V::CFG.narrow {
+            if V::CFG.block_m == V::CFG.narrow || V::CFG.tile_width(g.m, g.block_m, tile.tile_m) == V::CFG.narrow {
                 consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, &g, tile, cw, t, bf16)
             } else {
                 consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
@@ -253,7 +271,7 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
 /// One tile of `S::N` tokens × 128 weights: every K stage (decode + wgmma), then the epilogue.
 ///
 /// # Safety
-/// As [`consume`]; `g.block_m == S::N`.
+/// As [`consume`]; `S::N` is the tile's `tile_width`.
 #[inline(always)]
 unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     st: &Smem<V>,
@@ -367,7 +385,8 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let c = g.c as *mut u16;
     let odd = g8 % 2;
     let n_pair = tile.tile_n * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
-    let m_base = tile.tile_m * S::N + 2 * q + odd;
+    // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
+    let m_base = tile.tile_m * g.block_m + 2 * q + odd;
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         // Quads past N / 8 do not exist for narrower widths (a constant condition).
         if (quad as u32) < S::N / 8 {
