@@ -1,6 +1,7 @@
 //! The problem: group shapes and output type, validated before anything touches a GPU.
 
 use crate::error::{Error, Result};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 pub use nvfp4_format::GroupShape;
 
 /// Most groups one call may have. The limit comes from the 16-bit group index of the work list
@@ -197,14 +198,12 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
     Ok(())
 }
 
-/// Well-formed fake buffers for a shape (16-byte aligned addresses from `base`, exact lengths),
-/// for CPU tests of validation and planning.
 /// Address and length of a buffer a call reads; the guard (kept in `guards` until the launches are
 /// enqueued) records the read on drop.
 pub(crate) fn view<'s, T>(
-    p: &'s dyn cudarc::driver::DevicePtr<T>,
-    stream: &'s cudarc::driver::CudaStream,
-    guards: &mut Vec<cudarc::driver::SyncOnDrop<'s>>,
+    p: &'s dyn DevicePtr<T>,
+    stream: &'s CudaStream,
+    guards: &mut Vec<SyncOnDrop<'s>>,
 ) -> BufferView {
     let len = p.len();
     let (ptr, guard) = p.device_ptr(stream);
@@ -214,9 +213,9 @@ pub(crate) fn view<'s, T>(
 
 /// Address and length of a buffer a call writes; the guard records the write on drop.
 pub(crate) fn view_mut<'s, T>(
-    p: &'s mut dyn cudarc::driver::DevicePtrMut<T>,
-    stream: &'s cudarc::driver::CudaStream,
-    guards: &mut Vec<cudarc::driver::SyncOnDrop<'s>>,
+    p: &'s mut dyn DevicePtrMut<T>,
+    stream: &'s CudaStream,
+    guards: &mut Vec<SyncOnDrop<'s>>,
 ) -> BufferView {
     let len = p.len();
     let (ptr, guard) = p.device_ptr_mut(stream);
@@ -224,6 +223,170 @@ pub(crate) fn view_mut<'s, T>(
     BufferView { ptr, len }
 }
 
+/// The views of one call's buffers and cudarc's stream-ordering guards for them ([`SyncOnDrop`]).
+///
+/// While the context manages cross-stream synchronization (more than one stream and event
+/// tracking on), a buffer's guard records its read or write event when dropped, so it is kept until
+/// the call's launches are enqueued. Otherwise dropping a `Record` guard does nothing (cudarc checks
+/// the same condition on drop), and it is dropped at once: a call on a single stream keeps no list
+/// of guards and allocates nothing for them, however many groups it has. Other guards (a
+/// `DevicePtr` whose guard synchronizes) are always kept. (This follows cudarc 0.19's
+/// `SyncOnDrop`, pinned in the workspace: check it again when cudarc is upgraded.)
+pub(crate) struct CallBuffers<'s> {
+    stream: &'s CudaStream,
+    keep_records: bool,
+    guards: Vec<SyncOnDrop<'s>>,
+}
+
+impl<'s> CallBuffers<'s> {
+    /// Views on `stream`; asks once whether the context manages cross-stream synchronization.
+    pub fn new(stream: &'s CudaStream) -> CallBuffers<'s> {
+        let keep_records = stream.context().is_managing_stream_synchronization();
+        CallBuffers { stream, keep_records, guards: Vec::new() }
+    }
+
+    fn hold(&mut self, guard: SyncOnDrop<'s>) {
+        match guard {
+            // A no-op on drop while the context does not manage synchronization.
+            SyncOnDrop::Record(_) if !self.keep_records => {}
+            guard => self.guards.push(guard),
+        }
+    }
+
+    /// Address and length of a buffer the call reads.
+    pub fn read<T>(&mut self, p: &'s dyn DevicePtr<T>) -> BufferView {
+        let len = p.len();
+        let (ptr, guard) = p.device_ptr(self.stream);
+        self.hold(guard);
+        BufferView { ptr, len }
+    }
+
+    /// Address and length of a buffer the call writes.
+    pub fn write<T>(&mut self, p: &'s mut dyn DevicePtrMut<T>) -> BufferView {
+        let len = p.len();
+        let (ptr, guard) = p.device_ptr_mut(self.stream);
+        self.hold(guard);
+        BufferView { ptr, len }
+    }
+}
+
+impl GroupBuffers {
+    /// Whether `o` has the same addresses and alpha (bit for bit): what a plan's device tables
+    /// are encoded from. (Bitwise, without branches: it runs once per group and call.)
+    #[inline]
+    fn same_tables(&self, o: &GroupBuffers) -> bool {
+        ((self.a_values.ptr ^ o.a_values.ptr)
+            | (self.a_scales.ptr ^ o.a_scales.ptr)
+            | (self.b_values.ptr ^ o.b_values.ptr)
+            | (self.b_scales.ptr ^ o.b_scales.ptr)
+            | (self.c.ptr ^ o.c.ptr)
+            | u64::from(self.alpha.to_bits() ^ o.alpha.to_bits()))
+            == 0
+    }
+
+    /// Whether `o` also has the same lengths and output type: everything [`validate_buffers`]
+    /// looks at besides the problem (with [`Self::same_tables`]).
+    #[inline]
+    fn same_lengths(&self, o: &GroupBuffers) -> bool {
+        ((self.a_values.len ^ o.a_values.len)
+            | (self.a_scales.len ^ o.a_scales.len)
+            | (self.b_values.len ^ o.b_values.len)
+            | (self.b_scales.len ^ o.b_scales.len)
+            | (self.c.len ^ o.c.len))
+            == 0
+            && self.c_type == o.c_type
+    }
+}
+
+/// What a call must do before its launches, from [`BufferCache::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TablesState {
+    /// The device tables hold this call's addresses and alphas already: launch only.
+    Current,
+    /// Encode the tables for this call's buffers and upload them, then
+    /// [`BufferCache::set_uploaded`].
+    Upload,
+}
+
+/// A plan's view of its calls' buffers, so that a call with the buffers of the previous one costs
+/// one flat comparison per group: no validation, no encoding, no allocation.
+///
+/// Each call fills [`BufferCache::start`] (its capacity is the plan's group count, so filling
+/// allocates nothing); [`BufferCache::check`] compares it with the last validated call's buffers,
+/// validates it only when anything differs (validation is a pure function of the problem and
+/// these views), and says whether the tables must be encoded again (addresses or alphas differ
+/// from those the tables were encoded from, or there are none yet).
+#[derive(Debug)]
+pub(crate) struct BufferCache {
+    /// The current call's buffers, being filled.
+    current: Vec<GroupBuffers>,
+    /// The buffers of the last call that passed validation (meaningful when `validated`).
+    last: Vec<GroupBuffers>,
+    validated: bool,
+    /// Whether the device tables were encoded from `last`'s addresses and alphas.
+    uploaded: bool,
+}
+
+impl BufferCache {
+    /// An empty cache for calls of `groups` groups.
+    pub fn new(groups: usize) -> BufferCache {
+        BufferCache {
+            current: Vec::with_capacity(groups),
+            last: Vec::with_capacity(groups),
+            validated: false,
+            uploaded: false,
+        }
+    }
+
+    /// The current call's buffers, emptied, to be filled with one entry per group in order.
+    pub fn start(&mut self) -> &mut Vec<GroupBuffers> {
+        self.current.clear();
+        &mut self.current
+    }
+
+    /// Checks the current call's buffers: validated against `problem` ([`validate_buffers`],
+    /// same errors) unless equal to the last validated call's in every field validation reads.
+    /// On success they become [`Self::buffers`]; on error the cache is unchanged (the last valid
+    /// call's buffers and what the tables hold).
+    pub fn check(&mut self, problem: &Problem) -> Result<TablesState> {
+        let (mut same, mut same_tables) = (false, false);
+        if self.validated && self.last.len() == self.current.len() {
+            (same, same_tables) = (true, true);
+            for (last, now) in self.last.iter().zip(&self.current) {
+                if !last.same_tables(now) {
+                    (same, same_tables) = (false, false);
+                    break;
+                }
+                same &= last.same_lengths(now);
+            }
+        }
+        if !same {
+            validate_buffers(problem, &self.current)?;
+            std::mem::swap(&mut self.last, &mut self.current);
+            self.validated = true;
+        }
+        if self.uploaded && same_tables {
+            Ok(TablesState::Current)
+        } else {
+            // Until the upload succeeds the tables hold nothing known.
+            self.uploaded = false;
+            Ok(TablesState::Upload)
+        }
+    }
+
+    /// The buffers of the last call that passed [`Self::check`].
+    pub fn buffers(&self) -> &[GroupBuffers] {
+        &self.last
+    }
+
+    /// Records that the device tables now hold the addresses and alphas of [`Self::buffers`].
+    pub fn set_uploaded(&mut self) {
+        self.uploaded = self.validated;
+    }
+}
+
+/// Well-formed fake buffers for a shape (16-byte aligned addresses from `base`, exact lengths),
+/// for CPU tests of validation and planning.
 #[cfg(test)]
 pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffers {
     let z = BufferSizes::of(s);
@@ -304,6 +467,157 @@ mod tests {
         let mut b = good_buffers(&s);
         b.b_values.len = 0;
         assert!(validate_buffers(&p, &[b]).is_ok());
+    }
+
+    /// Fills the cache with `bufs` as a call would and checks it.
+    fn call(cache: &mut BufferCache, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
+        cache.start().extend_from_slice(bufs);
+        cache.check(p)
+    }
+
+    /// A call of a plan with work: check, then upload when asked.
+    fn call_and_upload(cache: &mut BufferCache, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
+        let state = call(cache, p, bufs)?;
+        if state == TablesState::Upload {
+            assert_eq!(cache.buffers(), bufs, "the tables are encoded from this call's buffers");
+            cache.set_uploaded();
+        }
+        Ok(state)
+    }
+
+    fn mixed_problem() -> (Problem, Vec<GroupBuffers>) {
+        let shapes = [GroupShape::new(72, 384, 256), GroupShape::new(0, 256, 512), GroupShape::new(16, 4096, 1024)];
+        let p = Problem::new(shapes.to_vec(), OutputType::F16).unwrap();
+        let bufs = shapes.iter().enumerate().map(|(g, s)| fake_buffers(s, 0x1000_0000 * g as u64, 0.5)).collect();
+        (p, bufs)
+    }
+
+    #[test]
+    fn the_cache_uploads_once_for_unchanged_buffers() {
+        let (p, bufs) = mixed_problem();
+        let mut cache = BufferCache::new(bufs.len());
+        assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Upload));
+        for _ in 0..3 {
+            assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current));
+        }
+        // Without work (or after a failed upload) nothing is marked uploaded: every call asks.
+        let mut cache = BufferCache::new(bufs.len());
+        assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Upload));
+        assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Upload));
+        cache.set_uploaded();
+        assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Current));
+    }
+
+    #[test]
+    fn the_cache_detects_every_changed_address_and_alpha() {
+        let (p, bufs) = mixed_problem();
+        type Change = fn(&mut GroupBuffers);
+        let changes: [(&str, Change); 8] = [
+            ("a.values", |b| b.a_values.ptr += 0x100),
+            ("a.scales", |b| b.a_scales.ptr += 0x100),
+            ("b.values", |b| b.b_values.ptr += 0x100),
+            ("b.scales", |b| b.b_scales.ptr += 0x100),
+            ("c", |b| b.c.ptr += 0x100),
+            ("alpha", |b| b.alpha = 0.25),
+            ("alpha +0 -> -0", |b| b.alpha = -0.0),
+            ("alpha one ulp", |b| b.alpha = f32::from_bits(b.alpha.to_bits() + 1)),
+        ];
+        for g in 0..bufs.len() {
+            for (what, change) in changes {
+                let mut cache = BufferCache::new(bufs.len());
+                let mut start = bufs.clone();
+                if what == "alpha +0 -> -0" {
+                    start[g].alpha = 0.0;
+                }
+                let mut changed = start.clone();
+                change(&mut changed[g]);
+                assert_eq!(call_and_upload(&mut cache, &p, &start), Ok(TablesState::Upload));
+                assert_eq!(call_and_upload(&mut cache, &p, &changed), Ok(TablesState::Upload), "group {g} {what}");
+                assert_eq!(call_and_upload(&mut cache, &p, &changed), Ok(TablesState::Current), "group {g} {what}");
+                // Back to the first buffers: the tables hold the changed ones now.
+                assert_eq!(call_and_upload(&mut cache, &p, &start), Ok(TablesState::Upload), "group {g} {what}");
+            }
+        }
+        // A different group count is a different call (and an error).
+        let mut cache = BufferCache::new(bufs.len());
+        call_and_upload(&mut cache, &p, &bufs).unwrap();
+        assert!(matches!(call_and_upload(&mut cache, &p, &bufs[..2]), Err(Error::InvalidProblem(_))));
+        assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current));
+    }
+
+    #[test]
+    fn the_cache_rejects_what_validation_rejects_with_the_same_error() {
+        let (p, bufs) = mixed_problem();
+        type Breaker = fn(&mut GroupBuffers);
+        // Same addresses and alpha as the cached call (or not): either way validated.
+        let cases: [Breaker; 12] = [
+            |b| b.a_values.len -= 1,
+            |b| b.a_scales.len += 16,
+            |b| b.b_values.len += 1,
+            |b| b.b_scales.len = 0,
+            |b| b.c.len -= 1,
+            |b| b.c_type = OutputType::Bf16,
+            |b| b.a_values.ptr += 8,
+            |b| b.a_scales.ptr += 4,
+            |b| b.b_scales.ptr += 2,
+            |b| b.c.ptr += 1,
+            |b| b.alpha = f32::INFINITY,
+            |b| b.alpha = f32::NAN,
+        ];
+        for g in [0, 2] {
+            for (i, break_it) in cases.iter().enumerate() {
+                let mut bad = bufs.clone();
+                break_it(&mut bad[g]);
+                let want = validate_buffers(&p, &bad).unwrap_err();
+                let mut cache = BufferCache::new(bufs.len());
+                assert_eq!(call_and_upload(&mut cache, &p, &bad), Err(want.clone()), "fresh, group {g} case {i}");
+                assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Upload));
+                assert_eq!(call_and_upload(&mut cache, &p, &bad), Err(want.clone()), "cached, group {g} case {i}");
+                assert_eq!(call_and_upload(&mut cache, &p, &bad), Err(want), "again, group {g} case {i}");
+                // A rejected call changes nothing: the tables still hold the valid buffers.
+                assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current), "group {g} case {i}");
+            }
+        }
+        // Group 1 has M = 0: its lengths are not checked, and a length alone does not re-encode.
+        let mut cache = BufferCache::new(bufs.len());
+        call_and_upload(&mut cache, &p, &bufs).unwrap();
+        let mut other = bufs.clone();
+        other[1].b_values.len = 0;
+        assert_eq!(call_and_upload(&mut cache, &p, &other), Ok(TablesState::Current));
+        // But its output type is.
+        other[1].c_type = OutputType::Bf16;
+        let err = call_and_upload(&mut cache, &p, &other).unwrap_err();
+        assert_eq!(field_of(err), (1, "c"));
+    }
+
+    /// Host time of the cached and the changing check for 64 groups (printed; only correctness
+    /// is asserted).
+    #[test]
+    fn cache_time_for_64_groups() {
+        let s = GroupShape::new(4, 7168, 2048);
+        let p = Problem::new(vec![s; 64], OutputType::F16).unwrap();
+        let sets: Vec<Vec<GroupBuffers>> = (0..2u64)
+            .map(|set| (0..64).map(|g| fake_buffers(&s, 0x1000_0000 * (2 * g + set), 0.5)).collect())
+            .collect();
+        let mut cache = BufferCache::new(64);
+        for (name, rotate) in [("same buffers", false), ("alternating buffers", true)] {
+            // The best of 20 batches of 1000 calls (the machine may be shared).
+            let mut best = f64::INFINITY;
+            for batch in 0..20 {
+                let t = std::time::Instant::now();
+                for i in 0..1000 {
+                    let bufs = std::hint::black_box(&sets[if rotate { i % 2 } else { 0 }]);
+                    // The cache holds set 0 when each loop starts (uploaded by the first call).
+                    let want = match (rotate, batch == 0 && i == 0) {
+                        (false, true) | (true, false) => TablesState::Upload,
+                        (false, false) | (true, true) => TablesState::Current,
+                    };
+                    assert_eq!(call_and_upload(&mut cache, &p, bufs), Ok(want));
+                }
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            println!("BufferCache::check, 64 groups, {name}: {best:.3} us per call");
+        }
     }
 
     #[test]
