@@ -65,10 +65,10 @@ impl Sm90DeviceLayout {
         let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
             g * sm90::dequant_ctas(sizes.rows, k) as u64
         } else {
-            // Each non-empty group of m rows takes min(⌈m·c/I⌉, 256) CTAs (c = k/64 chunks,
+            // Each non-empty group of m rows takes min(⌈m·c/I⌉, MAX) CTAs (c = k/64 chunks,
             // I = DEQUANT_ITEMS_PER_CTA): at most 1 + ⌊(m·c − 1)/I⌋, so over at most min(G, T)
             // non-empty groups the sum is at most n + ⌊(T·c − n)/I⌋ with n = min(G, T), and at
-            // most 256·n.
+            // most MAX·n (MAX = MAX_DEQUANT_CTAS_PER_GROUP).
             let t = sizes.rows as u64;
             let n = g.min(t);
             let items = t * (k / sm90::CHUNK_K) as u64;
