@@ -48,14 +48,17 @@ pub const THREADS: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
 /// Register cap per thread given to ptxas for the sm_90a module (65536 / 384, rounded down to 8).
 pub const MAX_REGISTERS: u32 = 65536 / THREADS / 8 * 8;
 /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
-/// copies; 40 spilled once the first tile prefetches its weights before the grid-dependency
-/// wait, 48 leaves the consumers their 232).
+/// copies; with 40 its first-tile weight prefetch before the grid-dependency wait spilled).
 pub const PRODUCER_REGISTERS: u32 = 48;
 /// Registers per thread each consumer warpgroup takes with `setmaxnreg.inc`: what the producer
-/// gave back, shared by the consumers, a multiple of 8.
-pub const CONSUMER_REGISTERS: u32 = (65536 / WARPGROUP_THREADS - PRODUCER_REGISTERS) / CONSUMER_WARPGROUPS / 8 * 8;
+/// gave back, shared by the consumers, a multiple of 8. The pool is what the CTA was launched with
+/// (`MAX_REGISTERS` per thread), not the SM's 65536: `setmaxnreg.inc` waits until the registers it
+/// asks for are free in the CTA, so asking for more than the CTA holds never returns (a hang on the
+/// H200 when the producer kept 48 and the consumers asked for 232: 65536 > 64512).
+pub const CONSUMER_REGISTERS: u32 =
+    (MAX_REGISTERS * THREADS / WARPGROUP_THREADS - PRODUCER_REGISTERS) / CONSUMER_WARPGROUPS / 8 * 8;
 const _: () = assert!(
-    WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= 65536
+    WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS
         && CONSUMER_REGISTERS <= 256
 );
 /// Threads per CTA of the decode variant: two consumer warpgroups (warps 0–7) and one producer
@@ -790,7 +793,8 @@ mod tests {
         assert_eq!((c.producer_thread(), d.producer_thread()), (0, 256));
         assert_eq!(c.consumer_thread(c.producer_thread()), None);
         assert_eq!(d.consumer_thread(d.producer_thread()), None);
-        assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (48, 232));
+        assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (48, 224));
+        assert!(WARPGROUP_THREADS * (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS);
         assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
     }
