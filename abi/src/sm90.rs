@@ -48,8 +48,8 @@ pub const THREADS: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
 /// Register cap per thread given to ptxas for the sm_90a module (65536 / 384, rounded down to 8).
 pub const MAX_REGISTERS: u32 = 65536 / THREADS / 8 * 8;
 /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
-/// copies; with 40 its first-tile weight prefetch before the grid-dependency wait spilled).
-pub const PRODUCER_REGISTERS: u32 = 48;
+/// copies; 40 is plenty).
+pub const PRODUCER_REGISTERS: u32 = 40;
 /// Registers per thread each consumer warpgroup takes with `setmaxnreg.inc`: what the producer
 /// gave back, shared by the consumers, a multiple of 8. The pool is what the CTA was launched with
 /// (`MAX_REGISTERS` per thread), not the SM's 65536: `setmaxnreg.inc` waits until the registers it
@@ -98,10 +98,8 @@ pub const DEQUANT_ITEMS_PER_THREAD: u32 = 4;
 /// Work items one token-dequantization CTA covers per pass: item `i` of a pass goes to threads
 /// `8 · (i % 32) ..` (so a warp covers 4 consecutive items), in round `i / 32`.
 pub const DEQUANT_ITEMS_PER_CTA: u32 = DEQUANT_THREADS / DEQUANT_THREADS_PER_ITEM * DEQUANT_ITEMS_PER_THREAD;
-/// Most token-dequantization CTAs per group (each grid-strides over the group's rows × chunks):
-/// 64, so that large problems stay within one wave (b0: 8 × 64 CTAs, where 8 × 217 took two
-/// waves of the ~660 that fit at once).
-pub const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 64;
+/// Most token-dequantization CTAs per group (each grid-strides over the group's rows × chunks).
+pub const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 256;
 
 /// Token-dequantization CTAs of a group of `m` rows and reduction length `k`:
 /// `min(⌈m · k/64 / DEQUANT_ITEMS_PER_CTA⌉, MAX_DEQUANT_CTAS_PER_GROUP)`.
@@ -672,8 +670,8 @@ mod tests {
         assert!(seen[..].iter().filter(|&&x| x).count() == 32);
         assert_eq!(DEQUANT_ITEMS_PER_CTA, 128);
         assert_eq!(dequant_ctas(96, 512), 6);
-        assert_eq!(dequant_ctas(40, 7168), 35);
-        assert_eq!(dequant_ctas(248, 7168), 64);
+        assert_eq!(dequant_ctas(248, 7168), 217);
+        assert_eq!(dequant_ctas(1024, 7168), 256);
     }
 
     #[test]
@@ -793,7 +791,7 @@ mod tests {
         assert_eq!((c.producer_thread(), d.producer_thread()), (0, 256));
         assert_eq!(c.consumer_thread(c.producer_thread()), None);
         assert_eq!(d.consumer_thread(d.producer_thread()), None);
-        assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (48, 224));
+        assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
         assert!(WARPGROUP_THREADS * (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS);
         assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);

@@ -168,7 +168,7 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
 unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
-    let mut first_tile = true;
+    let mut dequantized = false;
     // SAFETY: the list holds `work_len` items; each names a group of the table.
     while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
@@ -178,43 +178,15 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
         // The weight tile's 128 rows are one row block of B's blocked scales.
         let scale_row_block = (g.b_scales as *const u8)
             .wrapping_add(t.tile_n as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
-        // The token chunks of stage `ks` of this tile into ring stage `s`.
-        // SAFETY (of the calls): the stage is acquired and its full barrier expects these bytes;
-        // the map is the group's.
-        let tokens = |s: u32, ks: u32| unsafe {
-            for c in 0..valid_chunks(g.k, ks) {
-                tma::load_2d(
-                    st.stage(s).add(V::CFG.token_offset(c)),
-                    token_map,
-                    (ks * BLOCK_K + c * CHUNK_K) as i32,
-                    (g.token_row + t.tile_m * g.block_m) as i32,
-                    st.full().get(s),
-                );
-            }
-        };
-        let stages = k_stages(g.k);
-        // The workspace is written by the token dequantization, which this grid may overlap
-        // (`GEMM_STARTS_EARLY`): the first tile loads the weights of its first `early` stages
-        // (the ring's first stages, 0..early), then waits for the dequantization, then loads
-        // their tokens; every later stage loads both at once.
-        let early = if first_tile {
-            if stages < STAGES {
-                stages
-            } else {
-                STAGES
-            }
-        } else {
-            0
-        };
-        first_tile = false;
-        for ks in 0..stages {
+        for ks in 0..k_stages(g.k) {
             let chunks = valid_chunks(g.k, ks);
             let stage = ring.acquire();
             let buf = st.stage(stage.index);
             stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m));
-            // SAFETY: the map is the group's, the stage is free (acquired), the scale blocks of
+            // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {
+                // The weights first: they do not depend on the token dequantization.
                 tma::load_2d(
                     buf.add(V::CFG.weight_offset()),
                     weight_map,
@@ -228,18 +200,23 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
                     chunks * SCALE_BLOCK_BYTES,
                     stage.full,
                 );
-            }
-            if ks >= early {
-                tokens(stage.index, ks);
-            }
-            ring.commit(stage);
-            if ks + 1 == early {
-                barrier::grid_dependency_wait();
-                for e in 0..early {
-                    // The first tile's stage e is ring stage e (the ring starts at 0).
-                    tokens(e, e);
+                if !dequantized {
+                    // The workspace is written by the token dequantization, which this grid may
+                    // overlap (`GEMM_STARTS_EARLY`): wait for it before the first token load.
+                    barrier::grid_dependency_wait();
+                    dequantized = true;
+                }
+                for c in 0..chunks {
+                    tma::load_2d(
+                        buf.add(V::CFG.token_offset(c)),
+                        token_map,
+                        (ks * BLOCK_K + c * CHUNK_K) as i32,
+                        (g.token_row + t.tile_m * g.block_m) as i32,
+                        stage.full,
+                    );
                 }
             }
+            ring.commit(stage);
         }
     }
 }
