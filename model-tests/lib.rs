@@ -330,6 +330,12 @@ fn launch_one(
         .map_err(|error| Failure { kernel, error })
 }
 
+/// The register count an sm_90a kernel is launched with (its `.maxnreg`, from the abi's table), so
+/// that the model checks its `setmaxnreg` requests against the CTA's pool.
+pub fn sm90_registers(kernel: &str) -> u32 {
+    nvfp4_gemm_abi::sm90::REGISTER_CAPS.iter().find(|(name, _)| *name == kernel).map_or(0, |&(_, r)| r)
+}
+
 /// Runs both sm_90a kernels on `ops` as [`Sm90Layout`] plans them for `sm_count` SMs.
 pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
@@ -355,7 +361,8 @@ pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Lau
             "sm90_grouped_gemm" => sm90_grouped_gemm,
             other => panic!("no entry point for {other}"),
         };
-        let cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+        let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+        cfg.registers = sm90_registers(name);
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
     }
     drop(workspace);
@@ -811,7 +818,8 @@ pub fn run_sm90_moe(
     let kernel = layout.config.kernel_name();
     let entry: unsafe fn(KernelParams) =
         if kernel == "sm90_grouped_gemm_decode" { sm90_grouped_gemm_decode } else { sm90_grouped_gemm };
-    let cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+    let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+    cfg.registers = sm90_registers(kernel);
     launched.push(launch_one(kernel, &cfg, layout.gemm, kp, entry)?);
     let word = |b: &DeviceBuf| u32::from_le_bytes(b.bytes()[..4].try_into().unwrap());
     let outcome = Sm90MoeOutcome { status: word(&status), work_len: word(&work_len), groups, kernel };

@@ -112,6 +112,10 @@ pub struct LaunchConfig {
     pub tmem_placement: TmemPlacement,
     /// The seeded choices.
     pub schedule: Schedule,
+    /// Registers per thread the kernel is launched with (its `.maxnreg`), or 0 when unknown. When
+    /// known, each CTA holds `registers × block` of them and `setmaxnreg` moves them between its
+    /// warps: an `inc` that asks for more than the CTA's free registers waits (for a `dec`).
+    pub registers: u32,
 }
 
 impl LaunchConfig {
@@ -128,6 +132,7 @@ impl LaunchConfig {
             stack_size: 1 << 20,
             tmem_placement: TmemPlacement::Highest,
             schedule: Schedule::default(),
+            registers: 0,
         }
     }
 
@@ -200,6 +205,8 @@ pub(crate) enum Block {
     WgmmaWait { wg: usize, n: u32 },
     /// `tcgen05.alloc`: the columns are not free yet.
     TmemAlloc { ncols: u32 },
+    /// `setmaxnreg.inc`: the CTA's pool has fewer free registers than the warp asks for.
+    Registers { want: u32, free: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,6 +233,8 @@ pub(crate) struct Th {
     pub acc: Vec<AccPending>,
     /// The cluster-barrier phase this thread has arrived on and not yet waited for.
     pub cluster_arrived: Option<u64>,
+    /// This thread's register budget (`LaunchConfig::registers`, then what `setmaxnreg` set).
+    pub registers: u32,
 }
 
 /// A CTA.
@@ -242,6 +251,8 @@ pub(crate) struct Cta {
     pub tmem_allocs: Vec<(u32, u32)>,
     pub tmem_relinquished: bool,
     pub tmem_last_ncols: Option<u32>,
+    /// Registers of the CTA's pool no thread holds (`setmaxnreg.dec` returned them).
+    pub free_registers: u64,
 }
 
 /// The state of a launch. One mutex guards it; only the thread holding the turn touches it.
@@ -289,6 +300,7 @@ impl World {
                 wgmma_fenced: false,
                 acc: Vec::new(),
                 cluster_arrived: None,
+                registers: cfg.registers,
             })
             .collect();
         let ctas = (0..cfg.grid as usize)
@@ -304,6 +316,7 @@ impl World {
                 tmem_allocs: Vec::new(),
                 tmem_relinquished: false,
                 tmem_last_ncols: None,
+                free_registers: 0,
             })
             .collect();
         let nsms = (cfg.grid as usize).div_ceil(cfg.ctas_per_sm as usize);
@@ -636,6 +649,9 @@ fn describe_block(b: Option<&Block>, base: u32) -> String {
         Some(Block::ClusterBarrier) => "barrier.cluster.wait".into(),
         Some(Block::WgmmaWait { n, .. }) => format!("wgmma.wait_group {n}"),
         Some(Block::TmemAlloc { ncols }) => format!("tcgen05.alloc of {ncols} columns"),
+        Some(Block::Registers { want, free }) => {
+            format!("setmaxnreg.inc to {want} registers per thread: the CTA's pool has {free} free")
+        }
     }
 }
 

@@ -63,9 +63,11 @@ pub mod fence {
 }
 
 /// Warp collectives (PTX ISA 9.0 §9.7.13.14 `elect.sync`, §9.7.13.2 `bar.warp.sync`, §9.7.9.6
-/// `shfl.sync`).
+/// `shfl.sync`) and register reallocation (§9.7.19.9 `setmaxnreg`).
 pub mod warp {
-    pub use crate::sync::{elect_one, elect_sync, shfl_idx, shfl_up_down, shfl_xor, warp_sync as sync};
+    pub use crate::sync::{
+        elect_one, elect_sync, setmaxnreg_dec, setmaxnreg_inc, shfl_idx, shfl_up_down, shfl_xor, warp_sync as sync,
+    };
 }
 
 /// TMA tensor copies and bulk copies global → shared (PTX ISA 9.0 §9.7.9.25), asynchronous.

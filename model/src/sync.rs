@@ -318,6 +318,67 @@ pub fn bar_sync(id: u32, threads: u32) {
     })
 }
 
+/// `setmaxnreg.inc.sync.aligned.u32 n;` (PTX ISA 9.0 §9.7.19.9 "setmaxnreg"): raises this
+/// thread's register budget to `n`, taking the difference from the CTA's pool of registers that
+/// `setmaxnreg.dec` released, and waits while the pool has too few. Modelled per thread (the
+/// hardware counts warps); checked only when the launch says how many registers the kernel has
+/// (`LaunchConfig::registers`), so that a request the CTA can never grant ends in a deadlock
+/// report instead of a hang on the GPU.
+#[track_caller]
+pub fn setmaxnreg_inc(n: u32) {
+    instr("setmaxnreg.inc", Location::caller(), false, move |w, me| {
+        if w.cfg.registers == 0 {
+            return Ok(Flow::Done(()));
+        }
+        let have = w.threads[me].registers;
+        if n < have {
+            return Err(w.err_at(
+                me,
+                ErrorKind::InvalidOperand,
+                format!("setmaxnreg.inc to {n} registers from {have}: an increase must not lower the budget"),
+            ));
+        }
+        let cta = w.threads[me].cta;
+        let need = (n - have) as u64;
+        let free = w.ctas[cta].free_registers;
+        if free < need {
+            return Ok(Flow::Block(Block::Registers { want: n, free }));
+        }
+        w.ctas[cta].free_registers -= need;
+        w.threads[me].registers = n;
+        Ok(Flow::Done(()))
+    })
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 n;` (PTX ISA 9.0 §9.7.19.9): lowers this thread's register
+/// budget to `n` and returns the rest to the CTA's pool (waking the threads an `inc` holds).
+#[track_caller]
+pub fn setmaxnreg_dec(n: u32) {
+    instr("setmaxnreg.dec", Location::caller(), false, move |w, me| {
+        if w.cfg.registers == 0 {
+            return Ok(Flow::Done(()));
+        }
+        let have = w.threads[me].registers;
+        if n > have {
+            return Err(w.err_at(
+                me,
+                ErrorKind::InvalidOperand,
+                format!("setmaxnreg.dec to {n} registers from {have}: a decrease must not raise the budget"),
+            ));
+        }
+        let cta = w.threads[me].cta;
+        w.ctas[cta].free_registers += (have - n) as u64;
+        w.threads[me].registers = n;
+        let waiting: Vec<usize> = (0..w.threads.len())
+            .filter(|&t| w.threads[t].cta == cta && matches!(w.threads[t].block, Some(Block::Registers { .. })))
+            .collect();
+        for t in waiting {
+            w.wake(t);
+        }
+        Ok(Flow::Done(()))
+    })
+}
+
 /// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): waits until the grids this one depends on
 /// programmatically have completed and their memory is visible. The model runs launches one after
 /// another, so they always have: counted in [`crate::RunStats::fences`], no other effect.

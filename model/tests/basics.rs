@@ -292,3 +292,37 @@ fn trap_and_panic_end_the_launch() {
     assert_eq!(e.kind, ErrorKind::Panic);
     assert!(e.message.contains("overflow in the kernel"));
 }
+
+/// `setmaxnreg` moves registers within the CTA's pool (what it was launched with): a producer
+/// warpgroup giving back 168 − 40 lets two consumer warpgroups rise to 232 (exactly the pool,
+/// whatever order they run in), but with the producer at 48 the consumers' 232 exceed the pool
+/// and the last `inc` waits forever: a deadlock report, where the GPU hangs.
+#[test]
+fn setmaxnreg_moves_registers_within_the_cta_pool() {
+    let run = |producer: u32, seed: Schedule| {
+        let mut c = cfg(1, 384, 1024);
+        c.registers = 168;
+        c.schedule = seed;
+        launch(&c, move || {
+            if sreg::tid_x() < 128 {
+                if producer == 40 {
+                    warp::setmaxnreg_dec(40);
+                } else {
+                    warp::setmaxnreg_dec(48);
+                }
+            } else {
+                warp::setmaxnreg_inc(232);
+            }
+        })
+    };
+    for s in seeds() {
+        run(40, s).unwrap();
+    }
+    let e = run(48, Schedule::default()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Deadlock, "{e}");
+    assert!(e.report.contains("setmaxnreg.inc to 232 registers per thread"), "{}", e.report);
+    // Without a register count the model does not check (as before this check existed).
+    let mut c = cfg(1, 64, 1024);
+    c.registers = 0;
+    launch(&c, || warp::setmaxnreg_inc(256)).unwrap();
+}

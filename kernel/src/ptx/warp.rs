@@ -67,10 +67,13 @@ pub fn shfl_xor(v: u32, lane_mask: u32) -> u32 {
 }
 
 /// `setmaxnreg.inc.sync.aligned.u32 N;` (PTX ISA 8.0, sm_90a): raises this warp's register
-/// budget to `N` (a multiple of 8 in 24..=256), waiting until enough registers are free in the SM's
-/// pool. Every warp of the warpgroup executes the same `setmaxnreg` (`.aligned`); the register
-/// count the kernel was launched with must leave room for it (PTX ISA §9.7.19.9).
+/// budget to `N` (a multiple of 8 in 24..=256), waiting until enough registers are free in the
+/// CTA's pool — the registers the CTA was launched with, which other warps' [`setmaxnreg_dec`]
+/// returned (SASS `USETMAXREG.TRY_ALLOC.CTAPOOL`): asking for more than the CTA holds never
+/// returns. Every warp of the warpgroup executes the same `setmaxnreg` (`.aligned`) (PTX ISA
+/// §9.7.19.9).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn setmaxnreg_inc<const N: u32>() {
     const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
     // SAFETY: a warpgroup collective with no operands beyond the constant; call sites are
@@ -79,13 +82,15 @@ pub fn setmaxnreg_inc<const N: u32>() {
     unsafe {
         asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack))
     };
-    // The model has no register file: nothing to reallocate.
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::warp::setmaxnreg_inc(N);
 }
 
 /// `setmaxnreg.dec.sync.aligned.u32 N;` (PTX ISA 8.0, sm_90a): lowers this warp's register budget
-/// to `N`, returning the rest to the SM's pool (for [`setmaxnreg_inc`] in other warpgroups). Every
+/// to `N`, returning the rest to the CTA's pool (for [`setmaxnreg_inc`] in other warpgroups). Every
 /// warp of the warpgroup executes it.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn setmaxnreg_dec<const N: u32>() {
     const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
     // SAFETY: as `setmaxnreg_inc`.
@@ -93,5 +98,6 @@ pub fn setmaxnreg_dec<const N: u32>() {
     unsafe {
         asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack))
     };
-    // The model has no register file: nothing to reallocate.
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::warp::setmaxnreg_dec(N);
 }
