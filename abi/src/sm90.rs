@@ -792,7 +792,6 @@ mod tests {
         assert_eq!(c.consumer_thread(c.producer_thread()), None);
         assert_eq!(d.consumer_thread(d.producer_thread()), None);
         assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
-        assert!(WARPGROUP_THREADS * (PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS);
         assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
     }
