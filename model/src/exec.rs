@@ -216,6 +216,34 @@ pub(crate) enum Status {
     Exited,
 }
 
+/// What orders a thread after other threads' tcgen05 operations (PTX ISA 9.0 §9.7.16.6, the
+/// tcgen05 memory consistency model): a synchronisation it completed, and the threads whose
+/// tcgen05 operations (or `tcgen05.commit`s) it ordered.
+#[derive(Clone, Debug)]
+pub(crate) struct TcOrder {
+    /// The synchronisation, for reports.
+    pub via: String,
+    /// Contributing threads (`usize::MAX` for a `tcgen05.commit`).
+    pub from: Vec<usize>,
+    /// A contributing thread that had issued tcgen05 operations since its last
+    /// `tcgen05.fence::before_thread_sync` when it arrived.
+    pub unfenced_by: Option<usize>,
+}
+
+impl TcOrder {
+    /// The two orders combined (the first unfenced contributor kept).
+    pub(crate) fn merge(a: Option<TcOrder>, b: Option<TcOrder>) -> Option<TcOrder> {
+        match (a, b) {
+            (None, x) | (x, None) => x,
+            (Some(mut a), Some(b)) => {
+                a.from.extend(b.from);
+                a.unfenced_by = a.unfenced_by.or(b.unfenced_by);
+                Some(a)
+            }
+        }
+    }
+}
+
 /// A modelled thread.
 pub(crate) struct Th {
     pub cta: usize,
@@ -235,6 +263,14 @@ pub(crate) struct Th {
     pub cluster_arrived: Option<u64>,
     /// This thread's register budget (`LaunchConfig::registers`, then what `setmaxnreg` set).
     pub registers: u32,
+    /// The thread has issued tcgen05 operations.
+    pub tc_ops: bool,
+    /// ... some of them since its last `tcgen05.fence::before_thread_sync`.
+    pub tc_unfenced: bool,
+    /// A synchronisation ordered it after other threads' tcgen05 operations, and it has not
+    /// executed `tcgen05.fence::after_thread_sync` since: its next tcgen05 operation would be
+    /// unordered with theirs.
+    pub tc_after: Option<TcOrder>,
 }
 
 /// A CTA.
@@ -301,6 +337,9 @@ impl World {
                 acc: Vec::new(),
                 cluster_arrived: None,
                 registers: cfg.registers,
+                tc_ops: false,
+                tc_unfenced: false,
+                tc_after: None,
             })
             .collect();
         let ctas = (0..cfg.grid as usize)
@@ -922,4 +961,73 @@ pub fn launch<F: Fn() + Sync>(cfg: &LaunchConfig, kernel: F) -> Result<RunStats,
         Some(e) => Err(e.clone()),
         None => Ok(g.stats.clone()),
     }
+}
+
+/// What thread `me` contributes to a synchronisation it arrives on (`via`): the order of its
+/// tcgen05 operations, if it issued any.
+pub(crate) fn tc_contribution(w: &World, me: usize, via: &str) -> Option<TcOrder> {
+    let t = &w.threads[me];
+    t.tc_ops.then(|| TcOrder {
+        via: via.to_string(),
+        from: vec![me],
+        unfenced_by: if t.tc_unfenced { Some(me) } else { None },
+    })
+}
+
+/// Thread `me` completed a synchronisation that orders it after `order`. Contributions of its own
+/// warp do not count: the warp-wide tcgen05 instructions (`alloc`, `dealloc`, `ld`) are the warp's,
+/// ordered by its program order.
+pub(crate) fn tc_ordered_after(w: &mut World, me: usize, order: Option<TcOrder>) {
+    if let Some(mut o) = order {
+        let same_warp = |t: usize| {
+            t != usize::MAX
+                && w.threads[t].cta == w.threads[me].cta
+                && w.threads[t].tid / 32 == w.threads[me].tid / 32
+        };
+        o.from.retain(|&t| !same_warp(t));
+        if o.unfenced_by.is_some_and(same_warp) {
+            o.unfenced_by = o.from.iter().copied().find(|&t| t != usize::MAX && w.threads[t].tc_unfenced);
+        }
+        if !o.from.is_empty() {
+            let old = w.threads[me].tc_after.take();
+            w.threads[me].tc_after = TcOrder::merge(old, Some(o));
+        }
+    }
+}
+
+/// Thread `me` issues tcgen05 operation `what`: an error when a synchronisation ordered it after
+/// other threads' tcgen05 operations without the fences that make that order hold
+/// (`tcgen05.fence::before_thread_sync` in the other thread before it arrived,
+/// `tcgen05.fence::after_thread_sync` here after the wait; PTX ISA 9.0 §9.7.16.6).
+pub(crate) fn tc_issue(w: &mut World, me: usize, what: &str) -> Result<(), ModelError> {
+    if let Some(o) = w.threads[me].tc_after.clone() {
+        let who = |t: usize| if t == usize::MAX { "a tcgen05.commit".to_string() } else { format!("thread {t}") };
+        let mut from: Vec<usize> = o.from.clone();
+        from.sort_unstable();
+        from.dedup();
+        let shown: Vec<String> = from.iter().take(3).map(|&t| who(t)).collect();
+        let from = if from.len() > 3 {
+            vec![format!("{} and {} more threads", shown.join(", "), from.len() - 3)]
+        } else {
+            shown
+        };
+        let msg = match o.unfenced_by {
+            Some(t) => format!(
+                "{what} is ordered after {}'s tcgen05 operations only through {}, and that thread did not execute \
+                 tcgen05.fence::before_thread_sync between them and its arrival",
+                who(t),
+                o.via
+            ),
+            None => format!(
+                "{what} follows {} (which orders it after tcgen05 operations of {}) without \
+                 tcgen05.fence::after_thread_sync in between",
+                o.via,
+                from.join(", ")
+            ),
+        };
+        return Err(w.err_at(me, ErrorKind::Hazard, msg));
+    }
+    w.threads[me].tc_ops = true;
+    w.threads[me].tc_unfenced = true;
+    Ok(())
 }

@@ -15,7 +15,7 @@
 //! `mbarrier.init` visible to the async proxy and the cluster).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, Block, Flow, World};
+use crate::exec::{instr, tc_contribution, tc_ordered_after, Block, Flow, TcOrder, World};
 use crate::smem::{check_thread_write, cluster_target, cta_offset};
 use std::panic::Location;
 
@@ -31,6 +31,10 @@ pub(crate) struct Mbar {
     /// The initializing thread has executed `fence.mbarrier_init` since the init.
     pub fenced: bool,
     pub init_by: usize,
+    /// tcgen05 order carried by the arrivals of the current phase, and of the last completed
+    /// phase of each parity (see `exec::TcOrder`).
+    pub tc_open: Option<TcOrder>,
+    pub tc_done: [Option<TcOrder>; 2],
 }
 
 fn get(w: &mut World, cta: usize, off: u32) -> Result<&mut Mbar, String> {
@@ -47,6 +51,7 @@ fn get(w: &mut World, cta: usize, off: u32) -> Result<&mut Mbar, String> {
 fn maybe_complete(w: &mut World, cta: usize, off: u32) {
     let b = w.ctas[cta].barriers.get_mut(&off).expect("exists");
     if b.pending == 0 && b.tx == 0 {
+        b.tc_done[(b.phase & 1) as usize] = b.tc_open.take();
         b.phase += 1;
         b.pending = b.expected;
         let waiters = std::mem::take(&mut b.waiters);
@@ -54,6 +59,22 @@ fn maybe_complete(w: &mut World, cta: usize, off: u32) {
             w.wake(t);
         }
     }
+}
+
+/// Adds `order` to what the current phase of the barrier carries (before the arrival that may
+/// complete it).
+pub(crate) fn tc_add(w: &mut World, cta: usize, off: u32, order: Option<TcOrder>) {
+    if let Some(b) = w.ctas[cta].barriers.get_mut(&off) {
+        let old = b.tc_open.take();
+        b.tc_open = TcOrder::merge(old, order);
+    }
+}
+
+/// A thread's arrival: its tcgen05 order goes into the phase.
+fn tc_arrive(w: &mut World, me: usize, cta: usize, off: u32) {
+    let via = format!("mbarrier {:#x} of CTA {cta}", w.cfg.smem_base + off);
+    let order = tc_contribution(w, me, &via);
+    tc_add(w, cta, off, order);
 }
 
 /// An arrive-on operation with count `count` (§9.7.13.15.7).
@@ -152,7 +173,17 @@ pub fn init(a: u32, count: u32) {
         w.ctas[cta].smem.mbar[off as usize..off as usize + 8].fill(true);
         w.ctas[cta].barriers.insert(
             off,
-            Mbar { expected: count, pending: count, tx: 0, phase: 0, waiters: Vec::new(), fenced: false, init_by: me },
+            Mbar {
+                expected: count,
+                pending: count,
+                tx: 0,
+                phase: 0,
+                waiters: Vec::new(),
+                fenced: false,
+                init_by: me,
+                tc_open: None,
+                tc_done: [None, None],
+            },
         );
         Ok(Flow::Done(()))
     })
@@ -163,6 +194,7 @@ pub fn init(a: u32, count: u32) {
 pub fn arrive(a: u32) {
     instr("mbarrier.arrive.shared::cta.b64", Location::caller(), true, |w, me| {
         let (cta, off) = local(w, me, a)?;
+        tc_arrive(w, me, cta, off);
         arrive_on(w, cta, off, 1).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         Ok(Flow::Done(()))
     })
@@ -175,6 +207,7 @@ pub fn arrive_expect_tx(a: u32, bytes: u32) {
     instr("mbarrier.arrive.expect_tx.shared::cta.b64", Location::caller(), true, |w, me| {
         let (cta, off) = local(w, me, a)?;
         expect_tx(w, cta, off, bytes).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
+        tc_arrive(w, me, cta, off);
         arrive_on(w, cta, off, 1).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         Ok(Flow::Done(()))
     })
@@ -199,6 +232,7 @@ pub fn arrive_cluster(a: u32) {
         if cta != w.threads[me].cta {
             check_visible(w, cta, off, "a remote arrive").map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         }
+        tc_arrive(w, me, cta, off);
         arrive_on(w, cta, off, 1).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         Ok(Flow::Done(()))
     })
@@ -211,11 +245,16 @@ fn try_wait_impl(name: &'static str, site: &'static Location<'static>, a: u32, p
         if parity > 1 {
             return Err(w.err_at(me, ErrorKind::InvalidOperand, format!("phaseParity {parity} is not 0 or 1")));
         }
-        let phase = match get(w, cta, off) {
-            Ok(b) => b.phase,
+        let (phase, tc) = match get(w, cta, off) {
+            Ok(b) => (b.phase, b.tc_done[parity as usize].clone()),
             Err(m) => return Err(w.err_at(me, ErrorKind::InvalidOperand, m)),
         };
         let done = (phase & 1) as u32 != parity;
+        if done {
+            // The completed phase of this parity orders the thread after its arrivals' tcgen05
+            // operations.
+            tc_ordered_after(w, me, tc);
+        }
         if done || attempted {
             return Ok(Flow::Done(done));
         }

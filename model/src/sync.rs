@@ -8,7 +8,7 @@
 //! the same instruction", PTX ISA 9.0 §9.7.16.7.1 and §9.7.15.1).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, query, raise, Block, Flow, Status, World};
+use crate::exec::{instr, query, raise, tc_contribution, tc_ordered_after, Block, Flow, Status, TcOrder, World};
 use crate::smem::mapa;
 use std::panic::Location;
 
@@ -306,6 +306,12 @@ pub fn bar_sync(id: u32, threads: u32) {
         nb.arrived.push(me);
         if nb.arrived.len() as u32 == threads {
             let all = std::mem::take(&mut nb.arrived);
+            // Every participant is ordered after the others' tcgen05 operations.
+            let via = format!("bar.sync {id}");
+            let order = all.iter().fold(None, |o, &t| TcOrder::merge(o, tc_contribution(w, t, &via)));
+            for &t in &all {
+                tc_ordered_after(w, t, order.clone());
+            }
             for t in all {
                 if t != me {
                     w.wake(t);
@@ -611,9 +617,20 @@ fn fence(site: &'static Location<'static>, name: &'static str, mbarrier_init: bo
         if mbarrier_init {
             crate::mbarrier::fence_init(w, me);
         }
+        match name {
+            TCGEN05_BEFORE => w.threads[me].tc_unfenced = false,
+            // Not when the other side skipped its `before_thread_sync`: the order stays broken.
+            TCGEN05_AFTER if w.threads[me].tc_after.as_ref().is_some_and(|o| o.unfenced_by.is_none()) => {
+                w.threads[me].tc_after = None
+            }
+            _ => {}
+        }
         Ok(Flow::Done(()))
     })
 }
+
+const TCGEN05_BEFORE: &str = "tcgen05.fence::before_thread_sync";
+const TCGEN05_AFTER: &str = "tcgen05.fence::after_thread_sync";
 
 /// `fence.mbarrier_init.release.cluster;` (PTX ISA 9.0 §9.7.13.4): makes this thread's earlier
 /// `mbarrier.init`s visible to the cluster and the async proxy (the model checks that TMA,
@@ -632,13 +649,13 @@ pub fn fence_proxy_async() {
 /// `tcgen05.fence::before_thread_sync;` (PTX ISA 9.0 §9.7.16.11.1): recorded, no effect.
 #[track_caller]
 pub fn tcgen05_fence_before_thread_sync() {
-    fence(Location::caller(), "tcgen05.fence::before_thread_sync", false)
+    fence(Location::caller(), TCGEN05_BEFORE, false)
 }
 
 /// `tcgen05.fence::after_thread_sync;` (PTX ISA 9.0 §9.7.16.11.1): recorded, no effect.
 #[track_caller]
 pub fn tcgen05_fence_after_thread_sync() {
-    fence(Location::caller(), "tcgen05.fence::after_thread_sync", false)
+    fence(Location::caller(), TCGEN05_AFTER, false)
 }
 
 /// `prefetch.tensormap [a];`: recorded, no effect.

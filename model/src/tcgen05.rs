@@ -41,8 +41,8 @@
 //! the absolute LBO mode, `tcgen05.st`, `tcgen05.shift`, `32x32b` loads.
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, Block, Flow, TmemPlacement, World};
-use crate::mbarrier::{arrive_on, check_visible};
+use crate::exec::{instr, tc_issue, Block, Flow, TcOrder, TmemPlacement, World};
+use crate::mbarrier::{arrive_on, check_visible, tc_add};
 use crate::smem::{check_async_read, check_thread_write, cluster_target, cta_offset, mark_read};
 use crate::sync::{collective, require_arch, Coll, Outcome, Scope};
 use crate::tensor_map::Swizzle;
@@ -308,6 +308,9 @@ pub(crate) fn complete_collective(
 fn warp_instr(name: &'static str, site: &'static Location<'static>, key: Coll) -> Vec<u32> {
     instr(name, site, true, move |w, me| {
         require_arch(w, me, Arch::Sm100a)?;
+        if !matches!(key, Coll::TmemRelinquish) {
+            tc_issue(w, me, name)?;
+        }
         collective(w, me, Scope::Warp, key.clone(), u32::MAX, Vec::new())
     })
 }
@@ -457,6 +460,7 @@ fn own_ops(w: &World, me: usize, pred: impl Fn(&Op) -> bool) -> Vec<u32> {
 pub unsafe fn cp_32x128b_warpx4(taddr: u32, s_desc: u64) {
     instr("tcgen05.cp.cta_group::1.32x128b.warpx4", Location::caller(), true, |w, me| {
         require_arch(w, me, Arch::Sm100a)?;
+        tc_issue(w, me, "tcgen05.cp")?;
         let (cta, sm) = sm_of(w, me);
         let d = decode_desc(s_desc).map_err(|(k, m)| w.err_at(me, k, m))?;
         if d.swizzle != Swizzle::None {
@@ -553,6 +557,7 @@ fn decode_ue4m3(b: u8) -> Result<f64, String> {
 pub unsafe fn mma_mxf4nvf4_4x(d: u32, a_desc: u64, b_desc: u64, idesc: u32, sfa: u32, sfb: u32, enable_input_d: bool) {
     instr("tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.scale_vec::4X", Location::caller(), true, |w, me| {
         require_arch(w, me, Arch::Sm100a)?;
+        tc_issue(w, me, "tcgen05.mma")?;
         let (cta, sm) = sm_of(w, me);
         let bad = |w: &World, k: ErrorKind, m: String| w.err_at(me, k, format!("idesc {idesc:#010x}: {m}"));
         // Table 44 (kind::mxf4nvf4).
@@ -736,6 +741,9 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
         }
         Op::Commit { bars } => {
             for (c, o) in bars {
+                // A commit's arrival orders the waiter after the committed operations.
+                let order = TcOrder { via: what.to_string(), from: vec![usize::MAX], unfenced_by: None };
+                tc_add(w, c, o, Some(order));
                 arrive_on(w, c, o, 1)
                     .map_err(|m| w.err(ErrorKind::InvalidOperand, format!("completing #{id} {what}: {m}")))?;
             }

@@ -73,7 +73,7 @@ struct Layout {
 const L: Layout = Layout { a: 1024, b: 1024 + 16384, sfa: 1024 + 24576, sfb: 1024 + 24576 + 512, bar: 64, slot: 0 };
 
 /// The kernel: warp 0 allocates; thread 0 copies scales, issues the MMA and commits; four warps read
-/// D back. `fault` injects a bug.
+/// D back. `fault` injects a bug (1–6, see the tests).
 fn kernel(words: &[u32], d: &[AtomicU32], base_col: &AtomicU32, fault: u32) {
     let base = smem::dynamic_base();
     let tid = sreg::tid_x();
@@ -119,7 +119,9 @@ fn kernel(words: &[u32], d: &[AtomicU32], base_col: &AtomicU32, fault: u32) {
     if fault != 3 {
         while !mbarrier::try_wait(base + L.bar, 0) {}
     }
-    fence::tcgen05_after_thread_sync();
+    if fault != 5 {
+        fence::tcgen05_after_thread_sync();
+    }
     for half in 0..2 {
         let lane0 = 32 * warp + 16 * half;
         let r = tcgen05::ld_16x256b(acc + (lane0 << 16), N / 8);
@@ -133,7 +135,9 @@ fn kernel(words: &[u32], d: &[AtomicU32], base_col: &AtomicU32, fault: u32) {
             }
         }
     }
-    fence::tcgen05_before_thread_sync();
+    if fault != 6 {
+        fence::tcgen05_before_thread_sync();
+    }
     barrier::sync_all();
     if warp == 0 {
         fence::tcgen05_after_thread_sync();
@@ -210,6 +214,21 @@ fn reading_the_accumulator_without_waiting_is_a_hazard() {
     let e = launch(&cfg(Schedule::default()), || kernel(&words, &d, &AtomicU32::new(0), 3)).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
     assert!(e.message.contains("reads TMEM"), "{e}");
+}
+
+/// Cross-thread tcgen05 order (PTX ISA 9.0 §9.7.16.6): reading the accumulator after the wait on
+/// the commit's barrier without `tcgen05.fence::after_thread_sync` (fault 5), and freeing TMEM
+/// after a `bar.sync` whose other threads loaded from it without `before_thread_sync` (fault 6).
+#[test]
+fn missing_tcgen05_fences_are_hazards() {
+    let words = image();
+    let d: Vec<AtomicU32> = (0..128 * N).map(|_| AtomicU32::new(0)).collect();
+    let e = launch(&cfg(Schedule::default()), || kernel(&words, &d, &AtomicU32::new(0), 5)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+    assert!(e.message.contains("tcgen05.ld") && e.message.contains("without tcgen05.fence::after_thread_sync"), "{e}");
+    let e = launch(&cfg(Schedule::default()), || kernel(&words, &d, &AtomicU32::new(0), 6)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+    assert!(e.message.contains("tcgen05.dealloc") && e.message.contains("before_thread_sync"), "{e}");
 }
 
 #[test]
