@@ -363,6 +363,10 @@ pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Lau
         };
         let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         cfg.registers = sm90_registers(name);
+        if layout.dequant_grid > 0 && nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
+            // The GEMM may start while the token dequantization still writes the workspace.
+            cfg.predecessor_writes = vec![(workspace.addr(), layout.workspace_bytes as u64)];
+        }
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
     }
     drop(workspace);
@@ -820,6 +824,10 @@ pub fn run_sm90_moe(
         if kernel == "sm90_grouped_gemm_decode" { sm90_grouped_gemm_decode } else { sm90_grouped_gemm };
     let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
     cfg.registers = sm90_registers(kernel);
+    if nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
+        // As the library launches it: while the token dequantization may still write the workspace.
+        cfg.predecessor_writes = vec![(workspace.addr(), layout.workspace_bytes as u64)];
+    }
     launched.push(launch_one(kernel, &cfg, layout.gemm, kp, entry)?);
     let word = |b: &DeviceBuf| u32::from_le_bytes(b.bytes()[..4].try_into().unwrap());
     let outcome = Sm90MoeOutcome { status: word(&status), work_len: word(&work_len), groups, kernel };

@@ -7,7 +7,7 @@
 //! that any conflicting access before completion is reported where it happens.
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, Flow, World};
+use crate::exec::{check_predecessor_read, instr, Flow, World};
 use crate::mbarrier::{check_visible, complete_tx};
 use crate::smem::{check_async_write, cluster_target, mark_write, unmark_read};
 use crate::tensor_map::{decode, gather_box};
@@ -167,6 +167,13 @@ unsafe fn tensor_load(
                     .collect()
             }
         };
+        // The tensor's bytes (outermost extent × stride), for the early-start check.
+        let span = if d.rank > 1 {
+            d.dims[d.rank - 1] * d.strides[d.rank - 1]
+        } else {
+            (d.dims[0] * d.element.bits() as u64).div_ceil(8)
+        };
+        check_predecessor_read(w, me, d.base, d.base + span, name)?;
         let image =
             gather_box(&d, coords, w.cfg.smem_base + off).map_err(|m| w.err_at(me, ErrorKind::Unimplemented, m))?;
         let what = format!(
@@ -252,6 +259,7 @@ unsafe fn bulk(name: &'static str, site: &'static Location<'static>, dst: u32, s
         if bar_cta != cta {
             return Err(inv(w, format!("destination in CTA {cta} but mbarrier in CTA {bar_cta}")));
         }
+        check_predecessor_read(w, me, src, src + bytes as u64, name)?;
         let mut image = vec![0u8; bytes as usize];
         std::ptr::copy_nonoverlapping(src as usize as *const u8, image.as_mut_ptr(), bytes as usize);
         let what =

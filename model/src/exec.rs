@@ -116,6 +116,10 @@ pub struct LaunchConfig {
     /// known, each CTA holds `registers × block` of them and `setmaxnreg` moves them between its
     /// warps: an `inc` that asks for more than the CTA's free registers waits (for a `dec`).
     pub registers: u32,
+    /// Global address ranges `(start, bytes)` the launch before this one writes, when this one may
+    /// start before it ends (programmatic dependent launch): a TMA or bulk copy that reads them
+    /// before its thread executed `griddepcontrol.wait` is a hazard. Empty: a plain launch.
+    pub predecessor_writes: Vec<(u64, u64)>,
 }
 
 impl LaunchConfig {
@@ -133,6 +137,7 @@ impl LaunchConfig {
             tmem_placement: TmemPlacement::Highest,
             schedule: Schedule::default(),
             registers: 0,
+            predecessor_writes: Vec::new(),
         }
     }
 
@@ -271,6 +276,8 @@ pub(crate) struct Th {
     /// executed `tcgen05.fence::after_thread_sync` since: its next tcgen05 operation would be
     /// unordered with theirs.
     pub tc_after: Option<TcOrder>,
+    /// The thread has executed `griddepcontrol.wait`.
+    pub grid_waited: bool,
 }
 
 /// A CTA.
@@ -340,6 +347,7 @@ impl World {
                 tc_ops: false,
                 tc_unfenced: false,
                 tc_after: None,
+                grid_waited: false,
             })
             .collect();
         let ctas = (0..cfg.grid as usize)
@@ -980,9 +988,7 @@ pub(crate) fn tc_contribution(w: &World, me: usize, via: &str) -> Option<TcOrder
 pub(crate) fn tc_ordered_after(w: &mut World, me: usize, order: Option<TcOrder>) {
     if let Some(mut o) = order {
         let same_warp = |t: usize| {
-            t != usize::MAX
-                && w.threads[t].cta == w.threads[me].cta
-                && w.threads[t].tid / 32 == w.threads[me].tid / 32
+            t != usize::MAX && w.threads[t].cta == w.threads[me].cta && w.threads[t].tid / 32 == w.threads[me].tid / 32
         };
         o.from.retain(|&t| !same_warp(t));
         if o.unfenced_by.is_some_and(same_warp) {
@@ -1030,4 +1036,25 @@ pub(crate) fn tc_issue(w: &mut World, me: usize, what: &str) -> Result<(), Model
     w.threads[me].tc_ops = true;
     w.threads[me].tc_unfenced = true;
     Ok(())
+}
+
+/// Thread `me` reads global bytes `lo .. hi` with an asynchronous copy (`what`): a hazard when the
+/// launch may overlap its predecessor (`LaunchConfig::predecessor_writes`), the range meets what
+/// the predecessor writes, and the thread has not executed `griddepcontrol.wait`.
+pub(crate) fn check_predecessor_read(w: &World, me: usize, lo: u64, hi: u64, what: &str) -> Result<(), ModelError> {
+    if w.threads[me].grid_waited {
+        return Ok(());
+    }
+    match w.cfg.predecessor_writes.iter().find(|&&(s, n)| lo < s + n && s < hi) {
+        Some(&(s, n)) => Err(w.err_at(
+            me,
+            ErrorKind::Hazard,
+            format!(
+                "{what} reads global {lo:#x}..{hi:#x}, which the previous launch writes ({s:#x}..{:#x}), before \
+                 this thread executed griddepcontrol.wait (the launch may start early)",
+                s + n
+            ),
+        )),
+        None => Ok(()),
+    }
 }

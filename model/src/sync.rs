@@ -387,10 +387,12 @@ pub fn setmaxnreg_dec(n: u32) {
 
 /// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): waits until the grids this one depends on
 /// programmatically have completed and their memory is visible. The model runs launches one after
-/// another, so they always have: counted in [`crate::RunStats::fences`], no other effect.
+/// another, so they always have; it records that the thread waited, so that reading what the
+/// previous launch writes before the wait is caught (`LaunchConfig::predecessor_writes`), and
+/// counts it in [`crate::RunStats::fences`].
 #[track_caller]
 pub fn griddepcontrol_wait() {
-    fence(Location::caller(), "griddepcontrol.wait", false)
+    fence(Location::caller(), GRID_WAIT, false)
 }
 
 /// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): lets a programmatically dependent
@@ -619,6 +621,7 @@ fn fence(site: &'static Location<'static>, name: &'static str, mbarrier_init: bo
         }
         match name {
             TCGEN05_BEFORE => w.threads[me].tc_unfenced = false,
+            GRID_WAIT => w.threads[me].grid_waited = true,
             // Not when the other side skipped its `before_thread_sync`: the order stays broken.
             TCGEN05_AFTER if w.threads[me].tc_after.as_ref().is_some_and(|o| o.unfenced_by.is_none()) => {
                 w.threads[me].tc_after = None
@@ -631,6 +634,7 @@ fn fence(site: &'static Location<'static>, name: &'static str, mbarrier_init: bo
 
 const TCGEN05_BEFORE: &str = "tcgen05.fence::before_thread_sync";
 const TCGEN05_AFTER: &str = "tcgen05.fence::after_thread_sync";
+const GRID_WAIT: &str = "griddepcontrol.wait";
 
 /// `fence.mbarrier_init.release.cluster;` (PTX ISA 9.0 §9.7.13.4): makes this thread's earlier
 /// `mbarrier.init`s visible to the cluster and the async proxy (the model checks that TMA,

@@ -326,3 +326,35 @@ fn setmaxnreg_moves_registers_within_the_cta_pool() {
     c.registers = 0;
     launch(&c, || warp::setmaxnreg_inc(256)).unwrap();
 }
+
+/// Programmatic dependent launch: a launch that may start before its predecessor ends must not
+/// copy what the predecessor writes before `griddepcontrol.wait`; other memory it may.
+#[test]
+fn reading_the_predecessors_output_before_griddepcontrol_wait_is_a_hazard() {
+    let produced = vec![7u32; 64];
+    let other = vec![9u32; 64];
+    let (p, q) = (produced.as_ptr() as u64, other.as_ptr() as u64);
+    let run = |wait_first: bool| {
+        let mut c = cfg(1, 32, 2048);
+        c.predecessor_writes = vec![(p, 256)];
+        launch(&c, move || {
+            let base = smem::dynamic_base();
+            if sreg::tid_x() == 0 {
+                mbarrier::init(base, 1);
+                fence::mbarrier_init();
+                mbarrier::arrive_expect_tx(base, 512);
+                // Memory the predecessor does not write: fine before the wait.
+                unsafe { tma::load_1d(base + 1024, q, 256, base) };
+                if wait_first {
+                    barrier::grid_dependency_wait();
+                }
+                unsafe { tma::load_1d(base + 1280, p, 256, base) };
+                while !mbarrier::try_wait(base, 0) {}
+            }
+        })
+    };
+    run(true).unwrap();
+    let e = run(false).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+    assert!(e.message.contains("before this thread executed griddepcontrol.wait"), "{e}");
+}
