@@ -296,12 +296,10 @@ impl Sm90DevicePlan {
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{SCHEDULE} (device sizes → work list) + {}: swap-AB wgmma m64nNk16, tile Nx{} (N = {} for groups of at most {} tokens, else {}), {} stages of K {}",
+                "{SCHEDULE} (device sizes → work list) + {}: swap-AB wgmma m64nNk16, tile Nx{} (N = {}), {} stages of K {}",
                 l.config.kernel_name(),
                 sm90::BLOCK_N,
-                sm90::SMALL_TILE_M,
-                sm90::SMALL_TILE_M,
-                l.config.block_m,
+                super::widths(l.config),
                 l.config.stages,
                 sm90::BLOCK_K
             ),

@@ -177,6 +177,17 @@ impl Sm90Layout {
     }
 }
 
+/// The token-tile widths of a variant, in words.
+pub(crate) fn widths(c: sm90::GemmConfig) -> String {
+    if c.narrow == c.block_m {
+        format!("{}", c.block_m)
+    } else if c.narrow == sm90::TAIL_TILE_M {
+        format!("{}, or {} for a group's last tile when its rows fit", c.block_m, c.narrow)
+    } else {
+        format!("{} for groups of at most {} tokens, else {}", c.narrow, c.narrow, c.block_m)
+    }
+}
+
 /// Lays `items` (each with its relative time) out for a persistent grid of `ctas` CTAs (and returns
 /// the busiest CTA's total time), where CTA
 /// `b` takes the entries `b, b + ctas, ...`: longest first, each to the CTA with the least time so

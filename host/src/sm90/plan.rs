@@ -118,10 +118,9 @@ impl ArchPlan for Sm90Plan {
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {} or {}, per group), {} stages of K {}, {} CTA(s) per SM",
+                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {}), {} stages of K {}, {} CTA(s) per SM",
                 sm90::BLOCK_N,
-                l.config.narrow,
-                l.config.block_m,
+                super::widths(l.config),
                 l.config.stages,
                 sm90::BLOCK_K,
                 l.config.ctas_per_sm()
