@@ -139,6 +139,22 @@ pub fn accumulation_allowance(k: usize, abs_sum: f64) -> f64 {
     (k as f64 / 16.0 + 2.0) * (-21f64).exp2() * abs_sum
 }
 
+/// Σ|a_k·b_k|·|alpha| of every output element (what [`accumulation_allowance`] scales): the f64
+/// reference on the groups with their operands' sign bits cleared and |alpha|.
+pub fn abs_reference(groups: &[Group]) -> Vec<GroupOutput<f64>> {
+    let abs_groups: Vec<Group> = groups
+        .iter()
+        .map(|g| {
+            let mut g = g.clone();
+            g.a.values_mut().iter_mut().for_each(|v| *v &= 0x77);
+            g.b.values_mut().iter_mut().for_each(|v| *v &= 0x77);
+            g.alpha = g.alpha.abs();
+            g
+        })
+        .collect();
+    nvfp4_format::reference_grouped_gemm_f64(&abs_groups).expect("abs reference")
+}
+
 /// Uploads `groups`, runs the plan twice with output type `T` (poisoning C and its guards first
 /// each time), checks the guards and the determinism, and compares with the CPU reference rounded
 /// to `T` under `tol`.
@@ -191,20 +207,7 @@ pub fn run_case<T: OutputElement>(
     let exact = nvfp4_format::reference_grouped_gemm_f64(groups).expect("f64 reference");
     let expected: Vec<GroupOutput<T>> = exact.iter().map(GroupOutput::rounded).collect();
     let mut comparison = compare(&got, &expected, tol).expect("compare");
-    // Σ|a·b|·|alpha| per element: the reference on the operands with their sign bits cleared.
-    let abs = fp32_allowance.then(|| {
-        let abs_groups: Vec<Group> = groups
-            .iter()
-            .map(|g| {
-                let mut g = g.clone();
-                g.a.values_mut().iter_mut().for_each(|v| *v &= 0x77);
-                g.b.values_mut().iter_mut().for_each(|v| *v &= 0x77);
-                g.alpha = g.alpha.abs();
-                g
-            })
-            .collect();
-        nvfp4_format::reference_grouped_gemm_f64(&abs_groups).expect("abs reference")
-    });
+    let abs = fp32_allowance.then(|| abs_reference(groups));
     let mut mismatches = vec![];
     let (mut failed, mut worst): (usize, Option<Element>) = (0, None);
     if abs.is_some() || !comparison.passed() {

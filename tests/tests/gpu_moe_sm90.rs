@@ -31,7 +31,7 @@ use nvfp4_gemm::moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::{Arch, DeviceNvfp4, Error, GemmPlan, Gpu, GroupArgs, Output, OutputType, Problem};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
-use nvfp4_gemm_tests::{accumulation_allowance, gpu_or_skip, GUARD, POISON};
+use nvfp4_gemm_tests::{abs_reference, accumulation_allowance, gpu_or_skip, GUARD, POISON};
 use std::sync::Arc;
 
 /// Byte written over the quantized tokens before each call: rows of no group must keep it.
@@ -233,16 +233,7 @@ fn check(
         return fails;
     }
     let exact = reference_grouped_gemm_f64(&groups).unwrap();
-    let abs_groups: Vec<Group> = groups
-        .iter()
-        .map(|g| {
-            let mut g = g.clone();
-            g.a.values_mut().iter_mut().for_each(|v| *v &= 0x77);
-            g.b.values_mut().iter_mut().for_each(|v| *v &= 0x77);
-            g
-        })
-        .collect();
-    let abs = reference_grouped_gemm_f64(&abs_groups).unwrap();
+    let abs = abs_reference(&groups);
     let tol = Tolerance::COMPETITION;
     let host_sized = host_sized_gemm(gpu, &groups, &shapes, layer, &spans);
     for (i, &(g, first, m)) in spans.iter().enumerate() {
