@@ -29,10 +29,10 @@ use crate::driver::launch::{launch, set_max_dynamic_smem};
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
-use crate::plan::{KernelLaunch, PlanSummary};
+use crate::plan::{KernelLaunch, PlanSummary, ScheduledTables};
 use crate::problem::OutputType;
 use crate::Arch;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
@@ -216,11 +216,7 @@ pub(crate) struct Sm100DevicePlan {
     pub layout: Sm100DeviceLayout,
     schedule: CudaFunction,
     gemm: CudaFunction,
-    groups: CudaSlice<u8>,
-    maps: CudaSlice<u8>,
-    work: CudaSlice<u8>,
-    work_len: CudaSlice<u32>,
-    status: CudaSlice<u32>,
+    tables: ScheduledTables,
 }
 
 impl Sm100DevicePlan {
@@ -234,29 +230,21 @@ impl Sm100DevicePlan {
         let gemm = gpu.function(layout.kernel.kernel_name())?;
         set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
         let g = layout.sizes.groups as usize;
-        let plan = Sm100DevicePlan {
-            groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
-            maps: stream.alloc_zeros::<u8>(2 * g * size_of::<TensorMap>()).map_err(d)?,
-            work: stream.alloc_zeros::<u8>((layout.max_work as usize).max(1) * size_of::<WorkItem>()).map_err(d)?,
-            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
-            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
-            layout,
-            schedule,
-            gemm,
-        };
+        let tables = ScheduledTables::new(
+            &stream,
+            g * size_of::<GroupParams>(),
+            2 * g * size_of::<TensorMap>(),
+            (layout.max_work as usize).max(1) * size_of::<WorkItem>(),
+        )?;
+        let plan = Sm100DevicePlan { tables, layout, schedule, gemm };
         // The allocations above are on the default stream; a caller's stream must see them done.
         stream.synchronize().map_err(d)?;
         Ok(plan)
     }
 
     fn tables(&mut self, stream: &CudaStream) -> Sm100DeviceTables {
-        Sm100DeviceTables {
-            groups: self.groups.device_ptr_mut(stream).0,
-            maps: self.maps.device_ptr(stream).0,
-            work: self.work.device_ptr_mut(stream).0,
-            work_len: self.work_len.device_ptr_mut(stream).0,
-            status: self.status.device_ptr_mut(stream).0,
-        }
+        let a = self.tables.addresses(stream);
+        Sm100DeviceTables { groups: a.groups, maps: a.maps, work: a.work, work_len: a.work_len, status: a.status }
     }
 
     /// Encodes the token map and the weights' maps, and uploads them and the group table's
@@ -264,7 +252,7 @@ impl Sm100DevicePlan {
     /// A uploads again (the signature includes it).
     pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
         let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers)?;
-        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
+        self.tables.upload(stream, &params, &maps)
     }
 
     /// Launches the scheduler and the GEMM on `stream`.
@@ -286,11 +274,11 @@ impl Sm100DevicePlan {
     }
 
     pub fn status(&self) -> &CudaSlice<u32> {
-        &self.status
+        self.tables.status()
     }
 
     pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.memset_zeros(&mut self.status).map_err(|e| Error::driver("clearing the plan's status word", e))
+        self.tables.clear_status(stream)
     }
 
     pub fn summary(&self) -> PlanSummary {

@@ -19,10 +19,10 @@ use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem, Start};
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
-use crate::plan::{KernelLaunch, PlanSummary};
+use crate::plan::{KernelLaunch, PlanSummary, ScheduledTables};
 use crate::problem::OutputType;
 use crate::Arch;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, WorkItem};
@@ -207,11 +207,7 @@ pub(crate) struct Sm90DevicePlan {
     dequant: CudaFunction,
     gemm: CudaFunction,
     workspace: CudaSlice<u8>,
-    groups: CudaSlice<u8>,
-    maps: CudaSlice<u8>,
-    work: CudaSlice<u8>,
-    work_len: CudaSlice<u32>,
-    status: CudaSlice<u32>,
+    tables: ScheduledTables,
 }
 
 impl Sm90DevicePlan {
@@ -224,13 +220,15 @@ impl Sm90DevicePlan {
         let gemm = gpu.function(layout.config.kernel_name())?;
         set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
         let g = layout.sizes.groups as usize;
+        let tables = ScheduledTables::new(
+            &stream,
+            g * size_of::<GroupParams>(),
+            layout.map_count() * size_of::<TensorMap>(),
+            (layout.max_work as usize).max(1) * size_of::<WorkItem>(),
+        )?;
         let plan = Sm90DevicePlan {
             workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
-            groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
-            maps: stream.alloc_zeros::<u8>(layout.map_count() * size_of::<TensorMap>()).map_err(d)?,
-            work: stream.alloc_zeros::<u8>((layout.max_work as usize).max(1) * size_of::<WorkItem>()).map_err(d)?,
-            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
-            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
+            tables,
             layout,
             schedule,
             dequant,
@@ -242,12 +240,13 @@ impl Sm90DevicePlan {
     }
 
     fn tables(&mut self, stream: &CudaStream) -> Sm90DeviceTables {
+        let a = self.tables.addresses(stream);
         Sm90DeviceTables {
-            groups: self.groups.device_ptr_mut(stream).0,
-            maps: self.maps.device_ptr(stream).0,
-            work: self.work.device_ptr_mut(stream).0,
-            work_len: self.work_len.device_ptr_mut(stream).0,
-            status: self.status.device_ptr_mut(stream).0,
+            groups: a.groups,
+            maps: a.maps,
+            work: a.work,
+            work_len: a.work_len,
+            status: a.status,
             workspace: self.workspace.device_ptr_mut(stream).0,
         }
     }
@@ -257,7 +256,7 @@ impl Sm90DevicePlan {
     pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
         let tables = self.tables(stream);
         let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers, tables.workspace)?;
-        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
+        self.tables.upload(stream, &params, &maps)
     }
 
     /// Launches the scheduler, the token dequantization and the GEMM on `stream`.
@@ -284,11 +283,11 @@ impl Sm90DevicePlan {
     }
 
     pub fn status(&self) -> &CudaSlice<u32> {
-        &self.status
+        self.tables.status()
     }
 
     pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.memset_zeros(&mut self.status).map_err(|e| Error::driver("clearing the plan's status word", e))
+        self.tables.clear_status(stream)
     }
 
     pub fn summary(&self) -> PlanSummary {
