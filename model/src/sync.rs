@@ -392,14 +392,14 @@ pub fn setmaxnreg_dec(n: u32) {
 /// counts it in [`crate::RunStats::fences`].
 #[track_caller]
 pub fn griddepcontrol_wait() {
-    fence(Location::caller(), GRID_WAIT, false)
+    fence(Location::caller(), "griddepcontrol.wait", |w, me| w.threads[me].grid_waited = true)
 }
 
 /// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): lets a programmatically dependent
 /// grid be scheduled early. Launches run one after another in the model: counted, no effect.
 #[track_caller]
 pub fn griddepcontrol_launch_dependents() {
-    fence(Location::caller(), "griddepcontrol.launch_dependents", false)
+    fence(Location::caller(), "griddepcontrol.launch_dependents", counted)
 }
 
 /// `bar.sync 0;` with every thread of the CTA (`__syncthreads()`).
@@ -613,57 +613,52 @@ pub fn trap() -> ! {
     raise(ErrorKind::Trap, Location::caller(), "trap", "trap executed".into())
 }
 
-fn fence(site: &'static Location<'static>, name: &'static str, mbarrier_init: bool) {
-    instr(name, site, true, |w, me| {
+/// A fence-like instruction: counted in [`crate::RunStats::fences`] under `name`, then `effect` on
+/// the executing thread's state.
+fn fence(site: &'static Location<'static>, name: &'static str, effect: fn(&mut World, usize)) {
+    instr(name, site, true, move |w, me| {
         *w.stats.fences.entry(name).or_default() += 1;
-        if mbarrier_init {
-            crate::mbarrier::fence_init(w, me);
-        }
-        match name {
-            TCGEN05_BEFORE => w.threads[me].tc_unfenced = false,
-            GRID_WAIT => w.threads[me].grid_waited = true,
-            // Not when the other side skipped its `before_thread_sync`: the order stays broken.
-            TCGEN05_AFTER if w.threads[me].tc_after.as_ref().is_some_and(|o| o.unfenced_by.is_none()) => {
-                w.threads[me].tc_after = None
-            }
-            _ => {}
-        }
+        effect(w, me);
         Ok(Flow::Done(()))
     })
 }
 
-const TCGEN05_BEFORE: &str = "tcgen05.fence::before_thread_sync";
-const TCGEN05_AFTER: &str = "tcgen05.fence::after_thread_sync";
-const GRID_WAIT: &str = "griddepcontrol.wait";
+/// No effect beyond the count.
+fn counted(_: &mut World, _: usize) {}
 
 /// `fence.mbarrier_init.release.cluster;` (PTX ISA 9.0 §9.7.13.4): makes this thread's earlier
 /// `mbarrier.init`s visible to the cluster and the async proxy (the model checks that TMA,
 /// `tcgen05.commit` and remote arrivals only use barriers after it).
 #[track_caller]
 pub fn fence_mbarrier_init() {
-    fence(Location::caller(), "fence.mbarrier_init.release.cluster", true)
+    fence(Location::caller(), "fence.mbarrier_init.release.cluster", crate::mbarrier::fence_init)
 }
 
 /// `fence.proxy.async.shared::cta;` (PTX ISA 9.0 §9.7.13.4): recorded, no effect in the model.
 #[track_caller]
 pub fn fence_proxy_async() {
-    fence(Location::caller(), "fence.proxy.async.shared::cta", false)
+    fence(Location::caller(), "fence.proxy.async.shared::cta", counted)
 }
 
 /// `tcgen05.fence::before_thread_sync;` (PTX ISA 9.0 §9.7.16.11.1): recorded, no effect.
 #[track_caller]
 pub fn tcgen05_fence_before_thread_sync() {
-    fence(Location::caller(), TCGEN05_BEFORE, false)
+    fence(Location::caller(), "tcgen05.fence::before_thread_sync", |w, me| w.threads[me].tc_unfenced = false)
 }
 
 /// `tcgen05.fence::after_thread_sync;` (PTX ISA 9.0 §9.7.16.11.1): recorded, no effect.
 #[track_caller]
 pub fn tcgen05_fence_after_thread_sync() {
-    fence(Location::caller(), TCGEN05_AFTER, false)
+    fence(Location::caller(), "tcgen05.fence::after_thread_sync", |w, me| {
+        // Not when a contributor skipped its `before_thread_sync`: that order stays broken.
+        if w.threads[me].tc_after.as_ref().is_some_and(|o| o.unfenced_by.is_none()) {
+            w.threads[me].tc_after = None;
+        }
+    })
 }
 
 /// `prefetch.tensormap [a];`: recorded, no effect.
 #[track_caller]
 pub fn prefetch_tensormap(_map: u64) {
-    fence(Location::caller(), "prefetch.tensormap", false)
+    fence(Location::caller(), "prefetch.tensormap", counted)
 }
