@@ -97,7 +97,8 @@ impl Sm90Layout {
                 }
             }
         }
-        let grid = (work.len() as u32).min(sm_count * config.ctas_per_sm());
+        // The persistent grid the launch will have (the list is balanced over exactly it).
+        let grid = sm90::gemm_launch(config, work.len() as u32, sm_count).grid;
         balance(work, grid)
     }
 
