@@ -187,10 +187,9 @@ fn encoder_rejects_what_the_driver_rejects_or_the_model_lacks() {
     assert!(e(&[128, 8], &[128], &[128, 300], Swizzle::None).unwrap_err().contains("1..=256"));
 }
 
-#[test]
-fn multicast_lands_in_every_masked_cta() {
-    let g: Vec<u8> = (0..128 * 8).map(|i| i as u8).collect();
-    let map = Map(encode_tiled(
+/// A map of `g` as 8 rows of 128 bytes whose one box is the whole tensor (no swizzle).
+fn whole_128x8(g: &[u8]) -> Map {
+    Map(encode_tiled(
         ElementType::U8,
         2,
         g.as_ptr() as u64,
@@ -202,7 +201,13 @@ fn multicast_lands_in_every_masked_cta() {
         Swizzle::None,
         OobFill::Zero,
     )
-    .unwrap());
+    .unwrap())
+}
+
+#[test]
+fn multicast_lands_in_every_masked_cta() {
+    let g: Vec<u8> = (0..128 * 8).map(|i| i as u8).collect();
+    let map = whole_128x8(&g);
     let mp = map.0.as_ptr() as u64;
     let ok: Vec<AtomicU8> = (0..4).map(|_| AtomicU8::new(0)).collect();
     launch(&LaunchConfig::new(Arch::Sm90a, 4, 32, 4096).with_cluster(2), || {
@@ -234,19 +239,7 @@ fn multicast_lands_in_every_masked_cta() {
 #[test]
 fn refilling_a_stage_that_is_still_being_written_is_a_hazard() {
     let g = vec![0u8; 128 * 8];
-    let map = Map(encode_tiled(
-        ElementType::U8,
-        2,
-        g.as_ptr() as u64,
-        &[128, 8],
-        &[128],
-        &[128, 8],
-        &[1, 1],
-        Interleave::None,
-        Swizzle::None,
-        OobFill::Zero,
-    )
-    .unwrap());
+    let map = whole_128x8(&g);
     let mp = map.0.as_ptr() as u64;
     let e = launch(&LaunchConfig::new(Arch::Sm90a, 1, 32, 4096), || {
         let base = smem::dynamic_base();
