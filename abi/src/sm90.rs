@@ -459,20 +459,11 @@ pub const TILE_FIXED_COST: u32 = 100;
 /// The configuration for a problem whose groups have these token counts: the decode variant
 /// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the
 /// general one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger
-/// ones).
+/// ones). Device-sized plans (`crate::moe`) use it on their bound as is (their scheduler picks the
+/// widths with [`token_tile_rows`]); host-sized plans may take [`GemmConfig::M128_64`] instead
+/// where its balanced work list ends sooner.
 pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
     if m.all(|m| m <= SMALL_TILE_M) {
-        GemmConfig::M16
-    } else {
-        GemmConfig::M128
-    }
-}
-
-/// The configuration of a device-sized plan (`crate::moe`) whose groups have at most `rows`
-/// tokens: the decode variant for `rows ≤ 16`, else [`GemmConfig::M128`], the variant whose
-/// widths the device scheduler picks with [`token_tile_rows`].
-pub const fn config_for_device_sizes(rows: u32) -> GemmConfig {
-    if rows <= SMALL_TILE_M {
         GemmConfig::M16
     } else {
         GemmConfig::M128
@@ -700,8 +691,8 @@ mod tests {
     fn config_choice() {
         assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::M16);
         assert_eq!(config_for([4, 17].into_iter()), GemmConfig::M128);
-        assert_eq!(config_for_device_sizes(16), GemmConfig::M16);
-        assert_eq!(config_for_device_sizes(17), GemmConfig::M128);
+        assert_eq!(config_for([16].into_iter()), GemmConfig::M16);
+        assert_eq!(config_for([17].into_iter()), GemmConfig::M128);
         for c in GemmConfig::ALL {
             assert!(REGISTER_CAPS.iter().any(|(name, _)| *name == c.kernel_name()), "{c:?}");
         }

@@ -59,7 +59,7 @@ impl Sm90DeviceLayout {
         let sizes = problem.device_sizes(0);
         // The most rows any group can have within the bounds (`M_max`, or all `T` tokens): when
         // that fits a 16-token tile the decode variant serves every routing.
-        let config = sm90::config_for_device_sizes(sizes.rows);
+        let config = sm90::config_for(std::iter::once(sizes.rows));
         let (g, k) = (sizes.groups as u64, problem.k() as u32);
         let max_work = (abi::max_m_tiles(&sizes) * sm90::n_tiles(problem.n() as u32) as u64) as u32;
         let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
