@@ -189,9 +189,9 @@ pub(crate) fn widths(c: sm90::GemmConfig) -> String {
     }
 }
 
-/// Lays `items` (each with its relative time) out for a persistent grid of `ctas` CTAs (and returns
-/// the busiest CTA's total time), where CTA
-/// `b` takes the entries `b, b + ctas, ...`: longest first, each to the CTA with the least time so
+/// Lays `items` (each with its relative time) out for a persistent grid of `ctas` CTAs, where CTA
+/// `b` takes the entries `b, b + ctas, ...`, and returns the list and the busiest CTA's total
+/// time. Longest first, each to the CTA with the least time so
 /// far (ties: the lowest index), so that the last CTA to finish is not much later than the
 /// average; a CTA with fewer items than others gets holes ([`WorkItem::HOLE`]), which the kernel
 /// skips. Items of equal time keep their order (group, weight tile, token tile), so neighbouring
