@@ -15,7 +15,7 @@
 //! nothing, and only reach C columns the epilogue masks.
 
 use crate::device::Gpu;
-use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem, Start};
+use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem};
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
@@ -277,8 +277,7 @@ impl Sm90DevicePlan {
             // The GEMM may start while the dequantization runs (it waits before its first token
             // load); the scheduler's tables it reads at its start were complete before the
             // dequantization began.
-            let start = if sm90::GEMM_STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
-            launch_with(&self.gemm, stream, l.gemm, start, &params)
+            launch_with(&self.gemm, stream, l.gemm, super::GEMM_AFTER_DEQUANT, &params)
         }
     }
 

@@ -16,6 +16,7 @@ pub(crate) use device_sizes::Sm90DevicePlan;
 pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
 pub(crate) use plan::Sm90Plan;
 
+use crate::driver::launch::Start;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::Result;
 use crate::problem::{GroupBuffers, OutputType, Problem};
@@ -177,6 +178,9 @@ impl Sm90Layout {
         }
     }
 }
+
+/// How a GEMM launch that follows the token dequantization may start (`sm90::GEMM_STARTS_EARLY`).
+pub(crate) const GEMM_AFTER_DEQUANT: Start = if sm90::GEMM_STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
 
 /// The token-tile widths of a variant, in words.
 pub(crate) fn widths(c: sm90::GemmConfig) -> String {

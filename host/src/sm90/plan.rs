@@ -89,9 +89,7 @@ impl ArchPlan for Sm90Plan {
                 let mut gemm_start = Start::AfterPrevious;
                 if self.layout.dequant_grid > 0 {
                     kernels.push((&self.dequant, self.layout.dequant, Start::AfterPrevious, params));
-                    if sm90::GEMM_STARTS_EARLY {
-                        gemm_start = Start::Early;
-                    }
+                    gemm_start = super::GEMM_AFTER_DEQUANT;
                 }
                 kernels.push((&self.gemm, self.layout.gemm, gemm_start, params));
                 if capturing {
