@@ -6,11 +6,10 @@
 //!
 //! 1. Each thread reads its groups' sizes (clamped) and sums their output tiles and
 //!    dequantization CTAs.
-//! 2. Exclusive prefix sums over the threads (warp butterflies, then the warp totals through
-//!    shared memory) give each thread's first work item and first dequantization CTA; a second
-//!    pass over its groups writes their size-dependent table fields (plain stores of those fields
-//!    only: the host wrote the others) and their tile prefixes and token-tile counts to shared
-//!    memory.
+//! 2. Exclusive prefix sums over the threads ([`scan::cta_exclusive_sums`]) give each thread's
+//!    first work item and first dequantization CTA; a second pass over its groups writes their
+//!    size-dependent table fields (plain stores of those fields only: the host wrote the others)
+//!    and their tile prefixes and token-tile counts to shared memory.
 //! 3. Warp `w` fills the work items of groups `w, w + warps, ...`, one item per lane at a time
 //!    (weight tiles outer, token tiles inner: the order of the host-sized plans).
 //! 4. Thread 0 writes the work length (at most the list's capacity) and ORs the status bits into
@@ -59,36 +58,11 @@ pub unsafe fn sm90_schedule(p: ScheduleParams) {
     }
 
     // 2. Prefix sums over the threads.
-    let (tiles_before, warp_tiles) = scan::warp_exclusive_sum(my_tiles, lane);
-    let (ctas_before, warp_ctas) = scan::warp_exclusive_sum(my_ctas, lane);
-    let warp_status = scan::warp_or(status);
-    // SAFETY: shared-memory words inside `schedule_smem::bytes(G)`, each written by one lane and
-    // read after the barrier; every thread reaches the barrier.
-    unsafe {
-        if lane == 0 {
-            smem::st_u32(at(schedule_smem::WARP_TILES, warp), warp_tiles);
-            smem::st_u32(at(schedule_smem::WARP_CTAS, warp), warp_ctas);
-            smem::st_u32(at(schedule_smem::WARP_STATUS, warp), warp_status);
-        }
-        barrier::sync_all();
-    }
-    let (mut tile_base, mut cta_base, mut total_tiles, mut all_status) = (tiles_before, ctas_before, 0u32, 0u32);
-    for w in 0..WARPS {
-        // SAFETY: written before the barrier.
-        let (t, c, s) = unsafe {
-            (
-                smem::ld_u32(at(schedule_smem::WARP_TILES, w)),
-                smem::ld_u32(at(schedule_smem::WARP_CTAS, w)),
-                smem::ld_u32(at(schedule_smem::WARP_STATUS, w)),
-            )
-        };
-        if w < warp {
-            tile_base += t;
-            cta_base += c;
-        }
-        total_tiles += t;
-        all_status |= s;
-    }
+    // SAFETY: every thread calls it, each warp converged; the per-warp tables at the start of
+    // `schedule_smem` (`WARP_TILES`, `WARP_CTAS`, `WARP_STATUS`, in the order the scan uses).
+    let ([mut tile_base, mut cta_base], [total_tiles, _], mut all_status) = unsafe {
+        scan::cta_exclusive_sums([my_tiles, my_ctas], status, warp, lane, WARPS, at(schedule_smem::WARP_TILES, 0))
+    };
     let prefix = |g: u32| at(schedule_smem::TILE_PREFIX, g);
     let m_tiles = |g: u32| at(schedule_smem::m_tiles(groups), g);
     let (k, n) = (p.k as u64, p.n as u64);
