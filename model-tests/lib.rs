@@ -338,10 +338,24 @@ pub fn sm90_registers(kernel: &str) -> u32 {
 
 /// Runs both sm_90a kernels on `ops` as [`Sm90Layout`] plans them for `sm_count` SMs.
 pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    run_sm90_layout(ops, Sm90Layout::new(&ops.problem, sm_count), run)
+}
+
+/// Runs both sm_90a kernels on `ops` with the GEMM variant `config` (`Sm90Layout::with_config`).
+pub fn run_sm90_with(
+    ops: &Operands,
+    sm_count: u32,
+    config: nvfp4_gemm_abi::sm90::GemmConfig,
+    run: &ModelRun,
+) -> Result<Vec<Launched>, Failure> {
+    let layout = Sm90Layout::with_config(&ops.problem, sm_count, config).expect("the variant runs the problem");
+    run_sm90_layout(ops, layout, run)
+}
+
+fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode, sm90_grouped_gemm_t64};
+    use nvfp4_gemm_kernel::sm90::gemm::*;
     let problem = &ops.problem;
-    let layout = Sm90Layout::new(problem, sm_count);
     let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
     let buffers = ops.buffers();
     let (params, maps) = layout.encode_with(&ModelEncoder, problem, &buffers, workspace.addr()).expect("sm90 tables");
@@ -358,6 +372,7 @@ pub fn run_sm90(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Lau
         let entry: unsafe fn(KernelParams) = match name {
             "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
             "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
+            "sm90_grouped_gemm_n256" => sm90_grouped_gemm_n256,
             "sm90_grouped_gemm" => sm90_grouped_gemm,
             other => panic!("no entry point for {other}"),
         };

@@ -55,7 +55,7 @@ pub mod upload;
 /// with the maps encoded by the model ([`driver::tensor_map::TiledMapEncoder`]).
 pub mod layout {
     pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100DeviceTables, Sm100Launch, Sm100Layout};
-    pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout};
+    pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout, KERNEL_OVERRIDE as SM90_KERNEL_OVERRIDE};
 }
 
 pub use device::{driver_present, Arch, Gpu};

@@ -100,12 +100,29 @@ fn model_sm90_balanced_list_with_holes() {
 #[test]
 fn model_sm90_t64_variant() {
     let shapes = z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]);
-    let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
-    let layout = nvfp4_gemm::layout::Sm90Layout::new(&problem, 2);
-    assert_eq!(layout.config.kernel_name(), "sm90_grouped_gemm_t64");
     for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
         let run = ModelRun::ordered(order, seed);
-        check_sm90(&format!("sm90 t64 {order:?} seed {seed}"), &shapes, 15, F16, 2, &run);
+        let g = groups(&shapes, Competition, 15);
+        run_and_check(&format!("sm90 t64 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
+            run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::M128_64, r)
+        });
+    }
+}
+
+/// The 256-weight-row variant (`sm90_grouped_gemm_n256`: four consumer warpgroups, a producer
+/// warp, 4 stages): N = 392 is two tiles of two 128-row blocks, the last block 8 rows; N = 136 one
+/// such tile; N = 264 a tile of two blocks, then one of a single block (8 rows: the other two
+/// warpgroups idle); a 64-wide tail (176 tokens), K tails and K = 1024 (8 stages in a 4-stage
+/// ring), on 2 CTAs, under two completion orders.
+#[test]
+fn model_sm90_n256_variant() {
+    let shapes = z(&[176, 40, 9], &[392, 136, 264], &[320, 1024, 64]);
+    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
+        let run = ModelRun::ordered(order, seed);
+        let g = groups(&shapes, Competition, 16);
+        run_and_check(&format!("sm90 n256 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
+            run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::N256, r)
+        });
     }
 }
 

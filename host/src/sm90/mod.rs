@@ -15,6 +15,7 @@ mod plan;
 pub(crate) use device_sizes::Sm90DevicePlan;
 pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
 pub(crate) use plan::Sm90Plan;
+pub use plan::KERNEL_OVERRIDE;
 
 use crate::driver::launch::Start;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
@@ -48,17 +49,37 @@ pub struct Sm90Layout {
 impl Sm90Layout {
     /// Plans `problem` for a device with `sm_count` SMs (the persistent GEMM grid).
     pub fn new(problem: &Problem, sm_count: u32) -> Sm90Layout {
-        // The decode variant when every group fits a 16-token tile; else whichever of the two
-        // general variants finishes its balanced list first (ties: `M128`).
+        // The decode variant when every group fits a 16-token tile; else whichever of the general
+        // variants finishes its balanced list first (ties: the earlier in this order).
         let general = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
-        let candidates: &[GemmConfig] =
-            if general == GemmConfig::M16 { &[GemmConfig::M16] } else { &[GemmConfig::M128, GemmConfig::M128_64] };
+        let candidates: &[GemmConfig] = if general == GemmConfig::M16 {
+            &[GemmConfig::M16]
+        } else {
+            &[GemmConfig::M128, GemmConfig::M128_64, GemmConfig::N256]
+        };
         let (config, work) = candidates
             .iter()
             .map(|&c| (c, Self::work_list(problem, c, sm_count)))
             .min_by_key(|(_, (_, makespan))| *makespan)
             .map(|(c, (work, _))| (c, work))
             .expect("at least one candidate");
+        Self::from_work(problem, sm_count, config, work)
+    }
+
+    /// Plans `problem` with the GEMM variant `config` whatever the cost model prefers (for tests
+    /// and measurements of one variant), or `None` where `config` cannot run it: the decode
+    /// variant needs every group to fit a 16-token tile.
+    pub fn with_config(problem: &Problem, sm_count: u32, config: GemmConfig) -> Option<Sm90Layout> {
+        let decode_only = sm90::config_for(problem.groups().iter().map(|s| s.m as u32)) == GemmConfig::M16;
+        if !GemmConfig::ALL.contains(&config) || (config == GemmConfig::M16 && !decode_only) {
+            return None;
+        }
+        let (work, _) = Self::work_list(problem, config, sm_count);
+        Some(Self::from_work(problem, sm_count, config, work))
+    }
+
+    /// The layout around a chosen variant and its work list.
+    fn from_work(problem: &Problem, sm_count: u32, config: GemmConfig, work: Vec<WorkItem>) -> Sm90Layout {
         let mut workspace_offsets = vec![];
         let mut dequant_ctas = vec![];
         let (mut ws, mut ctas) = (0u64, 0u32);
@@ -83,17 +104,19 @@ impl Sm90Layout {
     }
 
     /// The work list of `problem` under variant `config`, balanced over its persistent grid on
-    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units).
+    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units,
+    /// [`GemmConfig::stage_cost`] per stage).
     fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
         // (item, relative time) in the order group, weight tile, token tile.
         let mut work = vec![];
         for (g, s) in problem.groups().iter().enumerate() {
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             let rows = config.tile_rows(m);
-            for tile_n in 0..sm90::n_tiles(n) {
+            for tile_n in 0..config.n_tiles(n) {
+                let blocks = config.weight_blocks_of(n, tile_n);
                 for tile_m in 0..sm90::m_tiles(m, rows) {
                     let width = config.tile_width(m, rows, tile_m);
-                    let cost = sm90::k_stages(k) as u64 * sm90::tile_cost(width) as u64;
+                    let cost = sm90::k_stages(k) as u64 * config.stage_cost(width, blocks) as u64;
                     work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
                 }
             }
@@ -262,7 +285,9 @@ mod tests {
         let cost = |w: &WorkItem| {
             let s = &p.groups()[w.group as usize];
             let rows = l.config.tile_rows(s.m as u32);
-            sm90::k_stages(s.k as u32) as u64 * sm90::tile_cost(l.config.tile_width(s.m as u32, rows, w.tile_m)) as u64
+            let blocks = l.config.weight_blocks_of(s.n as u32, w.tile_n);
+            let width = l.config.tile_width(s.m as u32, rows, w.tile_m);
+            sm90::k_stages(s.k as u32) as u64 * l.config.stage_cost(width, blocks) as u64
         };
         (0..g).map(|b| l.work.iter().skip(b).step_by(g).filter(|w| !w.is_hole()).map(cost).sum()).collect()
     }
@@ -276,8 +301,7 @@ mod tests {
         // b0's token counts (K 1024 here: 8 stages): 8 tiles of 128 rows and 3 tails of ≤ 64 per
         // weight tile, against 11 of 128.
         let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
-        let l = Sm90Layout::new(&p, 132);
-        assert_eq!(l.config, GemmConfig::M128_64);
+        let l = Sm90Layout::with_config(&p, 132, GemmConfig::M128_64).unwrap();
         let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
         assert_eq!(real.len(), 32 * 11);
         let mut tiles: Vec<_> = real.iter().map(|w| (w.group, w.tile_n, w.tile_m)).collect();

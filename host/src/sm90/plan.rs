@@ -10,11 +10,17 @@ use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
 use crate::Arch;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use nvfp4_gemm_abi::sm90::{self, GroupParams};
+use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
 
 const DEQUANT: &str = "sm90_dequant_tokens";
+
+/// Environment variable naming the sm_90a GEMM kernel a new plan uses instead of the cost model's
+/// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n256`, or
+/// `sm90_grouped_gemm_decode` where every group has at most 16 tokens): for measuring one variant
+/// against another on the same problem. Unset in normal use.
+pub const KERNEL_OVERRIDE: &str = "NVFP4_GEMM_SM90_KERNEL";
 
 /// An sm_90a plan on a device: the layout, both functions, the device tables (group parameters,
 /// tensor maps, work list) and the f16 token workspace, allocated once by [`Sm90Plan::new`].
@@ -35,7 +41,17 @@ pub(crate) struct Sm90Plan {
 impl Sm90Plan {
     /// Plans `problem` for `gpu` and allocates the tables and the workspace.
     pub fn new(gpu: &Gpu, problem: &Problem) -> Result<Sm90Plan> {
-        let layout = Sm90Layout::new(problem, gpu.sm_count());
+        let layout = match std::env::var(KERNEL_OVERRIDE) {
+            Ok(name) => {
+                let config = GemmConfig::ALL.into_iter().find(|c| c.kernel_name() == name).ok_or_else(|| {
+                    Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: not an sm_90a GEMM kernel"))
+                })?;
+                Sm90Layout::with_config(problem, gpu.sm_count(), config).ok_or_else(|| {
+                    Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: that variant cannot run this problem"))
+                })?
+            }
+            Err(_) => Sm90Layout::new(problem, gpu.sm_count()),
+        };
         let stream = gpu.context().default_stream();
         let d = |e| Error::driver("allocating the plan's device tables", e);
         let g = problem.groups().len().max(1);
