@@ -71,11 +71,10 @@ pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 5] = [
+pub const REGISTER_CAPS: [(&str, u32); 4] = [
     ("sm90_grouped_gemm", MAX_REGISTERS),
     ("sm90_grouped_gemm_t64", MAX_REGISTERS),
     ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
-    ("sm90_grouped_gemm_n256", GemmConfig::N256.max_registers()),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
 ];
 /// Bytes of one mbarrier.
@@ -137,76 +136,21 @@ pub struct GemmConfig {
     pub narrow: u32,
     /// Pipeline stages.
     pub stages: u32,
-    /// Weight rows per tile: [`BLOCK_N`] (two consumer warpgroups) or 256 (`N256`: four consumer
-    /// warpgroups share each token tile, so a token byte feeds twice the MMAs).
-    pub block_n: u32,
 }
 
 impl GemmConfig {
     /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
-    pub const M128: GemmConfig = GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N };
+    pub const M128: GemmConfig = GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5 };
     /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 8 stages of 13 KiB,
     /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
     /// twice the warps to hide the decode's latencies.
-    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8, block_n: BLOCK_N };
+    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8 };
     /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
     /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
     /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
-    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N };
-    /// 256 weight rows × 128 tokens per tile (`sm90_grouped_gemm_n256`): four consumer warpgroups
-    /// of 64 weight rows read the same token tile (half the token bytes per MMA of `M128`, and
-    /// four warps per scheduler to hide the decode's latencies), the 64-wide last tiles of
-    /// `M128_64`, 4 stages of 50 KiB. No producer warp: 512 threads of 128 registers fill the
-    /// register file (a 17th warp would put five warps, 5 · 32 · 120 registers, on one scheduler's
-    /// 16384), so consumer thread 0 issues the copies ([`ProducerRole::ConsumerThread`]). A tile
-    /// covers two 128-row weight blocks, or one where N ends after the first
-    /// ([`Self::weight_blocks_of`]).
-    pub const N256: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 256 };
+    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5 };
     /// Every compiled variant.
-    pub const ALL: [GemmConfig; 4] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16, GemmConfig::N256];
-
-    /// Consumer warpgroups per CTA: one per 64 weight rows.
-    pub const fn consumer_warpgroups(&self) -> u32 {
-        self.block_n / WG_ROWS
-    }
-
-    /// 128-row weight blocks per tile (each one weight box and one scale block per chunk).
-    pub const fn weight_blocks(&self) -> u32 {
-        self.block_n / BLOCK_N
-    }
-
-    /// The 128-row weight blocks weight tile `tile_n` of a group with `n` weight rows covers:
-    /// [`Self::weight_blocks`], or fewer where N ends.
-    pub const fn weight_blocks_of(&self, n: u32, tile_n: u32) -> u32 {
-        let left = n_tiles(n) - tile_n * self.weight_blocks();
-        if left < self.weight_blocks() {
-            left
-        } else {
-            self.weight_blocks()
-        }
-    }
-
-    /// Weight tiles of a group with `n` weight rows.
-    pub const fn n_tiles(&self, n: u32) -> u32 {
-        n.div_ceil(self.block_n)
-    }
-
-    /// Who issues the copies.
-    pub const fn producer(&self) -> ProducerRole {
-        if self.block_n > BLOCK_N {
-            ProducerRole::ConsumerThread
-        } else if self.block_m == SMALL_TILE_M {
-            ProducerRole::Warp
-        } else {
-            ProducerRole::Warpgroup
-        }
-    }
-
-    /// The register cap per thread (`.maxnreg`): what `ctas_per_sm` CTAs of `threads` threads
-    /// leave of the SM's 65536, rounded down to 8.
-    pub const fn max_registers(&self) -> u32 {
-        65536 / (self.ctas_per_sm() * self.threads()) / 8 * 8
-    }
+    pub const ALL: [GemmConfig; 3] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16];
 
     /// Token rows per tile of a group of `m` tokens under this variant (the group's `block_m`:
     /// the pitch of its tiles and the height of its token boxes): `M128` 16 for `m ≤ 16`, else 128;
@@ -231,26 +175,20 @@ impl GemmConfig {
         }
     }
 
-    /// Threads per CTA: the consumer warpgroups and a producer warpgroup ([`THREADS`]) or warp
-    /// ([`DECODE_THREADS`]), or the consumers alone (512 for `N256`).
+    /// Threads per CTA: [`THREADS`], or [`DECODE_THREADS`] for the decode variant.
     pub const fn threads(&self) -> u32 {
-        let consumers = WARPGROUP_THREADS * self.consumer_warpgroups();
-        match self.producer() {
-            ProducerRole::Warpgroup => consumers + WARPGROUP_THREADS,
-            ProducerRole::Warp => consumers + 32,
-            ProducerRole::ConsumerThread => consumers,
+        if self.block_m == SMALL_TILE_M {
+            DECODE_THREADS
+        } else {
+            THREADS
         }
     }
 
     /// The consumer warpgroup and the thread in it (0..128) of CTA thread `tid`, or `None` for the
-    /// producer's threads (warpgroup 0 of `M128` and `M128_64`, the last warp of the decode
-    /// variant; `N256` has none: every thread is a consumer).
+    /// producer's threads (warpgroup 0 of the general variant, the last warp of the decode one).
     pub const fn consumer_thread(&self, tid: u32) -> Option<(u32, u32)> {
-        let first = match self.producer() {
-            ProducerRole::Warpgroup => WARPGROUP_THREADS,
-            ProducerRole::Warp | ProducerRole::ConsumerThread => 0,
-        };
-        if tid < first || tid >= first + self.consumer_warpgroups() * WARPGROUP_THREADS {
+        let first = if self.block_m == SMALL_TILE_M { 0 } else { WARPGROUP_THREADS };
+        if tid < first || tid >= first + CONSUMER_WARPGROUPS * WARPGROUP_THREADS {
             None
         } else {
             Some(((tid - first) / WARPGROUP_THREADS, (tid - first) % WARPGROUP_THREADS))
@@ -259,8 +197,8 @@ impl GemmConfig {
 
     /// The one thread that issues every copy: the first of the producer's threads.
     pub const fn producer_thread(&self) -> u32 {
-        if let ProducerRole::Warp = self.producer() {
-            self.consumer_warpgroups() * WARPGROUP_THREADS
+        if self.block_m == SMALL_TILE_M {
+            CONSUMER_WARPGROUPS * WARPGROUP_THREADS
         } else {
             0
         }
@@ -283,24 +221,21 @@ impl GemmConfig {
     pub const fn token_offset(&self, c: u32) -> u32 {
         c * self.token_chunk_bytes()
     }
-    /// Byte offset of the packed-weight region in a stage (`block_n` rows × 64 bytes, one
-    /// 64B-swizzled box per 128-row weight block).
+    /// Byte offset of the packed-weight region in a stage (128 rows × 64 bytes, 64B-swizzled).
     pub const fn weight_offset(&self) -> u32 {
         self.token_offset(CHUNKS_PER_STAGE)
     }
-    /// Byte offset of the weight-scale region in a stage (per weight block, one 512-byte block per
-    /// chunk).
+    /// Byte offset of the weight-scale region in a stage (one 512-byte block per chunk).
     pub const fn scale_offset(&self) -> u32 {
-        self.weight_offset() + self.block_n * WEIGHT_ROW_BYTES
+        self.weight_offset() + BLOCK_N * WEIGHT_ROW_BYTES
     }
-    /// Byte offset of chunk `c`'s 512-byte scale block of weight block `b` in a stage (the chunks
-    /// of one weight block are adjacent: one bulk copy per block).
-    pub const fn scale_block_offset(&self, b: u32, c: u32) -> u32 {
-        self.scale_offset() + (b * CHUNKS_PER_STAGE + c) * SCALE_BLOCK_BYTES
+    /// Byte offset of chunk `c`'s 512-byte weight-scale block in a stage.
+    pub const fn scale_block_offset(&self, c: u32) -> u32 {
+        self.scale_offset() + c * SCALE_BLOCK_BYTES
     }
     /// Bytes per stage (a multiple of 1024 so every stage keeps the swizzle alignment).
     pub const fn stage_bytes(&self) -> u32 {
-        self.scale_block_offset(self.weight_blocks(), 0).div_ceil(1024) * 1024
+        self.scale_block_offset(CHUNKS_PER_STAGE).div_ceil(1024) * 1024
     }
     /// Byte offset of stage `s`.
     pub const fn stage_offset(&self, s: u32) -> u32 {
@@ -326,24 +261,22 @@ impl GemmConfig {
     /// thread's own shared-memory reads of the stage are ordered before the refill by its own
     /// release (one arrival per warp left the other lanes' reads unordered; racecheck reported it).
     pub const fn empty_barrier_arrivals(&self) -> u32 {
-        WARPGROUP_THREADS * self.consumer_warpgroups()
+        WARPGROUP_THREADS * CONSUMER_WARPGROUPS
     }
     /// Dynamic shared memory of the GEMM kernel.
     pub const fn dynamic_shared_memory(&self) -> u32 {
         self.empty_barrier_offset(self.stages)
     }
-    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid, the
-    /// group's token tiles have `block_m` rows and the tile covers `blocks` 128-row weight blocks
-    /// (a box counts in full even where it lies out of bounds and is zero-filled).
-    pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32, blocks: u32) -> u32 {
-        chunks * (block_m * CHUNK_K * 2 + blocks * SCALE_BLOCK_BYTES) + blocks * BLOCK_N * WEIGHT_ROW_BYTES
+    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid and the
+    /// group's token tiles have `block_m` rows (a box counts in full even where it lies out of
+    /// bounds and is zero-filled).
+    pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32) -> u32 {
+        chunks * (block_m * CHUNK_K * 2 + SCALE_BLOCK_BYTES) + BLOCK_N * WEIGHT_ROW_BYTES
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
         (self.block_m == SMALL_TILE_M || self.block_m == 128)
             && (self.narrow == SMALL_TILE_M || (self.narrow == TAIL_TILE_M && self.block_m == 128))
-            && (self.block_n == BLOCK_N || (self.block_n == 2 * BLOCK_N && self.block_m == 128))
-            && self.threads() <= 1024
             && self.narrow <= self.block_m
             && self.stages >= 2
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
@@ -354,28 +287,11 @@ impl GemmConfig {
 const _: () = assert!(GemmConfig::M128.is_valid());
 const _: () = assert!(GemmConfig::M128_64.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
-const _: () = assert!(GemmConfig::N256.is_valid());
-const _: () = assert!(GemmConfig::M128.max_registers() == MAX_REGISTERS);
-const _: () = assert!(GemmConfig::M16.max_registers() == DECODE_MAX_REGISTERS);
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 
-/// Who issues a GEMM variant's copies (one thread does; the role decides what else its warp does).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProducerRole {
-    /// Thread 0 of a producer warpgroup before the consumers; the warpgroup gives registers to
-    /// the consumers with `setmaxnreg` (`M128`, `M128_64`).
-    Warpgroup,
-    /// The first thread of one producer warp after the consumers (the decode variant: two CTAs
-    /// per SM leave no registers to move).
-    Warp,
-    /// Consumer thread 0, between its own stages (`N256`: no thread is left for a producer).
-    ConsumerThread,
-}
-
-/// Byte offset, inside a stage's 64-byte-swizzled weight boxes, of the 8 bytes (16 e2m1 values: one
-/// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..block_n:
-/// the second box starts 8 KiB in, a multiple of the swizzle's 512-byte period) and
+/// Byte offset, inside a stage's 64-byte-swizzled weight box, of the 8 bytes (16 e2m1 values: one
+/// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..128) and
 /// chunk `chunk`. Logically they are bytes `32·chunk + 8·q ..` of the row, i.e. 16-byte unit
 /// `2·chunk + q/2`, half `q % 2`; the 64-byte swizzle moves unit `u` of row `r` to
 /// `u ^ ((r / 2) % 4)`.
@@ -540,25 +456,6 @@ pub const fn tile_cost(rows: u32) -> u32 {
 /// `(F + 64) / (F + 128) ≈ 0.72`.
 pub const TILE_FIXED_COST: u32 = 100;
 
-/// [`TILE_FIXED_COST`] of an `N256` tile, in the same units (a 128-row, 128-weight-row stage of
-/// `M128` costs 228): four consumer warpgroups overlap one another's decode with the MMAs, so less
-/// of a stage's time does not scale with its MMA work.
-pub const N256_TILE_FIXED_COST: u32 = 64;
-
-impl GemmConfig {
-    /// Relative time per stage of a tile `width` tokens wide covering `blocks` 128-row weight
-    /// blocks, in [`tile_cost`] units: [`tile_cost`] for the 128-row variants; for `N256`,
-    /// [`N256_TILE_FIXED_COST`] plus the MMA work, except a one-block tile, where half the
-    /// consumers are idle and the tile runs like an `M128_64` one.
-    pub const fn stage_cost(&self, width: u32, blocks: u32) -> u32 {
-        if self.block_n == BLOCK_N || blocks < 2 {
-            tile_cost(width)
-        } else {
-            N256_TILE_FIXED_COST + width * blocks
-        }
-    }
-}
-
 /// The configuration for a problem whose groups have these token counts: the decode variant
 /// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the
 /// general one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger
@@ -578,8 +475,6 @@ impl GemmConfig {
     pub const fn kernel_name(&self) -> &'static str {
         if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
-        } else if self.block_n > BLOCK_N {
-            "sm90_grouped_gemm_n256"
         } else if self.narrow == TAIL_TILE_M {
             "sm90_grouped_gemm_t64"
         } else {
@@ -804,7 +699,6 @@ mod tests {
         assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[2].0);
         assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
         assert_eq!(GemmConfig::M128_64.kernel_name(), REGISTER_CAPS[1].0);
-        assert_eq!(GemmConfig::N256.kernel_name(), REGISTER_CAPS[3].0);
     }
 
     #[test]
@@ -862,11 +756,11 @@ mod tests {
         assert_eq!((c.token_offset(0), c.token_offset(1)), (0, 16384));
         assert_eq!(c.weight_offset(), 32768);
         assert_eq!(c.scale_offset(), 32768 + 8192);
-        assert_eq!((c.scale_block_offset(0, 0), c.scale_block_offset(0, 1)), (40960, 40960 + 512));
+        assert_eq!((c.scale_block_offset(0), c.scale_block_offset(1)), (40960, 40960 + 512));
         assert_eq!(c.stage_bytes(), 41984);
         assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
-        assert_eq!(c.stage_tx_bytes(2, 128, 1), 2 * (16384 + 512) + 8192);
+        assert_eq!(c.stage_tx_bytes(2, 128), 2 * (16384 + 512) + 8192);
         // The decode variant: 16-row token chunks, 13 KiB stages, two CTAs per SM.
         let d = GemmConfig::M16;
         assert_eq!(d.token_chunk_bytes(), 2048);
@@ -889,43 +783,8 @@ mod tests {
         assert_eq!(c.consumer_thread(c.producer_thread()), None);
         assert_eq!(d.consumer_thread(d.producer_thread()), None);
         assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
-        assert_eq!(c.stage_tx_bytes(1, 16, 1), 16 * 128 + 512 + 8192);
+        assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
-    }
-
-    #[test]
-    fn n256_layout() {
-        let w = GemmConfig::N256;
-        // Four consumer warpgroups (warps 0..16), consumer thread 0 the producer, 128 registers.
-        assert_eq!((w.consumer_warpgroups(), w.weight_blocks(), w.threads()), (4, 2, 512));
-        assert_eq!((w.consumer_thread(0), w.consumer_thread(511)), (Some((0, 0)), Some((3, 127))));
-        assert_eq!((w.producer_thread(), w.max_registers(), w.ctas_per_sm()), (0, 128, 1));
-        assert_eq!(
-            [w, GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16].map(|c| c.producer()),
-            [ProducerRole::ConsumerThread, ProducerRole::Warpgroup, ProducerRole::Warpgroup, ProducerRole::Warp]
-        );
-        // Stage: tokens 2 × 16 KiB, weights 2 × 8 KiB, scales [block][chunk] 4 × 512.
-        assert_eq!((w.weight_offset(), w.scale_offset()), (32768, 49152));
-        assert_eq!(
-            [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(b, c)| w.scale_block_offset(b, c)),
-            [49152, 49664, 50176, 50688]
-        );
-        assert_eq!(w.stage_bytes(), 50 * 1024);
-        assert_eq!(w.dynamic_shared_memory(), 4 * 50 * 1024 + 8 * 8);
-        assert_eq!(w.stage_tx_bytes(2, 128, 2), 2 * (16384 + 1024) + 16384);
-        assert_eq!(w.stage_tx_bytes(1, 128, 1), 16384 + 512 + 8192);
-        assert_eq!(w.empty_barrier_arrivals(), 512);
-        // Tiles of 256 weight rows; the last covers one block where N ends within its first.
-        assert_eq!([8, 128, 129, 256, 257, 4096].map(|n| w.n_tiles(n)), [1, 1, 1, 1, 2, 16]);
-        assert_eq!(
-            [(128, 0), (136, 0), (256, 0), (264, 1), (4096, 15)].map(|(n, t)| w.weight_blocks_of(n, t)),
-            [1, 2, 2, 1, 2]
-        );
-        assert_eq!(GemmConfig::M128.weight_blocks_of(136, 1), 1);
-        // Widths as M128_64; costs: a two-block tile below two M128_64 tiles, a one-block one equal.
-        assert_eq!([(176, 1), (65, 0)].map(|(m, i)| w.tile_width(m, 128, i)), [64, 128]);
-        assert!(w.stage_cost(128, 2) < 2 * GemmConfig::M128_64.stage_cost(128, 1));
-        assert_eq!(w.stage_cost(64, 1), tile_cost(64));
     }
 
     #[test]

@@ -22,19 +22,7 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
     /// Starts at this CTA's first item.
     #[inline(always)]
     pub fn new(params: &'a KernelParams) -> Self {
-        Self {
-            params,
-            len: Self::list_len(params),
-            next: sreg::ctaid_x(),
-            stride: sreg::nctaid_x(),
-            group: PhantomData,
-        }
-    }
-
-    /// Items in the list: `work_len`, or the length a scheduling kernel wrote (at most that).
-    #[inline(always)]
-    fn list_len(params: &KernelParams) -> u32 {
-        if params.work_len_device == 0 {
+        let len = if params.work_len_device == 0 {
             params.work_len
         } else {
             // SAFETY: a non-zero `work_len_device` is the address of the plan's `u32` work length,
@@ -45,7 +33,8 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
             } else {
                 params.work_len
             }
-        }
+        };
+        Self { params, len, next: sreg::ctaid_x(), stride: sreg::nctaid_x(), group: PhantomData }
     }
 
     /// Items this walk covers (the list's length as read at the start).
@@ -57,19 +46,9 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
     /// The index of the next item, if any, and moves past it.
     #[inline(always)]
     pub fn next_index(&mut self) -> Option<u32> {
-        self.next_index_by(self.len, self.stride)
-    }
-
-    /// [`Self::next_index`] with the list length `len` and the grid size `stride` given.
-    #[inline(always)]
-    fn next_index_by(&mut self, len: u32, stride: u32) -> Option<u32> {
-        if self.next < len {
-            let i = self.next;
-            self.next += stride;
-            Some(i)
-        } else {
-            None
-        }
+        let i = self.peek_index()?;
+        self.next += self.stride;
+        Some(i)
     }
 
     /// The next item that is not a hole ([`WorkItem::HOLE`]), if any, and moves past it.
@@ -78,28 +57,7 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
     /// The list is valid device memory of at least `work_len` items.
     #[inline(always)]
     pub unsafe fn next_item(&mut self) -> Option<WorkItem> {
-        // SAFETY: the caller's contract.
-        unsafe { self.next_item_by(self.len, self.stride) }
-    }
-
-    /// [`Self::next_item`], reading the list's length and the grid size where they are used (the
-    /// parameters, the special register) instead of from the cursor: a kernel at its register
-    /// cap keeps two values fewer live through its tiles (ptxas spilled them in
-    /// `sm90_grouped_gemm_n256`).
-    ///
-    /// # Safety
-    /// As [`Self::next_item`].
-    #[inline(always)]
-    pub unsafe fn next_item_rereading_grid(&mut self) -> Option<WorkItem> {
-        // SAFETY: the caller's contract.
-        unsafe { self.next_item_by(Self::list_len(self.params), sreg::nctaid_x()) }
-    }
-
-    /// # Safety
-    /// As [`Self::next_item`].
-    #[inline(always)]
-    unsafe fn next_item_by(&mut self, len: u32, stride: u32) -> Option<WorkItem> {
-        while let Some(i) = self.next_index_by(len, stride) {
+        while let Some(i) = self.next_index() {
             // SAFETY: `i < work_len`, the caller's contract.
             let t = unsafe { self.item(i) };
             if !t.is_hole() {

@@ -109,23 +109,6 @@ fn model_sm90_t64_variant() {
     }
 }
 
-/// The 256-weight-row variant (`sm90_grouped_gemm_n256`: four consumer warpgroups, a producer
-/// warp, 4 stages): N = 392 is two tiles of two 128-row blocks, the last block 8 rows; N = 136 one
-/// such tile; N = 264 a tile of two blocks, then one of a single block (8 rows: the other two
-/// warpgroups idle); a 64-wide tail (176 tokens), K tails and K = 1024 (8 stages in a 4-stage
-/// ring), on 2 CTAs, under two completion orders.
-#[test]
-fn model_sm90_n256_variant() {
-    let shapes = z(&[176, 40, 9], &[392, 136, 264], &[320, 1024, 64]);
-    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
-        let run = ModelRun::ordered(order, seed);
-        let g = groups(&shapes, Competition, 16);
-        run_and_check(&format!("sm90 n256 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
-            run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::N256, r)
-        });
-    }
-}
-
 /// The competition's 10 test shapes and the K = 128/384 one, unscaled. About 45 s of one core in
 /// the model (every tile-stage is 16 warpgroup meetings per consumer): too long for CI's budget,
 /// so it runs on request (`cargo test -p nvfp4-gemm-model-tests -- --ignored`).

@@ -52,11 +52,8 @@ impl Sm90Layout {
         // The decode variant when every group fits a 16-token tile; else whichever of the general
         // variants finishes its balanced list first (ties: the earlier in this order).
         let general = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
-        let candidates: &[GemmConfig] = if general == GemmConfig::M16 {
-            &[GemmConfig::M16]
-        } else {
-            &[GemmConfig::M128, GemmConfig::M128_64, GemmConfig::N256]
-        };
+        let candidates: &[GemmConfig] =
+            if general == GemmConfig::M16 { &[GemmConfig::M16] } else { &[GemmConfig::M128, GemmConfig::M128_64] };
         let (config, work) = candidates
             .iter()
             .map(|&c| (c, Self::work_list(problem, c, sm_count)))
@@ -104,19 +101,17 @@ impl Sm90Layout {
     }
 
     /// The work list of `problem` under variant `config`, balanced over its persistent grid on
-    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units,
-    /// [`GemmConfig::stage_cost`] per stage).
+    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units).
     fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
         // (item, relative time) in the order group, weight tile, token tile.
         let mut work = vec![];
         for (g, s) in problem.groups().iter().enumerate() {
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             let rows = config.tile_rows(m);
-            for tile_n in 0..config.n_tiles(n) {
-                let blocks = config.weight_blocks_of(n, tile_n);
+            for tile_n in 0..sm90::n_tiles(n) {
                 for tile_m in 0..sm90::m_tiles(m, rows) {
                     let width = config.tile_width(m, rows, tile_m);
-                    let cost = sm90::k_stages(k) as u64 * config.stage_cost(width, blocks) as u64;
+                    let cost = sm90::k_stages(k) as u64 * sm90::tile_cost(width) as u64;
                     work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
                 }
             }
@@ -285,9 +280,7 @@ mod tests {
         let cost = |w: &WorkItem| {
             let s = &p.groups()[w.group as usize];
             let rows = l.config.tile_rows(s.m as u32);
-            let blocks = l.config.weight_blocks_of(s.n as u32, w.tile_n);
-            let width = l.config.tile_width(s.m as u32, rows, w.tile_m);
-            sm90::k_stages(s.k as u32) as u64 * l.config.stage_cost(width, blocks) as u64
+            sm90::k_stages(s.k as u32) as u64 * sm90::tile_cost(l.config.tile_width(s.m as u32, rows, w.tile_m)) as u64
         };
         (0..g).map(|b| l.work.iter().skip(b).step_by(g).filter(|w| !w.is_hole()).map(cost).sum()).collect()
     }
@@ -302,6 +295,9 @@ mod tests {
         // weight tile, against 11 of 128.
         let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
         let l = Sm90Layout::with_config(&p, 132, GemmConfig::M128_64).unwrap();
+        // The cost model's own choice, and a variant that cannot run these groups.
+        assert_eq!(Sm90Layout::new(&p, 132).config, GemmConfig::M128_64);
+        assert!(Sm90Layout::with_config(&p, 132, GemmConfig::M16).is_none());
         let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
         assert_eq!(real.len(), 32 * 11);
         let mut tiles: Vec<_> = real.iter().map(|w| (w.group, w.tile_n, w.tile_m)).collect();

@@ -31,11 +31,6 @@ type Work<'a> = WorkCursor<'a, GroupParams>;
 trait Variant {
     const CFG: GemmConfig;
     type Narrow: MmaShape;
-    /// Whether a consumer warpgroup decodes chunk c+1 while its MMAs of chunk c run (fragments of
-    /// two chunks live at once), or waits for them first (the other warpgroups keep the tensor
-    /// pipe busy meanwhile; what fits `N256`'s 120 registers, where ptxas would otherwise
-    /// serialize the wgmma pipeline).
-    const OVERLAP: bool = true;
 }
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
@@ -52,15 +47,6 @@ impl Variant for Tail64 {
     type Narrow = wgmma::N64;
 }
 
-/// 256 weight rows (four consumer warpgroups) × 128-token tiles, the group's last tile 64 wide when
-/// its rows fit, 4 stages, one CTA per SM.
-struct Wide;
-impl Variant for Wide {
-    const CFG: GemmConfig = GemmConfig::N256;
-    type Narrow = wgmma::N64;
-    const OVERLAP: bool = false;
-}
-
 /// 16-token tiles only, 8 stages, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
@@ -70,7 +56,6 @@ impl Variant for Decode {
 
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
-const _: () = assert!(GemmConfig::N256.narrow == 64 && GemmConfig::N256.block_m == 128);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
 struct Smem<V> {
@@ -118,17 +103,6 @@ pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
     unsafe { run::<Tail64, { GemmConfig::M128_64.stages }>(&p) }
 }
 
-/// The 256-weight-row variant: as [`sm90_grouped_gemm_t64`] with tiles of 256 weight rows, four
-/// consumer warpgroups and a producer warp. Launch: `gemm_launch(GemmConfig::N256, ..)`.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm_t64`].
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm_n256(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<Wide, { GemmConfig::N256.stages }>(&p) }
-}
-
 /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
 /// `gemm_launch(GemmConfig::M16, ..)` (two CTAs per SM).
 ///
@@ -164,12 +138,11 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     unsafe { barrier::sync_all() };
     // SAFETY: one producer thread, every consumer thread; `p` is valid (the caller's contract).
     unsafe {
-        let role = V::CFG.producer();
         match V::CFG.consumer_thread(tid) {
             None => {
-                // Registers move from the producer warpgroup (one thread issues copies) to the
-                // consumers; a producer warp has none to spare.
-                if role == ProducerRole::Warpgroup {
+                // Registers move from the producer (one thread issues copies) to the consumers;
+                // the decode variant has a producer warp only and no registers to spare.
+                if V::CFG.ctas_per_sm() == 1 {
                     warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
                 }
                 if tid == V::CFG.producer_thread() {
@@ -177,19 +150,10 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
                 }
             }
             Some((cw, t)) => {
-                if role == ProducerRole::Warpgroup {
+                if V::CFG.ctas_per_sm() == 1 {
                     warp::setmaxnreg_inc::<CONSUMER_REGISTERS>();
                 }
-                let mut feed = None;
-                if role == ProducerRole::ConsumerThread && tid == V::CFG.producer_thread() {
-                    let mut f = Feed::new(&st, &p);
-                    // The whole ring before the first stage (or as many stages as there are).
-                    for s in 0..STAGES {
-                        f.next::<V>(&st, s == 0);
-                    }
-                    feed = Some(f);
-                }
-                consume::<V, STAGES>(&st, &p, cw, t, &mut feed);
+                consume::<V, STAGES>(&st, &p, cw, t);
             }
         }
     }
@@ -206,168 +170,54 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
     let mut dequantized = false;
     // SAFETY: the list holds `work_len` items; each names a group of the table.
-    while let Some(t) = unsafe { next_tile::<V>(&mut work) } {
+    while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
         let g = unsafe { work.group(t.group) };
+        let token_map = work.tensor_map(g.token_map as usize);
+        let weight_map = work.tensor_map(weight_map_index(t.group));
+        // The weight tile's 128 rows are one row block of B's blocked scales.
+        let scale_row_block = (g.b_scales as *const u8)
+            .wrapping_add(t.tile_n as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
         for ks in 0..k_stages(g.k) {
+            let chunks = valid_chunks(g.k, ks);
             let stage = ring.acquire();
-            // SAFETY: the stage is free (acquired); `g` is the tile's group.
-            unsafe { load_stage::<V>(st, &work, &g, t, ks, stage, !dequantized) };
-            dequantized = true;
+            let buf = st.stage(stage.index);
+            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m));
+            // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
+            // the valid chunks lie inside B's scale buffer (validated by the host).
+            unsafe {
+                // The weights first: they do not depend on the token dequantization.
+                tma::load_2d(
+                    buf.add(V::CFG.weight_offset()),
+                    weight_map,
+                    (ks * WEIGHT_ROW_BYTES) as i32,
+                    (t.tile_n * BLOCK_N) as i32,
+                    stage.full,
+                );
+                tma::load_1d(
+                    buf.add(V::CFG.scale_offset()),
+                    scale_row_block.add((ks * CHUNKS_PER_STAGE * SCALE_BLOCK_BYTES) as usize),
+                    chunks * SCALE_BLOCK_BYTES,
+                    stage.full,
+                );
+                if !dequantized {
+                    // The workspace is written by the token dequantization, which this grid may
+                    // overlap (`GEMM_STARTS_EARLY`): wait for it before the first token load.
+                    barrier::grid_dependency_wait();
+                    dequantized = true;
+                }
+                for c in 0..chunks {
+                    tma::load_2d(
+                        buf.add(V::CFG.token_offset(c)),
+                        token_map,
+                        (ks * BLOCK_K + c * CHUNK_K) as i32,
+                        (g.token_row + t.tile_m * g.block_m) as i32,
+                        stage.full,
+                    );
+                }
+            }
             ring.commit(stage);
         }
-    }
-}
-
-/// Issues the copies of stage `ks` of tile `t` (group `g`) into the acquired `stage`, completing on
-/// its full barrier: per weight block of the tile, the weight box and the scale blocks of the
-/// valid chunks; then the token chunks, after `griddepcontrol.wait` when `first` (the CTA's first
-/// token load).
-///
-/// # Safety
-/// The producer thread; `stage` acquired; `g` the group of `t`, whose maps and buffers the host
-/// validated.
-#[inline(always)]
-unsafe fn load_stage<V: Variant>(
-    st: &Smem<V>,
-    work: &Work,
-    g: &GroupParams,
-    t: WorkItem,
-    ks: u32,
-    stage: Stage,
-    first: bool,
-) {
-    let token_map = work.tensor_map(g.token_map as usize);
-    let weight_map = work.tensor_map(weight_map_index(t.group));
-    // The tile's 128-row weight blocks (each one row block of B's blocked scales).
-    let first_block = t.tile_n * V::CFG.weight_blocks();
-    let blocks = tile_weight_blocks::<V>(g, t);
-    let chunks = valid_chunks(g.k, ks);
-    let buf = st.stage(stage.index);
-    stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m, blocks));
-    // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of the
-    // valid chunks lie inside B's scale buffer (validated by the host).
-    unsafe {
-        // The weights first: they do not depend on the token dequantization.
-        for b in 0..blocks {
-            tma::load_2d(
-                buf.add(V::CFG.weight_offset() + b * BLOCK_N * WEIGHT_ROW_BYTES),
-                weight_map,
-                (ks * WEIGHT_ROW_BYTES) as i32,
-                ((first_block + b) * BLOCK_N) as i32,
-                stage.full,
-            );
-            let scales = (g.b_scales as *const u8).wrapping_add(
-                ((first_block + b) * rest_k(g.k) + ks * CHUNKS_PER_STAGE) as usize * SCALE_BLOCK_BYTES as usize,
-            );
-            tma::load_1d(buf.add(V::CFG.scale_block_offset(b, 0)), scales, chunks * SCALE_BLOCK_BYTES, stage.full);
-        }
-        if first {
-            // The workspace is written by the token dequantization, which this grid may overlap
-            // (`GEMM_STARTS_EARLY`): wait for it before the first token load.
-            barrier::grid_dependency_wait();
-        }
-        for c in 0..chunks {
-            tma::load_2d(
-                buf.add(V::CFG.token_offset(c)),
-                token_map,
-                (ks * BLOCK_K + c * CHUNK_K) as i32,
-                (g.token_row + t.tile_m * g.block_m) as i32,
-                stage.full,
-            );
-        }
-    }
-}
-
-/// The copies of a variant without a producer role of its own ([`ProducerRole::ConsumerThread`]):
-/// consumer thread 0 fills the ring before its first stage, then, in every later stage, refills the
-/// stage it released last while its first chunk's MMAs run (blocking until every consumer has
-/// released that stage: it never waits for a stage it still reads itself). Its walk through the
-/// list runs `STAGES - 1` to `STAGES` stages ahead of its consumption; it keeps only the cursor,
-/// the tile and the stage (the group's parameters are read again per stage: registers are at
-/// the cap).
-struct Feed<'a, const STAGES: u32> {
-    work: Work<'a>,
-    /// The tile being loaded, [`WorkItem::HOLE`] between tiles.
-    tile: WorkItem,
-    ks: u32,
-    ring: Producer<STAGES>,
-    /// False until the thread has released a stage (in its first stage there is none to refill).
-    released: bool,
-}
-
-impl<'a, const STAGES: u32> Feed<'a, STAGES> {
-    #[inline(always)]
-    fn new<V: Variant>(st: &Smem<V>, p: &'a KernelParams) -> Self {
-        let ring = Producer::new(st.full(), st.empty(), Scope::Cta);
-        Feed { work: Work::new(p), tile: WorkItem::HOLE, ks: 0, ring, released: false }
-    }
-
-    /// In a stage of the consuming thread: the refill of the stage it released before this one
-    /// (none in its first stage).
-    ///
-    /// # Safety
-    /// As [`Self::next`].
-    #[inline(always)]
-    unsafe fn refill<V: Variant>(&mut self, st: &Smem<V>) {
-        if self.released {
-            // SAFETY: the caller's contract.
-            unsafe { self.next::<V>(st, false) };
-        }
-        self.released = true;
-    }
-
-    /// Issues the next stage's copies, if any stage is left (waiting until its slot is free).
-    ///
-    /// # Safety
-    /// Consumer thread 0 of a [`ProducerRole::ConsumerThread`] variant; `p` valid.
-    #[inline(always)]
-    unsafe fn next<V: Variant>(&mut self, st: &Smem<V>, first: bool) {
-        if self.tile.is_hole() {
-            // SAFETY: the list holds `work_len` items.
-            match unsafe { next_tile::<V>(&mut self.work) } {
-                Some(t) => (self.tile, self.ks) = (t, 0),
-                None => return,
-            }
-        }
-        // SAFETY: the item names a group of the table.
-        let g = unsafe { self.work.group(self.tile.group) };
-        let stage = self.ring.acquire();
-        // SAFETY: the stage is free (acquired); `g` is the tile's group.
-        unsafe { load_stage::<V>(st, &self.work, &g, self.tile, self.ks, stage, first) };
-        self.ring.commit(stage);
-        self.ks += 1;
-        if self.ks == k_stages(g.k) {
-            self.tile = WorkItem::HOLE;
-        }
-    }
-}
-
-/// The CTA's next work item (every role walks the list alike); `N256`, at its register cap, reads
-/// the grid size where it is used.
-///
-/// # Safety
-/// The list holds `work_len` items.
-#[inline(always)]
-unsafe fn next_tile<V: Variant>(work: &mut Work) -> Option<WorkItem> {
-    // SAFETY: the caller's contract.
-    unsafe {
-        if V::CFG.block_n > BLOCK_N {
-            work.next_item_rereading_grid()
-        } else {
-            work.next_item()
-        }
-    }
-}
-
-/// The 128-row weight blocks work item `t` covers: one in the 128-row variants, else
-/// [`GemmConfig::weight_blocks_of`] (fewer where N ends).
-#[inline(always)]
-fn tile_weight_blocks<V: Variant>(g: &GroupParams, t: WorkItem) -> u32 {
-    if V::CFG.weight_blocks() == 1 {
-        1
-    } else {
-        V::CFG.weight_blocks_of(g.n, t.tile_n)
     }
 }
 
@@ -397,18 +247,12 @@ fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
 /// # Safety
 /// Every thread of consumer warpgroup `cw`; barriers initialized; `p` valid.
 #[inline(always)]
-unsafe fn consume<V: Variant, const STAGES: u32>(
-    st: &Smem<V>,
-    p: &KernelParams,
-    cw: u32,
-    t: u32,
-    feed: &mut Option<Feed<STAGES>>,
-) {
+unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, cw: u32, t: u32) {
     let mut work = Work::new(p);
     let mut ring = Consumer::<STAGES>::new(st.full(), st.empty());
     let bf16 = p.out_bf16 != 0;
     // SAFETY: the list holds `work_len` items; each names a group of the table.
-    while let Some(tile) = unsafe { next_tile::<V>(&mut work) } {
+    while let Some(tile) = unsafe { work.next_item() } {
         // SAFETY: as above.
         let g = unsafe { work.group(tile.group) };
         // One compiled copy of the tile loop per wgmma width; `tile_width` picks it (the decode
@@ -416,9 +260,9 @@ unsafe fn consume<V: Variant, const STAGES: u32>(
         // SAFETY: as this function's.
         unsafe {
             if V::CFG.block_m == V::CFG.narrow || V::CFG.tile_width(g.m, g.block_m, tile.tile_m) == V::CFG.narrow {
-                consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, feed, p, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, &g, tile, cw, t, bf16)
             } else {
-                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, feed, p, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
             }
         }
     }
@@ -432,8 +276,6 @@ unsafe fn consume<V: Variant, const STAGES: u32>(
 unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     st: &Smem<V>,
     ring: &mut Consumer<STAGES>,
-    feed: &mut Option<Feed<STAGES>>,
-    p: &KernelParams,
     g: &GroupParams,
     tile: WorkItem,
     cw: u32,
@@ -442,19 +284,9 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
 ) {
     let (warp, lane) = (t / 32, t % 32);
     let (g8, q) = (lane / 4, lane % 4);
-    // The thread's two weight rows within the tile, and their 128-row weight block.
+    // The thread's two weight rows within the 128-row tile.
     let r0 = cw * WG_ROWS + 16 * warp + g8;
     let r1 = r0 + 8;
-    let block = if V::CFG.weight_blocks() == 1 { 0 } else { r0 / BLOCK_N };
-    let (s0, s1) = (r0 - block * BLOCK_N, r1 - block * BLOCK_N);
-    if V::CFG.weight_blocks() > 1 && block >= tile_weight_blocks::<V>(g, tile) {
-        // N ends before this warpgroup's rows: nothing to compute or store, but the stages are
-        // released like every consumer's (the empty barriers count all of them).
-        for _ in 0..k_stages(g.k) {
-            ring.wait().release();
-        }
-        return;
-    }
     let mut acc: wgmma::Accumulators = [0.0; 64];
     // The stage whose last MMAs may still be reading it; released once they are known done.
     let mut pending: Option<Stage> = None;
@@ -470,7 +302,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
         // absent chunk read stale bytes that are never used).
         let wbase = buf.add(V::CFG.weight_offset());
         let load = |c: u32| {
-            let sbase = buf.add(V::CFG.scale_block_offset(block, c));
+            let sbase = buf.add(V::CFG.scale_block_offset(c));
             // SAFETY: aligned offsets inside the stage, which is full and not yet released.
             unsafe {
                 (
@@ -478,21 +310,17 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
                         smem::ld_v2_u32(wbase.add(weight_fragment_offset(r0, c, q))),
                         smem::ld_v2_u32(wbase.add(weight_fragment_offset(r1, c, q))),
                     ],
-                    [smem::ld_u32(sbase.add(scale_word_offset(s0))), smem::ld_u32(sbase.add(scale_word_offset(s1)))],
+                    [smem::ld_u32(sbase.add(scale_word_offset(r0))), smem::ld_u32(sbase.add(scale_word_offset(r1)))],
                 )
             }
         };
-        let first = load(0);
-        let second = if V::OVERLAP { load(1) } else { first };
+        let (raw0, sw0) = load(0);
+        let (raw1, sw1) = load(1);
+        let raw = [raw0, raw1];
+        let scale_words = [sw0, sw1];
         for c in 0..CHUNKS_PER_STAGE {
             if c < chunks {
-                let (rw, sw) = if c == 0 {
-                    first
-                } else if V::OVERLAP {
-                    second
-                } else {
-                    load(1)
-                };
+                let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
                 // The block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
                 let s0 = convert::e4m3_byte_to_f16x2_times_128(sw[0], q);
                 let s1 = convert::e4m3_byte_to_f16x2_times_128(sw[1], q);
@@ -507,49 +335,23 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
                     unsafe { S::mma(&mut acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
                 }
                 wgmma::commit_group();
-                if V::OVERLAP {
-                    // Everything but this chunk's group is done: the previous stage is free.
-                    S::wait::<1>(&mut acc);
-                    if c == 0 {
-                        if let Some(prev) = pending.take() {
-                            prev.release();
-                        }
-                    }
-                } else {
-                    S::wait::<0>(&mut acc);
-                    if c == 0 {
-                        if let Some(f) = feed.as_mut() {
-                            // Between the chunks: refill the stage this thread released last
-                            // (once every consumer has released it).
-                            // SAFETY: `feed` is only given to consumer thread 0 of a
-                            // `ConsumerThread` variant.
-                            unsafe { f.refill::<V>(st) };
-                        }
+                // Everything but this chunk's group is done: the previous stage is free.
+                S::wait::<1>(&mut acc);
+                if c == 0 {
+                    if let Some(prev) = pending.take() {
+                        prev.release();
                     }
                 }
             }
         }
-        if V::OVERLAP {
-            pending = Some(stage);
-        } else {
-            // Every MMA that read the stage is done.
-            stage.release();
-        }
+        pending = Some(stage);
     }
     S::wait::<0>(&mut acc);
     if let Some(prev) = pending {
         prev.release();
     }
-    // Without overlap (at the register cap), the group's parameters and the output type are
-    // read again for the epilogue rather than kept live through the K loop.
-    // SAFETY: the tile's group indexes the table.
-    let (g, bf16) = if V::OVERLAP {
-        (*g, bf16)
-    } else {
-        (unsafe { *(p.groups as *const GroupParams).add(tile.group as usize) }, p.out_bf16 != 0)
-    };
     // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
-    unsafe { store_tile::<V, S>(&acc, &g, tile, bf16) };
+    unsafe { store_tile::<V, S>(&acc, g, tile, bf16) };
 }
 
 /// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
@@ -582,7 +384,7 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let (warp, g8, q) = (t / 32, (t % 32) / 4, t % 4);
     let c = g.c as *mut u16;
     let odd = g8 % 2;
-    let n_pair = tile.tile_n * V::CFG.block_n + cw * WG_ROWS + 16 * warp + (g8 - odd);
+    let n_pair = tile.tile_n * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
     // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
     let m_base = tile.tile_m * g.block_m + 2 * q + odd;
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
