@@ -71,10 +71,11 @@ pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 4] = [
+pub const REGISTER_CAPS: [(&str, u32); 5] = [
     ("sm90_grouped_gemm", MAX_REGISTERS),
     ("sm90_grouped_gemm_t64", MAX_REGISTERS),
     ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
+    ("sm90_grouped_gemm_n192", GemmConfig::N192.max_registers()),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
 ];
 /// Bytes of one mbarrier.
@@ -136,21 +137,74 @@ pub struct GemmConfig {
     pub narrow: u32,
     /// Pipeline stages.
     pub stages: u32,
+    /// Weight rows per tile (wgmma M of the CTA): [`BLOCK_N`] (two consumer warpgroups) or 192
+    /// (`N192`: three).
+    pub block_n: u32,
 }
 
 impl GemmConfig {
     /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
-    pub const M128: GemmConfig = GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5 };
+    pub const M128: GemmConfig = GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N };
     /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 8 stages of 13 KiB,
     /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
     /// twice the warps to hide the decode's latencies.
-    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8 };
+    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8, block_n: BLOCK_N };
     /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
     /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
     /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
-    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5 };
+    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N };
+    /// 192 weight rows × 128 tokens per tile (`sm90_grouped_gemm_n192`): three consumer warpgroups
+    /// read each token tile (a third fewer token bytes per MMA than `M128`, three consumer warps
+    /// per scheduler instead of two to hide the decode's latencies), the 64-wide last tiles of
+    /// `M128_64`, 4 stages of 46 KiB. A tile's 192 rows span two 128-row blocks of B's scales (the
+    /// second half of one and all of the next, or the reverse); where N ends inside a tile, the
+    /// warpgroups whose rows lie past it only release the stages.
+    pub const N192: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 192 };
     /// Every compiled variant.
-    pub const ALL: [GemmConfig; 3] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16];
+    pub const ALL: [GemmConfig; 4] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16, GemmConfig::N192];
+
+    /// Consumer warpgroups per CTA: one per 64 weight rows.
+    pub const fn consumer_warpgroups(&self) -> u32 {
+        self.block_n / WG_ROWS
+    }
+
+    /// Scale-block slots per chunk in a stage: the 128-row blocks of B's scales a tile's rows can
+    /// touch (one for 128-row tiles, two for `N192`'s spans of up to 192 rows, which start at a
+    /// multiple of 64).
+    pub const fn scale_slots(&self) -> u32 {
+        if self.block_n == BLOCK_N {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// The register cap per thread (`.maxnreg`): what `ctas_per_sm` CTAs of `threads` threads
+    /// leave of the SM's 65536, rounded down to 8.
+    pub const fn max_registers(&self) -> u32 {
+        65536 / (self.ctas_per_sm() * self.threads()) / 8 * 8
+    }
+
+    /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec`:
+    /// [`PRODUCER_REGISTERS`], or 32 for `N192`, whose consumers need every register left.
+    pub const fn producer_registers(&self) -> u32 {
+        if self.block_n == BLOCK_N {
+            PRODUCER_REGISTERS
+        } else {
+            32
+        }
+    }
+
+    /// Registers per thread each consumer warpgroup takes with `setmaxnreg.inc` in the variants
+    /// with a producer warpgroup: what the producer's [`Self::producer_registers`] leave of the
+    /// CTA's pool (`max_registers · threads`; `setmaxnreg.inc` waits for registers of the CTA's
+    /// own pool), shared by the consumers, a multiple of 8.
+    pub const fn consumer_registers(&self) -> u32 {
+        (self.max_registers() * self.threads() / WARPGROUP_THREADS - self.producer_registers())
+            / self.consumer_warpgroups()
+            / 8
+            * 8
+    }
 
     /// Token rows per tile of a group of `m` tokens under this variant (the group's `block_m`:
     /// the pitch of its tiles and the height of its token boxes): `M128` 16 for `m ≤ 16`, else 128;
@@ -175,12 +229,13 @@ impl GemmConfig {
         }
     }
 
-    /// Threads per CTA: [`THREADS`], or [`DECODE_THREADS`] for the decode variant.
+    /// Threads per CTA: a producer warpgroup and the consumer warpgroups ([`THREADS`] for 128-row
+    /// tiles, 512 for `N192`), or [`DECODE_THREADS`] for the decode variant.
     pub const fn threads(&self) -> u32 {
         if self.block_m == SMALL_TILE_M {
             DECODE_THREADS
         } else {
-            THREADS
+            WARPGROUP_THREADS * (1 + self.consumer_warpgroups())
         }
     }
 
@@ -188,7 +243,7 @@ impl GemmConfig {
     /// producer's threads (warpgroup 0 of the general variant, the last warp of the decode one).
     pub const fn consumer_thread(&self, tid: u32) -> Option<(u32, u32)> {
         let first = if self.block_m == SMALL_TILE_M { 0 } else { WARPGROUP_THREADS };
-        if tid < first || tid >= first + CONSUMER_WARPGROUPS * WARPGROUP_THREADS {
+        if tid < first || tid >= first + self.consumer_warpgroups() * WARPGROUP_THREADS {
             None
         } else {
             Some(((tid - first) / WARPGROUP_THREADS, (tid - first) % WARPGROUP_THREADS))
@@ -221,21 +276,24 @@ impl GemmConfig {
     pub const fn token_offset(&self, c: u32) -> u32 {
         c * self.token_chunk_bytes()
     }
-    /// Byte offset of the packed-weight region in a stage (128 rows × 64 bytes, 64B-swizzled).
+    /// Byte offset of the packed-weight region in a stage (`block_n` rows × 64 bytes, one
+    /// 64B-swizzled box).
     pub const fn weight_offset(&self) -> u32 {
         self.token_offset(CHUNKS_PER_STAGE)
     }
-    /// Byte offset of the weight-scale region in a stage (one 512-byte block per chunk).
+    /// Byte offset of the weight-scale region in a stage (per scale slot, one 512-byte block per
+    /// chunk).
     pub const fn scale_offset(&self) -> u32 {
-        self.weight_offset() + BLOCK_N * WEIGHT_ROW_BYTES
+        self.weight_offset() + self.block_n * WEIGHT_ROW_BYTES
     }
-    /// Byte offset of chunk `c`'s 512-byte weight-scale block in a stage.
-    pub const fn scale_block_offset(&self, c: u32) -> u32 {
-        self.scale_offset() + c * SCALE_BLOCK_BYTES
+    /// Byte offset of chunk `c`'s 512-byte weight-scale block in scale slot `slot` of a stage (a
+    /// slot's chunks are adjacent: one bulk copy per slot).
+    pub const fn scale_block_offset(&self, slot: u32, c: u32) -> u32 {
+        self.scale_offset() + (slot * CHUNKS_PER_STAGE + c) * SCALE_BLOCK_BYTES
     }
     /// Bytes per stage (a multiple of 1024 so every stage keeps the swizzle alignment).
     pub const fn stage_bytes(&self) -> u32 {
-        self.scale_block_offset(CHUNKS_PER_STAGE).div_ceil(1024) * 1024
+        self.scale_block_offset(self.scale_slots(), 0).div_ceil(1024) * 1024
     }
     /// Byte offset of stage `s`.
     pub const fn stage_offset(&self, s: u32) -> u32 {
@@ -261,22 +319,24 @@ impl GemmConfig {
     /// thread's own shared-memory reads of the stage are ordered before the refill by its own
     /// release (one arrival per warp left the other lanes' reads unordered; racecheck reported it).
     pub const fn empty_barrier_arrivals(&self) -> u32 {
-        WARPGROUP_THREADS * CONSUMER_WARPGROUPS
+        WARPGROUP_THREADS * self.consumer_warpgroups()
     }
     /// Dynamic shared memory of the GEMM kernel.
     pub const fn dynamic_shared_memory(&self) -> u32 {
         self.empty_barrier_offset(self.stages)
     }
-    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid and the
-    /// group's token tiles have `block_m` rows (a box counts in full even where it lies out of
-    /// bounds and is zero-filled).
-    pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32) -> u32 {
-        chunks * (block_m * CHUNK_K * 2 + SCALE_BLOCK_BYTES) + BLOCK_N * WEIGHT_ROW_BYTES
+    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid, the
+    /// group's token tiles have `block_m` rows and `slots` scale blocks are loaded per chunk (a box
+    /// counts in full even where it lies out of bounds and is zero-filled).
+    pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32, slots: u32) -> u32 {
+        chunks * (block_m * CHUNK_K * 2 + slots * SCALE_BLOCK_BYTES) + self.block_n * WEIGHT_ROW_BYTES
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
         (self.block_m == SMALL_TILE_M || self.block_m == 128)
             && (self.narrow == SMALL_TILE_M || (self.narrow == TAIL_TILE_M && self.block_m == 128))
+            && (self.block_n == BLOCK_N || (self.block_n == 3 * WG_ROWS && self.block_m == 128))
+            && self.threads() <= 1024
             && self.narrow <= self.block_m
             && self.stages >= 2
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
@@ -287,11 +347,70 @@ impl GemmConfig {
 const _: () = assert!(GemmConfig::M128.is_valid());
 const _: () = assert!(GemmConfig::M128_64.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
+const _: () = assert!(GemmConfig::N192.is_valid());
+const _: () = assert!(GemmConfig::M128.max_registers() == MAX_REGISTERS);
+const _: () = assert!(GemmConfig::M16.max_registers() == DECODE_MAX_REGISTERS);
+const _: () = assert!(GemmConfig::M128.consumer_registers() == CONSUMER_REGISTERS);
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 
+/// The weight rows one `N192` work item covers: `warpgroups` (1..=3) consecutive blocks of
+/// [`WG_ROWS`] rows from row `64 · first`. The host picks the spans of each group's N (192 or 128
+/// rows, and what N leaves at its end) to balance the CTAs' work; the item's `tile_n` holds
+/// [`RowSpan::encode`]. (The 128-row variants' `tile_n` is a plain 128-row tile index.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowSpan {
+    /// First row, in units of [`WG_ROWS`].
+    pub first: u32,
+    /// Consumer warpgroups with rows (1..=3).
+    pub warpgroups: u32,
+}
+
+impl RowSpan {
+    /// Bit position of `warpgroups` in the encoded `tile_n`.
+    const SHIFT: u32 = 24;
+
+    /// The `tile_n` word of a work item.
+    pub const fn encode(self) -> u32 {
+        self.first | (self.warpgroups << Self::SHIFT)
+    }
+
+    /// The span a work item's `tile_n` names.
+    pub const fn decode(tile_n: u32) -> RowSpan {
+        RowSpan { first: tile_n & ((1 << Self::SHIFT) - 1), warpgroups: tile_n >> Self::SHIFT }
+    }
+
+    /// The first weight row.
+    pub const fn row0(self) -> u32 {
+        self.first * WG_ROWS
+    }
+
+    /// The first 128-row block of B's scales the span touches.
+    pub const fn first_scale_block(self) -> u32 {
+        self.row0() / BLOCK_N
+    }
+
+    /// The 128-row scale blocks the span's rows below `n` lie in (1 or 2).
+    pub const fn scale_blocks(self, n: u32) -> u32 {
+        let end = if self.row0() + self.warpgroups * WG_ROWS < n { self.row0() + self.warpgroups * WG_ROWS } else { n };
+        (end - 1) / BLOCK_N - self.first_scale_block() + 1
+    }
+
+    /// The spans of `n` weight rows: `twos` spans of 128 rows first, then as many of 192 as fit,
+    /// then what is left (64 or 128 rows). `twos` is capped at what `n` holds.
+    pub fn split(n: u32, twos: u32) -> impl Iterator<Item = RowSpan> {
+        let units = n.div_ceil(WG_ROWS);
+        let twos = if 2 * twos < units { twos } else { units / 2 };
+        let threes = (units - 2 * twos) / 3;
+        let rest = units - 2 * twos - 3 * threes;
+        let spans = (0..twos).map(|i| (2 * i, 2)).chain((0..threes).map(move |i| (2 * twos + 3 * i, 3)));
+        let last = if rest > 0 { Some((units - rest, rest)) } else { None };
+        spans.chain(last).map(|(first, warpgroups)| RowSpan { first, warpgroups })
+    }
+}
+
 /// Byte offset, inside a stage's 64-byte-swizzled weight box, of the 8 bytes (16 e2m1 values: one
-/// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..128) and
+/// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..block_n) and
 /// chunk `chunk`. Logically they are bytes `32·chunk + 8·q ..` of the row, i.e. 16-byte unit
 /// `2·chunk + q/2`, half `q % 2`; the 64-byte swizzle moves unit `u` of row `r` to
 /// `u ^ ((r / 2) % 4)`.
@@ -340,11 +459,21 @@ pub const fn token_map_with_box(rows: u32, k: u32, block_m: u32) -> TiledMap<2> 
 /// The weight map of a group: packed B (`n × k/2` bytes), one `WEIGHT_ROW_BYTES × BLOCK_N` box
 /// per stage, 64-byte swizzle (undone by [`weight_fragment_offset`]).
 pub const fn weight_map(n: u32, k: u32) -> TiledMap<2> {
+    weight_map_with_box(n, k, BLOCK_N)
+}
+
+/// The weight map of a group under variant `cfg`: boxes of `cfg.block_n` rows.
+pub const fn weight_map_for(cfg: GemmConfig, n: u32, k: u32) -> TiledMap<2> {
+    weight_map_with_box(n, k, cfg.block_n)
+}
+
+/// Packed B (`n × k/2` bytes) in boxes of `WEIGHT_ROW_BYTES × rows`, 64-byte swizzle.
+pub const fn weight_map_with_box(n: u32, k: u32, rows: u32) -> TiledMap<2> {
     TiledMap {
         element: TensorMapDataType::U8,
         dims: [k as u64 / 2, n as u64],
         strides_bytes: [k as u64 / 2, 0],
-        box_dims: [WEIGHT_ROW_BYTES, BLOCK_N],
+        box_dims: [WEIGHT_ROW_BYTES, rows],
         swizzle: TensorMapSwizzle::B64,
         l2_promotion: L2_PROMOTION,
     }
@@ -456,6 +585,25 @@ pub const fn tile_cost(rows: u32) -> u32 {
 /// `(F + 64) / (F + 128) ≈ 0.72`.
 pub const TILE_FIXED_COST: u32 = 100;
 
+/// [`TILE_FIXED_COST`] of an `N192` item of 3 warpgroups, in the same units (a 128-row stage of
+/// `M128` costs 228): on the H200 a 192-row stage took ~1.3 times a 128-row one of
+/// `sm90_grouped_gemm_t64` (b2, b3, one tile per CTA), `(F + 192) ≈ 1.3 · 228`.
+pub const N192_TILE_FIXED_COST: u32 = 140;
+
+impl GemmConfig {
+    /// Relative time per stage of a tile `width` tokens wide over `warpgroups` consumer
+    /// warpgroups' rows, in [`tile_cost`] units: [`tile_cost`] for 128-row tiles and for `N192`
+    /// items of fewer than three warpgroups (the idle ones leave an `M128_64`-like tile);
+    /// [`N192_TILE_FIXED_COST`] plus the MMA work for three.
+    pub const fn stage_cost(&self, width: u32, warpgroups: u32) -> u32 {
+        if self.block_n == BLOCK_N || warpgroups < 3 {
+            tile_cost(width)
+        } else {
+            N192_TILE_FIXED_COST + width * warpgroups / 2
+        }
+    }
+}
+
 /// The configuration for a problem whose groups have these token counts: the decode variant
 /// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the
 /// general one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger
@@ -475,6 +623,8 @@ impl GemmConfig {
     pub const fn kernel_name(&self) -> &'static str {
         if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
+        } else if self.block_n > BLOCK_N {
+            "sm90_grouped_gemm_n192"
         } else if self.narrow == TAIL_TILE_M {
             "sm90_grouped_gemm_t64"
         } else {
@@ -699,6 +849,7 @@ mod tests {
         assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[2].0);
         assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
         assert_eq!(GemmConfig::M128_64.kernel_name(), REGISTER_CAPS[1].0);
+        assert_eq!(GemmConfig::N192.kernel_name(), REGISTER_CAPS[3].0);
     }
 
     #[test]
@@ -756,11 +907,11 @@ mod tests {
         assert_eq!((c.token_offset(0), c.token_offset(1)), (0, 16384));
         assert_eq!(c.weight_offset(), 32768);
         assert_eq!(c.scale_offset(), 32768 + 8192);
-        assert_eq!((c.scale_block_offset(0), c.scale_block_offset(1)), (40960, 40960 + 512));
+        assert_eq!((c.scale_block_offset(0, 0), c.scale_block_offset(0, 1)), (40960, 40960 + 512));
         assert_eq!(c.stage_bytes(), 41984);
         assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
-        assert_eq!(c.stage_tx_bytes(2, 128), 2 * (16384 + 512) + 8192);
+        assert_eq!(c.stage_tx_bytes(2, 128, 1), 2 * (16384 + 512) + 8192);
         // The decode variant: 16-row token chunks, 13 KiB stages, two CTAs per SM.
         let d = GemmConfig::M16;
         assert_eq!(d.token_chunk_bytes(), 2048);
@@ -783,8 +934,72 @@ mod tests {
         assert_eq!(c.consumer_thread(c.producer_thread()), None);
         assert_eq!(d.consumer_thread(d.producer_thread()), None);
         assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
-        assert_eq!(c.stage_tx_bytes(1, 16), 16 * 128 + 512 + 8192);
+        assert_eq!(c.stage_tx_bytes(1, 16, 1), 16 * 128 + 512 + 8192);
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
+    }
+
+    #[test]
+    fn n192_layout() {
+        let w = GemmConfig::N192;
+        // A producer warpgroup and three consumer warpgroups: 512 threads of 128 registers; the
+        // producer gives back all but 32, the consumers take 160 (4 warps per scheduler:
+        // 32·32 + 3·160·32 = 16384).
+        assert_eq!((w.consumer_warpgroups(), w.threads(), w.max_registers()), (3, 512, 128));
+        assert_eq!((w.producer_registers(), w.consumer_registers()), (32, 160));
+        assert!(32 * (w.producer_registers() + 3 * w.consumer_registers()) <= 16384);
+        assert_eq!(
+            (w.consumer_thread(127), w.consumer_thread(128), w.consumer_thread(511)),
+            (None, Some((0, 0)), Some((2, 127)))
+        );
+        // Stage: tokens 2 × 16 KiB, weights 192 × 64, scales [slot][chunk] 4 × 512: 46 KiB.
+        assert_eq!((w.weight_offset(), w.scale_offset()), (32768, 32768 + 12288));
+        assert_eq!(
+            [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(s, c)| w.scale_block_offset(s, c)),
+            [45056, 45568, 46080, 46592]
+        );
+        assert_eq!(w.stage_bytes(), 46 * 1024);
+        assert_eq!(w.dynamic_shared_memory(), 4 * 46 * 1024 + 8 * 8);
+        assert_eq!(w.stage_tx_bytes(2, 128, 2), 2 * (16384 + 1024) + 12288);
+        assert_eq!(w.empty_barrier_arrivals(), 384);
+        // Spans: 128-row ones first, 192-row ones, then the rest; the scale blocks they touch.
+        // (count, the first eight as (first, warpgroups), warpgroups in all).
+        let spans = |n, twos| {
+            let (mut count, mut first, mut total) = (0, [(0, 0); 8], 0);
+            for s in RowSpan::split(n, twos) {
+                if count < 8 {
+                    first[count] = (s.first, s.warpgroups);
+                }
+                count += 1;
+                total += s.warpgroups;
+            }
+            (count, first, total)
+        };
+        let (count, _, total) = spans(4096, 0);
+        assert_eq!((count, total), (22, 64));
+        let (count, first, total) = spans(4096, 2);
+        assert_eq!((count, total), (22, 64));
+        assert_eq!(first[..3], [(0, 2), (2, 2), (4, 3)]);
+        assert_eq!((spans(136, 0).0, spans(136, 0).1[0]), (1, (0, 3)));
+        assert_eq!(spans(136, 5).0, 2);
+        assert_eq!(spans(136, 5).1[..2], [(0, 2), (2, 1)]);
+        assert_eq!(spans(392, 1).1[..3], [(0, 2), (2, 3), (5, 2)]);
+        assert_eq!(spans(72, 0).1[0], (0, 2));
+        for s in [(0, 3), (1, 3), (2, 2), (3, 1)].map(|(first, warpgroups)| RowSpan { first, warpgroups }) {
+            assert_eq!(RowSpan::decode(s.encode()), s);
+        }
+        let span = |first, warpgroups| RowSpan { first, warpgroups };
+        assert_eq!([span(0, 3), span(1, 3), span(2, 2), span(1, 1)].map(|s| s.first_scale_block()), [0, 0, 1, 0]);
+        assert_eq!(
+            [(span(0, 3), 4096), (span(1, 3), 4096), (span(1, 1), 4096), (span(63, 1), 4096), (span(0, 3), 100)]
+                .map(|(s, n)| s.scale_blocks(n)),
+            [2, 2, 1, 1, 1]
+        );
+        assert_eq!(weight_map_for(w, 4096, 256).box_dims, [WEIGHT_ROW_BYTES, 192]);
+        assert_eq!(weight_map_for(GemmConfig::M128, 4096, 256), weight_map(4096, 256));
+        // Widths as M128_64; a tile costs more than a 128-row one, less than one and a half.
+        assert_eq!([(176, 1), (65, 0)].map(|(m, i)| w.tile_width(m, 128, i)), [64, 128]);
+        assert!(w.stage_cost(128, 3) > tile_cost(128) && 2 * w.stage_cost(128, 3) < 3 * tile_cost(128));
+        assert_eq!((w.stage_cost(128, 2), GemmConfig::M128_64.stage_cost(64, 1)), (tile_cost(128), tile_cost(64)));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use nvfp4_format::GroupShape;
 use nvfp4_format::InputDistribution::{Competition, FullRange};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
+use nvfp4_gemm_abi::sm90::{GemmConfig, RowSpan};
 use nvfp4_gemm_model_tests::*;
 
 /// The competition's groups (M as in the competition, N ≤ 136, K ≤ 320), with every tail.
@@ -105,6 +106,31 @@ fn model_sm90_t64_variant() {
         let g = groups(&shapes, Competition, 15);
         run_and_check(&format!("sm90 t64 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
             run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::M128_64, r)
+        });
+    }
+}
+
+/// The 192-weight-row variant (`sm90_grouped_gemm_n192`: three consumer warpgroups, 4 stages,
+/// 160 registers per consumer thread from the CTA's pool): the list cuts N = 392 into spans of 3,
+/// 3 and 1 warpgroups (the last 8 rows in scale block 3), N = 136 into one of 3, N = 264 into 3 and
+/// 2 (starting at row 192, the middle of scale block 1), so every span size runs, with idle
+/// warpgroups; a 64-wide tail (176 tokens), K tails and K = 1024 (8 stages in a 4-stage ring), on
+/// 2 CTAs, under two completion orders.
+#[test]
+fn model_sm90_n192_variant() {
+    let shapes = z(&[176, 40, 9], &[392, 136, 264], &[320, 1024, 64]);
+    let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
+    let layout = nvfp4_gemm::layout::Sm90Layout::with_config(&problem, 2, GemmConfig::N192).unwrap();
+    let spans: Vec<_> = layout.work.iter().filter(|w| !w.is_hole()).map(|w| RowSpan::decode(w.tile_n)).collect();
+    for warpgroups in 1..=3 {
+        assert!(spans.iter().any(|s| s.warpgroups == warpgroups), "{spans:?}");
+    }
+    assert!(spans.iter().any(|s| s.row0() % 128 != 0), "{spans:?}");
+    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
+        let run = ModelRun::ordered(order, seed);
+        let g = groups(&shapes, Competition, 16);
+        run_and_check(&format!("sm90 n192 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
+            run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::N192, r)
         });
     }
 }

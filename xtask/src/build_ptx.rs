@@ -98,13 +98,9 @@ pub fn run(args: &[&str]) -> Result<()> {
                 "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
                 arch.name, r.name, r.registers, r.smem, r.stack_frame, r.spill_stores, r.spill_loads
             ));
-            if r.spill_stores + r.spill_loads > 0 {
-                problems.push(format!(
-                    "{} {}: {} bytes of register spills",
-                    arch.name,
-                    r.name,
-                    r.spill_stores + r.spill_loads
-                ));
+            let spilled = r.spill_stores + r.spill_loads;
+            if spilled > spill_allowance(arch.name, &r.name) {
+                problems.push(format!("{} {}: {} bytes of register spills", arch.name, r.name, spilled));
             }
         }
 
@@ -207,4 +203,21 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
         return Err(Error::msg(format!("the kernel build produced no {}", ptx.display())));
     }
     Ok(ptx)
+}
+
+/// Bytes of spill stores and loads a kernel may have (0 for every kernel not listed).
+///
+/// `sm90_grouped_gemm_n192`: its three consumer warpgroups get 160 registers (all the CTA's
+/// 512 × 128 leave beside the producer warpgroup's 32; with 152 ptxas serializes the wgmma
+/// pipeline), and ptxas spills a few values: in the consumers, values that live across tiles,
+/// stored and reloaded in the per-tile setup; in the producer thread, a few of its loop's values
+/// around each stage's empty-barrier wait (local memory, L1-resident, in a thread that mostly
+/// waits). None inside the consumers' K loop (checked with nvdisasm on the committed cubin: no
+/// consumer `STL`/`LDL` between a tile's first barrier wait and its last `WARPGROUP.DEPBAR`).
+/// More spilled bytes than allowed here fail the build like any spill, to be checked the same way.
+fn spill_allowance(arch: &str, kernel: &str) -> u32 {
+    match (arch, kernel) {
+        ("sm_90a", "sm90_grouped_gemm_n192") => 68,
+        _ => 0,
+    }
 }

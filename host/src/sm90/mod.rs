@@ -22,7 +22,10 @@ use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::Result;
 use crate::problem::{GroupBuffers, OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
-use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, WorkItem};
+use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, RowSpan, WorkItem};
+
+/// Most 128-row spans per group `N192`'s work list tries (each three replace two of 192 rows).
+const N192_MAX_TWOS: u32 = 12;
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 
 /// Everything about a problem that does not depend on buffer addresses.
@@ -52,8 +55,11 @@ impl Sm90Layout {
         // The decode variant when every group fits a 16-token tile; else whichever of the general
         // variants finishes its balanced list first (ties: the earlier in this order).
         let general = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
-        let candidates: &[GemmConfig] =
-            if general == GemmConfig::M16 { &[GemmConfig::M16] } else { &[GemmConfig::M128, GemmConfig::M128_64] };
+        let candidates: &[GemmConfig] = if general == GemmConfig::M16 {
+            &[GemmConfig::M16]
+        } else {
+            &[GemmConfig::M128, GemmConfig::M128_64, GemmConfig::N192]
+        };
         let (config, work) = candidates
             .iter()
             .map(|&c| (c, Self::work_list(problem, c, sm_count)))
@@ -101,17 +107,42 @@ impl Sm90Layout {
     }
 
     /// The work list of `problem` under variant `config`, balanced over its persistent grid on
-    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units).
+    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units,
+    /// [`GemmConfig::stage_cost`] per stage). `N192` also chooses how each group's N is cut into
+    /// row spans ([`RowSpan::split`]): the number of 128-row spans per group whose list ends first.
     fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
+        if config.block_n == sm90::BLOCK_N {
+            return Self::work_list_with(problem, config, sm_count, |n| {
+                (0..sm90::n_tiles(n)).map(|tile_n| (tile_n, 2)).collect()
+            });
+        }
+        (0..=N192_MAX_TWOS)
+            .map(|twos| {
+                Self::work_list_with(problem, config, sm_count, |n| {
+                    RowSpan::split(n, twos).map(|span| (span.encode(), span.warpgroups)).collect()
+                })
+            })
+            .min_by_key(|(_, makespan)| *makespan)
+            .expect("at least one split")
+    }
+
+    /// [`Self::work_list`] with each group's weight tiles given by `tiles(n)`: (`tile_n`, consumer
+    /// warpgroups with rows).
+    fn work_list_with(
+        problem: &Problem,
+        config: GemmConfig,
+        sm_count: u32,
+        tiles: impl Fn(u32) -> Vec<(u32, u32)>,
+    ) -> (Vec<WorkItem>, u64) {
         // (item, relative time) in the order group, weight tile, token tile.
         let mut work = vec![];
         for (g, s) in problem.groups().iter().enumerate() {
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             let rows = config.tile_rows(m);
-            for tile_n in 0..sm90::n_tiles(n) {
+            for (tile_n, warpgroups) in tiles(n) {
                 for tile_m in 0..sm90::m_tiles(m, rows) {
                     let width = config.tile_width(m, rows, tile_m);
-                    let cost = sm90::k_stages(k) as u64 * sm90::tile_cost(width) as u64;
+                    let cost = sm90::k_stages(k) as u64 * config.stage_cost(width, warpgroups) as u64;
                     work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
                 }
             }
@@ -177,7 +208,7 @@ impl Sm90Layout {
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(self.config, m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
-                encoder.encode(&sm90::weight_map(n, k), buffers[g].b_values.ptr)?;
+                encoder.encode(&sm90::weight_map_for(self.config, n, k), buffers[g].b_values.ptr)?;
         }
         Ok((params, maps))
     }
@@ -280,7 +311,9 @@ mod tests {
         let cost = |w: &WorkItem| {
             let s = &p.groups()[w.group as usize];
             let rows = l.config.tile_rows(s.m as u32);
-            sm90::k_stages(s.k as u32) as u64 * sm90::tile_cost(l.config.tile_width(s.m as u32, rows, w.tile_m)) as u64
+            let warpgroups = if l.config == GemmConfig::N192 { RowSpan::decode(w.tile_n).warpgroups } else { 2 };
+            sm90::k_stages(s.k as u32) as u64
+                * l.config.stage_cost(l.config.tile_width(s.m as u32, rows, w.tile_m), warpgroups) as u64
         };
         (0..g).map(|b| l.work.iter().skip(b).step_by(g).filter(|w| !w.is_hole()).map(cost).sum()).collect()
     }
@@ -295,8 +328,9 @@ mod tests {
         // weight tile, against 11 of 128.
         let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
         let l = Sm90Layout::with_config(&p, 132, GemmConfig::M128_64).unwrap();
-        // The cost model's own choice, and a variant that cannot run these groups.
-        assert_eq!(Sm90Layout::new(&p, 132).config, GemmConfig::M128_64);
+        // The cost model's own choice (the 192-row variant, `n192_spans_cover_every_row_once`),
+        // and a variant that cannot run these groups.
+        assert_eq!(Sm90Layout::new(&p, 132).config, GemmConfig::N192);
         assert!(Sm90Layout::with_config(&p, 132, GemmConfig::M16).is_none());
         let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
         assert_eq!(real.len(), 32 * 11);
@@ -310,6 +344,32 @@ mod tests {
         // tail, where `M128` (352 long tiles) needs three long ones.
         assert_eq!(*loads.iter().max().unwrap(), 8 * (2 * 228 + 164));
         assert!(loads.iter().max().unwrap() < &(8 * 3 * 228));
+    }
+
+    #[test]
+    fn n192_spans_cover_every_row_once() {
+        // b0's token counts and N: 192- and 128-row spans (the split the cost model prefers),
+        // every 64-row block of every token tile once, and a busiest CTA below `M128_64`'s.
+        let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
+        let l = Sm90Layout::new(&p, 132);
+        assert_eq!(l.config, GemmConfig::N192);
+        assert_eq!(l.gemm.block, 512);
+        let mut blocks = vec![];
+        for w in l.work.iter().filter(|w| !w.is_hole()) {
+            let span = RowSpan::decode(w.tile_n);
+            assert!((1..=3).contains(&span.warpgroups));
+            blocks.extend((span.first..span.first + span.warpgroups).map(|b| (w.group, w.tile_m, b)));
+        }
+        blocks.sort();
+        let expected: Vec<_> = (0..8u32)
+            .flat_map(|g| {
+                let m = p.groups()[g as usize].m as u32;
+                (0..m.div_ceil(128)).flat_map(move |t| (0..64).map(move |b| (g, t, b)))
+            })
+            .collect();
+        assert_eq!(blocks, expected);
+        let t64 = Sm90Layout::with_config(&p, 132, GemmConfig::M128_64).unwrap();
+        assert!(cta_loads(&l, &p).iter().max() < cta_loads(&t64, &p).iter().max());
     }
 
     #[test]

@@ -31,6 +31,20 @@ type Work<'a> = WorkCursor<'a, GroupParams>;
 trait Variant {
     const CFG: GemmConfig;
     type Narrow: MmaShape;
+    /// `setmaxnreg.inc` to the consumers' share ([`GemmConfig::consumer_registers`]; a constant of
+    /// each variant, as the instruction takes an immediate).
+    fn grow_registers() {
+        warp::setmaxnreg_inc::<CONSUMER_REGISTERS>();
+    }
+    /// `setmaxnreg.dec` to the producer's share ([`GemmConfig::producer_registers`]).
+    fn shrink_registers() {
+        warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
+    }
+    /// Whether a consumer loads both chunks' weights and scales at the start of a stage (their
+    /// latencies overlap) or the second chunk's just before decoding it, and reads the group's
+    /// parameters again for the epilogue instead of keeping them through the K loop (registers
+    /// fewer, for a variant whose consumers have less than 176).
+    const EAGER_LOADS: bool = true;
 }
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
@@ -47,6 +61,21 @@ impl Variant for Tail64 {
     type Narrow = wgmma::N64;
 }
 
+/// 192 weight rows (three consumer warpgroups) × 128-token tiles, the group's last tile 64 wide
+/// when its rows fit, 4 stages, one CTA per SM.
+struct Rows192;
+impl Variant for Rows192 {
+    const CFG: GemmConfig = GemmConfig::N192;
+    type Narrow = wgmma::N64;
+    fn grow_registers() {
+        warp::setmaxnreg_inc::<{ GemmConfig::N192.consumer_registers() }>();
+    }
+    fn shrink_registers() {
+        warp::setmaxnreg_dec::<{ GemmConfig::N192.producer_registers() }>();
+    }
+    const EAGER_LOADS: bool = false;
+}
+
 /// 16-token tiles only, 8 stages, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
@@ -56,6 +85,8 @@ impl Variant for Decode {
 
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
+const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m == 128);
+const _: () = assert!(GemmConfig::M128.consumer_registers() == CONSUMER_REGISTERS);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
 struct Smem<V> {
@@ -103,6 +134,17 @@ pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
     unsafe { run::<Tail64, { GemmConfig::M128_64.stages }>(&p) }
 }
 
+/// The 192-weight-row variant: as [`sm90_grouped_gemm_t64`] with tiles of 192 weight rows and
+/// three consumer warpgroups. Launch: `gemm_launch(GemmConfig::N192, ..)`.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_t64`].
+#[crate::ptx::kernel]
+pub unsafe fn sm90_grouped_gemm_n192(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<Rows192, { GemmConfig::N192.stages }>(&p) }
+}
+
 /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
 /// `gemm_launch(GemmConfig::M16, ..)` (two CTAs per SM).
 ///
@@ -143,7 +185,7 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
                 // Registers move from the producer (one thread issues copies) to the consumers;
                 // the decode variant has a producer warp only and no registers to spare.
                 if V::CFG.ctas_per_sm() == 1 {
-                    warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
+                    V::shrink_registers();
                 }
                 if tid == V::CFG.producer_thread() {
                     produce::<V, STAGES>(&st, &p);
@@ -151,7 +193,7 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
             }
             Some((cw, t)) => {
                 if V::CFG.ctas_per_sm() == 1 {
-                    warp::setmaxnreg_inc::<CONSUMER_REGISTERS>();
+                    V::grow_registers();
                 }
                 consume::<V, STAGES>(&st, &p, cw, t);
             }
@@ -175,14 +217,20 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
         let g = unsafe { work.group(t.group) };
         let token_map = work.tensor_map(g.token_map as usize);
         let weight_map = work.tensor_map(weight_map_index(t.group));
-        // The weight tile's 128 rows are one row block of B's blocked scales.
+        // The 128-row blocks of B's blocked scales the tile's rows lie in: one for 128-row tiles.
+        let (first_block, slots) = if V::CFG.block_n == BLOCK_N {
+            (t.tile_n, 1)
+        } else {
+            let span = RowSpan::decode(t.tile_n);
+            (span.first_scale_block(), span.scale_blocks(g.n))
+        };
         let scale_row_block = (g.b_scales as *const u8)
-            .wrapping_add(t.tile_n as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
+            .wrapping_add(first_block as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
         for ks in 0..k_stages(g.k) {
             let chunks = valid_chunks(g.k, ks);
             let stage = ring.acquire();
             let buf = st.stage(stage.index);
-            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m));
+            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m, slots));
             // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {
@@ -191,15 +239,18 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
                     buf.add(V::CFG.weight_offset()),
                     weight_map,
                     (ks * WEIGHT_ROW_BYTES) as i32,
-                    (t.tile_n * BLOCK_N) as i32,
+                    tile_row0::<V>(t) as i32,
                     stage.full,
                 );
-                tma::load_1d(
-                    buf.add(V::CFG.scale_offset()),
-                    scale_row_block.add((ks * CHUNKS_PER_STAGE * SCALE_BLOCK_BYTES) as usize),
-                    chunks * SCALE_BLOCK_BYTES,
-                    stage.full,
-                );
+                for slot in 0..slots {
+                    tma::load_1d(
+                        buf.add(V::CFG.scale_block_offset(slot, 0)),
+                        scale_row_block
+                            .add(((slot * rest_k(g.k) + ks * CHUNKS_PER_STAGE) * SCALE_BLOCK_BYTES) as usize),
+                        chunks * SCALE_BLOCK_BYTES,
+                        stage.full,
+                    );
+                }
                 if !dequantized {
                     // The workspace is written by the token dequantization, which this grid may
                     // overlap (`GEMM_STARTS_EARLY`): wait for it before the first token load.
@@ -218,6 +269,16 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
             }
             ring.commit(stage);
         }
+    }
+}
+
+/// The first weight row of work item `t`: its 128-row tile's, or its [`RowSpan`]'s in `N192`.
+#[inline(always)]
+fn tile_row0<V: Variant>(t: WorkItem) -> u32 {
+    if V::CFG.block_n == BLOCK_N {
+        t.tile_n * BLOCK_N
+    } else {
+        RowSpan::decode(t.tile_n).row0()
     }
 }
 
@@ -260,9 +321,9 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
         // SAFETY: as this function's.
         unsafe {
             if V::CFG.block_m == V::CFG.narrow || V::CFG.tile_width(g.m, g.block_m, tile.tile_m) == V::CFG.narrow {
-                consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, p, &g, tile, cw, t, bf16)
             } else {
-                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, p, &g, tile, cw, t, bf16)
             }
         }
     }
@@ -276,6 +337,7 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
 unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     st: &Smem<V>,
     ring: &mut Consumer<STAGES>,
+    p: &KernelParams,
     g: &GroupParams,
     tile: WorkItem,
     cw: u32,
@@ -284,9 +346,25 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
 ) {
     let (warp, lane) = (t / 32, t % 32);
     let (g8, q) = (lane / 4, lane % 4);
-    // The thread's two weight rows within the 128-row tile.
+    // The thread's two weight rows within the tile, and where their scales are: the stage's scale
+    // slot and the rows within that 128-row block (a warpgroup's 64 rows never straddle one).
     let r0 = cw * WG_ROWS + 16 * warp + g8;
     let r1 = r0 + 8;
+    let (slot, s0) = if V::CFG.block_n == BLOCK_N {
+        (0, r0)
+    } else {
+        let row = tile_row0::<V>(tile) + r0;
+        (row / BLOCK_N - RowSpan::decode(tile.tile_n).first_scale_block(), row % BLOCK_N)
+    };
+    let s1 = s0 + 8;
+    if V::CFG.block_n != BLOCK_N && cw >= RowSpan::decode(tile.tile_n).warpgroups {
+        // The item's rows end before this warpgroup's: nothing to compute or store, but the
+        // stages are released like every consumer's (the empty barriers count all of them).
+        for _ in 0..k_stages(g.k) {
+            ring.wait().release();
+        }
+        return;
+    }
     let mut acc: wgmma::Accumulators = [0.0; 64];
     // The stage whose last MMAs may still be reading it; released once they are known done.
     let mut pending: Option<Stage> = None;
@@ -302,7 +380,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
         // absent chunk read stale bytes that are never used).
         let wbase = buf.add(V::CFG.weight_offset());
         let load = |c: u32| {
-            let sbase = buf.add(V::CFG.scale_block_offset(c));
+            let sbase = buf.add(V::CFG.scale_block_offset(slot, c));
             // SAFETY: aligned offsets inside the stage, which is full and not yet released.
             unsafe {
                 (
@@ -310,17 +388,21 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
                         smem::ld_v2_u32(wbase.add(weight_fragment_offset(r0, c, q))),
                         smem::ld_v2_u32(wbase.add(weight_fragment_offset(r1, c, q))),
                     ],
-                    [smem::ld_u32(sbase.add(scale_word_offset(r0))), smem::ld_u32(sbase.add(scale_word_offset(r1)))],
+                    [smem::ld_u32(sbase.add(scale_word_offset(s0))), smem::ld_u32(sbase.add(scale_word_offset(s1)))],
                 )
             }
         };
-        let (raw0, sw0) = load(0);
-        let (raw1, sw1) = load(1);
-        let raw = [raw0, raw1];
-        let scale_words = [sw0, sw1];
+        let first = load(0);
+        let second = if V::EAGER_LOADS { load(1) } else { first };
         for c in 0..CHUNKS_PER_STAGE {
             if c < chunks {
-                let (rw, sw) = (raw[c as usize], scale_words[c as usize]);
+                let (rw, sw) = if c == 0 {
+                    first
+                } else if V::EAGER_LOADS {
+                    second
+                } else {
+                    load(1)
+                };
                 // The block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
                 let s0 = convert::e4m3_byte_to_f16x2_times_128(sw[0], q);
                 let s1 = convert::e4m3_byte_to_f16x2_times_128(sw[1], q);
@@ -350,8 +432,14 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     if let Some(prev) = pending {
         prev.release();
     }
+    // SAFETY: the tile's group indexes the table (read again where registers are short).
+    let (g, bf16) = if V::EAGER_LOADS {
+        (*g, bf16)
+    } else {
+        (unsafe { *(p.groups as *const GroupParams).add(tile.group as usize) }, p.out_bf16 != 0)
+    };
     // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
-    unsafe { store_tile::<V, S>(&acc, g, tile, bf16) };
+    unsafe { store_tile::<V, S>(&acc, &g, tile, bf16) };
 }
 
 /// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
@@ -384,7 +472,7 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let (warp, g8, q) = (t / 32, (t % 32) / 4, t % 4);
     let c = g.c as *mut u16;
     let odd = g8 % 2;
-    let n_pair = tile.tile_n * BLOCK_N + cw * WG_ROWS + 16 * warp + (g8 - odd);
+    let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (g8 - odd);
     // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
     let m_base = tile.tile_m * g.block_m + 2 * q + odd;
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
