@@ -132,8 +132,9 @@ impl ArchPlan for Sm90Plan {
         PlanSummary {
             arch: Arch::Sm90a,
             kernel: format!(
-                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{} (tokens x weights; N = {}), {} stages of K {}, {} CTA(s) per SM",
-                sm90::BLOCK_N,
+                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{}{} (tokens x weights; N = {}), {} stages of K {}, {} CTA(s) per SM",
+                l.config.block_n,
+                if l.config.block_n == sm90::BLOCK_N { "" } else { " (or 128, 64 where the host cuts N so)" },
                 super::widths(l.config),
                 l.config.stages,
                 sm90::BLOCK_K,
