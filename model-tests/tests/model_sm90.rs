@@ -100,12 +100,16 @@ fn model_sm90_balanced_list_with_holes() {
 /// and N = 8·odd, on 2 CTAs, under two completion orders.
 #[test]
 fn model_sm90_t64_variant() {
-    let shapes = z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]);
-    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
-        let run = ModelRun::ordered(order, seed);
-        let g = groups(&shapes, Competition, 15);
-        run_and_check(&format!("sm90 t64 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
-            run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::M128_64, r)
+    check_variant("sm90 t64", &z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]), 15, GemmConfig::M128_64);
+}
+
+/// `shapes` (seed `seed`) with the GEMM variant `config` on 2 CTAs, in order and in random order.
+fn check_variant(name: &str, shapes: &[GroupShape], seed: u64, config: GemmConfig) {
+    for (order, order_seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
+        let run = ModelRun::ordered(order, order_seed);
+        let g = groups(shapes, Competition, seed);
+        run_and_check(&format!("{name} {order:?} seed {order_seed}"), &g, F16, &run, |o, r| {
+            run_sm90_with(o, 2, config, r)
         });
     }
 }
@@ -126,13 +130,7 @@ fn model_sm90_n192_variant() {
         assert!(spans.iter().any(|s| s.warpgroups == warpgroups), "{spans:?}");
     }
     assert!(spans.iter().any(|s| s.row0() % 128 != 0), "{spans:?}");
-    for (order, seed) in [(Completion::InOrder, 1), (Completion::Random, 3)] {
-        let run = ModelRun::ordered(order, seed);
-        let g = groups(&shapes, Competition, 16);
-        run_and_check(&format!("sm90 n192 {order:?} seed {seed}"), &g, F16, &run, |o, r| {
-            run_sm90_with(o, 2, nvfp4_gemm_abi::sm90::GemmConfig::N192, r)
-        });
-    }
+    check_variant("sm90 n192", &shapes, 16, GemmConfig::N192);
 }
 
 /// The competition's 10 test shapes and the K = 128/384 one, unscaled. About 45 s of one core in
