@@ -586,8 +586,9 @@ pub const fn tile_cost(rows: u32) -> u32 {
 pub const TILE_FIXED_COST: u32 = 100;
 
 /// [`TILE_FIXED_COST`] of an `N192` item of 3 warpgroups, in the same units (a 128-row stage of
-/// `M128` costs 228): on the H200 a 192-row stage took ~1.3 times a 128-row one of
-/// `sm90_grouped_gemm_t64` (b2, b3, one tile per CTA), `(F + 192) ≈ 1.3 · 228`.
+/// `M128` costs 228): a 192-row stage costs `(140 + 192) / 228 ≈ 1.46` times a 128-row one.
+/// Calibrated on the H200 over 90 / 111 / 140 / 170 by b0's and b1's times (PERF.md #20b); with
+/// one tile per CTA (b3, 88 SMs busy) a 192-row stage took only ~1.3 times as long.
 pub const N192_TILE_FIXED_COST: u32 = 140;
 
 impl GemmConfig {

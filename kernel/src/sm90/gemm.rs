@@ -1,11 +1,12 @@
 //! `sm90_grouped_gemm`: persistent, warp-specialized swap-AB GEMM over all tiles of all groups.
 //!
-//! CTA = 3 warpgroups. Warpgroup 0 is the producer (one thread issues every TMA); warpgroups 1 and 2
-//! are consumers, each owning 64 of the tile's 128 weight rows. Per stage of 128 K values the
-//! producer loads, completing on `full[stage]`:
+//! CTA = 3 warpgroups (4 in `sm90_grouped_gemm_n192`). Warpgroup 0 is the producer (one thread
+//! issues every TMA); the others are consumers, each owning 64 of the tile's 128 (192) weight rows.
+//! Per stage of 128 K values the producer loads, completing on `full[stage]`:
 //! - per valid 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace,
-//! - a `128 × 64`-byte box of packed weights (64-byte swizzle),
-//! - the weights' scale blocks (one contiguous 512-byte block per chunk, bulk copy).
+//! - a `block_n × 64`-byte box of packed weights (64-byte swizzle),
+//! - the weights' scale blocks (per 128-row block of B's scales the tile's rows lie in, one
+//!   contiguous 512-byte block per chunk, bulk copy).
 //!
 //! Consumers wait on `full[stage]`, and per chunk: load 8 bytes (16 e2m1 = one scale block) of each
 //! of their two weight rows, decode to f16 and multiply by the block scale (exact), which gives the
