@@ -22,6 +22,19 @@ const DEQUANT: &str = "sm90_dequant_tokens";
 /// against another on the same problem. Unset in normal use.
 pub const KERNEL_OVERRIDE: &str = "NVFP4_GEMM_SM90_KERNEL";
 
+/// The layout of `problem` on `sm_count` SMs: the cost model's choice, or the GEMM kernel named
+/// `kernel` (the value of [`KERNEL_OVERRIDE`]); a name that is no sm_90a GEMM kernel, or a variant
+/// that cannot run the problem, is an error.
+fn layout_for(problem: &Problem, sm_count: u32, kernel: Option<&str>) -> Result<Sm90Layout> {
+    let Some(name) = kernel else { return Ok(Sm90Layout::new(problem, sm_count)) };
+    let config = GemmConfig::ALL
+        .into_iter()
+        .find(|c| c.kernel_name() == name)
+        .ok_or_else(|| Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: not an sm_90a GEMM kernel")))?;
+    Sm90Layout::with_config(problem, sm_count, config)
+        .ok_or_else(|| Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: that variant cannot run this problem")))
+}
+
 /// An sm_90a plan on a device: the layout, both functions, the device tables (group parameters,
 /// tensor maps, work list) and the f16 token workspace, allocated once by [`Sm90Plan::new`].
 pub(crate) struct Sm90Plan {
@@ -41,17 +54,7 @@ pub(crate) struct Sm90Plan {
 impl Sm90Plan {
     /// Plans `problem` for `gpu` and allocates the tables and the workspace.
     pub fn new(gpu: &Gpu, problem: &Problem) -> Result<Sm90Plan> {
-        let layout = match std::env::var(KERNEL_OVERRIDE) {
-            Ok(name) => {
-                let config = GemmConfig::ALL.into_iter().find(|c| c.kernel_name() == name).ok_or_else(|| {
-                    Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: not an sm_90a GEMM kernel"))
-                })?;
-                Sm90Layout::with_config(problem, gpu.sm_count(), config).ok_or_else(|| {
-                    Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: that variant cannot run this problem"))
-                })?
-            }
-            Err(_) => Sm90Layout::new(problem, gpu.sm_count()),
-        };
+        let layout = layout_for(problem, gpu.sm_count(), std::env::var(KERNEL_OVERRIDE).ok().as_deref())?;
         let stream = gpu.context().default_stream();
         let d = |e| Error::driver("allocating the plan's device tables", e);
         let g = problem.groups().len().max(1);
@@ -144,5 +147,30 @@ impl ArchPlan for Sm90Plan {
             launches: if l.work.is_empty() { vec![] } else { launches },
             workspace_bytes: l.workspace_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{GroupShape, OutputType};
+
+    #[test]
+    fn kernel_override_names_a_variant_that_can_run_the_problem() {
+        let p =
+            Problem::new(vec![GroupShape::new(200, 512, 256), GroupShape::new(3, 512, 256)], OutputType::F16).unwrap();
+        assert_eq!(layout_for(&p, 132, None).unwrap().config, Sm90Layout::new(&p, 132).config);
+        for c in [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::N192] {
+            assert_eq!(layout_for(&p, 132, Some(c.kernel_name())).unwrap().config, c);
+        }
+        let err = |name| layout_for(&p, 132, Some(name)).unwrap_err().to_string();
+        assert!(
+            err("sm90_grouped_gemm_decode").contains("cannot run this problem"),
+            "{}",
+            err("sm90_grouped_gemm_decode")
+        );
+        assert!(err("sm100_gemm_n128_deep").contains("not an sm_90a GEMM kernel"));
+        let decode = Problem::new(vec![GroupShape::new(16, 512, 256)], OutputType::F16).unwrap();
+        assert_eq!(layout_for(&decode, 132, Some("sm90_grouped_gemm_decode")).unwrap().config, GemmConfig::M16);
     }
 }
