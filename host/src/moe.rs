@@ -65,12 +65,12 @@
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
 use crate::plan::{Nvfp4Operand, Output, PlanSummary};
-use crate::problem::{view, view_mut, BufferView, OutputType, BUFFER_ALIGN, MAX_DIM};
+use crate::problem::{BufferView, CallBuffers, OutputType, BUFFER_ALIGN, MAX_DIM};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
 use crate::sm100::Sm100DevicePlan;
 use crate::sm90::Sm90DevicePlan;
 use crate::upload::DeviceNvfp4;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupedConvertParams};
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
@@ -464,18 +464,16 @@ impl MoePlan {
     /// kernels run. Every buffer is validated first; on any error nothing is launched.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut MoeArgs<'_>) -> Result<()> {
         let stream: &CudaStream = stream_arc;
-        let mut guards: Vec<SyncOnDrop<'s>> = Vec::with_capacity(5 + 2 * args.weights.len());
-        let sizes = view(args.sizes, stream, &mut guards);
-        let a_values = view(args.a.values, stream, &mut guards);
-        let a_scales = view(args.a.scales, stream, &mut guards);
-        let weights: Vec<(BufferView, BufferView)> = args
-            .weights
-            .iter()
-            .map(|w| (view(w.values, stream, &mut guards), view(w.scales, stream, &mut guards)))
-            .collect();
+        // Holds the buffers' stream-ordering guards until the launches are enqueued.
+        let mut call = CallBuffers::new(stream);
+        let sizes = call.read(args.sizes);
+        let a_values = call.read(args.a.values);
+        let a_scales = call.read(args.a.scales);
+        let weights: Vec<(BufferView, BufferView)> =
+            args.weights.iter().map(|w| (call.read(w.values), call.read(w.scales))).collect();
         let (c, c_type) = match &mut args.c {
-            Output::F16(c) => (view_mut(&mut **c, stream, &mut guards), OutputType::F16),
-            Output::Bf16(c) => (view_mut(&mut **c, stream, &mut guards), OutputType::Bf16),
+            Output::F16(c) => (call.write(&mut **c), OutputType::F16),
+            Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
         };
         let buffers = MoeBuffers { sizes, a_values, a_scales, weights, alphas: args.alphas.to_vec(), c, c_type };
         validate_moe_buffers(&self.problem, &buffers)?;
@@ -553,11 +551,11 @@ impl Quantizer {
         global_scale: f32,
         out: Nvfp4OperandMut<'_>,
     ) -> Result<()> {
-        let mut guards = vec![];
-        let dense = view(input, stream, &mut guards);
-        let sizes_view = view(sizes, stream, &mut guards);
-        let values = view_mut(out.values, stream, &mut guards);
-        let scales = view_mut(out.scales, stream, &mut guards);
+        let mut call = CallBuffers::new(stream);
+        let dense = call.read(input);
+        let sizes_view = call.read(sizes);
+        let values = call.write(out.values);
+        let scales = call.write(out.scales);
         let params = validate_grouped_quantize(problem, dense, sizes_view, values, scales, global_scale, T::BF16)?;
         let items = params.convert.rows as u64 * (params.convert.k / qabi::BLOCK) as u64;
         // SAFETY: the validation checked every length, alignment and overlap the kernel relies on

@@ -198,31 +198,6 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
     Ok(())
 }
 
-/// Address and length of a buffer a call reads; the guard (kept in `guards` until the launches are
-/// enqueued) records the read on drop.
-pub(crate) fn view<'s, T>(
-    p: &'s dyn DevicePtr<T>,
-    stream: &'s CudaStream,
-    guards: &mut Vec<SyncOnDrop<'s>>,
-) -> BufferView {
-    let len = p.len();
-    let (ptr, guard) = p.device_ptr(stream);
-    guards.push(guard);
-    BufferView { ptr, len }
-}
-
-/// Address and length of a buffer a call writes; the guard records the write on drop.
-pub(crate) fn view_mut<'s, T>(
-    p: &'s mut dyn DevicePtrMut<T>,
-    stream: &'s CudaStream,
-    guards: &mut Vec<SyncOnDrop<'s>>,
-) -> BufferView {
-    let len = p.len();
-    let (ptr, guard) = p.device_ptr_mut(stream);
-    guards.push(guard);
-    BufferView { ptr, len }
-}
-
 /// The views of one call's buffers and cudarc's stream-ordering guards for them ([`SyncOnDrop`]).
 ///
 /// While the context manages cross-stream synchronization (more than one stream and event

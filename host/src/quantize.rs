@@ -29,7 +29,7 @@ use crate::device::Gpu;
 use crate::driver::launch::launch;
 use crate::error::{Error, Result};
 use crate::plan::Nvfp4Operand;
-use crate::problem::{BufferView, BUFFER_ALIGN};
+use crate::problem::{BufferView, CallBuffers, BUFFER_ALIGN};
 use crate::upload::DeviceNvfp4;
 use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::{bf16, f16};
@@ -144,15 +144,9 @@ impl Quantizer {
         global_scale: f32,
         out: Nvfp4OperandMut<'_>,
     ) -> Result<()> {
-        let (values_len, scales_len) = (out.values.len(), out.scales.len());
-        let (dense_ptr, _g0) = input.device_ptr(stream);
-        let (values_ptr, _g1) = out.values.device_ptr_mut(stream);
-        let (scales_ptr, _g2) = out.scales.device_ptr_mut(stream);
-        let buffers = Buffers {
-            dense: BufferView { ptr: dense_ptr, len: input.len() },
-            values: BufferView { ptr: values_ptr, len: values_len },
-            scales: BufferView { ptr: scales_ptr, len: scales_len },
-        };
+        let mut call = CallBuffers::new(stream);
+        let buffers =
+            Buffers { dense: call.read(input), values: call.write(out.values), scales: call.write(out.scales) };
         let Some((params, items)) = validate(Direction::Quantize, rows, k, global_scale, T::BF16, &buffers)? else {
             return Ok(());
         };
@@ -174,15 +168,9 @@ impl Quantizer {
         global_scale: f32,
         output: &mut dyn DevicePtrMut<T>,
     ) -> Result<()> {
-        let (values_ptr, _g0) = input.values.device_ptr(stream);
-        let (scales_ptr, _g1) = input.scales.device_ptr(stream);
-        let len = output.len();
-        let (dense_ptr, _g2) = output.device_ptr_mut(stream);
-        let buffers = Buffers {
-            dense: BufferView { ptr: dense_ptr, len },
-            values: BufferView { ptr: values_ptr, len: input.values.len() },
-            scales: BufferView { ptr: scales_ptr, len: input.scales.len() },
-        };
+        let mut call = CallBuffers::new(stream);
+        let buffers =
+            Buffers { values: call.read(input.values), scales: call.read(input.scales), dense: call.write(output) };
         let Some((params, items)) = validate(Direction::Dequantize, rows, k, global_scale, T::BF16, &buffers)? else {
             return Ok(());
         };
