@@ -70,6 +70,14 @@ pub const fn groups_per_thread(groups: u32) -> u32 {
     groups.div_ceil(SCHEDULE_THREADS)
 }
 
+/// The groups scheduling thread `tid` handles: `first .. end` (empty, possibly with
+/// `first > end`, for the threads past the last group).
+pub const fn thread_groups(groups: u32, tid: u32) -> (u32, u32) {
+    let per = groups_per_thread(groups);
+    let first = tid * per;
+    (first, if first + per < groups { first + per } else { groups })
+}
+
 /// Scale rows per blocked-layout row block.
 const BLOCK_ROWS: u32 = crate::scale_layout::BLOCK_ROWS;
 
@@ -496,6 +504,8 @@ mod tests {
         assert_eq!(schedule_smem::bytes(1), 96 + 8 + 4);
         assert_eq!((groups_per_thread(1), groups_per_thread(256), groups_per_thread(257)), (1, 1, 2));
         assert_eq!(groups_per_thread(MAX_GROUPS), 16);
+        assert_eq!([0, 1, 255].map(|t| thread_groups(300, t)), [(0, 2), (2, 4), (510, 300)]);
+        assert_eq!([0, 99, 100].map(|t| thread_groups(100, t)), [(0, 1), (99, 100), (100, 100)]);
         assert!(schedule_smem::bytes(MAX_GROUPS) <= 48 * 1024, "no opt-in needed");
     }
 }

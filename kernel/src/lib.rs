@@ -22,6 +22,7 @@
 #![feature(macro_attr)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod moe;
 pub mod pipeline;
 pub mod ptx;
 pub mod quantize;

@@ -35,10 +35,8 @@ pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
     let rk = rest_k(c.k);
     let global = c.global_scale as f64;
     let bf16 = c.bf16 != 0;
-    let sizes = p.sizes.sizes as *const u32;
-    let sizes_len = p.sizes.sizes_len();
-    // SAFETY: `i < sizes_len` indexes the sizes array.
-    let load = |i: u32| if i < sizes_len { unsafe { *sizes.add(i as usize) } } else { 0 };
+    // SAFETY: the sizes array is readable (the caller's contract).
+    let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
     let mut item = sreg::ctaid_x() * THREADS + sreg::tid_x();
     let stride = sreg::nctaid_x() * THREADS;
     while item < items {

@@ -21,7 +21,7 @@
 
 use crate::ptx::{barrier, smem, sreg};
 use crate::scan;
-use nvfp4_gemm_abi::moe::{groups_per_thread, schedule_smem, ScheduleParams, STATUS_WORK_OVERFLOW};
+use nvfp4_gemm_abi::moe::{schedule_smem, thread_groups, ScheduleParams, STATUS_WORK_OVERFLOW};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
 use nvfp4_gemm_abi::sm100::params::GroupParams;
 use nvfp4_gemm_abi::sm100::{device_item_index, slot_tile_n, slots_per_m_tile, BlockN, WorkItem};
@@ -40,10 +40,8 @@ pub unsafe fn sm100_schedule(p: ScheduleParams) {
     let tid = sreg::tid_x();
     let (warp, lane) = (tid / 32, tid % 32);
     let groups = p.sizes.groups;
-    let sizes = p.sizes.sizes as *const u32;
-    let sizes_len = p.sizes.sizes_len();
-    // SAFETY: `i < sizes_len` indexes the sizes array.
-    let load = |i: u32| if i < sizes_len { unsafe { *sizes.add(i as usize) } } else { 0 };
+    // SAFETY: the sizes array is readable (the caller's contract).
+    let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
     // The shared tables as `.shared` addresses (byte offsets from the `schedule_smem` layout).
     let sm = smem::dynamic_base();
     let at = |byte: u32, i: u32| sm.add(byte + 4 * i);
@@ -54,9 +52,7 @@ pub unsafe fn sm100_schedule(p: ScheduleParams) {
         s => s,
     };
     let capacity_rows = p.max_work / slots;
-    let per = groups_per_thread(groups);
-    let first = tid * per;
-    let end = if first + per < groups { first + per } else { groups };
+    let (first, end) = thread_groups(groups, tid);
 
     // 1. This thread's groups: M tiles, status.
     let (mut my_rows, mut status) = (0u32, 0u32);

@@ -17,7 +17,7 @@
 
 use crate::ptx::{barrier, smem, sreg};
 use crate::scan;
-use nvfp4_gemm_abi::moe::{groups_per_thread, schedule_smem, sm90_m_tiles, ScheduleParams, STATUS_WORK_OVERFLOW};
+use nvfp4_gemm_abi::moe::{schedule_smem, sm90_m_tiles, thread_groups, ScheduleParams, STATUS_WORK_OVERFLOW};
 use nvfp4_gemm_abi::sm90::{dequant_ctas, n_tiles, token_tile_rows, GroupParams, WorkItem, SMALL_TILE_M};
 
 const WARPS: u32 = schedule_smem::WARPS;
@@ -34,17 +34,13 @@ pub unsafe fn sm90_schedule(p: ScheduleParams) {
     let tid = sreg::tid_x();
     let (warp, lane) = (tid / 32, tid % 32);
     let groups = p.sizes.groups;
-    let sizes = p.sizes.sizes as *const u32;
-    let sizes_len = p.sizes.sizes_len();
-    // SAFETY: `i < sizes_len` indexes the sizes array.
-    let load = |i: u32| if i < sizes_len { unsafe { *sizes.add(i as usize) } } else { 0 };
+    // SAFETY: the sizes array is readable (the caller's contract).
+    let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
     // The shared tables as `.shared` addresses (byte offsets from the `schedule_smem` layout).
     let sm = smem::dynamic_base();
     let at = |byte: u32, i: u32| sm.add(byte + 4 * i);
     let weight_tiles = n_tiles(p.n);
-    let per = groups_per_thread(groups);
-    let first = tid * per;
-    let end = if first + per < groups { first + per } else { groups };
+    let (first, end) = thread_groups(groups, tid);
 
     // 1. This thread's groups: tiles, CTAs, status.
     let (mut my_tiles, mut my_ctas, mut status) = (0u32, 0u32, 0u32);
