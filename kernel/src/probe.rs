@@ -46,6 +46,23 @@ fn wait(bar: Mbarrier, parity: u32, cluster: bool) -> bool {
     }
 }
 
+/// The start of the probes that copy with TMA: thread 0 prefetches `map` and initializes `full`
+/// (one arrival: the copier's), then a CTA barrier.
+///
+/// # Safety
+/// Every thread of the CTA calls it before touching `full`; `map` is a valid tensor map.
+#[inline(always)]
+unsafe fn init_copy_barrier(tid: u32, map: *const tma::TensorMap, full: Mbarrier) {
+    if tid == 0 {
+        tma::prefetch_tensormap(map);
+        // SAFETY: nobody else uses the barrier before the CTA barrier below.
+        unsafe { full.init(1) };
+        fence::mbarrier_init();
+    }
+    // SAFETY: every thread reaches it (the caller's contract).
+    unsafe { barrier::sync_all() };
+}
+
 /// See the module docs. `p.map`: the tensor map; `p.input`: the bulk source; `p.out`: box bytes,
 /// bulk bytes, then the status word. Arguments: `TMA_ARG_*`.
 ///
@@ -63,14 +80,8 @@ pub unsafe fn tma_probe(p: ProbeParams) {
     let full = Mbarrier(base);
     let tile = base.add(PROBE_BARRIER_BYTES);
     let tid = sreg::tid_x();
-    if tid == 0 {
-        tma::prefetch_tensormap(map);
-        // SAFETY: nobody else uses the barrier before the CTA barrier below.
-        unsafe { full.init(1) };
-        fence::mbarrier_init();
-    }
-    // SAFETY: every thread reaches it.
-    unsafe { barrier::sync_all() };
+    // SAFETY: every thread of the CTA calls it, first thing.
+    unsafe { init_copy_barrier(tid, map, full) };
     if tid == 0 {
         let copies_first = p.args[TMA_ARG_COPIES_FIRST] != 0;
         if !copies_first {
@@ -247,14 +258,8 @@ unsafe fn run_wgmma_probe<S: MmaShape>(p: &ProbeParams) {
     let full = Mbarrier(base);
     let tile = |c: u32| -> SmemAddr { base.add(PROBE_BARRIER_BYTES + c * chunk_bytes) };
     let tid = sreg::tid_x();
-    if tid == 0 {
-        tma::prefetch_tensormap(map);
-        // SAFETY: nobody else uses the barrier before the CTA barrier below.
-        unsafe { full.init(1) };
-        fence::mbarrier_init();
-    }
-    // SAFETY: every thread reaches it.
-    unsafe { barrier::sync_all() };
+    // SAFETY: every thread of the CTA calls it, first thing.
+    unsafe { init_copy_barrier(tid, map, full) };
     if tid == 0 {
         full.arrive_expect_tx(chunks * chunk_bytes);
         for c in 0..chunks {
