@@ -30,3 +30,23 @@ fn model_sm90_e2m1_decoder_every_code_every_position() {
     assert_eq!(half::f16::from_bits(F16X2_128 as u16).to_f32(), 128.0);
     assert_eq!(F16X2_128 >> 16, F16X2_128 & 0xFFFF);
 }
+
+/// The eight-value decoder against the one-pair decoder (which places magnitude and sign with
+/// separate shifts) on a million pseudo-random words and the extreme ones: the eight-value form
+/// lets garbage into bits its masks drop, so any bit it failed to drop would show here.
+#[test]
+fn model_sm90_e2m1_decoder_matches_pair_decoder_on_random_words() {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let words = (0..1 << 20).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 16) as u32
+    });
+    for q in words.chain([0, u32::MAX, 0x8888_8888, 0x7777_7777, 0x0F0F_0F0F, 0xF0F0_F0F0]) {
+        let got = e2m1x8_to_f16x2_scaled(q);
+        for k in 0..4 {
+            assert_eq!(got[k as usize], e2m1x2_pair_to_f16x2_scaled(q, 4 * k), "word {q:#010x} pair {k}");
+        }
+    }
+}

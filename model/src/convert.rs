@@ -1,6 +1,15 @@
 //! Register-only instructions the kernels use, bit-exact from their ISA definitions. They need no
 //! model state; the kernel crate may call them directly on the host.
 
+/// `lop3.b32 d, a, b, c, lut;` (PTX ISA, "Logic and Shift Instructions: lop3"; §9.7.7.6 in 8.1): bit `i` of `d` is bit
+/// `4·a[i] + 2·b[i] + c[i]` of the 8-bit truth table `lut` (so `a & b & c` is `0x80`).
+pub fn lop3(a: u32, b: u32, c: u32, lut: u8) -> u32 {
+    (0..32).fold(0u32, |d, i| {
+        let index = ((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1);
+        d | (((lut as u32) >> index) & 1) << i
+    })
+}
+
 /// `prmt.b32 d, a, b, c;` default mode (PTX ISA 9.0 §9.7.9.7): the eight bytes `{b, a}` (a = bytes
 /// 0–3) are indexed by the four selector nibbles of `c`; bit 3 of a nibble replicates the selected
 /// byte's sign bit instead.
@@ -73,6 +82,19 @@ pub fn cvt_rn_bf16_f64(x: f64) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lop3_truth_tables() {
+        let (a, b, c) = (0xF0F0_1234u32, 0xCCCC_8765, 0xAAAA_F00F);
+        assert_eq!(lop3(a, b, c, 0x80), a & b & c);
+        assert_eq!(lop3(a, b, c, 0xFE), a | b | c);
+        assert_eq!(lop3(a, b, c, 0x96), a ^ b ^ c);
+        assert_eq!(lop3(a, b, c, 0xE4), (a & c) | (b & !c));
+        // The operands' own tables reproduce them.
+        assert_eq!(lop3(a, b, c, 0xF0), a);
+        assert_eq!(lop3(a, b, c, 0xCC), b);
+        assert_eq!(lop3(a, b, c, 0xAA), c);
+    }
 
     #[test]
     fn prmt_selects_and_replicates_signs() {

@@ -14,18 +14,50 @@ use core::arch::asm;
 /// An e2m1 magnitude `eem` placed at f16 bits 11..9 is an f16 with exponent field `ee` and top
 /// mantissa bit `m`: exactly the e2m1 value times 2⁻¹⁴ (also for `ee = 0`, where both formats are
 /// subnormal); the sign goes to bit 15. Elements `k` and `k + 4` sit 16 bits apart in `q`, so one
-/// shift moves both magnitudes into place and another both signs (for `k = 3` the signs are
-/// already at bits 15 and 31). Plain integer arithmetic, no `asm!`: the same on every target.
+/// shift places both. A magnitude needs a shift 3 bits shorter than its sign, so first each
+/// nibble's sign is copied 3 bits up, next to its magnitude: `even` holds the magnitudes of the
+/// low nibbles of each byte as they are and their signs 3 bits higher (bit 6 of the byte), `odd`
+/// the same for the high nibbles (sign in bit 2 of the next byte); every other bit of the two is
+/// garbage that the final mask drops. Then one shift and one mask make each word: 12 integer
+/// operations per 8 values (one `lop3` each for `even` and `odd`, [`select_bits`]), where shifting
+/// magnitude and sign separately takes 15. For `k = 3` the last sign would leave the word, so that
+/// word keeps the separate form (its signs already sit at bits 15 and 31).
 #[inline(always)]
 pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
     const MAGNITUDE: u32 = 0x0E00_0E00;
     const SIGN: u32 = 0x8000_8000;
+    const LOW_NIBBLE_MAGNITUDES: u32 = 0x0707_0707;
+    const HIGH_NIBBLE_MAGNITUDES: u32 = 0x7070_7070;
+    let q3 = q << 3;
+    let even = select_bits(LOW_NIBBLE_MAGNITUDES, q, q3);
+    let odd = select_bits(HIGH_NIBBLE_MAGNITUDES, q, q3);
     [
-        ((q << 9) & MAGNITUDE) | ((q << 12) & SIGN),
-        ((q << 5) & MAGNITUDE) | ((q << 8) & SIGN),
-        ((q << 1) & MAGNITUDE) | ((q << 4) & SIGN),
+        (even << 9) & (MAGNITUDE | SIGN),
+        (odd << 5) & (MAGNITUDE | SIGN),
+        (even << 1) & (MAGNITUDE | SIGN),
         ((q >> 3) & MAGNITUDE) | (q & SIGN),
     ]
+}
+
+/// The bits of `if_set` where `mask` is 1 and those of `if_clear` where it is 0, as one
+/// `lop3.b32 d, a, b, c, 0xE4;` (PTX ISA, "Logic and Shift Instructions: lop3"; table `(a & c) | (b & ~c)`). Written as
+/// `asm!` because LLVM narrows the two masks of the plain expression by the bits its users need,
+/// and ptxas then emits two or three instructions instead of one.
+#[inline(always)]
+pub fn select_bits(mask: u32, if_set: u32, if_clear: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("lop3.b32 {d}, {a}, {b}, {c}, 0xE4;", d = out(reg32) d, a = in(reg32) if_set, b = in(reg32) if_clear,
+                 c = in(reg32) mask, options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::lop3(if_set, if_clear, mask, 0xE4);
+    d
 }
 
 /// One pair of [`e2m1x8_to_f16x2_scaled`] alone: pair `shift / 4` of word `q` (`shift` = 0, 4, 8
