@@ -50,3 +50,24 @@ fn model_sm90_e2m1_decoder_matches_pair_decoder_on_random_words() {
         }
     }
 }
+
+/// Two rows' scales in one f16x2 are each row's broadcast scale in one half, and multiplying by a
+/// half equals multiplying by that half broadcast: every pair of scale bytes, every byte position.
+#[test]
+fn model_sm90_paired_scales_match_broadcast_scales() {
+    use nvfp4_gemm_kernel::ptx::convert::{e4m3_byte_to_f16x2_times_128, e4m3_bytes_to_f16x2_times_128, mul_f16x2_by_half, mul_f16x2};
+    for b0 in 0..256u32 {
+        for b1 in (0..256u32).step_by(7) {
+            for q in 0..4 {
+                let (w0, w1) = (b0 << (8 * q) | 0x5A5A_5A5A & !(0xFF << (8 * q)), b1 << (8 * q));
+                let both = e4m3_bytes_to_f16x2_times_128(w0, w1, q);
+                let (s0, s1) = (e4m3_byte_to_f16x2_times_128(w0, q), e4m3_byte_to_f16x2_times_128(w1, q));
+                assert_eq!(both & 0xFFFF, s0 & 0xFFFF, "bytes {b0:#x} {b1:#x} at {q}");
+                assert_eq!(both >> 16, s1 >> 16, "bytes {b0:#x} {b1:#x} at {q}");
+                let a = 0x3C00_B800 ^ (b0 << 3 | b1 << 19);
+                assert_eq!(mul_f16x2_by_half::<false>(a, both).to_ne_bytes(), mul_f16x2(a, s0).to_ne_bytes());
+                assert_eq!(mul_f16x2_by_half::<true>(a, both).to_ne_bytes(), mul_f16x2(a, s1).to_ne_bytes());
+            }
+        }
+    }
+}

@@ -82,6 +82,79 @@ pub fn e4m3_byte_to_f16x2_times_128(w: u32, q: u32) -> u32 {
     mul_f16x2(e4m3_byte_to_f16x2(w, q), F16X2_128)
 }
 
+/// The e4m3 scale bytes `q` (0..4) of `w0` and of `w1`, each times 2⁷, in one f16x2 (`w0`'s in
+/// the low half): two rows' block scales for [`mul_f16x2_by_half`], with one `prmt`, one
+/// `cvt.rn.f16x2.e4m3x2` and one multiplication for both (exact, as
+/// [`e4m3_byte_to_f16x2_times_128`]).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn e4m3_bytes_to_f16x2_times_128(w0: u32, w1: u32, q: u32) -> u32 {
+    // Selector nibbles: byte q of `w0` (bytes 0..4), then byte q of `w1` (bytes 4..8).
+    let sel = q | ((q + 4) << 4);
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .b32 t;",
+                ".reg .b16 h;",
+                "prmt.b32 t, {a}, {b}, {sel};",
+                "cvt.u16.u32 h, t;",
+                "cvt.rn.f16x2.e4m3x2 {d}, h;",
+                "}}",
+                a = in(reg32) w0, b = in(reg32) w1, sel = in(reg32) sel, d = out(reg32) d, options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::cvt_f16x2_e4m3x2(model::prmt(w0, w1, sel) as u16);
+    mul_f16x2(d, F16X2_128)
+}
+
+/// Both halves of `a` times one half of `s` (`HIGH`: the upper one): `mul.rn.f16x2` with the half
+/// broadcast by `mov.b32 {h, h}` (PTX ISA, "Data Movement and Conversion Instructions: mov"),
+/// which ptxas folds into the multiplication's operand selector (`.H0_H0` / `.H1_H1`).
+#[inline(always)]
+pub fn mul_f16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            if HIGH {
+                asm!(
+                    "{{",
+                    ".reg .b16 l, h;",
+                    ".reg .b32 b;",
+                    "mov.b32 {{l, h}}, {s};",
+                    "mov.b32 b, {{h, h}};",
+                    "mul.rn.f16x2 {d}, {a}, b;",
+                    "}}",
+                    a = in(reg32) a, s = in(reg32) s, d = out(reg32) d, options(pure, nomem, nostack));
+            } else {
+                asm!(
+                    "{{",
+                    ".reg .b16 l, h;",
+                    ".reg .b32 b;",
+                    "mov.b32 {{l, h}}, {s};",
+                    "mov.b32 b, {{l, l}};",
+                    "mul.rn.f16x2 {d}, {a}, b;",
+                    "}}",
+                    a = in(reg32) a, s = in(reg32) s, d = out(reg32) d, options(pure, nomem, nostack));
+            }
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = {
+        let h = if HIGH { s >> 16 } else { s & 0xFFFF };
+        model::mul_rn_f16x2(a, h << 16 | h)
+    };
+    d
+}
+
 /// The e4m3 byte `q` (0..4) of `w`, converted to f16 and broadcast to both halves of an f16x2.
 ///
 /// `prmt` puts the byte twice in the low half-word, then `cvt.rn.f16x2.e4m3x2` (PTX ISA 7.8, sm_89)

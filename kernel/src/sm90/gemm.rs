@@ -283,24 +283,17 @@ fn tile_row0<V: Variant>(t: WorkItem) -> u32 {
     }
 }
 
-/// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale `s` (f16x2, already
-/// multiplied by 2⁷): each value comes out as `value · scale · 2⁻⁷`, exact in f16 (≤ 6 significant
-/// bits, magnitudes in [2⁻¹⁷, 21], subnormal below 2⁻¹⁴); the epilogue multiplies the 2⁷ back in.
-/// Pair `p` holds values `8·(p/4) + p%4` and that plus 4 (see `token_k_position`).
+/// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale, one half of `s`
+/// (`HIGH`: the upper; f16, already multiplied by 2⁷): each value comes out as
+/// `value · scale · 2⁻⁷`, exact in f16 (≤ 6 significant bits, magnitudes in [2⁻¹⁷, 21], subnormal
+/// below 2⁻¹⁴); the epilogue multiplies the 2⁷ back in. Pair `p` holds values `8·(p/4) + p%4` and
+/// that plus 4 (see `token_k_position`).
 #[inline(always)]
-fn dequant16(w: [u32; 2], s: u32) -> [u32; 8] {
+fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
     let lo = convert::e2m1x8_to_f16x2_scaled(w[0]);
     let hi = convert::e2m1x8_to_f16x2_scaled(w[1]);
-    [
-        convert::mul_f16x2(lo[0], s),
-        convert::mul_f16x2(lo[1], s),
-        convert::mul_f16x2(lo[2], s),
-        convert::mul_f16x2(lo[3], s),
-        convert::mul_f16x2(hi[0], s),
-        convert::mul_f16x2(hi[1], s),
-        convert::mul_f16x2(hi[2], s),
-        convert::mul_f16x2(hi[3], s),
-    ]
+    let m = convert::mul_f16x2_by_half::<HIGH>;
+    [m(lo[0], s), m(lo[1], s), m(lo[2], s), m(lo[3], s), m(hi[0], s), m(hi[1], s), m(hi[2], s), m(hi[3], s)]
 }
 
 /// A consumer warpgroup (`cw`, thread `t` of 128): per tile, the K loop of decode + wgmma, then
@@ -366,6 +359,9 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
         }
         return;
     }
+    // Stage 0's first token chunk; every other chunk's descriptor is this one advanced by its
+    // offset (one addition: shared addresses stay inside the 14-bit field, `WgmmaDesc::advance`).
+    let tokens0 = WgmmaDesc::k_major_sw128(st.stage(0).add(V::CFG.token_offset(0)).0);
     let mut acc: wgmma::Accumulators = [0.0; 64];
     // The stage whose last MMAs may still be reading it; released once they are known done.
     let mut pending: Option<Stage> = None;
@@ -404,12 +400,16 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
                 } else {
                     load(1)
                 };
-                // The block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
-                let s0 = convert::e4m3_byte_to_f16x2_times_128(sw[0], q);
-                let s1 = convert::e4m3_byte_to_f16x2_times_128(sw[1], q);
-                let a0 = dequant16(rw[0], s0);
-                let a1 = dequant16(rw[1], s1);
-                let tokens = WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0);
+                // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
+                let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
+                let a0 = dequant16::<false>(rw[0], scales);
+                let a1 = dequant16::<true>(rw[1], scales);
+                let tokens = if V::EAGER_LOADS {
+                    tokens0.advance(V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c))
+                } else {
+                    // No register to keep `tokens0` in (ptxas spills).
+                    WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0)
+                };
                 wgmma::fence();
                 for j in 0..K_STEPS_PER_CHUNK as usize {
                     let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
