@@ -207,7 +207,7 @@ impl GemmConfig {
     }
 
     /// Token rows per tile of a group of `m` tokens under this variant (the group's `block_m`:
-    /// the pitch of its tiles and the height of its token boxes): `M128` 16 for `m ≤ 16`, else 128;
+    /// the pitch of its tiles and the height of a stage's token region): `M128` 16 for `m ≤ 16`, else 128;
     /// `M128_64` 128; the decode variant 16.
     pub const fn tile_rows(&self, m: u32) -> u32 {
         if m <= self.narrow && self.narrow == SMALL_TILE_M {
@@ -326,8 +326,9 @@ impl GemmConfig {
         self.empty_barrier_offset(self.stages)
     }
     /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid, the
-    /// group's token tiles have `block_m` rows and `slots` scale blocks are loaded per chunk (a box
-    /// counts in full even where it lies out of bounds and is zero-filled).
+    /// tile's token boxes have `block_m` rows (the group's, or [`GroupParams::tail_rows`]) and `slots` scale
+    /// blocks are loaded per chunk (a box counts in full even where it lies out of bounds and is
+    /// zero-filled).
     pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32, slots: u32) -> u32 {
         chunks * (block_m * CHUNK_K * 2 + slots * SCALE_BLOCK_BYTES) + self.block_n * WEIGHT_ROW_BYTES
     }
@@ -436,11 +437,45 @@ pub const fn weight_map_index(g: u32) -> usize {
     crate::work::second_map_index(g)
 }
 
+/// Index of the token map of group `g`'s last tile in a table of `groups` groups' maps: after
+/// every group's token and weight maps (the first of them is where group `groups`' token map
+/// would be).
+pub const fn tail_token_map_index(g: u32, groups: u32) -> usize {
+    crate::work::first_map_index(groups) + g as usize
+}
+
+/// Tensor maps of a host-sized plan of `groups` groups: a token, a weight and a last-tile token
+/// map per group.
+pub const fn map_count(groups: u32) -> usize {
+    3 * groups as usize
+}
+
 /// The token map of a group under variant `cfg`: its `m × k` f16 workspace, one
 /// `CHUNK_K × cfg.tile_rows(m)` box per chunk, 128-byte swizzle (the wgmma B operand's layout, see
 /// [`WgmmaDesc::k_major_sw128`]).
 pub const fn token_map(cfg: GemmConfig, m: u32, k: u32) -> TiledMap<2> {
     token_map_with_box(m, k, cfg.tile_rows(m))
+}
+
+/// The token map of a group's last tile under variant `cfg`: as [`token_map`] with boxes of
+/// [`tail_box_rows`] rows.
+pub const fn tail_token_map(cfg: GemmConfig, m: u32, k: u32) -> TiledMap<2> {
+    token_map_with_box(m, k, tail_box_rows(m, cfg.tile_rows(m)))
+}
+
+/// Rows of the box that loads the last tile of a group of `m` tokens in tiles of `block_m` rows:
+/// the tile's rows rounded up to 8 (a whole 128-byte swizzle atom). The TMA zero-fills a box's
+/// rows past the tensor, but those zeros still cross the L2→SM path (measured with ncu on d0,
+/// 4 tokens per group: the bytes read are exactly those of 16-row boxes), so a full-height box
+/// over a short tile moves up to `block_m − 8` rows of zeros per stage.
+pub const fn tail_box_rows(m: u32, block_m: u32) -> u32 {
+    let rows = if m == 0 { 0 } else { m - (m - 1) / block_m * block_m };
+    let r = rows.div_ceil(8) * 8;
+    if r == 0 {
+        8
+    } else {
+        r
+    }
 }
 
 /// A token map over `rows × k` f16 with boxes of `block_m` rows (device-sized plans share one map
@@ -523,20 +558,29 @@ pub struct GroupParams {
     pub dequant_first_cta: u32,
     /// Token-dequantization CTAs for this group.
     pub dequant_ctas: u32,
-    /// Token rows per tile of this group ([`token_tile_rows`]`(m)`): the wgmma N and the token
-    /// box height.
+    /// Token rows per tile of this group ([`GemmConfig::tile_rows`]`(m)`): the wgmma N and the
+    /// height of a stage's token region.
     pub block_m: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Token rows one load of the group's last tile brings: the box height of its token map
+    /// (`tail_token_map`), [`tail_box_rows`]`(m, block_m)` — the tile's own rows rounded up to
+    /// 8, where the other tiles load `block_m`. The stage's rows past it keep older bytes, which
+    /// only reach the tile's columns past `m`, never stored.
+    pub tail_rows: u32,
     /// Row of the group's first token in its token map (0 when each group has its own map; the
     /// group's first row of the shared workspace map in device-sized plans, `crate::moe`).
     pub token_row: u32,
     /// Index of the group's token map in the tensor-map table ([`token_map_index`] when each group
     /// has its own map).
     pub token_map: u32,
+    /// Index of the token map of the group's last tile, boxes of `tail_rows` rows
+    /// ([`tail_token_map_index`] when each group has its own maps; `token_map` in device-sized
+    /// plans, whose boxes are whole tiles).
+    pub tail_token_map: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupParams>() == 80);
+const _: () = assert!(core::mem::size_of::<GroupParams>() == 88);
 
 /// Position (0..64) in a 64-wide K chunk of the f16 token workspace where logical value `l`
 /// (0..64) of the chunk is stored.
@@ -870,6 +914,8 @@ mod tests {
         assert_eq!([(5, 16, 0), (17, 128, 0), (176, 128, 1)].map(|(m, b, i)| c.tile_width(m, b, i)), [16, 128, 128]);
         assert_eq!(GemmConfig::M16.tile_width(3, 16, 0), 16);
         assert_eq!(token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 16]);
+        assert_eq!(tail_token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 8]);
+        assert_eq!(tail_token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 72]);
         assert_eq!(token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 128]);
     }
 
@@ -1075,5 +1121,27 @@ mod tests {
         assert_eq!(valid_chunks(320, 2), 1);
         assert_eq!(valid_chunks(7168, 55), 2);
         assert_eq!(valid_chunks(192, 1), 1);
+    }
+    /// The last tile's box covers its rows in whole 8-row swizzle atoms, never more than a tile;
+    /// the tail maps sit after all token and weight maps, each index once.
+    #[test]
+    fn tail_boxes_cover_the_last_tile() {
+        for block_m in [16, 128] {
+            for m in 1..=600 {
+                let rows = m - (m_tiles(m, block_m) - 1) * block_m;
+                let b = tail_box_rows(m, block_m);
+                assert!(b % 8 == 0 && b <= block_m && b >= rows && b < rows + 8, "m {m} block_m {block_m}");
+            }
+        }
+        assert_eq!((tail_box_rows(4, 16), tail_box_rows(16, 16), tail_box_rows(176, 128)), (8, 16, 48));
+        assert_eq!((tail_box_rows(128, 128), tail_box_rows(0, 128)), (128, 8));
+        let groups = 5;
+        let mut seen = [false; map_count(5)];
+        for g in 0..groups {
+            for i in [token_map_index(g), weight_map_index(g), tail_token_map_index(g, groups)] {
+                assert!(i < map_count(groups) && !seen[i], "group {g} index {i}");
+                seen[i] = true;
+            }
+        }
     }
 }

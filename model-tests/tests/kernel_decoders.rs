@@ -55,7 +55,9 @@ fn model_sm90_e2m1_decoder_matches_pair_decoder_on_random_words() {
 /// half equals multiplying by that half broadcast: every pair of scale bytes, every byte position.
 #[test]
 fn model_sm90_paired_scales_match_broadcast_scales() {
-    use nvfp4_gemm_kernel::ptx::convert::{e4m3_byte_to_f16x2_times_128, e4m3_bytes_to_f16x2_times_128, mul_f16x2_by_half, mul_f16x2};
+    use nvfp4_gemm_kernel::ptx::convert::{
+        e4m3_byte_to_f16x2_times_128, e4m3_bytes_to_f16x2_times_128, mul_f16x2, mul_f16x2_by_half,
+    };
     for b0 in 0..256u32 {
         for b1 in (0..256u32).step_by(7) {
             for q in 0..4 {

@@ -154,6 +154,7 @@ impl Sm90Layout {
 
     /// Group parameters for these buffers, with the workspace at device address `workspace`.
     pub fn group_params(&self, problem: &Problem, buffers: &[GroupBuffers], workspace: u64) -> Vec<GroupParams> {
+        let groups = problem.groups().len() as u32;
         problem
             .groups()
             .iter()
@@ -172,9 +173,11 @@ impl Sm90Layout {
                 dequant_first_cta: self.dequant_ctas[g].0,
                 dequant_ctas: self.dequant_ctas[g].1,
                 block_m: self.config.tile_rows(s.m as u32),
-                reserved: 0,
+                tail_rows: sm90::tail_box_rows(s.m as u32, self.config.tile_rows(s.m as u32)),
                 token_row: 0,
                 token_map: sm90::token_map_index(g as u32) as u32,
+                tail_token_map: sm90::tail_token_map_index(g as u32, groups) as u32,
+                reserved: 0,
             })
             .collect()
     }
@@ -199,7 +202,8 @@ impl Sm90Layout {
         workspace: u64,
     ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers, workspace);
-        let mut maps = vec![TensorMap::ZERO; 2 * buffers.len()];
+        let groups = buffers.len() as u32;
+        let mut maps = vec![TensorMap::ZERO; sm90::map_count(groups)];
         for (g, (s, p)) in problem.groups().iter().zip(&params).enumerate() {
             if s.m == 0 {
                 // No tile reads this group's maps.
@@ -207,6 +211,8 @@ impl Sm90Layout {
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
             maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(self.config, m, k), p.workspace)?;
+            maps[sm90::tail_token_map_index(g as u32, groups)] =
+                encoder.encode(&sm90::tail_token_map(self.config, m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
                 encoder.encode(&sm90::weight_map_for(self.config, n, k), buffers[g].b_values.ptr)?;
         }

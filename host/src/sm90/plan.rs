@@ -69,7 +69,7 @@ impl Sm90Plan {
         Ok(Sm90Plan {
             workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
             groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
-            maps: stream.alloc_zeros::<u8>(2 * g * size_of::<TensorMap>()).map_err(d)?,
+            maps: stream.alloc_zeros::<u8>(sm90::map_count(g as u32) * size_of::<TensorMap>()).map_err(d)?,
             work,
             layout,
             dequant,

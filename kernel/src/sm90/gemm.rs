@@ -216,7 +216,13 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
     while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
         let g = unsafe { work.group(t.group) };
-        let token_map = work.tensor_map(g.token_map as usize);
+        // The group's last tile loads only its own rows (rounded up to 8), from its own map.
+        let last_tile = (t.tile_m + 1) * g.block_m >= g.m;
+        let (token_map, token_rows) = if last_tile {
+            (work.tensor_map(g.tail_token_map as usize), g.tail_rows)
+        } else {
+            (work.tensor_map(g.token_map as usize), g.block_m)
+        };
         let weight_map = work.tensor_map(weight_map_index(t.group));
         // The 128-row blocks of B's blocked scales the tile's rows lie in: one for 128-row tiles.
         let (first_block, slots) = if V::CFG.block_n == BLOCK_N {
@@ -231,7 +237,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
             let chunks = valid_chunks(g.k, ks);
             let stage = ring.acquire();
             let buf = st.stage(stage.index);
-            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, g.block_m, slots));
+            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, token_rows, slots));
             // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {

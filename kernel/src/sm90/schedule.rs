@@ -84,7 +84,12 @@ pub unsafe fn sm90_schedule(p: ScheduleParams) {
             (*e).dequant_ctas = ctas;
             (*e).block_m = block_m;
             (*e).token_row = r.first;
-            (*e).token_map = if block_m == SMALL_TILE_M { p.token_map_small } else { p.token_map_large };
+            let map = if block_m == SMALL_TILE_M { p.token_map_small } else { p.token_map_large };
+            // The shared workspace maps' boxes are whole tiles (other groups' rows follow), for
+            // the last tile too.
+            (*e).token_map = map;
+            (*e).tail_token_map = map;
+            (*e).tail_rows = block_m;
             smem::st_u32(prefix(g), tile_base);
             smem::st_u32(m_tiles(g), mt);
         }
