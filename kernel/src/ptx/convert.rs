@@ -90,27 +90,7 @@ pub fn e4m3_byte_to_f16x2_times_128(w: u32, q: u32) -> u32 {
 #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn e4m3_bytes_to_f16x2_times_128(w0: u32, w1: u32, q: u32) -> u32 {
     // Selector nibbles: byte q of `w0` (bytes 0..4), then byte q of `w1` (bytes 4..8).
-    let sel = q | ((q + 4) << 4);
-    #[cfg(target_arch = "nvptx64")]
-    let d = {
-        let d: u32;
-        // SAFETY: register arithmetic only.
-        unsafe {
-            asm!(
-                "{{",
-                ".reg .b32 t;",
-                ".reg .b16 h;",
-                "prmt.b32 t, {a}, {b}, {sel};",
-                "cvt.u16.u32 h, t;",
-                "cvt.rn.f16x2.e4m3x2 {d}, h;",
-                "}}",
-                a = in(reg32) w0, b = in(reg32) w1, sel = in(reg32) sel, d = out(reg32) d, options(pure, nomem, nostack));
-        }
-        d
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::cvt_f16x2_e4m3x2(model::prmt(w0, w1, sel) as u16);
-    mul_f16x2(d, F16X2_128)
+    mul_f16x2(e4m3x2_selected_to_f16x2(w0, w1, q | ((q + 4) << 4)), F16X2_128)
 }
 
 /// Both halves of `a` times one half of `s` (`HIGH`: the upper one): `mul.rn.f16x2` with the half
@@ -156,11 +136,17 @@ pub fn mul_f16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
 }
 
 /// The e4m3 byte `q` (0..4) of `w`, converted to f16 and broadcast to both halves of an f16x2.
-///
-/// `prmt` puts the byte twice in the low half-word, then `cvt.rn.f16x2.e4m3x2` (PTX ISA 7.8, sm_89)
-/// converts both; every finite e4m3 value is exact in f16, 0x7F/0xFF give NaN.
 #[inline(always)]
 pub fn e4m3_byte_to_f16x2(w: u32, q: u32) -> u32 {
+    e4m3x2_selected_to_f16x2(w, 0, q | (q << 4))
+}
+
+/// Two e4m3 bytes picked from `{b, a}` by the two low selector nibbles of `sel` (`prmt.b32`), each
+/// converted to f16: `cvt.rn.f16x2.e4m3x2` (PTX ISA 7.8, sm_89) on the low half-word of the
+/// permutation, the first selected byte to the low half. Every finite e4m3 value is exact in f16;
+/// 0x7F/0xFF give NaN.
+#[inline(always)]
+fn e4m3x2_selected_to_f16x2(a: u32, b: u32, sel: u32) -> u32 {
     #[cfg(target_arch = "nvptx64")]
     let d = {
         let d: u32;
@@ -170,19 +156,16 @@ pub fn e4m3_byte_to_f16x2(w: u32, q: u32) -> u32 {
                 "{{",
                 ".reg .b32 t;",
                 ".reg .b16 h;",
-                "prmt.b32 t, {w}, 0, {sel};",
+                "prmt.b32 t, {a}, {b}, {sel};",
                 "cvt.u16.u32 h, t;",
                 "cvt.rn.f16x2.e4m3x2 {d}, h;",
                 "}}",
-                w = in(reg32) w, sel = in(reg32) q | (q << 4), d = out(reg32) d, options(pure, nomem, nostack));
+                a = in(reg32) a, b = in(reg32) b, sel = in(reg32) sel, d = out(reg32) d, options(pure, nomem, nostack));
         }
         d
     };
     #[cfg(not(target_arch = "nvptx64"))]
-    let d = {
-        let t = model::prmt(w, 0, q | (q << 4));
-        model::cvt_f16x2_e4m3x2(t as u16)
-    };
+    let d = model::cvt_f16x2_e4m3x2(model::prmt(a, b, sel) as u16);
     d
 }
 
