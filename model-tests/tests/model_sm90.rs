@@ -97,7 +97,10 @@ fn model_sm90_balanced_list_with_holes() {
 
 /// Groups whose last rows fit 64: the 64/128 variant (`sm90_grouped_gemm_t64`: 176 tokens as a
 /// 128-row tile and a 64-wide tail, 40 as one 64-wide tile, 128 as one 128-row tile), with K tails
-/// and N = 8·odd, on 2 CTAs, under two completion orders.
+/// and N = 8·odd, on 2 CTAs, under two completion orders. The last tiles load boxes of 48, 40 and
+/// 128 rows (`tail_box_rows`): the stage rows past a box keep older tokens or the model's 0xA5
+/// fill, which must reach no stored element (and each stage's credited bytes must match what its
+/// loads deliver, or the full barrier never completes: a deadlock report).
 #[test]
 fn model_sm90_t64_variant() {
     check_variant("sm90 t64", &z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]), 15, GemmConfig::M128_64);
