@@ -45,18 +45,19 @@ pub const TOKEN_K_STEP_BYTES: u32 = 16 * 2;
 pub const WARPGROUP_THREADS: u32 = 128;
 /// Threads per CTA: one producer warpgroup and the consumer warpgroups.
 pub const THREADS: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
-/// Register cap per thread given to ptxas for the sm_90a module (65536 / 384, rounded down to 8).
-pub const MAX_REGISTERS: u32 = 65536 / THREADS / 8 * 8;
+/// Register cap per thread of the 384-thread variants (`M128`, `M128_64`): 65536 / 384, rounded
+/// down to 8 ([`GemmConfig::max_registers`]).
+pub const MAX_REGISTERS: u32 = GemmConfig::M128.max_registers();
 /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
 /// copies; 40 is plenty).
 pub const PRODUCER_REGISTERS: u32 = 40;
-/// Registers per thread each consumer warpgroup takes with `setmaxnreg.inc`: what the producer
-/// gave back, shared by the consumers, a multiple of 8. The pool is what the CTA was launched with
-/// (`MAX_REGISTERS` per thread), not the SM's 65536: `setmaxnreg.inc` waits until the registers it
-/// asks for are free in the CTA, so asking for more than the CTA holds never returns (a hang on the
-/// H200 when the producer kept 48 and the consumers asked for 232: 65536 > 64512).
-pub const CONSUMER_REGISTERS: u32 =
-    (MAX_REGISTERS * THREADS / WARPGROUP_THREADS - PRODUCER_REGISTERS) / CONSUMER_WARPGROUPS / 8 * 8;
+/// Registers per thread each consumer warpgroup of the 384-thread variants takes with
+/// `setmaxnreg.inc` ([`GemmConfig::consumer_registers`]): what the producer gave back, shared by
+/// the consumers, a multiple of 8. The pool is what the CTA was launched with (`MAX_REGISTERS` per
+/// thread), not the SM's 65536: `setmaxnreg.inc` waits until the registers it asks for are free in
+/// the CTA, so asking for more than the CTA holds never returns (a hang on the H200 when the
+/// producer kept 48 and the consumers asked for 232: 65536 > 64512).
+pub const CONSUMER_REGISTERS: u32 = GemmConfig::M128.consumer_registers();
 const _: () = assert!(
     WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS
         && CONSUMER_REGISTERS <= 256
@@ -65,16 +66,17 @@ const _: () = assert!(
 /// warp (warp 8); with one thread issuing every copy, a whole producer warpgroup would only hold
 /// registers that two resident CTAs need.
 pub const DECODE_THREADS: u32 = WARPGROUP_THREADS * CONSUMER_WARPGROUPS + 32;
-/// Register cap of the decode variant: two CTAs of [`DECODE_THREADS`] per SM.
-pub const DECODE_MAX_REGISTERS: u32 = 65536 / (2 * DECODE_THREADS) / 8 * 8;
+/// Register cap of the decode variant: two CTAs of [`DECODE_THREADS`] per SM
+/// ([`GemmConfig::max_registers`]).
+pub const DECODE_MAX_REGISTERS: u32 = GemmConfig::M16.max_registers();
 /// Register cap of the token-dequantization kernel (256-thread CTAs, several per SM).
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
 pub const REGISTER_CAPS: [(&str, u32); 5] = [
-    ("sm90_grouped_gemm", MAX_REGISTERS),
-    ("sm90_grouped_gemm_t64", MAX_REGISTERS),
-    ("sm90_grouped_gemm_decode", DECODE_MAX_REGISTERS),
+    ("sm90_grouped_gemm", GemmConfig::M128.max_registers()),
+    ("sm90_grouped_gemm_t64", GemmConfig::M128_64.max_registers()),
+    ("sm90_grouped_gemm_decode", GemmConfig::M16.max_registers()),
     ("sm90_grouped_gemm_n192", GemmConfig::N192.max_registers()),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
 ];
@@ -218,9 +220,9 @@ impl GemmConfig {
     }
 
     /// The wgmma N of token tile `tile_m` of a group of `m` tokens whose tiles have `block_m`
-    /// rows: `narrow` for a whole narrow group (`block_m == narrow`) and, in `M128_64`, for the
-    /// group's last tile when its rows fit 64 (the rest of its 128-row box is zero-filled and
-    /// unused); else `block_m`.
+    /// rows: `narrow` for a whole narrow group (`block_m == narrow`) and, in `M128_64` and `N192`,
+    /// for the group's last tile when its rows fit 64 (its box loads only those rows,
+    /// [`tail_box_rows`]); else `block_m`.
     pub const fn tile_width(&self, m: u32, block_m: u32, tile_m: u32) -> u32 {
         if block_m == self.narrow || (self.narrow == TAIL_TILE_M && m - tile_m * block_m <= TAIL_TILE_M) {
             self.narrow
@@ -349,9 +351,6 @@ const _: () = assert!(GemmConfig::M128.is_valid());
 const _: () = assert!(GemmConfig::M128_64.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
 const _: () = assert!(GemmConfig::N192.is_valid());
-const _: () = assert!(GemmConfig::M128.max_registers() == MAX_REGISTERS);
-const _: () = assert!(GemmConfig::M16.max_registers() == DECODE_MAX_REGISTERS);
-const _: () = assert!(GemmConfig::M128.consumer_registers() == CONSUMER_REGISTERS);
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 

@@ -87,7 +87,6 @@ impl Variant for Decode {
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
 const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m == 128);
-const _: () = assert!(GemmConfig::M128.consumer_registers() == CONSUMER_REGISTERS);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
 struct Smem<V> {
