@@ -23,10 +23,10 @@ use crate::error::Result;
 use crate::problem::{GroupBuffers, OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, RowSpan, WorkItem};
+use nvfp4_gemm_abi::tensor_map::TensorMap;
 
 /// Most 128-row spans per group `N192`'s work list tries (each three replace two of 192 rows).
 const N192_MAX_TWOS: u32 = 12;
-use nvfp4_gemm_abi::tensor_map::TensorMap;
 
 /// Everything about a problem that does not depend on buffer addresses.
 #[derive(Debug, Clone)]
@@ -137,13 +137,10 @@ impl Sm90Layout {
         // (item, relative time) in the order group, weight tile, token tile.
         let mut work = vec![];
         for (g, s) in problem.groups().iter().enumerate() {
-            let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            let rows = config.tile_rows(m);
+            let (m, n) = (s.m as u32, s.n as u32);
             for (tile_n, warpgroups) in tiles(n) {
-                for tile_m in 0..sm90::m_tiles(m, rows) {
-                    let width = config.tile_width(m, rows, tile_m);
-                    let cost = sm90::k_stages(k) as u64 * config.stage_cost(width, warpgroups) as u64;
-                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, cost));
+                for tile_m in 0..sm90::m_tiles(m, config.tile_rows(m)) {
+                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, item_cost(config, s, tile_m, warpgroups)));
                 }
             }
         }
@@ -234,6 +231,14 @@ impl Sm90Layout {
     }
 }
 
+/// The estimated time of token tile `tile_m` of group `s` over `warpgroups` consumer warpgroups'
+/// rows under `config` (in [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage).
+fn item_cost(config: GemmConfig, s: &crate::problem::GroupShape, tile_m: u32, warpgroups: u32) -> u64 {
+    let m = s.m as u32;
+    let width = config.tile_width(m, config.tile_rows(m), tile_m);
+    sm90::k_stages(s.k as u32) as u64 * config.stage_cost(width, warpgroups) as u64
+}
+
 /// How a GEMM launch that follows the token dequantization may start (`sm90::GEMM_STARTS_EARLY`).
 pub(crate) const GEMM_AFTER_DEQUANT: Start = if sm90::GEMM_STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
 
@@ -315,11 +320,8 @@ mod tests {
     fn cta_loads(l: &Sm90Layout, p: &Problem) -> Vec<u64> {
         let g = l.gemm.grid as usize;
         let cost = |w: &WorkItem| {
-            let s = &p.groups()[w.group as usize];
-            let rows = l.config.tile_rows(s.m as u32);
             let warpgroups = if l.config == GemmConfig::N192 { RowSpan::decode(w.tile_n).warpgroups } else { 2 };
-            sm90::k_stages(s.k as u32) as u64
-                * l.config.stage_cost(l.config.tile_width(s.m as u32, rows, w.tile_m), warpgroups) as u64
+            item_cost(l.config, &p.groups()[w.group as usize], w.tile_m, warpgroups)
         };
         (0..g).map(|b| l.work.iter().skip(b).step_by(g).filter(|w| !w.is_hole()).map(cost).sum()).collect()
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 const DEQUANT: &str = "sm90_dequant_tokens";
 
 /// Environment variable naming the sm_90a GEMM kernel a new plan uses instead of the cost model's
-/// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, or
+/// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
 /// `sm90_grouped_gemm_decode` where every group has at most 16 tokens): for measuring one variant
 /// against another on the same problem. Unset in normal use.
 pub const KERNEL_OVERRIDE: &str = "NVFP4_GEMM_SM90_KERNEL";
