@@ -1,8 +1,9 @@
 //! Register-only instructions the kernels use, bit-exact from their ISA definitions. They need no
 //! model state; the kernel crate may call them directly on the host.
 
-/// `lop3.b32 d, a, b, c, lut;` (PTX ISA, "Logic and Shift Instructions: lop3"; §9.7.7.6 in 8.1): bit `i` of `d` is bit
-/// `4·a[i] + 2·b[i] + c[i]` of the 8-bit truth table `lut` (so `a & b & c` is `0x80`).
+/// `lop3.b32 d, a, b, c, lut;` (PTX ISA, "Logic and Shift Instructions: lop3"; §9.7.7.6 in 8.1):
+/// bit `i` of `d` is bit `4·a[i] + 2·b[i] + c[i]` of the 8-bit truth table `lut` (so `a & b & c` is
+/// `0x80`).
 pub fn lop3(a: u32, b: u32, c: u32, lut: u8) -> u32 {
     (0..32).fold(0u32, |d, i| {
         let index = ((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1);

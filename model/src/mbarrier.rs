@@ -1,4 +1,4 @@
-//! mbarrier objects (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol").
+//! mbarrier objects (PTX ISA 9.0 §9.7.13.15).
 //!
 //! State (§9.7.13.15.2): current phase, pending arrivals, expected arrivals, tx-count. The phase
 //! completes when the pending arrivals and the tx-count are both zero (§9.7.13.15.6); then the

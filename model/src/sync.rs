@@ -385,18 +385,19 @@ pub fn setmaxnreg_dec(n: u32) {
     })
 }
 
-/// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): waits until the grids this one depends on
-/// programmatically have completed and their memory is visible. The model runs launches one after
-/// another, so they always have; it records that the thread waited, so that reading what the
-/// previous launch writes before the wait is caught (`LaunchConfig::predecessor_writes`), and
-/// counts it in [`crate::RunStats::fences`].
+/// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions:
+/// griddepcontrol"): waits until the grids this one depends on programmatically have completed and
+/// their memory is visible. The model runs launches one after another, so they always have; it
+/// records that the thread waited, so that reading what the previous launch writes before the wait
+/// is caught (`LaunchConfig::predecessor_writes`), and counts it in [`crate::RunStats::fences`].
 #[track_caller]
 pub fn griddepcontrol_wait() {
     fence(Location::caller(), "griddepcontrol.wait", |w, me| w.threads[me].grid_waited = true)
 }
 
-/// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"): lets a programmatically dependent
-/// grid be scheduled early. Launches run one after another in the model: counted, no effect.
+/// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication
+/// Instructions: griddepcontrol"): lets a programmatically dependent grid be scheduled early.
+/// Launches run one after another in the model: counted, no effect.
 #[track_caller]
 pub fn griddepcontrol_launch_dependents() {
     fence(Location::caller(), "griddepcontrol.launch_dependents", counted)

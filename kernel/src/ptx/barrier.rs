@@ -20,10 +20,11 @@ pub unsafe fn sync_all() {
     super::model::barrier::sync_all();
 }
 
-/// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"; PTX 7.8, sm_90): waits until every grid this
-/// one depends on programmatically (launched with programmatic stream serialization after it) has
-/// completed and its memory operations are visible to this grid. Without such a dependency it
-/// returns at once. Only threads that read what the earlier grid wrote need it.
+/// `griddepcontrol.wait;` (PTX ISA, "Parallel Synchronization and Communication Instructions:
+/// griddepcontrol"; PTX 7.8, sm_90): waits until every grid this one depends on programmatically
+/// (launched with programmatic stream serialization after it) has completed and its memory
+/// operations are visible to this grid. Without such a dependency it returns at once. Only threads
+/// that read what the earlier grid wrote need it.
 #[inline(always)]
 #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn grid_dependency_wait() {
@@ -36,10 +37,11 @@ pub fn grid_dependency_wait() {
     super::model::barrier::grid_dependency_wait();
 }
 
-/// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication Instructions: griddepcontrol"; PTX 7.8, sm_90): lets the grid
-/// that depends on this one programmatically be scheduled once every CTA of this grid has executed
-/// it or exited. Says nothing about this grid's memory: the dependent grid still waits
-/// ([`grid_dependency_wait`]) before reading it. Without a dependent grid it has no effect.
+/// `griddepcontrol.launch_dependents;` (PTX ISA, "Parallel Synchronization and Communication
+/// Instructions: griddepcontrol"; PTX 7.8, sm_90): lets the grid that depends on this one
+/// programmatically be scheduled once every CTA of this grid has executed it or exited. Says
+/// nothing about this grid's memory: the dependent grid still waits ([`grid_dependency_wait`])
+/// before reading it. Without a dependent grid it has no effect.
 #[inline(always)]
 #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn grid_launch_dependents() {

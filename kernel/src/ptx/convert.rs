@@ -40,9 +40,10 @@ pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
 }
 
 /// The bits of `if_set` where `mask` is 1 and those of `if_clear` where it is 0, as one
-/// `lop3.b32 d, a, b, c, 0xE4;` (PTX ISA, "Logic and Shift Instructions: lop3"; table `(a & c) | (b & ~c)`). Written as
-/// `asm!` because LLVM narrows the two masks of the plain expression by the bits its users need,
-/// and ptxas then emits two or three instructions instead of one.
+/// `lop3.b32 d, a, b, c, 0xE4;` (PTX ISA, "Logic and Shift Instructions: lop3"; table
+/// `(a & c) | (b & ~c)`). Written as `asm!` because LLVM narrows the two masks of the plain
+/// expression by the bits its users need, and ptxas then emits two or three instructions instead of
+/// one.
 #[inline(always)]
 pub fn select_bits(mask: u32, if_set: u32, if_clear: u32) -> u32 {
     #[cfg(target_arch = "nvptx64")]
