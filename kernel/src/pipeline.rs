@@ -167,4 +167,27 @@ impl<const STAGES: u32> Consumer<STAGES> {
         self.position.advance();
         Stage { index: stage, full, empty: self.empty.get(stage) }
     }
+
+    /// The index of the stage [`Self::wait`] returns next.
+    #[inline(always)]
+    pub fn next_index(&self) -> u32 {
+        self.position.stage
+    }
+
+    /// [`Self::wait`] for a caller that already knows the ring's position: `stage` must be
+    /// [`Self::next_index`]. A loop unrolled over the ring passes each copy's index as a
+    /// constant, so that the stage's barriers, buffer offsets and the next position fold into
+    /// immediates instead of being computed from the index at run time.
+    #[inline(always)]
+    pub fn wait_at(&mut self, stage: u32) -> Stage {
+        debug_assert!(stage == self.position.stage, "wait_at: not the ring's next stage");
+        let full = self.full.get(stage);
+        full.wait(self.position.phase);
+        self.position = if stage + 1 == STAGES {
+            Position { stage: 0, phase: self.position.phase ^ 1 }
+        } else {
+            Position { stage: stage + 1, phase: self.position.phase }
+        };
+        Stage { index: stage, full, empty: self.empty.get(stage) }
+    }
 }

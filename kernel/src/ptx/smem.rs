@@ -14,6 +14,27 @@ impl SmemAddr {
     pub const fn add(self, bytes: u32) -> Self {
         SmemAddr(self.0 + bytes)
     }
+
+    /// The same address, as a value LLVM cannot see through: an empty `asm!` that is not `pure`,
+    /// so it is neither hoisted out of a loop nor merged with another copy. A loop unrolled over
+    /// the stages of a ring takes its base from here in each copy; otherwise LLVM hoists every
+    /// copy's `base + constant` offsets (weights, scales, descriptors) out of the loop, and each
+    /// holds a register through it (which made ptxas serialize the wgmma pipeline). Inside the
+    /// copy, ptxas folds the constants into the shared loads' immediate offsets. Emits no
+    /// instruction.
+    #[inline(always)]
+    pub fn opaque(self) -> Self {
+        #[cfg(target_arch = "nvptx64")]
+        let a = {
+            let mut a = self.0;
+            // SAFETY: a comment only: no instruction, no memory access.
+            unsafe { asm!("/* opaque {a} */", a = inout(reg32) a, options(nomem, nostack, preserves_flags)) };
+            a
+        };
+        #[cfg(not(target_arch = "nvptx64"))]
+        let a = self.0;
+        SmemAddr(a)
+    }
 }
 
 #[cfg(target_arch = "nvptx64")]

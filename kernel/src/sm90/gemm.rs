@@ -46,6 +46,10 @@ trait Variant {
     /// parameters again for the epilogue instead of keeping them through the K loop (registers
     /// fewer, for a variant whose consumers have less than 176).
     const EAGER_LOADS: bool = true;
+    /// Whether the consumers' K loop has one copy of the stage code per ring index (so its
+    /// offsets, descriptors and barriers are constants: fewer instructions per stage, for a
+    /// variant bound by its consumers' issue slots) instead of one copy for every index.
+    const UNROLL_RING: bool = false;
 }
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
@@ -53,6 +57,7 @@ struct General;
 impl Variant for General {
     const CFG: GemmConfig = GemmConfig::M128;
     type Narrow = wgmma::N16;
+    const UNROLL_RING: bool = true;
 }
 
 /// 128-token tiles whose group's last tile runs 64 wide when its rows fit, 5 stages, one CTA per SM.
@@ -60,6 +65,7 @@ struct Tail64;
 impl Variant for Tail64 {
     const CFG: GemmConfig = GemmConfig::M128_64;
     type Narrow = wgmma::N64;
+    const UNROLL_RING: bool = true;
 }
 
 /// 192 weight rows (three consumer warpgroups) × 128-token tiles, the group's last tile 64 wide
@@ -82,6 +88,7 @@ struct Decode;
 impl Variant for Decode {
     const CFG: GemmConfig = GemmConfig::M16;
     type Narrow = wgmma::N16;
+    const UNROLL_RING: bool = true;
 }
 
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
@@ -234,9 +241,14 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
             .wrapping_add(first_block as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
         for ks in 0..k_stages(g.k) {
             let chunks = valid_chunks(g.k, ks);
+            // With the consumers' ring unrolled, every stage is loaded with both chunks: past K,
+            // the token box lies out of bounds (the TMA writes zeros, and credits its bytes like
+            // any box), the weight box's second half likewise, and the first chunk's scale block
+            // fills the second's place (finite scales for the zero weights: the chunk adds 0).
+            let loaded = if V::UNROLL_RING { CHUNKS_PER_STAGE } else { chunks };
             let stage = ring.acquire();
             let buf = st.stage(stage.index);
-            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(chunks, token_rows, slots));
+            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(loaded, token_rows, slots));
             // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
             // the valid chunks lie inside B's scale buffer (validated by the host).
             unsafe {
@@ -249,13 +261,22 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
                     stage.full,
                 );
                 for slot in 0..slots {
+                    let first_block = scale_row_block
+                        .add(((slot * rest_k(g.k) + ks * CHUNKS_PER_STAGE) * SCALE_BLOCK_BYTES) as usize);
                     tma::load_1d(
                         buf.add(V::CFG.scale_block_offset(slot, 0)),
-                        scale_row_block
-                            .add(((slot * rest_k(g.k) + ks * CHUNKS_PER_STAGE) * SCALE_BLOCK_BYTES) as usize),
+                        first_block,
                         chunks * SCALE_BLOCK_BYTES,
                         stage.full,
                     );
+                    for c in chunks..loaded {
+                        tma::load_1d(
+                            buf.add(V::CFG.scale_block_offset(slot, c)),
+                            first_block,
+                            SCALE_BLOCK_BYTES,
+                            stage.full,
+                        );
+                    }
                 }
                 if !dequantized {
                     // The workspace is written by the token dequantization, which this grid may
@@ -263,7 +284,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams)
                     barrier::grid_dependency_wait();
                     dequantized = true;
                 }
-                for c in 0..chunks {
+                for c in 0..loaded {
                     tma::load_2d(
                         buf.add(V::CFG.token_offset(c)),
                         token_map,
@@ -328,6 +349,18 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
     }
 }
 
+/// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
+/// constants: LLVM does not fully unroll a 64-iteration loop with branches, and an accumulator
+/// array indexed by a loop variable would live in local memory.
+macro_rules! unrolled {
+    ($i:ident in [$($n:literal),*] $body:block) => {
+        $({
+            let $i: usize = $n;
+            $body
+        })*
+    };
+}
+
 /// One tile of `S::N` tokens × 128 weights: every K stage (decode + wgmma), then the epilogue.
 ///
 /// # Safety
@@ -370,69 +403,45 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     let mut acc: wgmma::Accumulators = [0.0; 64];
     // The stage whose last MMAs may still be reading it; released once they are known done.
     let mut pending: Option<Stage> = None;
-    for ks in 0..k_stages(g.k) {
-        let chunks = valid_chunks(g.k, ks);
-        let stage = ring.wait();
-        let buf = st.stage(stage.index);
-        // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
-        // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
-        // flight may read it (at most two groups are ever pending).
-        // All of the stage's shared loads first, in one basic block, so their latencies
-        // overlap each other and the first chunk's decoding (in the K tail the loads of an
-        // absent chunk read stale bytes that are never used).
-        let wbase = buf.add(V::CFG.weight_offset());
-        let load = |c: u32| {
-            let sbase = buf.add(V::CFG.scale_block_offset(slot, c));
-            // SAFETY: aligned offsets inside the stage, which is full and not yet released.
-            unsafe {
-                (
-                    [
-                        smem::ld_v2_u32(wbase.add(weight_fragment_offset(r0, c, q))),
-                        smem::ld_v2_u32(wbase.add(weight_fragment_offset(r1, c, q))),
-                    ],
-                    [smem::ld_u32(sbase.add(scale_word_offset(s0))), smem::ld_u32(sbase.add(scale_word_offset(s1)))],
-                )
-            }
-        };
-        let first = load(0);
-        let second = if V::EAGER_LOADS { load(1) } else { first };
-        for c in 0..CHUNKS_PER_STAGE {
-            if c < chunks {
-                let (rw, sw) = if c == 0 {
-                    first
-                } else if V::EAGER_LOADS {
-                    second
-                } else {
-                    load(1)
-                };
-                // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
-                let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
-                let a0 = dequant16::<false>(rw[0], scales);
-                let a1 = dequant16::<true>(rw[1], scales);
-                let tokens = if V::EAGER_LOADS {
-                    tokens0.advance(V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c))
-                } else {
-                    // No register to keep `tokens0` in (ptxas spills).
-                    WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0)
-                };
-                wgmma::fence();
-                for j in 0..K_STEPS_PER_CHUNK as usize {
-                    let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                    // SAFETY: the whole warpgroup, converged; the token chunk stays in place
-                    // until the stage is released, after a wait_group covers this MMA.
-                    unsafe { S::mma(&mut acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
-                }
-                wgmma::commit_group();
-                // Everything but this chunk's group is done: the previous stage is free.
-                S::wait::<1>(&mut acc);
-                if c == 0 {
-                    if let Some(prev) = pending.take() {
-                        prev.release();
+    const { assert!(STAGES <= 8, "the unrolled ring has 8 copies") };
+    let rows = FragmentRows {
+        weights: [
+            [weight_fragment_offset(r0, 0, q), weight_fragment_offset(r1, 0, q)],
+            [weight_fragment_offset(r0, 1, q), weight_fragment_offset(r1, 1, q)],
+        ],
+        scales: [
+            V::CFG.scale_block_offset(slot, 0) + scale_word_offset(s0),
+            V::CFG.scale_block_offset(slot, 0) + scale_word_offset(s1),
+        ],
+        q,
+    };
+    let stages = k_stages(g.k);
+    if V::UNROLL_RING {
+        // One copy of the stage per ring index, so that every shared-memory offset, descriptor
+        // and barrier of a stage is a constant; a tile starts wherever the ring stands (the
+        // first pass skips the copies before it) and ends after its last stage. Every stage
+        // holds both chunks (see `produce`: a K tail's second chunk is zeros), so the copies
+        // have no chunk test (with one, ptxas serializes the wgmma pipeline of eight copies).
+        let mut ks = 0;
+        'tile: loop {
+            unrolled!(s in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if (s as u32) < STAGES && ring.next_index() == s as u32 {
+                    if ks == stages {
+                        break 'tile;
                     }
+                    let stage = ring.wait_at(s as u32);
+                    // SAFETY: as this function's.
+                    unsafe { consume_stage::<V, S>(st, stage, CHUNKS_PER_STAGE, rows, tokens0, &mut acc, &mut pending) };
+                    ks += 1;
                 }
-            }
+            });
         }
-        pending = Some(stage);
+    } else {
+        for ks in 0..stages {
+            let stage = ring.wait();
+            // SAFETY: as this function's.
+            unsafe { consume_stage::<V, S>(st, stage, valid_chunks(g.k, ks), rows, tokens0, &mut acc, &mut pending) };
+        }
     }
     S::wait::<0>(&mut acc);
     if let Some(prev) = pending {
@@ -448,16 +457,101 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     unsafe { store_tile::<V, S>(&acc, &g, tile, bf16) };
 }
 
-/// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
-/// constants: LLVM does not fully unroll a 64-iteration loop with branches, and an accumulator
-/// array indexed by a loop variable would live in local memory.
-macro_rules! unrolled {
-    ($i:ident in [$($n:literal),*] $body:block) => {
-        $({
-            let $i: usize = $n;
-            $body
-        })*
+/// Where the thread's fragments lie in a stage, computed once per tile: its two weight rows'
+/// 8-byte words per chunk (offsets from the weight region, swizzle undone) and their scale words
+/// in chunk 0's scale block (from the stage; chunk `c`'s are `c · SCALE_BLOCK_BYTES` further).
+#[derive(Clone, Copy)]
+struct FragmentRows {
+    weights: [[u32; 2]; CHUNKS_PER_STAGE as usize],
+    scales: [u32; 2],
+    q: u32,
+}
+
+/// One stage of a consumer's K loop: per valid chunk, decode the thread's weight fragments and
+/// issue the warpgroup's 4 wgmma k-steps against the token chunk; the previous stage (`pending`)
+/// is released once this stage's first MMAs show that its own are done, and this stage becomes
+/// `pending`.
+///
+/// # Safety
+/// As [`consume`]; `stage` is full and holds `chunks` valid chunks.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn consume_stage<V: Variant, S: MmaShape>(
+    st: &Smem<V>,
+    stage: Stage,
+    chunks: u32,
+    rows: FragmentRows,
+    tokens0: WgmmaDesc,
+    acc: &mut wgmma::Accumulators,
+    pending: &mut Option<Stage>,
+) {
+    let FragmentRows { weights, scales: scale_words, q } = rows;
+    // With the ring unrolled the stage index is a constant: every address below is the CTA's
+    // shared base plus a constant and the thread's offsets. The offset `z` (0) is opaque to
+    // LLVM, so that it keeps those sums in the stage's copy instead of hoisting all copies'
+    // out of the loop (each would hold a register); ptxas sees the zero and folds the
+    // constants into the loads' immediates and the descriptors.
+    let z = if V::UNROLL_RING { SmemAddr(0).opaque().0 } else { 0 };
+    let buf = st.stage(0).add(z + V::CFG.stage_offset(stage.index));
+    // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
+    // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
+    // flight may read it (at most two groups are ever pending).
+    // All of the stage's shared loads first, in one basic block, so their latencies
+    // overlap each other and the first chunk's decoding (in the K tail the loads of an
+    // absent chunk read stale bytes that are never used).
+    let wbase = buf.add(V::CFG.weight_offset());
+    let load = |c: u32| {
+        let sbase = buf.add(c * SCALE_BLOCK_BYTES);
+        let w = weights[c as usize];
+        // SAFETY: aligned offsets inside the stage, which is full and not yet released.
+        unsafe {
+            (
+                [smem::ld_v2_u32(wbase.add(w[0])), smem::ld_v2_u32(wbase.add(w[1]))],
+                [smem::ld_u32(sbase.add(scale_words[0])), smem::ld_u32(sbase.add(scale_words[1]))],
+            )
+        }
     };
+    let first = load(0);
+    let second = if V::EAGER_LOADS { load(1) } else { first };
+    for c in 0..CHUNKS_PER_STAGE {
+        if c < chunks {
+            let (rw, sw) = if c == 0 {
+                first
+            } else if V::EAGER_LOADS {
+                second
+            } else {
+                load(1)
+            };
+            // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
+            let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
+            let a0 = dequant16::<false>(rw[0], scales);
+            let a1 = dequant16::<true>(rw[1], scales);
+            let tokens = if V::UNROLL_RING {
+                tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c))
+            } else if V::EAGER_LOADS {
+                tokens0.advance(V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c))
+            } else {
+                // No register to keep `tokens0` in (ptxas spills).
+                WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0)
+            };
+            wgmma::fence();
+            for j in 0..K_STEPS_PER_CHUNK as usize {
+                let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+                // SAFETY: the whole warpgroup, converged; the token chunk stays in place
+                // until the stage is released, after a wait_group covers this MMA.
+                unsafe { S::mma(acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
+            }
+            wgmma::commit_group();
+            // Everything but this chunk's group is done: the previous stage is free.
+            S::wait::<1>(acc);
+            if c == 0 {
+                if let Some(prev) = pending.take() {
+                    prev.release();
+                }
+            }
+        }
+    }
+    *pending = Some(stage);
 }
 
 /// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights).
