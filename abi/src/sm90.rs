@@ -62,10 +62,24 @@ const _: () = assert!(
     WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS
         && CONSUMER_REGISTERS <= 256
 );
-/// Threads per CTA of the decode variant: two consumer warpgroups (warps 0–7) and one producer
-/// warp (warp 8); with one thread issuing every copy, a whole producer warpgroup would only hold
-/// registers that two resident CTAs need.
-pub const DECODE_THREADS: u32 = WARPGROUP_THREADS * CONSUMER_WARPGROUPS + 32;
+/// Threads per CTA of the decode variant: two consumer warpgroups (warps 0–7) and two producer
+/// warps (8 and 9, one per [`ProducerRole`]); with two threads issuing every copy, a whole
+/// producer warpgroup would only hold registers that two resident CTAs need.
+pub const DECODE_THREADS: u32 = WARPGROUP_THREADS * CONSUMER_WARPGROUPS + 2 * 32;
+
+/// The copies of a stage are issued by two threads in different warps (so on different warp
+/// schedulers), each with its own `arrive.expect_tx` on the stage's full barrier. One thread
+/// issuing all of them was measured to be the decode variant's bottleneck: ~85 instructions per
+/// stage (each TMA is an elect loop around six `R2UR`), busy ~80% of the kernel, and the
+/// consumers waited at each tile's first stage while it loaded the next work item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProducerRole {
+    /// The stage's packed weights and their scale blocks.
+    Weights,
+    /// The stage's token chunks (after `griddepcontrol.wait`: the workspace is the
+    /// dequantization's output).
+    Tokens,
+}
 /// Register cap of the decode variant: two CTAs of [`DECODE_THREADS`] per SM
 /// ([`GemmConfig::max_registers`]).
 pub const DECODE_MAX_REGISTERS: u32 = GemmConfig::M16.max_registers();
@@ -252,12 +266,16 @@ impl GemmConfig {
         }
     }
 
-    /// The one thread that issues every copy: the first of the producer's threads.
-    pub const fn producer_thread(&self) -> u32 {
-        if self.block_m == SMALL_TILE_M {
-            CONSUMER_WARPGROUPS * WARPGROUP_THREADS
+    /// The role of CTA thread `tid` if it is one of the two that issue the copies: lane 0 of the
+    /// producer's first warp loads the weights, lane 0 of its second warp the tokens.
+    pub const fn producer_role(&self, tid: u32) -> Option<ProducerRole> {
+        let first = if self.block_m == SMALL_TILE_M { CONSUMER_WARPGROUPS * WARPGROUP_THREADS } else { 0 };
+        if tid == first {
+            Some(ProducerRole::Weights)
+        } else if tid == first + 32 {
+            Some(ProducerRole::Tokens)
         } else {
-            0
+            None
         }
     }
 
@@ -313,9 +331,10 @@ impl GemmConfig {
     pub const fn empty_barrier_offset(&self, s: u32) -> u32 {
         self.full_barrier_offset(self.stages + s)
     }
-    /// Arrivals that complete a full barrier phase: the producer thread's `arrive.expect_tx`.
+    /// Arrivals that complete a full barrier phase: each producer thread's `arrive.expect_tx`
+    /// (one per [`ProducerRole`]).
     pub const fn full_barrier_arrivals(&self) -> u32 {
-        1
+        2
     }
     /// Arrivals that complete an empty barrier phase: every consumer thread, so that each
     /// thread's own shared-memory reads of the stage are ordered before the refill by its own
@@ -327,12 +346,18 @@ impl GemmConfig {
     pub const fn dynamic_shared_memory(&self) -> u32 {
         self.empty_barrier_offset(self.stages)
     }
-    /// Bytes a stage's TMA loads credit to its full barrier when `chunks` chunks are valid, the
-    /// tile's token boxes have `block_m` rows (the group's, or [`GroupParams::tail_rows`]) and `slots` scale
-    /// blocks are loaded per chunk (a box counts in full even where it lies out of bounds and is
-    /// zero-filled).
-    pub const fn stage_tx_bytes(&self, chunks: u32, block_m: u32, slots: u32) -> u32 {
-        chunks * (block_m * CHUNK_K * 2 + slots * SCALE_BLOCK_BYTES) + self.block_n * WEIGHT_ROW_BYTES
+    /// Bytes the [`ProducerRole::Weights`] copies of a stage credit to its full barrier when
+    /// `slots` scale blocks are loaded per chunk: the weight box (in full even where it lies
+    /// past K or N and is zero-filled) and both chunks' scale blocks (a K tail's second chunk
+    /// gets a copy of the first's: finite scales for the zero weights).
+    pub const fn weight_tx_bytes(&self, slots: u32) -> u32 {
+        CHUNKS_PER_STAGE * slots * SCALE_BLOCK_BYTES + self.block_n * WEIGHT_ROW_BYTES
+    }
+    /// Bytes the [`ProducerRole::Tokens`] copies of a stage credit when the tile's token boxes
+    /// have `block_m` rows (the group's, or [`GroupParams::tail_rows`]): both chunks' boxes (a K
+    /// tail's second chunk lies wholly past K: zeros, counted in full).
+    pub const fn token_tx_bytes(&self, block_m: u32) -> u32 {
+        CHUNKS_PER_STAGE * block_m * CHUNK_K * 2
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
@@ -960,7 +985,7 @@ mod tests {
         assert_eq!(c.stage_bytes(), 41984);
         assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
-        assert_eq!(c.stage_tx_bytes(2, 128, 1), 2 * (16384 + 512) + 8192);
+        assert_eq!(c.weight_tx_bytes(1) + c.token_tx_bytes(128), 2 * (16384 + 512) + 8192);
         // The decode variant: 16-row token chunks, 13 KiB stages, two CTAs per SM.
         let d = GemmConfig::M16;
         assert_eq!(d.token_chunk_bytes(), 2048);
@@ -970,8 +995,8 @@ mod tests {
         assert!(2 * (d.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM);
         assert_eq!(gemm_launch(d, 10_000, 132).grid, 264);
         assert_eq!(gemm_launch(c, 10_000, 132).grid, 132);
-        assert_eq!(DECODE_MAX_REGISTERS, 112);
-        assert_eq!(gemm_launch(d, 10, 132).block, 288);
+        assert_eq!(DECODE_MAX_REGISTERS, 96);
+        assert_eq!(gemm_launch(d, 10, 132).block, 320);
         // Thread roles: producer first in the general variant, last in the decode one.
         assert_eq!(c.consumer_thread(5), None);
         assert_eq!(c.consumer_thread(128), Some((0, 0)));
@@ -979,11 +1004,21 @@ mod tests {
         assert_eq!(d.consumer_thread(0), Some((0, 0)));
         assert_eq!(d.consumer_thread(255), Some((1, 127)));
         assert_eq!(d.consumer_thread(256), None);
-        assert_eq!((c.producer_thread(), d.producer_thread()), (0, 256));
-        assert_eq!(c.consumer_thread(c.producer_thread()), None);
-        assert_eq!(d.consumer_thread(d.producer_thread()), None);
+        assert_eq!(
+            (c.producer_role(0), c.producer_role(32)),
+            (Some(ProducerRole::Weights), Some(ProducerRole::Tokens))
+        );
+        assert_eq!(
+            (d.producer_role(256), d.producer_role(288)),
+            (Some(ProducerRole::Weights), Some(ProducerRole::Tokens))
+        );
+        assert_eq!(
+            (c.producer_role(1), c.producer_role(128), d.producer_role(0), d.producer_role(289)),
+            (None, None, None, None)
+        );
+        assert_eq!((c.consumer_thread(32), d.consumer_thread(288)), (None, None));
         assert_eq!((PRODUCER_REGISTERS, CONSUMER_REGISTERS), (40, 232));
-        assert_eq!(c.stage_tx_bytes(1, 16, 1), 16 * 128 + 512 + 8192);
+        assert_eq!((c.weight_tx_bytes(1), c.token_tx_bytes(16)), (2 * 512 + 8192, 2 * 16 * 128));
         assert!(c.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM);
     }
 
@@ -1008,7 +1043,7 @@ mod tests {
         );
         assert_eq!(w.stage_bytes(), 46 * 1024);
         assert_eq!(w.dynamic_shared_memory(), 4 * 46 * 1024 + 8 * 8);
-        assert_eq!(w.stage_tx_bytes(2, 128, 2), 2 * (16384 + 1024) + 12288);
+        assert_eq!(w.weight_tx_bytes(2) + w.token_tx_bytes(128), 2 * (16384 + 1024) + 12288);
         assert_eq!(w.empty_barrier_arrivals(), 384);
         // Spans: 128-row ones first, 192-row ones, then the rest; the scale blocks they touch.
         // (count, the first eight as (first, warpgroups), warpgroups in all).
@@ -1059,7 +1094,7 @@ mod tests {
         assert_eq!(c.full_barrier_offset(4), 5 * 41984 + 32);
         assert_eq!(c.empty_barrier_offset(0), 5 * 41984 + 40);
         assert_eq!(c.empty_barrier_offset(4) + MBARRIER_BYTES, c.dynamic_shared_memory());
-        assert_eq!((c.full_barrier_arrivals(), c.empty_barrier_arrivals()), (1, 256));
+        assert_eq!((c.full_barrier_arrivals(), c.empty_barrier_arrivals()), (2, 256));
     }
 
     #[test]

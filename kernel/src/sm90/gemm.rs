@@ -1,9 +1,11 @@
 //! `sm90_grouped_gemm`: persistent, warp-specialized swap-AB GEMM over all tiles of all groups.
 //!
-//! CTA = 3 warpgroups (4 in `sm90_grouped_gemm_n192`). Warpgroup 0 is the producer (one thread
-//! issues every TMA); the others are consumers, each owning 64 of the tile's 128 (192) weight rows.
-//! Per stage of 128 K values the producer loads, completing on `full[stage]`:
-//! - per valid 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace,
+//! CTA = 3 warpgroups (4 in `sm90_grouped_gemm_n192`; two consumer warpgroups and two producer
+//! warps in the decode variant). Warpgroup 0 is the producer (two threads in different warps issue
+//! the TMAs, see [`ProducerRole`]); the others are consumers, each owning 64 of the tile's 128
+//! (192) weight rows. Per stage of 128 K values the producers load, completing on `full[stage]`:
+//! - per 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace (past K,
+//!   zeros),
 //! - a `block_n × 64`-byte box of packed weights (64-byte swizzle),
 //! - the weights' scale blocks (per 128-row block of B's scales the tile's rows lie in, one
 //!   contiguous 512-byte block per chunk, bulk copy).
@@ -185,17 +187,26 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     }
     // SAFETY: every thread of the CTA reaches it.
     unsafe { barrier::sync_all() };
-    // SAFETY: one producer thread, every consumer thread; `p` is valid (the caller's contract).
+    // SAFETY: one thread per producer role, every consumer thread; `p` is valid (the caller's
+    // contract).
     unsafe {
         match V::CFG.consumer_thread(tid) {
             None => {
-                // Registers move from the producer (one thread issues copies) to the consumers;
-                // the decode variant has a producer warp only and no registers to spare.
+                // Registers move from the producer (two threads issue copies) to the consumers;
+                // the decode variant has two producer warps only and no registers to spare.
                 if V::CFG.ctas_per_sm() == 1 {
                     V::shrink_registers();
                 }
-                if tid == V::CFG.producer_thread() {
-                    produce::<V, STAGES>(&st, &p);
+                match V::CFG.producer_role(tid) {
+                    Some(ProducerRole::Weights) => produce::<V, STAGES>(&st, &p, ProducerRole::Weights),
+                    Some(ProducerRole::Tokens) => {
+                        // The workspace is written by the token dequantization, which this grid
+                        // may overlap (`GEMM_STARTS_EARLY`): wait for it before the first token
+                        // load (the weight loads start without it).
+                        barrier::grid_dependency_wait();
+                        produce::<V, STAGES>(&st, &p, ProducerRole::Tokens)
+                    }
+                    None => {}
                 }
             }
             Some((cw, t)) => {
@@ -208,93 +219,106 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     }
 }
 
-/// The producer (one thread): per stage, the token chunks, the weight box and the weight scale
-/// blocks, completing on the stage's full barrier.
+/// A producer thread (`role`, see [`ProducerRole`]): per stage, its half of the copies —
+/// the weight box and the weight scale blocks, or the token chunks — with its own
+/// `arrive.expect_tx` on the stage's full barrier (which counts both producers' arrivals). Both
+/// walk the same work list and ring, each waiting for the consumers' release of a stage.
+///
+/// Every stage is loaded with both chunks: past K, the token box lies wholly out of bounds (the
+/// TMA writes zeros and credits its bytes like any box), the weight box's second half likewise,
+/// and the first chunk's scale block is copied again into the second's place (finite scales for
+/// the zero weights, so the chunk adds exact zeros where a consumer computes it).
 ///
 /// # Safety
-/// One thread of the CTA; barriers initialized; `p` valid.
+/// One thread per role in the CTA; barriers initialized; `p` valid.
 #[inline(always)]
-unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams) {
+unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, role: ProducerRole) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
-    let mut dequantized = false;
     // SAFETY: the list holds `work_len` items; each names a group of the table.
     while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
         let g = unsafe { work.group(t.group) };
-        // The group's last tile loads only its own rows (rounded up to 8), from its own map.
-        let last_tile = (t.tile_m + 1) * g.block_m >= g.m;
-        let (token_map, token_rows) = if last_tile {
-            (work.tensor_map(g.tail_token_map as usize), g.tail_rows)
-        } else {
-            (work.tensor_map(g.token_map as usize), g.block_m)
-        };
-        let weight_map = work.tensor_map(weight_map_index(t.group));
-        // The 128-row blocks of B's blocked scales the tile's rows lie in: one for 128-row tiles.
-        let (first_block, slots) = if V::CFG.block_n == BLOCK_N {
-            (t.tile_n, 1)
-        } else {
-            let span = RowSpan::decode(t.tile_n);
-            (span.first_scale_block(), span.scale_blocks(g.n))
-        };
-        let scale_row_block = (g.b_scales as *const u8)
-            .wrapping_add(first_block as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
-        for ks in 0..k_stages(g.k) {
-            let chunks = valid_chunks(g.k, ks);
-            // With the consumers' ring unrolled, every stage is loaded with both chunks: past K,
-            // the token box lies out of bounds (the TMA writes zeros, and credits its bytes like
-            // any box), the weight box's second half likewise, and the first chunk's scale block
-            // fills the second's place (finite scales for the zero weights: the chunk adds 0).
-            let loaded = if V::UNROLL_RING { CHUNKS_PER_STAGE } else { chunks };
-            let stage = ring.acquire();
-            let buf = st.stage(stage.index);
-            stage.full.arrive_expect_tx(V::CFG.stage_tx_bytes(loaded, token_rows, slots));
-            // SAFETY: the maps are the group's, the stage is free (acquired), the scale blocks of
-            // the valid chunks lie inside B's scale buffer (validated by the host).
-            unsafe {
-                // The weights first: they do not depend on the token dequantization.
-                tma::load_2d(
-                    buf.add(V::CFG.weight_offset()),
-                    weight_map,
-                    (ks * WEIGHT_ROW_BYTES) as i32,
-                    tile_row0::<V>(t) as i32,
-                    stage.full,
-                );
-                for slot in 0..slots {
-                    let first_block = scale_row_block
-                        .add(((slot * rest_k(g.k) + ks * CHUNKS_PER_STAGE) * SCALE_BLOCK_BYTES) as usize);
-                    tma::load_1d(
-                        buf.add(V::CFG.scale_block_offset(slot, 0)),
-                        first_block,
-                        chunks * SCALE_BLOCK_BYTES,
-                        stage.full,
-                    );
-                    for c in chunks..loaded {
-                        tma::load_1d(
-                            buf.add(V::CFG.scale_block_offset(slot, c)),
-                            first_block,
-                            SCALE_BLOCK_BYTES,
+        match role {
+            ProducerRole::Weights => {
+                let weight_map = work.tensor_map(weight_map_index(t.group));
+                // The 128-row blocks of B's blocked scales the tile's rows lie in: one for
+                // 128-row tiles.
+                let (first_block, slots) = if V::CFG.block_n == BLOCK_N {
+                    (t.tile_n, 1)
+                } else {
+                    let span = RowSpan::decode(t.tile_n);
+                    (span.first_scale_block(), span.scale_blocks(g.n))
+                };
+                let scale_row_block = (g.b_scales as *const u8)
+                    .wrapping_add(first_block as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
+                for ks in 0..k_stages(g.k) {
+                    let chunks = valid_chunks(g.k, ks);
+                    let stage = ring.acquire();
+                    let buf = st.stage(stage.index);
+                    stage.full.arrive_expect_tx(V::CFG.weight_tx_bytes(slots));
+                    // SAFETY: the map is the group's, the stage is free (acquired), the scale
+                    // blocks of the valid chunks lie inside B's scale buffer (validated by the
+                    // host).
+                    unsafe {
+                        tma::load_2d(
+                            buf.add(V::CFG.weight_offset()),
+                            weight_map,
+                            (ks * WEIGHT_ROW_BYTES) as i32,
+                            tile_row0::<V>(t) as i32,
                             stage.full,
                         );
+                        for slot in 0..slots {
+                            let first = scale_row_block
+                                .add(((slot * rest_k(g.k) + ks * CHUNKS_PER_STAGE) * SCALE_BLOCK_BYTES) as usize);
+                            tma::load_1d(
+                                buf.add(V::CFG.scale_block_offset(slot, 0)),
+                                first,
+                                chunks * SCALE_BLOCK_BYTES,
+                                stage.full,
+                            );
+                            for c in chunks..CHUNKS_PER_STAGE {
+                                tma::load_1d(
+                                    buf.add(V::CFG.scale_block_offset(slot, c)),
+                                    first,
+                                    SCALE_BLOCK_BYTES,
+                                    stage.full,
+                                );
+                            }
+                        }
                     }
-                }
-                if !dequantized {
-                    // The workspace is written by the token dequantization, which this grid may
-                    // overlap (`GEMM_STARTS_EARLY`): wait for it before the first token load.
-                    barrier::grid_dependency_wait();
-                    dequantized = true;
-                }
-                for c in 0..loaded {
-                    tma::load_2d(
-                        buf.add(V::CFG.token_offset(c)),
-                        token_map,
-                        (ks * BLOCK_K + c * CHUNK_K) as i32,
-                        (g.token_row + t.tile_m * g.block_m) as i32,
-                        stage.full,
-                    );
+                    ring.commit(stage);
                 }
             }
-            ring.commit(stage);
+            ProducerRole::Tokens => {
+                // The group's last tile loads only its own rows (rounded up to 8), from its own
+                // map.
+                let last_tile = (t.tile_m + 1) * g.block_m >= g.m;
+                let (token_map, token_rows) = if last_tile {
+                    (work.tensor_map(g.tail_token_map as usize), g.tail_rows)
+                } else {
+                    (work.tensor_map(g.token_map as usize), g.block_m)
+                };
+                let row = (g.token_row + t.tile_m * g.block_m) as i32;
+                for ks in 0..k_stages(g.k) {
+                    let stage = ring.acquire();
+                    let buf = st.stage(stage.index);
+                    stage.full.arrive_expect_tx(V::CFG.token_tx_bytes(token_rows));
+                    // SAFETY: the map is the group's, the stage is free (acquired).
+                    unsafe {
+                        for c in 0..CHUNKS_PER_STAGE {
+                            tma::load_2d(
+                                buf.add(V::CFG.token_offset(c)),
+                                token_map,
+                                (ks * BLOCK_K + c * CHUNK_K) as i32,
+                                row,
+                                stage.full,
+                            );
+                        }
+                    }
+                    ring.commit(stage);
+                }
+            }
         }
     }
 }
