@@ -48,10 +48,6 @@ trait Variant {
     /// parameters again for the epilogue instead of keeping them through the K loop (registers
     /// fewer, for a variant whose consumers have less than 176).
     const EAGER_LOADS: bool = true;
-    /// Whether the consumers' K loop has one copy of the stage code per ring index (so its
-    /// offsets, descriptors and barriers are constants: fewer instructions per stage, for a
-    /// variant bound by its consumers' issue slots) instead of one copy for every index.
-    const UNROLL_RING: bool = false;
 }
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
@@ -59,7 +55,6 @@ struct General;
 impl Variant for General {
     const CFG: GemmConfig = GemmConfig::M128;
     type Narrow = wgmma::N16;
-    const UNROLL_RING: bool = true;
 }
 
 /// 128-token tiles whose group's last tile runs 64 wide when its rows fit, 5 stages, one CTA per SM.
@@ -67,7 +62,6 @@ struct Tail64;
 impl Variant for Tail64 {
     const CFG: GemmConfig = GemmConfig::M128_64;
     type Narrow = wgmma::N64;
-    const UNROLL_RING: bool = true;
 }
 
 /// 192 weight rows (three consumer warpgroups) × 128-token tiles, the group's last tile 64 wide
@@ -90,7 +84,6 @@ struct Decode;
 impl Variant for Decode {
     const CFG: GemmConfig = GemmConfig::M16;
     type Narrow = wgmma::N16;
-    const UNROLL_RING: bool = true;
 }
 
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
@@ -440,32 +433,23 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
         q,
     };
     let stages = k_stages(g.k);
-    if V::UNROLL_RING {
-        // One copy of the stage per ring index, so that every shared-memory offset, descriptor
-        // and barrier of a stage is a constant; a tile starts wherever the ring stands (the
-        // first pass skips the copies before it) and ends after its last stage. Every stage
-        // holds both chunks (see `produce`: a K tail's second chunk is zeros), so the copies
-        // have no chunk test (with one, ptxas serializes the wgmma pipeline of eight copies).
-        let mut ks = 0;
-        'tile: loop {
-            unrolled!(s in [0, 1, 2, 3, 4, 5, 6, 7] {
-                if (s as u32) < STAGES && ring.next_index() == s as u32 {
-                    if ks == stages {
-                        break 'tile;
-                    }
-                    let stage = ring.wait_at(s as u32);
-                    // SAFETY: as this function's.
-                    unsafe { consume_stage::<V, S>(st, stage, CHUNKS_PER_STAGE, rows, tokens0, &mut acc, &mut pending) };
-                    ks += 1;
+    // One copy of the stage per ring index, so that every shared-memory offset, descriptor and
+    // barrier of a stage is a constant (PERF.md #25: 235 → 199 instructions per stage in the
+    // decode variant); a tile starts wherever the ring stands (the first pass skips the copies
+    // before it) and ends after its last stage.
+    let mut ks = 0;
+    'tile: loop {
+        unrolled!(s in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (s as u32) < STAGES && ring.next_index() == s as u32 {
+                if ks == stages {
+                    break 'tile;
                 }
-            });
-        }
-    } else {
-        for ks in 0..stages {
-            let stage = ring.wait();
-            // SAFETY: as this function's.
-            unsafe { consume_stage::<V, S>(st, stage, valid_chunks(g.k, ks), rows, tokens0, &mut acc, &mut pending) };
-        }
+                let stage = ring.wait_at(s as u32);
+                // SAFETY: as this function's.
+                unsafe { consume_stage::<V, S>(st, stage, rows, tokens0, &mut acc, &mut pending) };
+                ks += 1;
+            }
+        });
     }
     S::wait::<0>(&mut acc);
     if let Some(prev) = pending {
@@ -491,38 +475,33 @@ struct FragmentRows {
     q: u32,
 }
 
-/// One stage of a consumer's K loop: per valid chunk, decode the thread's weight fragments and
+/// One stage of a consumer's K loop: per chunk, decode the thread's weight fragments and
 /// issue the warpgroup's 4 wgmma k-steps against the token chunk; the previous stage (`pending`)
 /// is released once this stage's first MMAs show that its own are done, and this stage becomes
 /// `pending`.
 ///
 /// # Safety
-/// As [`consume`]; `stage` is full and holds `chunks` valid chunks.
+/// As [`consume`]; `stage` is full.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn consume_stage<V: Variant, S: MmaShape>(
     st: &Smem<V>,
     stage: Stage,
-    chunks: u32,
     rows: FragmentRows,
     tokens0: WgmmaDesc,
     acc: &mut wgmma::Accumulators,
     pending: &mut Option<Stage>,
 ) {
     let FragmentRows { weights, scales: scale_words, q } = rows;
-    // With the ring unrolled the stage index is a constant: every address below is the CTA's
-    // shared base plus a constant and the thread's offsets. The offset `z` (0) is opaque to
-    // LLVM, so that it keeps those sums in the stage's copy instead of hoisting all copies'
-    // out of the loop (each would hold a register); ptxas sees the zero and folds the
-    // constants into the loads' immediates and the descriptors.
-    let z = if V::UNROLL_RING { SmemAddr(0).opaque().0 } else { 0 };
+    // The caller's loop is unrolled over the ring, so the stage index is a constant: every
+    // address below is the CTA's shared base plus a constant and the thread's offsets. The
+    // offset `z` (0) is opaque to LLVM, so that it keeps those sums in this copy of the stage
+    // instead of hoisting all copies' out of the loop (each would hold a register); ptxas sees
+    // the zero and folds the constants into the loads' immediates and the descriptors.
+    let z = SmemAddr(0).opaque().0;
     let buf = st.stage(0).add(z + V::CFG.stage_offset(stage.index));
-    // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk
-    // c+1 overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in
-    // flight may read it (at most two groups are ever pending).
-    // All of the stage's shared loads first, in one basic block, so their latencies
-    // overlap each other and the first chunk's decoding (in the K tail the loads of an
-    // absent chunk read stale bytes that are never used).
+    // All of the stage's shared loads first (`EAGER_LOADS`), in one basic block, so their
+    // latencies overlap each other and the first chunk's decoding.
     let wbase = buf.add(V::CFG.weight_offset());
     let load = |c: u32| {
         let sbase = buf.add(c * SCALE_BLOCK_BYTES);
@@ -537,41 +516,37 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
     };
     let first = load(0);
     let second = if V::EAGER_LOADS { load(1) } else { first };
+    // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk c+1
+    // overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in flight may read
+    // it (at most two groups are ever pending). Every chunk runs, without a branch (with one in
+    // each copy of the stage, ptxas serializes the wgmma pipeline): a K tail's second chunk is
+    // zero weights under finite scales times zero tokens (see `produce`), adding exact zeros.
     for c in 0..CHUNKS_PER_STAGE {
-        if c < chunks {
-            let (rw, sw) = if c == 0 {
-                first
-            } else if V::EAGER_LOADS {
-                second
-            } else {
-                load(1)
-            };
-            // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
-            let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
-            let a0 = dequant16::<false>(rw[0], scales);
-            let a1 = dequant16::<true>(rw[1], scales);
-            let tokens = if V::UNROLL_RING {
-                tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c))
-            } else if V::EAGER_LOADS {
-                tokens0.advance(V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c))
-            } else {
-                // No register to keep `tokens0` in (ptxas spills).
-                WgmmaDesc::k_major_sw128(buf.add(V::CFG.token_offset(c)).0)
-            };
-            wgmma::fence();
-            for j in 0..K_STEPS_PER_CHUNK as usize {
-                let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-                // SAFETY: the whole warpgroup, converged; the token chunk stays in place
-                // until the stage is released, after a wait_group covers this MMA.
-                unsafe { S::mma(acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
-            }
-            wgmma::commit_group();
-            // Everything but this chunk's group is done: the previous stage is free.
-            S::wait::<1>(acc);
-            if c == 0 {
-                if let Some(prev) = pending.take() {
-                    prev.release();
-                }
+        let (rw, sw) = if c == 0 {
+            first
+        } else if V::EAGER_LOADS {
+            second
+        } else {
+            load(1)
+        };
+        // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
+        let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
+        let a0 = dequant16::<false>(rw[0], scales);
+        let a1 = dequant16::<true>(rw[1], scales);
+        let tokens = tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c));
+        wgmma::fence();
+        for j in 0..K_STEPS_PER_CHUNK as usize {
+            let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+            // SAFETY: the whole warpgroup, converged; the token chunk stays in place until the
+            // stage is released, after a wait_group covers this MMA.
+            unsafe { S::mma(acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
+        }
+        wgmma::commit_group();
+        // Everything but this chunk's group is done: the previous stage is free.
+        S::wait::<1>(acc);
+        if c == 0 {
+            if let Some(prev) = pending.take() {
+                prev.release();
             }
         }
     }
