@@ -98,9 +98,10 @@ pub const REGISTER_CAPS: [(&str, u32); 5] = [
 pub const MBARRIER_BYTES: u32 = 8;
 
 /// The GEMM kernels may start before the token dequantization that precedes them has finished
-/// (programmatic dependent launch): only the producer thread reads what the dequantization wrote
-/// (the workspace, through TMA), and it executes `griddepcontrol.wait` before its first token load,
-/// after the first stage's weight loads; the dequantization lets it be scheduled at its start
+/// (programmatic dependent launch): only the token producer thread ([`ProducerRole::Tokens`]) reads
+/// what the dequantization wrote (the workspace, through TMA), and it executes
+/// `griddepcontrol.wait` before its first token load, while the weight producer already fills the
+/// ring with weights; the dequantization lets it be scheduled at its start
 /// (`griddepcontrol.launch_dependents`). The host launches the GEMM with programmatic stream
 /// serialization when a dequantization precedes it in the same call.
 pub const GEMM_STARTS_EARLY: bool = true;
