@@ -1088,6 +1088,26 @@ mod tests {
         assert_eq!((w.stage_cost(128, 2), GemmConfig::M128_64.stage_cost(64, 1)), (tile_cost(128), tile_cost(64)));
     }
 
+    /// The consumers take a chunk's scale words as chunk 0's plus `c · SCALE_BLOCK_BYTES` (one
+    /// offset per thread, computed once per tile), and the weight producer fills a K tail's
+    /// second chunk from the first block: a slot's chunks must be adjacent blocks.
+    #[test]
+    fn scale_blocks_of_a_slot_are_adjacent() {
+        for cfg in GemmConfig::ALL {
+            for slot in 0..cfg.scale_slots() {
+                for c in 0..CHUNKS_PER_STAGE {
+                    assert_eq!(
+                        cfg.scale_block_offset(slot, c),
+                        cfg.scale_block_offset(slot, 0) + c * SCALE_BLOCK_BYTES
+                    );
+                }
+            }
+            // A full stage's credited bytes are exactly the regions its copies fill.
+            let filled = cfg.scale_block_offset(cfg.scale_slots(), 0);
+            assert_eq!(cfg.weight_tx_bytes(cfg.scale_slots()) + cfg.token_tx_bytes(cfg.block_m), filled);
+        }
+    }
+
     #[test]
     fn barrier_offsets() {
         let c = GemmConfig::M128;
