@@ -266,11 +266,13 @@ pub struct ModelRun {
     pub schedule: Schedule,
     /// Where `tcgen05.alloc` places columns.
     pub tmem: TmemPlacement,
+    /// What shared memory holds before it is written (`LaunchConfig::smem_fill`).
+    pub smem_fill: u8,
 }
 
 impl Default for ModelRun {
     fn default() -> Self {
-        ModelRun { schedule: Schedule::default(), tmem: TmemPlacement::Highest }
+        ModelRun { schedule: Schedule::default(), tmem: TmemPlacement::Highest, smem_fill: 0xA5 }
     }
 }
 
@@ -287,6 +289,7 @@ pub fn launch_config(arch: Arch, g: LaunchGeometry, ctas_per_sm: u32, run: &Mode
         LaunchConfig::new(arch, g.grid, g.block, g.smem_bytes).with_cluster(g.cluster).with_schedule(run.schedule);
     cfg.ctas_per_sm = ctas_per_sm;
     cfg.tmem_placement = run.tmem;
+    cfg.smem_fill = run.smem_fill;
     cfg
 }
 

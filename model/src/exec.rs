@@ -108,6 +108,10 @@ pub struct LaunchConfig {
     pub smem_base: u32,
     /// Stack of each modelled thread.
     pub stack_size: usize,
+    /// The byte every CTA's shared memory holds before anything writes it (real shared memory
+    /// starts with whatever an earlier kernel left): `0xA5` by default, a finite f16 pattern;
+    /// `0xFF` makes every stale f16 and e4m3 a NaN, so that a stale value reaching a result shows.
+    pub smem_fill: u8,
     /// TMEM allocation policy.
     pub tmem_placement: TmemPlacement,
     /// The seeded choices.
@@ -134,6 +138,7 @@ impl LaunchConfig {
             ctas_per_sm: 1,
             smem_base: 0x400,
             stack_size: 1 << 20,
+            smem_fill: 0xA5,
             tmem_placement: TmemPlacement::Highest,
             schedule: Schedule::default(),
             registers: 0,
@@ -352,7 +357,7 @@ impl World {
             .collect();
         let ctas = (0..cfg.grid as usize)
             .map(|c| Cta {
-                smem: Smem::new(cfg.dynamic_smem),
+                smem: Smem::new(cfg.dynamic_smem, cfg.smem_fill),
                 barriers: BTreeMap::new(),
                 named: (0..16).map(|_| NamedBar::default()).collect(),
                 live_threads: cfg.block,

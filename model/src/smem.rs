@@ -31,10 +31,11 @@ pub(crate) struct Smem {
 }
 
 impl Smem {
-    pub(crate) fn new(size: u32) -> Self {
+    pub(crate) fn new(size: u32, fill: u8) -> Self {
         let n = size as usize;
-        // Uninitialized shared memory reads as a recognizable pattern, not zeros.
-        Smem { data: vec![0xA5; n], writer: vec![0; n], readers: vec![0; n], mbar: vec![false; n] }
+        // Uninitialized shared memory reads as a recognizable pattern (`LaunchConfig::smem_fill`),
+        // not zeros.
+        Smem { data: vec![fill; n], writer: vec![0; n], readers: vec![0; n], mbar: vec![false; n] }
     }
 }
 
