@@ -124,6 +124,9 @@ pub struct LaunchConfig {
     /// start before it ends (programmatic dependent launch): a TMA or bulk copy that reads them
     /// before its thread executed `griddepcontrol.wait` is a hazard. Empty: a plain launch.
     pub predecessor_writes: Vec<(u64, u64)>,
+    /// The wave this launch models of a larger grid ([`launch`]): the first CTA's `%ctaid.x` and
+    /// the whole grid's `%nctaid.x`; `None` for a launch modelled in one piece.
+    wave: Option<(u32, u32)>,
 }
 
 impl LaunchConfig {
@@ -143,6 +146,7 @@ impl LaunchConfig {
             schedule: Schedule::default(),
             registers: 0,
             predecessor_writes: Vec::new(),
+            wave: None,
         }
     }
 
@@ -150,6 +154,16 @@ impl LaunchConfig {
     pub fn with_cluster(mut self, n: u32) -> Self {
         self.cluster = n;
         self
+    }
+
+    /// `%ctaid.x` of the launch's CTA 0 (non-zero in the later waves of a large grid, see [`launch`]).
+    pub(crate) fn first_cta(&self) -> u32 {
+        self.wave.map_or(0, |w| w.0)
+    }
+
+    /// `%nctaid.x`: the whole grid's CTAs, of which this launch may model a wave.
+    pub(crate) fn grid_ctas(&self) -> u32 {
+        self.wave.map_or(self.grid, |w| w.1)
     }
 
     /// The same launch with another schedule.
@@ -470,7 +484,7 @@ impl World {
         format!(
             "thread {} (CTA {}, warp {}, lane {}) at {}:{}",
             th.tid,
-            th.cta,
+            th.cta + self.cfg.first_cta() as usize,
             th.tid / 32,
             th.tid % 32,
             th.site.file(),
@@ -922,9 +936,41 @@ pub fn launch<F: Fn() + Sync>(cfg: &LaunchConfig, kernel: F) -> Result<RunStats,
             report: String::new(),
         });
     }
+    // Each modelled thread is an OS thread (a stack, its guard and Rust's signal stack: about four
+    // memory mappings), and Linux's default `vm.max_map_count` (65,530) stops a process near
+    // 16,000 of them. A larger grid without clusters runs in waves of whole SMs' worth of CTAs,
+    // one after the other, as a GPU runs a grid larger than it holds at once: CTAs that would
+    // wait for a CTA of a later wave deadlock here as they could on hardware.
+    let ctas_per_wave = (MAX_WAVE_THREADS / cfg.block) / cfg.ctas_per_sm * cfg.ctas_per_sm;
+    if cfg.cluster == 1 && cfg.grid > ctas_per_wave && ctas_per_wave > 0 {
+        let mut total = RunStats::default();
+        let mut first = 0;
+        while first < cfg.grid {
+            let mut wave = cfg.clone();
+            wave.grid = ctas_per_wave.min(cfg.grid - first);
+            wave.wave = Some((first, cfg.grid));
+            let s = launch_wave(&wave, &kernel)?;
+            total.instructions += s.instructions;
+            total.switches += s.switches;
+            total.async_completed += s.async_completed;
+            total.max_in_flight = total.max_in_flight.max(s.max_in_flight);
+            for (k, v) in s.fences {
+                *total.fences.entry(k).or_default() += v;
+            }
+            first += wave.grid;
+        }
+        return Ok(total);
+    }
+    launch_wave(cfg, &kernel)
+}
+
+/// Most modelled threads (OS threads) one wave of a launch may have (see [`launch`]).
+const MAX_WAVE_THREADS: u32 = 12 * 1024;
+
+/// [`launch`] of `cfg.grid` CTAs at once (all of them, or one wave of a larger grid).
+fn launch_wave<F: Fn() + Sync>(cfg: &LaunchConfig, kernel: &F) -> Result<RunStats, ModelError> {
     let shared = Arc::new(Shared { world: Mutex::new(World::new(cfg)), handles: OnceLock::new() });
     let n = (cfg.grid * cfg.block) as usize;
-    let kernel = &kernel;
     std::thread::scope(|scope| {
         let mut joins = Vec::with_capacity(n);
         for me in 0..n {

@@ -572,19 +572,19 @@ pub fn lane_id() -> u32 {
 }
 /// `%ctaid.x` (§10.6).
 pub fn ctaid_x() -> u32 {
-    sreg(|w, me| w.threads[me].cta as u32)
+    sreg(|w, me| w.threads[me].cta as u32 + w.cfg.first_cta())
 }
 /// `%nctaid.x` (§10.7).
 pub fn nctaid_x() -> u32 {
-    sreg(|w, _| w.cfg.grid)
+    sreg(|w, _| w.cfg.grid_ctas())
 }
-/// `%clusterid.x` (§10.12).
+/// `%clusterid.x` (§10.12). (A launch in waves has no clusters: each CTA is its own cluster.)
 pub fn clusterid_x() -> u32 {
-    sreg(|w, me| w.ctas[w.threads[me].cta].cluster as u32)
+    sreg(|w, me| w.ctas[w.threads[me].cta].cluster as u32 + w.cfg.first_cta())
 }
 /// `%nclusterid.x` (§10.13).
 pub fn nclusterid_x() -> u32 {
-    sreg(|w, _| w.cfg.grid / w.cfg.cluster)
+    sreg(|w, _| w.cfg.grid_ctas() / w.cfg.cluster)
 }
 /// `%cluster_ctarank` (§10.16).
 pub fn cluster_ctarank() -> u32 {

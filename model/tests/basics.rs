@@ -40,6 +40,29 @@ fn special_registers_shared_memory_and_bar_sync() {
     }
 }
 
+/// A grid of more threads than the model runs at once (12,288) goes in waves: every CTA runs
+/// once, sees its own `%ctaid.x` and the whole grid's `%nctaid.x`, and its CTA barrier and shared
+/// memory are its own.
+#[test]
+fn a_large_grid_runs_in_waves() {
+    let (grid, block) = (14u32, 1024u32); // two waves: 12 CTAs, then 2
+    let seen: Vec<AtomicU32> = (0..grid).map(|_| AtomicU32::new(0)).collect();
+    let stats = launch(&cfg(grid, block, 1024), || {
+        let base = smem::dynamic_base();
+        let (tid, cta) = (sreg::tid_x(), sreg::ctaid_x());
+        assert_eq!(sreg::nctaid_x(), grid);
+        if tid == 0 {
+            smem::st_u32(base, cta);
+        }
+        barrier::sync_all();
+        assert_eq!(smem::ld_u32(base), cta, "CTA {cta} reads another CTA's shared memory");
+        seen[cta as usize].fetch_add(1, Relaxed);
+    })
+    .unwrap();
+    assert!(seen.iter().all(|c| c.load(Relaxed) == block), "{seen:?}");
+    assert!(stats.instructions > 0);
+}
+
 #[test]
 fn warp_collectives() {
     let elected = AtomicU32::new(0);
