@@ -102,29 +102,27 @@ pub fn mul_f16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
     #[cfg(target_arch = "nvptx64")]
     let d = {
         let d: u32;
-        // SAFETY: register arithmetic only.
-        unsafe {
-            if HIGH {
-                asm!(
-                    "{{",
-                    ".reg .b16 l, h;",
-                    ".reg .b32 b;",
-                    "mov.b32 {{l, h}}, {s};",
-                    "mov.b32 b, {{h, h}};",
-                    "mul.rn.f16x2 {d}, {a}, b;",
-                    "}}",
-                    a = in(reg32) a, s = in(reg32) s, d = out(reg32) d, options(pure, nomem, nostack));
-            } else {
-                asm!(
-                    "{{",
-                    ".reg .b16 l, h;",
-                    ".reg .b32 b;",
-                    "mov.b32 {{l, h}}, {s};",
-                    "mov.b32 b, {{l, l}};",
-                    "mul.rn.f16x2 {d}, {a}, b;",
-                    "}}",
-                    a = in(reg32) a, s = in(reg32) s, d = out(reg32) d, options(pure, nomem, nostack));
-            }
+        // One template, the broadcast half named by `$h` (`h` or `l`).
+        macro_rules! mul_by_half {
+            ($h:literal) => {
+                // SAFETY: register arithmetic only.
+                unsafe {
+                    asm!(
+                        "{{",
+                        ".reg .b16 l, h;",
+                        ".reg .b32 b;",
+                        "mov.b32 {{l, h}}, {s};",
+                        concat!("mov.b32 b, {{", $h, ", ", $h, "}};"),
+                        "mul.rn.f16x2 {d}, {a}, b;",
+                        "}}",
+                        a = in(reg32) a, s = in(reg32) s, d = out(reg32) d, options(pure, nomem, nostack))
+                }
+            };
+        }
+        if HIGH {
+            mul_by_half!("h");
+        } else {
+            mul_by_half!("l");
         }
         d
     };
