@@ -112,35 +112,32 @@ impl Sm90Layout {
     /// row spans ([`RowSpan::split`]): the number of 128-row spans per group whose list ends first.
     fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
         if config.block_n == sm90::BLOCK_N {
-            return Self::work_list_with(problem, config, sm_count, |n| {
-                (0..sm90::n_tiles(n)).map(|tile_n| (tile_n, 2)).collect()
-            });
+            return Self::work_list_with(problem, config, sm_count, |n| (0..sm90::n_tiles(n)).collect());
         }
         (0..=N192_MAX_TWOS)
             .map(|twos| {
                 Self::work_list_with(problem, config, sm_count, |n| {
-                    RowSpan::split(n, twos).map(|span| (span.encode(), span.warpgroups)).collect()
+                    RowSpan::split(n, twos).map(|span| span.encode()).collect()
                 })
             })
             .min_by_key(|(_, makespan)| *makespan)
             .expect("at least one split")
     }
 
-    /// [`Self::work_list`] with each group's weight tiles given by `tiles(n)`: (`tile_n`, consumer
-    /// warpgroups with rows).
+    /// [`Self::work_list`] with each group's weight tiles (`tile_n`) given by `tiles(n)`.
     fn work_list_with(
         problem: &Problem,
         config: GemmConfig,
         sm_count: u32,
-        tiles: impl Fn(u32) -> Vec<(u32, u32)>,
+        tiles: impl Fn(u32) -> Vec<u32>,
     ) -> (Vec<WorkItem>, u64) {
         // (item, relative time) in the order group, weight tile, token tile.
         let mut work = vec![];
         for (g, s) in problem.groups().iter().enumerate() {
             let (m, n) = (s.m as u32, s.n as u32);
-            for (tile_n, warpgroups) in tiles(n) {
+            for tile_n in tiles(n) {
                 for tile_m in 0..sm90::m_tiles(m, config.tile_rows(m)) {
-                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, item_cost(config, s, tile_m, warpgroups)));
+                    work.push((WorkItem { group: g as u32, tile_m, tile_n }, item_cost(config, s, tile_m, tile_n)));
                 }
             }
         }
@@ -231,9 +228,11 @@ impl Sm90Layout {
     }
 }
 
-/// The estimated time of token tile `tile_m` of group `s` over `warpgroups` consumer warpgroups'
-/// rows under `config` (in [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage).
-fn item_cost(config: GemmConfig, s: &crate::problem::GroupShape, tile_m: u32, warpgroups: u32) -> u64 {
+/// The estimated time of work item (`tile_m`, `tile_n`) of group `s` under `config` (in
+/// [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage): two consumer warpgroups'
+/// rows for 128-row tiles, the [`RowSpan`]'s for `N192`.
+fn item_cost(config: GemmConfig, s: &crate::problem::GroupShape, tile_m: u32, tile_n: u32) -> u64 {
+    let warpgroups = if config.block_n == sm90::BLOCK_N { 2 } else { RowSpan::decode(tile_n).warpgroups };
     let m = s.m as u32;
     let width = config.tile_width(m, config.tile_rows(m), tile_m);
     sm90::k_stages(s.k as u32) as u64 * config.stage_cost(width, warpgroups) as u64
@@ -319,10 +318,7 @@ mod tests {
     /// CTA loads (in `tile_cost` units) of a layout's persistent walk: CTA b takes b, b + G, ...
     fn cta_loads(l: &Sm90Layout, p: &Problem) -> Vec<u64> {
         let g = l.gemm.grid as usize;
-        let cost = |w: &WorkItem| {
-            let warpgroups = if l.config == GemmConfig::N192 { RowSpan::decode(w.tile_n).warpgroups } else { 2 };
-            item_cost(l.config, &p.groups()[w.group as usize], w.tile_m, warpgroups)
-        };
+        let cost = |w: &WorkItem| item_cost(l.config, &p.groups()[w.group as usize], w.tile_m, w.tile_n);
         (0..g).map(|b| l.work.iter().skip(b).step_by(g).filter(|w| !w.is_hole()).map(cost).sum()).collect()
     }
 
