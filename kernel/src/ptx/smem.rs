@@ -16,12 +16,12 @@ impl SmemAddr {
     }
 
     /// The same address, as a value LLVM cannot see through: an empty `asm!` that is not `pure`,
-    /// so it is neither hoisted out of a loop nor merged with another copy. A loop unrolled over
-    /// the stages of a ring takes its base from here in each copy; otherwise LLVM hoists every
-    /// copy's `base + constant` offsets (weights, scales, descriptors) out of the loop, and each
-    /// holds a register through it (which made ptxas serialize the wgmma pipeline). Inside the
-    /// copy, ptxas folds the constants into the shared loads' immediate offsets. Emits no
-    /// instruction.
+    /// so it is neither hoisted out of a loop nor merged with another copy. Each copy of a loop
+    /// unrolled over the stages of a ring adds an opaque zero (`SmemAddr(0).opaque().0`) to its
+    /// offsets; otherwise LLVM hoists every copy's `base + constant` (weights, scales,
+    /// descriptors) out of the loop, and each holds a register through it (which made ptxas
+    /// serialize the wgmma pipeline). ptxas still sees the zero and folds the constants into the
+    /// shared loads' immediate offsets and the descriptors. Emits no instruction.
     #[inline(always)]
     pub fn opaque(self) -> Self {
         #[cfg(target_arch = "nvptx64")]
