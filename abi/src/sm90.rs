@@ -29,14 +29,16 @@ pub const BLOCK_N: u32 = 128;
 pub const WG_ROWS: u32 = 64;
 /// Consumer warpgroups per CTA.
 pub const CONSUMER_WARPGROUPS: u32 = BLOCK_N / WG_ROWS;
-/// K values per pipeline stage: a 64-byte row of packed weights (64-byte swizzle), two chunks.
+/// K values per weight box: a 64-byte row of packed weights (64-byte swizzle), two chunks. A
+/// stage holds one box (two chunks) or, in the decode variant, two ([`GemmConfig::chunks`]); the
+/// host's cost model counts K in units of this ([`k_stages`]).
 pub const BLOCK_K: u32 = 128;
-/// Bytes of one weight row in a stage.
+/// Bytes of one weight row in a weight box.
 pub const WEIGHT_ROW_BYTES: u32 = BLOCK_K / 2;
 /// K values per chunk: one 128-byte row of f16 tokens, one 512-byte scale block, 4 wgmma k-steps.
 pub const CHUNK_K: u32 = 64;
-/// Chunks per stage.
-pub const CHUNKS_PER_STAGE: u32 = BLOCK_K / CHUNK_K;
+/// Chunks per weight box.
+pub const CHUNKS_PER_BOX: u32 = BLOCK_K / CHUNK_K;
 /// wgmma k-steps (K = 16 each) per chunk.
 pub const K_STEPS_PER_CHUNK: u32 = CHUNK_K / 16;
 /// Bytes one wgmma k-step (16 f16 of K) advances along a token row.
@@ -140,7 +142,7 @@ pub const fn dequant_slot_words(j: u32) -> [u32; 4] {
 }
 
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
-/// weights, `STAGES` stages of [`BLOCK_K`].
+/// weights, `stages` stages of `chunks` × [`CHUNK_K`].
 ///
 /// Shared memory: `stages` stages of `[token chunks][weight tile][weight scale blocks]`, each a
 /// multiple of 1024 bytes, then the mbarriers `full[stages]`, `empty[stages]`.
@@ -157,28 +159,67 @@ pub struct GemmConfig {
     /// Weight rows per tile (wgmma M of the CTA): [`BLOCK_N`] (two consumer warpgroups) or 192
     /// (`N192`: three).
     pub block_n: u32,
+    /// 64-wide K chunks per stage: 2 (one weight box) or 4 (two boxes, the decode variant: the
+    /// per-stage costs — the ring's waits and release, the wgmma fences — over twice the decode
+    /// work).
+    pub chunks: u32,
 }
 
 impl GemmConfig {
     /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
-    pub const M128: GemmConfig = GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N };
-    /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 8 stages of 13 KiB,
-    /// two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`]) so that each scheduler has
-    /// twice the warps to hide the decode's latencies.
-    pub const M16: GemmConfig = GemmConfig { block_m: SMALL_TILE_M, narrow: SMALL_TILE_M, stages: 8, block_n: BLOCK_N };
+    pub const M128: GemmConfig =
+        GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
+    /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 4 stages of 256 K
+    /// (26 KiB: two weight boxes), two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`])
+    /// so that each scheduler has twice the warps to hide the decode's latencies.
+    pub const M16: GemmConfig = GemmConfig {
+        block_m: SMALL_TILE_M,
+        narrow: SMALL_TILE_M,
+        stages: 4,
+        block_n: BLOCK_N,
+        chunks: 2 * CHUNKS_PER_BOX,
+    };
     /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
     /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
     /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
-    pub const M128_64: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N };
+    pub const M128_64: GemmConfig =
+        GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
     /// 192 weight rows × 128 tokens per tile (`sm90_grouped_gemm_n192`): three consumer warpgroups
     /// read each token tile (a third fewer token bytes per MMA than `M128`, three consumer warps
     /// per scheduler instead of two to hide the decode's latencies), the 64-wide last tiles of
     /// `M128_64`, 4 stages of 46 KiB. A tile's 192 rows span two 128-row blocks of B's scales (the
     /// second half of one and all of the next, or the reverse); where N ends inside a tile, the
     /// warpgroups whose rows lie past it only release the stages.
-    pub const N192: GemmConfig = GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 192 };
+    pub const N192: GemmConfig =
+        GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 192, chunks: CHUNKS_PER_BOX };
     /// Every compiled variant.
     pub const ALL: [GemmConfig; 4] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16, GemmConfig::N192];
+
+    /// K values per stage.
+    pub const fn block_k(&self) -> u32 {
+        self.chunks * CHUNK_K
+    }
+
+    /// Weight boxes ([`BLOCK_K`] wide) per stage.
+    pub const fn weight_boxes(&self) -> u32 {
+        self.chunks / CHUNKS_PER_BOX
+    }
+
+    /// Pipeline stages of a reduction of length `k`.
+    pub const fn k_stages(&self, k: u32) -> u32 {
+        k.div_ceil(self.block_k())
+    }
+
+    /// Chunks of stage `ks` that hold data for a reduction of length `k` (`k` a multiple of
+    /// [`CHUNK_K`]); the stage's others lie past K.
+    pub const fn valid_chunks(&self, k: u32, ks: u32) -> u32 {
+        let left = k / CHUNK_K - ks * self.chunks;
+        if left < self.chunks {
+            left
+        } else {
+            self.chunks
+        }
+    }
 
     /// Consumer warpgroups per CTA: one per 64 weight rows.
     pub const fn consumer_warpgroups(&self) -> u32 {
@@ -297,20 +338,24 @@ impl GemmConfig {
     pub const fn token_offset(&self, c: u32) -> u32 {
         c * self.token_chunk_bytes()
     }
-    /// Byte offset of the packed-weight region in a stage (`block_n` rows × 64 bytes, one
-    /// 64B-swizzled box).
+    /// Byte offset of the packed-weight region in a stage (its first weight box).
     pub const fn weight_offset(&self) -> u32 {
-        self.token_offset(CHUNKS_PER_STAGE)
+        self.token_offset(self.chunks)
+    }
+    /// Byte offset of weight box `b` in a stage (`block_n` rows × 64 bytes, 64B-swizzled: chunks
+    /// `2b` and `2b + 1`; a multiple of 1024).
+    pub const fn weight_box_offset(&self, b: u32) -> u32 {
+        self.weight_offset() + b * self.block_n * WEIGHT_ROW_BYTES
     }
     /// Byte offset of the weight-scale region in a stage (per scale slot, one 512-byte block per
     /// chunk).
     pub const fn scale_offset(&self) -> u32 {
-        self.weight_offset() + self.block_n * WEIGHT_ROW_BYTES
+        self.weight_box_offset(self.weight_boxes())
     }
     /// Byte offset of chunk `c`'s 512-byte weight-scale block in scale slot `slot` of a stage (a
     /// slot's chunks are adjacent: one bulk copy per slot).
     pub const fn scale_block_offset(&self, slot: u32, c: u32) -> u32 {
-        self.scale_offset() + (slot * CHUNKS_PER_STAGE + c) * SCALE_BLOCK_BYTES
+        self.scale_offset() + (slot * self.chunks + c) * SCALE_BLOCK_BYTES
     }
     /// Bytes per stage (a multiple of 1024 so every stage keeps the swizzle alignment).
     pub const fn stage_bytes(&self) -> u32 {
@@ -348,17 +393,17 @@ impl GemmConfig {
         self.empty_barrier_offset(self.stages)
     }
     /// Bytes the [`ProducerRole::Weights`] copies of a stage credit to its full barrier when
-    /// `slots` scale blocks are loaded per chunk: the weight box (in full even where it lies
-    /// past K or N and is zero-filled) and both chunks' scale blocks (a K tail's second chunk
-    /// gets a copy of the first's: finite scales for the zero weights).
+    /// `slots` scale blocks are loaded per chunk: the weight boxes (in full even where they lie
+    /// past K or N and are zero-filled) and every chunk's scale blocks (a K tail's chunks past K
+    /// get copies of the stage's first: finite scales for the zero weights).
     pub const fn weight_tx_bytes(&self, slots: u32) -> u32 {
-        CHUNKS_PER_STAGE * slots * SCALE_BLOCK_BYTES + self.block_n * WEIGHT_ROW_BYTES
+        self.chunks * slots * SCALE_BLOCK_BYTES + self.weight_boxes() * self.block_n * WEIGHT_ROW_BYTES
     }
     /// Bytes the [`ProducerRole::Tokens`] copies of a stage credit when the tile's token boxes
-    /// have `block_m` rows (the group's, or [`GroupParams::tail_rows`]): both chunks' boxes (a K
-    /// tail's second chunk lies wholly past K: zeros, counted in full).
+    /// have `block_m` rows (the group's, or [`GroupParams::tail_rows`]): every chunk's box (a K
+    /// tail's chunks past K lie wholly outside the tensor: zeros, counted in full).
     pub const fn token_tx_bytes(&self, block_m: u32) -> u32 {
-        CHUNKS_PER_STAGE * block_m * CHUNK_K * 2
+        self.chunks * block_m * CHUNK_K * 2
     }
     /// True when the configuration fits the hardware.
     pub const fn is_valid(&self) -> bool {
@@ -368,6 +413,7 @@ impl GemmConfig {
             && self.threads() <= 1024
             && self.narrow <= self.block_m
             && self.stages >= 2
+            && (self.chunks == CHUNKS_PER_BOX || self.chunks == 2 * CHUNKS_PER_BOX)
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
             && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
     }
@@ -435,9 +481,9 @@ impl RowSpan {
     }
 }
 
-/// Byte offset, inside a stage's 64-byte-swizzled weight box, of the 8 bytes (16 e2m1 values: one
+/// Byte offset, inside a 64-byte-swizzled weight box, of the 8 bytes (16 e2m1 values: one
 /// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..block_n) and
-/// chunk `chunk`. Logically they are bytes `32·chunk + 8·q ..` of the row, i.e. 16-byte unit
+/// chunk `chunk` of the box (0..[`CHUNKS_PER_BOX`]). Logically they are bytes `32·chunk + 8·q ..` of the row, i.e. 16-byte unit
 /// `2·chunk + q/2`, half `q % 2`; the 64-byte swizzle moves unit `u` of row `r` to
 /// `u ^ ((r / 2) % 4)`.
 pub const fn weight_fragment_offset(row: u32, chunk: u32, q: u32) -> u32 {
@@ -826,19 +872,10 @@ pub const fn n_tiles(n: u32) -> u32 {
     n.div_ceil(BLOCK_N)
 }
 
-/// Pipeline stages of a reduction of length `k`.
+/// [`BLOCK_K`]-wide steps of a reduction of length `k`: the host cost model's unit of K (a
+/// variant's own stages are [`GemmConfig::k_stages`]).
 pub const fn k_stages(k: u32) -> u32 {
     k.div_ceil(BLOCK_K)
-}
-
-/// Chunks of stage `ks` that hold data for a reduction of length `k`.
-pub const fn valid_chunks(k: u32, ks: u32) -> u32 {
-    let left = k / CHUNK_K - ks * CHUNKS_PER_STAGE;
-    if left < CHUNKS_PER_STAGE {
-        left
-    } else {
-        CHUNKS_PER_STAGE
-    }
 }
 
 #[cfg(test)]
@@ -987,12 +1024,15 @@ mod tests {
         assert_eq!(c.stage_offset(2), 2 * 41984);
         assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
         assert_eq!(c.weight_tx_bytes(1) + c.token_tx_bytes(128), 2 * (16384 + 512) + 8192);
-        // The decode variant: 16-row token chunks, 13 KiB stages, two CTAs per SM.
+        // The decode variant: 16-row token chunks, four per stage, two weight boxes, 26 KiB
+        // stages, two CTAs per SM.
         let d = GemmConfig::M16;
         assert_eq!(d.token_chunk_bytes(), 2048);
-        assert_eq!(d.weight_offset(), 4096);
-        assert_eq!(d.stage_bytes(), 13 * 1024);
-        assert_eq!(d.dynamic_shared_memory(), 8 * 13 * 1024 + 16 * 8);
+        assert_eq!((d.weight_box_offset(0), d.weight_box_offset(1), d.scale_offset()), (8192, 16384, 24576));
+        assert_eq!(d.scale_block_offset(0, 3), 24576 + 3 * 512);
+        assert_eq!(d.stage_bytes(), 26 * 1024);
+        assert_eq!(d.dynamic_shared_memory(), 4 * 26 * 1024 + 8 * 8);
+        assert_eq!(d.weight_tx_bytes(1) + d.token_tx_bytes(16), 4 * (2048 + 512) + 2 * 8192);
         assert!(2 * (d.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM);
         assert_eq!(gemm_launch(d, 10_000, 132).grid, 264);
         assert_eq!(gemm_launch(c, 10_000, 132).grid, 132);
@@ -1095,7 +1135,7 @@ mod tests {
     fn scale_blocks_of_a_slot_are_adjacent() {
         for cfg in GemmConfig::ALL {
             for slot in 0..cfg.scale_slots() {
-                for c in 0..CHUNKS_PER_STAGE {
+                for c in 0..cfg.chunks {
                     assert_eq!(
                         cfg.scale_block_offset(slot, c),
                         cfg.scale_block_offset(slot, 0) + c * SCALE_BLOCK_BYTES
@@ -1131,7 +1171,7 @@ mod tests {
         let swizzle64 = |row: u32, logical: u32| row * 64 + (((logical / 16) ^ ((row / 2) % 4)) * 16) + logical % 16;
         let mut seen = [false; (BLOCK_N * WEIGHT_ROW_BYTES / 8) as usize];
         for row in 0..BLOCK_N {
-            for chunk in 0..CHUNKS_PER_STAGE {
+            for chunk in 0..CHUNKS_PER_BOX {
                 for q in 0..4 {
                     let o = weight_fragment_offset(row, chunk, q);
                     assert_eq!(o % 8, 0);
@@ -1176,10 +1216,20 @@ mod tests {
 
     #[test]
     fn chunk_counts() {
-        assert_eq!(valid_chunks(256, 0), 2);
-        assert_eq!(valid_chunks(320, 2), 1);
-        assert_eq!(valid_chunks(7168, 55), 2);
-        assert_eq!(valid_chunks(192, 1), 1);
+        let (two, four) = (GemmConfig::M128, GemmConfig::M16);
+        assert_eq!((two.chunks, four.chunks), (2, 4));
+        assert_eq!([(256, 0), (320, 2), (7168, 55), (192, 1)].map(|(k, ks)| two.valid_chunks(k, ks)), [2, 1, 2, 1]);
+        assert_eq!(
+            [(256, 0), (320, 1), (7168, 27), (192, 0), (384, 1)].map(|(k, ks)| four.valid_chunks(k, ks)),
+            [4, 1, 4, 3, 2]
+        );
+        assert_eq!([64, 256, 320, 7168].map(|k| four.k_stages(k)), [1, 1, 2, 28]);
+        assert_eq!([64, 256, 320, 7168].map(|k| two.k_stages(k)), [1, 2, 3, 56]);
+        // Two weight boxes side by side, each 1024-byte aligned (the 64-byte swizzle's pattern
+        // repeats every 512 bytes).
+        assert_eq!(four.weight_box_offset(1) - four.weight_box_offset(0), BLOCK_N * WEIGHT_ROW_BYTES);
+        assert_eq!((four.weight_box_offset(0) % 1024, four.weight_box_offset(1) % 1024), (0, 0));
+        assert_eq!((four.stage_bytes(), four.stages), (26 * 1024, 4));
     }
     /// The last tile's box covers its rows in whole 8-row swizzle atoms, never more than a tile;
     /// the tail maps sit after all token and weight maps, each index once.

@@ -66,12 +66,14 @@ fn model_sm90_completion_orders() {
     }
 }
 
-/// Every group at most 16 tokens: the decode variant (`sm90_grouped_gemm_decode`: 16-token tiles,
-/// two CTAs per SM, a producer warp after the consumer warpgroups), with K tails, K = 1024 (the
-/// 8-stage ring wraps within a tile), an empty group and N = 8·odd, under three completion orders.
+/// Every group at most 16 tokens: the decode variant (`sm90_grouped_gemm_decode`: 16-token tiles
+/// of stages of 256 K, two CTAs per SM, two producer warps after the consumer warpgroups), with
+/// every K tail (K = 320, 64, 384, 192: a last stage with 1, 1, 2 and 3 chunks of data), K = 1280
+/// (5 stages: the 4-stage ring wraps within a tile), an empty group and N = 8·odd, under three
+/// completion orders.
 #[test]
 fn model_sm90_decode_variant() {
-    let shapes = z(&[4, 16, 0, 1], &[136, 24, 8, 64], &[320, 1024, 64, 64]);
+    let shapes = z(&[4, 16, 0, 1, 9, 3], &[136, 24, 8, 64, 8, 16], &[320, 1280, 64, 64, 384, 192]);
     for (order, seed) in [(Completion::InOrder, 1), (Completion::Reversed, 2), (Completion::Random, 3)] {
         let run = ModelRun::ordered(order, seed);
         check_sm90(&format!("sm90 decode {order:?} seed {seed}"), &shapes, 13, F16, 1, &run);
@@ -136,10 +138,11 @@ fn model_sm90_n192_variant() {
     check_variant("sm90 n192", &shapes, 16, GemmConfig::N192);
 }
 
-/// Every variant with K tails (K = 64 and 320: a last stage with one chunk of data) while shared
+/// Every variant with K tails (K = 64 and 320: a last stage with one chunk of data; the decode
+/// variant's stages of four chunks also with two and three, K = 384 and 192) while shared
 /// memory starts as 0xFF, so that every stale f16 token and e4m3 scale in it is a NaN. Each stage
-/// is computed whole: the K tail's second chunk must be the TMA's zero fill (tokens and weights)
-/// under a copy of the first chunk's scale block, or NaN reaches C. Stale token rows past a last
+/// is computed whole: the K tail's chunks past K must be the TMA's zero fill (tokens and weights)
+/// under a copy of the stage's first scale block, or NaN reaches C. Stale token rows past a last
 /// tile's box hold NaNs too: they may only reach columns of C that are not stored.
 #[test]
 fn model_sm90_k_tails_over_nan_filled_shared_memory() {
@@ -147,7 +150,7 @@ fn model_sm90_k_tails_over_nan_filled_shared_memory() {
         ("M128", GemmConfig::M128, z(&[130, 8], &[72, 136], &[192, 320])),
         ("t64", GemmConfig::M128_64, z(&[176, 40], &[136, 72], &[320, 64])),
         ("n192", GemmConfig::N192, z(&[176, 9], &[392, 264], &[320, 64])),
-        ("decode", GemmConfig::M16, z(&[4, 16, 1], &[136, 24, 8], &[320, 64, 192])),
+        ("decode", GemmConfig::M16, z(&[4, 16, 1, 7], &[136, 24, 8, 16], &[320, 64, 192, 384])),
     ];
     for (i, (name, config, shapes)) in cases.iter().enumerate() {
         let run = ModelRun { smem_fill: 0xFF, ..ModelRun::ordered(Completion::Random, 5) };

@@ -299,7 +299,7 @@ impl Sm90DevicePlan {
                 sm90::BLOCK_N,
                 super::widths(l.config),
                 l.config.stages,
-                sm90::BLOCK_K
+                l.config.block_k()
             ),
             tiles: l.max_work as usize,
             launches: vec![

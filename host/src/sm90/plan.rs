@@ -140,7 +140,7 @@ impl ArchPlan for Sm90Plan {
                 if l.config.block_n == sm90::BLOCK_N { "" } else { " (or 128, 64 where the host cuts N so)" },
                 super::widths(l.config),
                 l.config.stages,
-                sm90::BLOCK_K,
+                l.config.block_k(),
                 l.config.ctas_per_sm()
             ),
             tiles: l.work.iter().filter(|w| !w.is_hole()).count(),

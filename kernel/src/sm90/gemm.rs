@@ -3,10 +3,11 @@
 //! CTA = 3 warpgroups (4 in `sm90_grouped_gemm_n192`; two consumer warpgroups and two producer
 //! warps in the decode variant). Warpgroup 0 is the producer (two threads in different warps issue
 //! the TMAs, see [`ProducerRole`]); the others are consumers, each owning 64 of the tile's 128
-//! (192) weight rows. Per stage of 128 K values the producers load, completing on `full[stage]`:
+//! (192) weight rows. Per stage of 128 K values (256 in the decode variant, `GemmConfig::chunks`)
+//! the producers load, completing on `full[stage]`:
 //! - per 64-chunk, a `block_m × 64` f16 token box (128-byte swizzle) from the workspace (past K,
 //!   zeros),
-//! - a `block_n × 64`-byte box of packed weights (64-byte swizzle),
+//! - per two chunks, a `block_n × 64`-byte box of packed weights (64-byte swizzle),
 //! - the weights' scale blocks (per 128-row block of B's scales the tile's rows lie in, one
 //!   contiguous 512-byte block per chunk, bulk copy).
 //!
@@ -25,8 +26,9 @@ use crate::work::WorkCursor;
 use nvfp4_gemm_abi::scale_layout::{rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
 use nvfp4_gemm_abi::sm90::*;
 
-// The consumer loads both chunks of a stage up front (`load(0)`, `load(1)`).
-const _: () = assert!(CHUNKS_PER_STAGE == 2);
+// A consumer's stage code is unrolled over at most 4 chunks; the weight fragment offsets of a
+// tile are computed for the two chunks of a box.
+const _: () = assert!(GemmConfig::M128.chunks <= 4 && GemmConfig::M16.chunks <= 4 && CHUNKS_PER_BOX == 2);
 type Work<'a> = WorkCursor<'a, GroupParams>;
 
 /// A compiled variant of the kernel: its configuration (tile heights, stages, shared memory) and
@@ -43,8 +45,8 @@ trait Variant {
     fn shrink_registers() {
         warp::setmaxnreg_dec::<PRODUCER_REGISTERS>();
     }
-    /// Whether a consumer loads both chunks' weights and scales at the start of a stage (their
-    /// latencies overlap) or the second chunk's just before decoding it, and reads the group's
+    /// Whether a consumer loads a chunk's weights and scales before decoding the previous one
+    /// (their latencies overlap the decode) or just before decoding it, and reads the group's
     /// parameters again for the epilogue instead of keeping them through the K loop (registers
     /// fewer, for a variant whose consumers have less than 176).
     const EAGER_LOADS: bool = true;
@@ -79,11 +81,12 @@ impl Variant for Rows192 {
     const EAGER_LOADS: bool = false;
 }
 
-/// 16-token tiles only, 8 stages, two CTAs per SM.
+/// 16-token tiles only, 4 stages of 256 K, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
     const CFG: GemmConfig = GemmConfig::M16;
     type Narrow = wgmma::N16;
+    const EAGER_LOADS: bool = false;
 }
 
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
@@ -217,9 +220,9 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
 /// `arrive.expect_tx` on the stage's full barrier (which counts both producers' arrivals). Both
 /// walk the same work list and ring, each waiting for the consumers' release of a stage.
 ///
-/// Every stage is loaded with both chunks: past K, the token box lies wholly out of bounds (the
-/// TMA writes zeros and credits its bytes like any box), the weight box's second half likewise,
-/// and the first chunk's scale block is copied again into the second's place (finite scales for
+/// Every stage is loaded with all its chunks: past K, a token box lies wholly out of bounds (the
+/// TMA writes zeros and credits its bytes like any box), the weight boxes' columns likewise, and
+/// the stage's first scale block is copied again into each such chunk's place (finite scales for
 /// the zero weights, so the chunk adds exact zeros where a consumer computes it).
 ///
 /// # Safety
@@ -245,8 +248,8 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                 };
                 let scale_row_block = (g.b_scales as *const u8)
                     .wrapping_add(first_block as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
-                for ks in 0..k_stages(g.k) {
-                    let chunks = valid_chunks(g.k, ks);
+                for ks in 0..V::CFG.k_stages(g.k) {
+                    let chunks = V::CFG.valid_chunks(g.k, ks);
                     let stage = ring.acquire();
                     let buf = st.stage(stage.index);
                     stage.full.arrive_expect_tx(V::CFG.weight_tx_bytes(slots));
@@ -254,23 +257,25 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                     // blocks of the valid chunks lie inside B's scale buffer (validated by the
                     // host).
                     unsafe {
-                        tma::load_2d(
-                            buf.add(V::CFG.weight_offset()),
-                            weight_map,
-                            (ks * WEIGHT_ROW_BYTES) as i32,
-                            tile_row0::<V>(t) as i32,
-                            stage.full,
-                        );
+                        for b in 0..V::CFG.weight_boxes() {
+                            tma::load_2d(
+                                buf.add(V::CFG.weight_box_offset(b)),
+                                weight_map,
+                                ((ks * V::CFG.weight_boxes() + b) * WEIGHT_ROW_BYTES) as i32,
+                                tile_row0::<V>(t) as i32,
+                                stage.full,
+                            );
+                        }
                         for slot in 0..slots {
                             let first = scale_row_block
-                                .add(((slot * rest_k(g.k) + ks * CHUNKS_PER_STAGE) * SCALE_BLOCK_BYTES) as usize);
+                                .add(((slot * rest_k(g.k) + ks * V::CFG.chunks) * SCALE_BLOCK_BYTES) as usize);
                             tma::load_1d(
                                 buf.add(V::CFG.scale_block_offset(slot, 0)),
                                 first,
                                 chunks * SCALE_BLOCK_BYTES,
                                 stage.full,
                             );
-                            for c in chunks..CHUNKS_PER_STAGE {
+                            for c in chunks..V::CFG.chunks {
                                 tma::load_1d(
                                     buf.add(V::CFG.scale_block_offset(slot, c)),
                                     first,
@@ -293,17 +298,17 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                     (work.tensor_map(g.token_map as usize), g.block_m)
                 };
                 let row = (g.token_row + t.tile_m * g.block_m) as i32;
-                for ks in 0..k_stages(g.k) {
+                for ks in 0..V::CFG.k_stages(g.k) {
                     let stage = ring.acquire();
                     let buf = st.stage(stage.index);
                     stage.full.arrive_expect_tx(V::CFG.token_tx_bytes(token_rows));
                     // SAFETY: the map is the group's, the stage is free (acquired).
                     unsafe {
-                        for c in 0..CHUNKS_PER_STAGE {
+                        for c in 0..V::CFG.chunks {
                             tma::load_2d(
                                 buf.add(V::CFG.token_offset(c)),
                                 token_map,
-                                (ks * BLOCK_K + c * CHUNK_K) as i32,
+                                (ks * V::CFG.block_k() + c * CHUNK_K) as i32,
                                 row,
                                 stage.full,
                             );
@@ -409,7 +414,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     if V::CFG.block_n != BLOCK_N && cw >= RowSpan::decode(tile.tile_n).warpgroups {
         // The item's rows end before this warpgroup's: nothing to compute or store, but the
         // stages are released like every consumer's (the empty barriers count all of them).
-        for _ in 0..k_stages(g.k) {
+        for _ in 0..V::CFG.k_stages(g.k) {
             ring.wait().release();
         }
         return;
@@ -432,7 +437,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
         ],
         q,
     };
-    let stages = k_stages(g.k);
+    let stages = V::CFG.k_stages(g.k);
     // One copy of the stage per ring index, so that every shared-memory offset, descriptor and
     // barrier of a stage is a constant (PERF.md #25: 235 → 199 instructions per stage in the
     // decode variant); a tile starts wherever the ring stands (the first pass skips the copies
@@ -466,11 +471,12 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
 }
 
 /// Where the thread's fragments lie in a stage, computed once per tile: its two weight rows'
-/// 8-byte words per chunk (offsets from the weight region, swizzle undone) and their scale words
-/// in chunk 0's scale block (from the stage; chunk `c`'s are `c · SCALE_BLOCK_BYTES` further).
+/// 8-byte words per chunk of a weight box (offsets from the box, swizzle undone; chunk `c` of the
+/// stage is chunk `c % 2` of box `c / 2`) and their scale words in chunk 0's scale block (from
+/// the stage; chunk `c`'s are `c · SCALE_BLOCK_BYTES` further).
 #[derive(Clone, Copy)]
 struct FragmentRows {
-    weights: [[u32; 2]; CHUNKS_PER_STAGE as usize],
+    weights: [[u32; 2]; CHUNKS_PER_BOX as usize],
     scales: [u32; 2],
     q: u32,
 }
@@ -484,6 +490,8 @@ struct FragmentRows {
 /// As [`consume`]; `stage` is full.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+// The unrolled last chunk's look-ahead load is never read (its condition is constant false).
+#[allow(unused_assignments)]
 unsafe fn consume_stage<V: Variant, S: MmaShape>(
     st: &Smem<V>,
     stage: Stage,
@@ -500,12 +508,10 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
     // the zero and folds the constants into the loads' immediates and the descriptors.
     let z = SmemAddr(0).opaque().0;
     let buf = st.stage(0).add(z + V::CFG.stage_offset(stage.index));
-    // All of the stage's shared loads first (`EAGER_LOADS`), in one basic block, so their
-    // latencies overlap each other and the first chunk's decoding.
-    let wbase = buf.add(V::CFG.weight_offset());
     let load = |c: u32| {
+        let wbase = buf.add(V::CFG.weight_box_offset(c / CHUNKS_PER_BOX));
         let sbase = buf.add(c * SCALE_BLOCK_BYTES);
-        let w = weights[c as usize];
+        let w = weights[(c % CHUNKS_PER_BOX) as usize];
         // SAFETY: aligned offsets inside the stage, which is full and not yet released.
         unsafe {
             (
@@ -514,42 +520,43 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
             )
         }
     };
-    let first = load(0);
-    let second = if V::EAGER_LOADS { load(1) } else { first };
+    // `EAGER_LOADS`: chunk c+1's shared loads are issued before chunk c is decoded, in one basic
+    // block, so their latencies overlap that decoding (the first two chunks' loads come first).
+    let mut ahead = load(0);
     // Unrolled, so each chunk's A fragments live in their own registers: decoding chunk c+1
     // overlaps the MMAs of chunk c, and no fragment is rewritten while an MMA in flight may read
     // it (at most two groups are ever pending). Every chunk runs, without a branch (with one in
-    // each copy of the stage, ptxas serializes the wgmma pipeline): a K tail's second chunk is
+    // each copy of the stage, ptxas serializes the wgmma pipeline): a K tail's chunks past K are
     // zero weights under finite scales times zero tokens (see `produce`), adding exact zeros.
-    for c in 0..CHUNKS_PER_STAGE {
-        let (rw, sw) = if c == 0 {
-            first
-        } else if V::EAGER_LOADS {
-            second
-        } else {
-            load(1)
-        };
-        // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
-        let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
-        let a0 = dequant16::<false>(rw[0], scales);
-        let a1 = dequant16::<true>(rw[1], scales);
-        let tokens = tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c));
-        wgmma::fence();
-        for j in 0..K_STEPS_PER_CHUNK as usize {
-            let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
-            // SAFETY: the whole warpgroup, converged; the token chunk stays in place until the
-            // stage is released, after a wait_group covers this MMA.
-            unsafe { S::mma(acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
-        }
-        wgmma::commit_group();
-        // Everything but this chunk's group is done: the previous stage is free.
-        S::wait::<1>(acc);
-        if c == 0 {
-            if let Some(prev) = pending.take() {
-                prev.release();
+    unrolled!(c in [0, 1, 2, 3] {
+        let c = c as u32;
+        if c < V::CFG.chunks {
+            let (rw, sw) = if c == 0 || V::EAGER_LOADS { ahead } else { load(c) };
+            if V::EAGER_LOADS && c + 1 < V::CFG.chunks {
+                ahead = load(c + 1);
+            }
+            // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
+            let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
+            let a0 = dequant16::<false>(rw[0], scales);
+            let a1 = dequant16::<true>(rw[1], scales);
+            let tokens = tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c));
+            wgmma::fence();
+            for j in 0..K_STEPS_PER_CHUNK as usize {
+                let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
+                // SAFETY: the whole warpgroup, converged; the token chunk stays in place until the
+                // stage is released, after a wait_group covers this MMA.
+                unsafe { S::mma(acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
+            }
+            wgmma::commit_group();
+            // Everything but this chunk's group is done: the previous stage is free.
+            S::wait::<1>(acc);
+            if c == 0 {
+                if let Some(prev) = pending.take() {
+                    prev.release();
+                }
             }
         }
-    }
+    });
     *pending = Some(stage);
 }
 
