@@ -209,14 +209,15 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
 ///
 /// `sm90_grouped_gemm_n192`: its three consumer warpgroups get 160 registers (all the CTA's
 /// 512 × 128 leave beside the producer warpgroup's 32; with 152 ptxas serializes the wgmma
-/// pipeline), and ptxas spills three values (12 bytes stored, 12 loaded) in the token producer
+/// pipeline), and ptxas spills two values (8 bytes stored, 8 loaded) in the weight producer
 /// thread, around its per-tile setup (local memory, L1-resident, once per tile in a thread that
 /// mostly waits). None in the consumers (checked with nvdisasm on the committed cubin: every
-/// `STL`/`LDL` lies after the weight producer's `EXIT`, outside any K loop).
+/// `STL`/`LDL` lies after the token producer's `EXIT`, before the weight producer's stage loop,
+/// outside any K loop).
 /// More spilled bytes than allowed here fail the build like any spill, to be checked the same way.
 fn spill_allowance(arch: &str, kernel: &str) -> u32 {
     match (arch, kernel) {
-        ("sm_90a", "sm90_grouped_gemm_n192") => 24,
+        ("sm_90a", "sm90_grouped_gemm_n192") => 16,
         _ => 0,
     }
 }

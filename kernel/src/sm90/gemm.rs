@@ -19,6 +19,7 @@
 //! columns ≥ N.
 
 use crate::pipeline::{Barriers, Consumer, Producer, Scope, Stage};
+use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::wgmma::MmaShape;
 use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
@@ -248,11 +249,9 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                 };
                 let scale_row_block = (g.b_scales as *const u8)
                     .wrapping_add(first_block as usize * rest_k(g.k) as usize * SCALE_BLOCK_BYTES as usize);
-                for ks in 0..V::CFG.k_stages(g.k) {
+                let tx = V::CFG.weight_tx_bytes(slots);
+                fill_tile(st, &mut ring, V::CFG.k_stages(g.k), tx, |buf, full, ks| {
                     let chunks = V::CFG.valid_chunks(g.k, ks);
-                    let stage = ring.acquire();
-                    let buf = st.stage(stage.index);
-                    stage.full.arrive_expect_tx(V::CFG.weight_tx_bytes(slots));
                     // SAFETY: the map is the group's, the stage is free (acquired), the scale
                     // blocks of the valid chunks lie inside B's scale buffer (validated by the
                     // host).
@@ -263,7 +262,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                                 weight_map,
                                 ((ks * V::CFG.weight_boxes() + b) * WEIGHT_ROW_BYTES) as i32,
                                 tile_row0::<V>(t) as i32,
-                                stage.full,
+                                full,
                             );
                         }
                         for slot in 0..slots {
@@ -273,20 +272,19 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                                 buf.add(V::CFG.scale_block_offset(slot, 0)),
                                 first,
                                 chunks * SCALE_BLOCK_BYTES,
-                                stage.full,
+                                full,
                             );
                             for c in chunks..V::CFG.chunks {
                                 tma::load_1d(
                                     buf.add(V::CFG.scale_block_offset(slot, c)),
                                     first,
                                     SCALE_BLOCK_BYTES,
-                                    stage.full,
+                                    full,
                                 );
                             }
                         }
                     }
-                    ring.commit(stage);
-                }
+                });
             }
             ProducerRole::Tokens => {
                 // The group's last tile loads only its own rows (rounded up to 8), from its own
@@ -298,26 +296,37 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                     (work.tensor_map(g.token_map as usize), g.block_m)
                 };
                 let row = (g.token_row + t.tile_m * g.block_m) as i32;
-                for ks in 0..V::CFG.k_stages(g.k) {
-                    let stage = ring.acquire();
-                    let buf = st.stage(stage.index);
-                    stage.full.arrive_expect_tx(V::CFG.token_tx_bytes(token_rows));
+                let tx = V::CFG.token_tx_bytes(token_rows);
+                fill_tile(st, &mut ring, V::CFG.k_stages(g.k), tx, |buf, full, ks| {
                     // SAFETY: the map is the group's, the stage is free (acquired).
                     unsafe {
                         for c in 0..V::CFG.chunks {
-                            tma::load_2d(
-                                buf.add(V::CFG.token_offset(c)),
-                                token_map,
-                                (ks * V::CFG.block_k() + c * CHUNK_K) as i32,
-                                row,
-                                stage.full,
-                            );
+                            let k = (ks * V::CFG.block_k() + c * CHUNK_K) as i32;
+                            tma::load_2d(buf.add(V::CFG.token_offset(c)), token_map, k, row, full);
                         }
                     }
-                    ring.commit(stage);
-                }
+                });
             }
         }
+    }
+}
+
+/// A producer's pass over one tile: per stage `ks` of `stages`, wait for the consumers' release,
+/// announce `tx_bytes` on the stage's full barrier, issue `copies(stage buffer, full barrier, ks)`
+/// (each completing on that barrier) and move on.
+#[inline(always)]
+fn fill_tile<V: Variant, const STAGES: u32>(
+    st: &Smem<V>,
+    ring: &mut Producer<STAGES>,
+    stages: u32,
+    tx_bytes: u32,
+    mut copies: impl FnMut(SmemAddr, Mbarrier, u32),
+) {
+    for ks in 0..stages {
+        let stage = ring.acquire();
+        stage.full.arrive_expect_tx(tx_bytes);
+        copies(st.stage(stage.index), stage.full, ks);
+        ring.commit(stage);
     }
 }
 
