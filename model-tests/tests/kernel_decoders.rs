@@ -51,24 +51,50 @@ fn model_sm90_e2m1_decoder_matches_pair_decoder_on_random_words() {
     }
 }
 
-/// Two rows' scales in one f16x2 are each row's broadcast scale in one half, and multiplying by a
-/// half equals multiplying by that half broadcast: every pair of scale bytes, every byte position.
+/// Two rows' scales in one f16x2 are each row's scale in one half, and multiplying by a half
+/// equals multiplying by that half broadcast: every pair of scale bytes, every byte position.
 #[test]
 fn model_sm90_paired_scales_match_broadcast_scales() {
-    use nvfp4_gemm_kernel::ptx::convert::{
-        e4m3_byte_to_f16x2_times_128, e4m3_bytes_to_f16x2_times_128, mul_f16x2, mul_f16x2_by_half,
-    };
+    use nvfp4_gemm_kernel::ptx::convert::{e4m3_byte_to_f16x2, e4m3_bytes_to_f16x2, mul_f16x2, mul_f16x2_by_half};
     for b0 in 0..256u32 {
         for b1 in (0..256u32).step_by(7) {
             for q in 0..4 {
                 let (w0, w1) = (b0 << (8 * q) | 0x5A5A_5A5A & !(0xFF << (8 * q)), b1 << (8 * q));
-                let both = e4m3_bytes_to_f16x2_times_128(w0, w1, q);
-                let (s0, s1) = (e4m3_byte_to_f16x2_times_128(w0, q), e4m3_byte_to_f16x2_times_128(w1, q));
+                let both = e4m3_bytes_to_f16x2(w0, w1, q);
+                let (s0, s1) = (e4m3_byte_to_f16x2(w0, q), e4m3_byte_to_f16x2(w1, q));
                 assert_eq!(both & 0xFFFF, s0 & 0xFFFF, "bytes {b0:#x} {b1:#x} at {q}");
                 assert_eq!(both >> 16, s1 >> 16, "bytes {b0:#x} {b1:#x} at {q}");
                 let a = 0x3C00_B800 ^ (b0 << 3 | b1 << 19);
                 assert_eq!(mul_f16x2_by_half::<false>(a, both).to_ne_bytes(), mul_f16x2(a, s0).to_ne_bytes());
                 assert_eq!(mul_f16x2_by_half::<true>(a, both).to_ne_bytes(), mul_f16x2(a, s1).to_ne_bytes());
+            }
+        }
+    }
+}
+
+/// The consumers' weight fragments are exact: for every e2m1 code and every finite e4m3 scale,
+/// the decoded value (×2⁻¹⁴) times the scale taken from its half of the paired f16x2 is the f16
+/// of `value · scale · 2⁻¹⁴` with nothing rounded away (f16 subnormals down to 2⁻²⁴ included).
+#[test]
+fn model_sm90_scaled_weight_fragments_are_exact() {
+    use nvfp4_format::codec::e4m3_to_f32;
+    use nvfp4_gemm_kernel::ptx::convert::{e4m3_bytes_to_f16x2, mul_f16x2_by_half};
+    for scale in (0..=255u8).filter(|&b| b & 0x7F != 0x7F) {
+        // Both halves: the row's scale in the low half (the other row's in the high), then the
+        // reverse.
+        let pair_lo = e4m3_bytes_to_f16x2(scale as u32, 0x38, 0);
+        let pair_hi = e4m3_bytes_to_f16x2(0x38, scale as u32, 0);
+        for code in 0..16u32 {
+            let words = e2m1x8_to_f16x2_scaled(code * 0x1111_1111);
+            let want = f64::from(e2m1_to_f32(code as u8)) * f64::from(e4m3_to_f32(scale)) * (-14f64).exp2();
+            for (got, half) in
+                [(mul_f16x2_by_half::<false>(words[0], pair_lo), 0), (mul_f16x2_by_half::<true>(words[0], pair_hi), 1)]
+            {
+                for h in 0..2 {
+                    let v = half::f16::from_bits((got >> (16 * h)) as u16);
+                    assert_eq!(f64::from(v.to_f32()), want, "code {code:#x} scale {scale:#04x} half {half}");
+                    assert_eq!(v.is_sign_negative(), (code & 8 != 0) ^ (scale & 0x80 != 0));
+                }
             }
         }
     }

@@ -341,9 +341,9 @@ fn tile_row0<V: Variant>(t: WorkItem) -> u32 {
 }
 
 /// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale, one half of `s`
-/// (`HIGH`: the upper; f16, already multiplied by 2⁷): each value comes out as
-/// `value · scale · 2⁻⁷`, exact in f16 (≤ 6 significant bits, magnitudes in [2⁻¹⁷, 21], subnormal
-/// below 2⁻¹⁴); the epilogue multiplies the 2⁷ back in. Pair `p` holds values `8·(p/4) + p%4` and
+/// (`HIGH`: the upper; f16): each value comes out as `value · scale · 2⁻¹⁴`, exact in f16
+/// (`convert::e4m3_bytes_to_f16x2`: multiples of 2⁻²⁴ of at most 6 significant bits, magnitudes
+/// in [2⁻²⁴, 0.17], subnormal below 2⁻¹⁴); the epilogue multiplies the 2¹⁴ back in. Pair `p` holds values `8·(p/4) + p%4` and
 /// that plus 4 (see `token_k_position`).
 #[inline(always)]
 fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
@@ -544,8 +544,8 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
             if V::EAGER_LOADS && c + 1 < V::CFG.chunks {
                 ahead = load(c + 1);
             }
-            // Both rows' block scales times 2⁷ (≤ 57344: finite in f16), see `dequant16`.
-            let scales = convert::e4m3_bytes_to_f16x2_times_128(sw[0], sw[1], q);
+            // Both rows' block scales, see `dequant16`.
+            let scales = convert::e4m3_bytes_to_f16x2(sw[0], sw[1], q);
             let a0 = dequant16::<false>(rw[0], scales);
             let a1 = dequant16::<true>(rw[1], scales);
             let tokens = tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c));
@@ -568,6 +568,10 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
     });
     *pending = Some(stage);
 }
+
+/// What the epilogue multiplies the accumulators by before alpha: the consumers decode the weights
+/// times 2⁻¹⁴ (`dequant16`).
+const WEIGHT_UNSCALE: f32 = 16384.0;
 
 /// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights).
 ///
@@ -602,9 +606,9 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
             let n = n_pair + 8 * half as u32;
             let m = m_base + 8 * quad as u32;
             if m < g.m && n < g.n {
-                // The weights were decoded times 2⁻⁷ (`dequant16`); multiplying by 2⁷ first is
+                // The weights were decoded times 2⁻¹⁴ (`dequant16`); multiplying by 2¹⁴ first is
                 // exact, so this is alpha times the unscaled sum, as if decoded unscaled.
-                let (lo, hi) = (lo * 128.0 * g.alpha, hi * 128.0 * g.alpha);
+                let (lo, hi) = (lo * WEIGHT_UNSCALE * g.alpha, hi * WEIGHT_UNSCALE * g.alpha);
                 let bits = if bf16 { convert::f32x2_to_bf16x2(lo, hi) } else { convert::f32x2_to_f16x2(lo, hi) };
                 // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
                 unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
