@@ -483,9 +483,9 @@ impl RowSpan {
 
 /// Byte offset, inside a 64-byte-swizzled weight box, of the 8 bytes (16 e2m1 values: one
 /// scale block) that thread `q` (lane % 4) of a consumer reads for weight row `row` (0..block_n) and
-/// chunk `chunk` of the box (0..[`CHUNKS_PER_BOX`]). Logically they are bytes `32·chunk + 8·q ..` of the row, i.e. 16-byte unit
-/// `2·chunk + q/2`, half `q % 2`; the 64-byte swizzle moves unit `u` of row `r` to
-/// `u ^ ((r / 2) % 4)`.
+/// chunk `chunk` of the box (0..[`CHUNKS_PER_BOX`]). Logically they are bytes `32·chunk + 8·q ..`
+/// of the row, i.e. 16-byte unit `2·chunk + q/2`, half `q % 2`; the 64-byte swizzle moves unit
+/// `u` of row `r` to `u ^ ((r / 2) % 4)`.
 pub const fn weight_fragment_offset(row: u32, chunk: u32, q: u32) -> u32 {
     row * WEIGHT_ROW_BYTES + (((2 * chunk + q / 2) ^ ((row / 2) % 4)) * 16) + (q % 2) * 8
 }

@@ -29,7 +29,14 @@ use nvfp4_gemm_abi::sm90::*;
 
 // A consumer's stage code is unrolled over at most 4 chunks; the weight fragment offsets of a
 // tile are computed for the two chunks of a box.
-const _: () = assert!(GemmConfig::M128.chunks <= 4 && GemmConfig::M16.chunks <= 4 && CHUNKS_PER_BOX == 2);
+const _: () = {
+    let mut i = 0;
+    while i < GemmConfig::ALL.len() {
+        assert!(GemmConfig::ALL[i].chunks <= 4 && GemmConfig::ALL[i].chunks % CHUNKS_PER_BOX == 0);
+        i += 1;
+    }
+    assert!(CHUNKS_PER_BOX == 2);
+};
 type Work<'a> = WorkCursor<'a, GroupParams>;
 
 /// A compiled variant of the kernel: its configuration (tile heights, stages, shared memory) and
