@@ -268,6 +268,79 @@ impl TcOrder {
     }
 }
 
+/// Which threads' shared-memory stores a thread is ordered after for the async proxy (PTX ISA
+/// 9.0 §8, the memory consistency model's proxies; §9.7.13.4 `fence.proxy.async`): per writing
+/// thread, the sequence number of its last `st.shared` that its `fence.proxy.async` covered and a
+/// release (an mbarrier arrival, `bar.sync`, `bar.warp.sync`) then passed on — directly or through
+/// threads that learned it the same way. Only threads that wrote shared memory appear.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Published(pub Vec<(usize, u32)>);
+
+impl Published {
+    pub(crate) fn add(&mut self, t: usize, seq: u32) {
+        match self.0.iter_mut().find(|e| e.0 == t) {
+            Some(e) => e.1 = e.1.max(seq),
+            None => self.0.push((t, seq)),
+        }
+    }
+    pub(crate) fn merge(&mut self, o: &Published) {
+        for &(t, s) in &o.0 {
+            self.add(t, s);
+        }
+    }
+    /// Whether store `seq` of thread `t` is covered.
+    pub(crate) fn covers(&self, t: usize, seq: u32) -> bool {
+        self.0.iter().any(|&(u, s)| u == t && s >= seq)
+    }
+}
+
+/// What thread `me` passes on when it releases: what it learned, and its own stores up to its
+/// last `fence.proxy.async`.
+pub(crate) fn pub_contribution(w: &World, me: usize) -> Published {
+    let t = &w.threads[me];
+    let mut p = t.known.clone();
+    if t.fenced_seq > 0 {
+        p.add(me, t.fenced_seq);
+    }
+    p
+}
+
+/// Thread `me` completed an acquire that orders it after `p`.
+pub(crate) fn pub_learn(w: &mut World, me: usize, p: &Published) {
+    if !p.0.is_empty() {
+        w.threads[me].known.merge(p);
+    }
+}
+
+/// Checks that an asynchronous read of `len` shared bytes at `off` of CTA `cta`, issued by the
+/// threads `by`, comes after every `st.shared` that last wrote them through a
+/// `fence.proxy.async` in the writer and a release–acquire chain to each issuing thread (or, for
+/// the issuer's own stores, its own fence). Bytes last written by an asynchronous copy need
+/// nothing more than the existing in-flight checks.
+pub(crate) fn check_published(w: &World, by: &[usize], cta: usize, off: u32, len: u32) -> Result<(), String> {
+    let Some(g) = &w.ctas[cta].smem.generic else { return Ok(()) };
+    for i in off..off + len {
+        let (writer, seq) = g[i as usize];
+        if writer == 0 {
+            continue;
+        }
+        let t = writer as usize - 1;
+        for &r in by {
+            let ok = if r == t { w.threads[t].fenced_seq >= seq } else { w.threads[r].known.covers(t, seq) };
+            if !ok {
+                let wt = &w.threads[t];
+                return Err(format!(
+                    "reads dyn+{i:#x}, which thread {t} (CTA {}, tid {}) wrote with st.shared and did not pass to thread {r} \
+                     through fence.proxy.async and a barrier (a generic-proxy write reaches the async proxy only \
+                     so, PTX ISA 9.0 §9.7.13.4)",
+                    wt.cta, wt.tid
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A modelled thread.
 pub(crate) struct Th {
     pub cta: usize,
@@ -297,6 +370,11 @@ pub(crate) struct Th {
     pub tc_after: Option<TcOrder>,
     /// The thread has executed `griddepcontrol.wait`.
     pub grid_waited: bool,
+    /// Its `st.shared` count, and the count at its last `fence.proxy.async` ([`Published`]).
+    pub st_seq: u32,
+    pub fenced_seq: u32,
+    /// Other threads' fenced shared-memory stores it is ordered after.
+    pub known: Published,
 }
 
 /// A CTA.
@@ -367,6 +445,9 @@ impl World {
                 tc_unfenced: false,
                 tc_after: None,
                 grid_waited: false,
+                st_seq: 0,
+                fenced_seq: 0,
+                known: Published::default(),
             })
             .collect();
         let ctas = (0..cfg.grid as usize)

@@ -53,7 +53,9 @@ pub mod cluster {
 }
 
 /// Fences: recorded in [`RunStats::fences`]; `fence.mbarrier_init` also makes the thread's
-/// initialized barriers usable by asynchronous operations and other CTAs.
+/// initialized barriers usable by asynchronous operations and other CTAs, and
+/// `fence.proxy.async` its `st.shared`s readable by asynchronous operations of the threads a
+/// later release reaches.
 pub mod fence {
     pub use crate::sync::{
         fence_mbarrier_init as mbarrier_init, fence_proxy_async as proxy_async,

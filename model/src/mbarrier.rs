@@ -15,7 +15,9 @@
 //! `mbarrier.init` visible to the async proxy and the cluster).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, tc_contribution, tc_ordered_after, Block, Flow, TcOrder, World};
+use crate::exec::{
+    instr, pub_contribution, pub_learn, tc_contribution, tc_ordered_after, Block, Flow, Published, TcOrder, World,
+};
 use crate::smem::{check_thread_write, cluster_target, cta_offset};
 use std::panic::Location;
 
@@ -35,6 +37,10 @@ pub(crate) struct Mbar {
     /// phase of each parity (see `exec::TcOrder`).
     pub tc_open: Option<TcOrder>,
     pub tc_done: [Option<TcOrder>; 2],
+    /// Published shared-memory stores carried by the arrivals of the current phase, and of the
+    /// last completed phase of each parity (`exec::Published`).
+    pub pub_open: Published,
+    pub pub_done: [Published; 2],
 }
 
 fn get(w: &mut World, cta: usize, off: u32) -> Result<&mut Mbar, String> {
@@ -52,6 +58,7 @@ fn maybe_complete(w: &mut World, cta: usize, off: u32) {
     let b = w.ctas[cta].barriers.get_mut(&off).expect("exists");
     if b.pending == 0 && b.tx == 0 {
         b.tc_done[(b.phase & 1) as usize] = b.tc_open.take();
+        b.pub_done[(b.phase & 1) as usize] = std::mem::take(&mut b.pub_open);
         b.phase += 1;
         b.pending = b.expected;
         let waiters = std::mem::take(&mut b.waiters);
@@ -75,6 +82,11 @@ fn tc_arrive(w: &mut World, me: usize, cta: usize, off: u32) {
     let via = format!("mbarrier {:#x} of CTA {cta}", w.cfg.smem_base + off);
     let order = tc_contribution(w, me, &via);
     tc_add(w, cta, off, order);
+    // The arrival releases the thread's published shared-memory stores too.
+    let published = pub_contribution(w, me);
+    if let Some(b) = w.ctas[cta].barriers.get_mut(&off) {
+        b.pub_open.merge(&published);
+    }
 }
 
 /// An arrive-on operation with count `count` (§9.7.13.15.7).
@@ -183,6 +195,8 @@ pub fn init(a: u32, count: u32) {
                 init_by: me,
                 tc_open: None,
                 tc_done: [None, None],
+                pub_open: Published::default(),
+                pub_done: [Published::default(), Published::default()],
             },
         );
         Ok(Flow::Done(()))
@@ -245,15 +259,16 @@ fn try_wait_impl(name: &'static str, site: &'static Location<'static>, a: u32, p
         if parity > 1 {
             return Err(w.err_at(me, ErrorKind::InvalidOperand, format!("phaseParity {parity} is not 0 or 1")));
         }
-        let (phase, tc) = match get(w, cta, off) {
-            Ok(b) => (b.phase, b.tc_done[parity as usize].clone()),
+        let (phase, tc, published) = match get(w, cta, off) {
+            Ok(b) => (b.phase, b.tc_done[parity as usize].clone(), b.pub_done[parity as usize].clone()),
             Err(m) => return Err(w.err_at(me, ErrorKind::InvalidOperand, m)),
         };
         let done = (phase & 1) as u32 != parity;
         if done {
             // The completed phase of this parity orders the thread after its arrivals' tcgen05
-            // operations.
+            // operations and their published shared-memory stores.
             tc_ordered_after(w, me, tc);
+            pub_learn(w, me, &published);
         }
         if done || attempted {
             return Ok(Flow::Done(done));

@@ -28,6 +28,9 @@ pub(crate) struct Smem {
     pub writer: Vec<u32>,
     pub readers: Vec<u16>,
     pub mbar: Vec<bool>,
+    /// Per byte, the thread (index + 1; 0: none) whose `st.shared` wrote it last and that store's
+    /// sequence number in the thread (`exec::Published`); allocated at the CTA's first store.
+    pub generic: Option<Vec<(u32, u32)>>,
 }
 
 impl Smem {
@@ -35,7 +38,7 @@ impl Smem {
         let n = size as usize;
         // Uninitialized shared memory reads as a recognizable pattern (`LaunchConfig::smem_fill`),
         // not zeros.
-        Smem { data: vec![fill; n], writer: vec![0; n], readers: vec![0; n], mbar: vec![false; n] }
+        Smem { data: vec![fill; n], writer: vec![0; n], readers: vec![0; n], mbar: vec![false; n], generic: None }
     }
 }
 
@@ -174,7 +177,12 @@ pub(crate) fn check_async_write(w: &World, cta: usize, off: u32, len: u32) -> Re
 }
 
 pub(crate) fn mark_write(w: &mut World, cta: usize, off: u32, len: u32, id: u32) {
-    w.ctas[cta].smem.writer[off as usize..(off + len) as usize].fill(id);
+    let s = &mut w.ctas[cta].smem;
+    s.writer[off as usize..(off + len) as usize].fill(id);
+    // An asynchronous copy's bytes are ordered by its barrier, not by a thread's fences.
+    if let Some(g) = &mut s.generic {
+        g[off as usize..(off + len) as usize].fill((0, 0));
+    }
 }
 
 pub(crate) fn mark_read(w: &mut World, cta: usize, off: u32, len: u32) {
@@ -214,6 +222,11 @@ fn store<const N: usize>(name: &'static str, site: &'static Location<'static>, a
             let o = off as usize + 4 * i;
             d[o..o + 4].copy_from_slice(&x.to_le_bytes());
         }
+        w.threads[me].st_seq += 1;
+        let mark = (me as u32 + 1, w.threads[me].st_seq);
+        let s = &mut w.ctas[cta].smem;
+        let n = s.data.len();
+        s.generic.get_or_insert_with(|| vec![(0, 0); n])[off as usize..(off + len) as usize].fill(mark);
         Ok(Flow::Done(()))
     })
 }

@@ -8,7 +8,10 @@
 //! the same instruction", PTX ISA 9.0 §9.7.16.7.1 and §9.7.15.1).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, query, raise, tc_contribution, tc_ordered_after, Block, Flow, Status, TcOrder, World};
+use crate::exec::{
+    instr, pub_contribution, pub_learn, query, raise, tc_contribution, tc_ordered_after, Block, Flow, Published,
+    Status, TcOrder, World,
+};
 use crate::smem::mapa;
 use std::panic::Location;
 
@@ -173,7 +176,18 @@ pub(crate) fn collective(
 fn complete(w: &mut World, me: usize, mem: &[usize], key: &Coll, inputs: Vec<Vec<u32>>) -> Result<Outcome, ModelError> {
     let n = mem.len();
     Ok(match key {
-        Coll::WarpSync { .. } => Outcome::Outputs(vec![Vec::new(); n]),
+        Coll::WarpSync { .. } => {
+            // `bar.warp.sync` orders memory among its threads (§9.7.13.2): each is ordered after
+            // the others' published shared-memory stores.
+            let mut published = Published::default();
+            for &t in mem {
+                published.merge(&pub_contribution(w, t));
+            }
+            for &t in mem {
+                pub_learn(w, t, &published);
+            }
+            Outcome::Outputs(vec![Vec::new(); n])
+        }
         Coll::Elect { mask } => {
             // "Election of a leader thread happens deterministically, i.e. the same leader thread
             // is elected for the same membermask every time" (§9.7.13.14); which one is not
@@ -311,6 +325,14 @@ pub fn bar_sync(id: u32, threads: u32) {
             let order = all.iter().fold(None, |o, &t| TcOrder::merge(o, tc_contribution(w, t, &via)));
             for &t in &all {
                 tc_ordered_after(w, t, order.clone());
+            }
+            // ... and after their published shared-memory stores.
+            let mut published = Published::default();
+            for &t in &all {
+                published.merge(&pub_contribution(w, t));
+            }
+            for &t in &all {
+                pub_learn(w, t, &published);
             }
             for t in all {
                 if t != me {
@@ -635,10 +657,11 @@ pub fn fence_mbarrier_init() {
     fence(Location::caller(), "fence.mbarrier_init.release.cluster", crate::mbarrier::fence_init)
 }
 
-/// `fence.proxy.async.shared::cta;` (PTX ISA 9.0 §9.7.13.4): recorded, no effect in the model.
+/// `fence.proxy.async.shared::cta;` (PTX ISA 9.0 §9.7.13.4): the thread's `st.shared`s so far
+/// become visible to the async proxy once a release passes them on (`exec::Published`).
 #[track_caller]
 pub fn fence_proxy_async() {
-    fence(Location::caller(), "fence.proxy.async.shared::cta", counted)
+    fence(Location::caller(), "fence.proxy.async.shared::cta", |w, me| w.threads[me].fenced_seq = w.threads[me].st_seq)
 }
 
 /// `tcgen05.fence::before_thread_sync;` (PTX ISA 9.0 §9.7.16.11.1): recorded, no effect.

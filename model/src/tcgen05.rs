@@ -41,7 +41,7 @@
 //! the absolute LBO mode, `tcgen05.st`, `tcgen05.shift`, `32x32b` loads.
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, tc_issue, Block, Flow, TcOrder, TmemPlacement, World};
+use crate::exec::{check_published, instr, tc_issue, Block, Flow, TcOrder, TmemPlacement, World};
 use crate::mbarrier::{arrive_on, check_visible, tc_add};
 use crate::smem::{check_async_read, check_thread_write, cluster_target, cta_offset, mark_read};
 use crate::sync::{collective, require_arch, Coll, Outcome, Scope};
@@ -420,6 +420,8 @@ fn operand_units(
             let off = cta_offset(w, addr, 16, 16)
                 .map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, format!("{what} row {r}: {m}")))?;
             check_async_read(w, cta, off, 16).map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("{what}: {m}")))?;
+            check_published(w, &[me], cta, off, 16)
+                .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("{what}: {m}")))?;
             offs.push(off);
         }
     }

@@ -25,7 +25,7 @@
 //!   f64 and rounded once to f32 (hardware truncates differently; exact for small integers).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, Block, Flow, World};
+use crate::exec::{check_published, instr, Block, Flow, World};
 use crate::smem::{check_async_read, cta_offset, mark_read};
 use crate::sync::{collective, require_arch, Coll, Meeting, Outcome, Scope};
 use crate::tensor_map::Swizzle;
@@ -163,6 +163,8 @@ pub(crate) fn complete_collective(
                         w.err_at(me, ErrorKind::InvalidOperand, format!("B descriptor {b_desc:#x}, n {col}: {m}"))
                     })?;
                     check_async_read(w, cta, off, 16)
+                        .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("B operand: {m}")))?;
+                    check_published(w, mem, cta, off, 16)
                         .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("B operand: {m}")))?;
                     let bytes = &w.ctas[cta].smem.data;
                     for e in 0..8 {

@@ -81,6 +81,9 @@ fn kernel(words: &[u32], d: &[AtomicU32], base_col: &AtomicU32, fault: u32) {
     for i in (tid as usize..words.len()).step_by(128) {
         smem::st_u32(base + L.a + 4 * i as u32, words[i]);
     }
+    // The operands were written by threads (generic proxy); the MMA and the scale copies read
+    // them through the async proxy.
+    fence::proxy_async();
     if warp == 0 {
         tcgen05::alloc(base + L.slot, ALLOC);
         tcgen05::relinquish_alloc_permit();

@@ -72,6 +72,8 @@ fn run(l: Layout, a: &[[f32; K]; 64], b: &[Vec<[f32; K]>], two_groups: bool, see
         for i in (tid as usize..words.len()).step_by(128) {
             smem::st_u32(tiles + 4 * i as u32, words[i]);
         }
+        // B is written by threads (generic proxy) and read by wgmma (async proxy).
+        fence::proxy_async();
         barrier::sync_all();
         let (w, g, q) = (tid as usize / 32, (tid as usize % 32) / 4, tid as usize % 4);
         let frag = |a: &[[f32; K]; 64]| {
@@ -169,4 +171,75 @@ fn mma_without_fence_is_reported() {
     })
     .unwrap_err();
     assert!(e.message.contains("wgmma.fence"), "{e}");
+}
+
+/// A B tile written by threads reaches wgmma (the async proxy) only through `fence.proxy.async`
+/// in the writers and a barrier to the issuing threads: without the fence, or with the producer's
+/// arrival before its stores, the read is a hazard — whatever the interleaving, since the model
+/// tracks which fenced stores each thread is ordered after (`exec::Published`).
+#[test]
+fn operands_written_by_threads_need_a_proxy_fence_and_a_barrier() {
+    // 0: correct; 1: no fence (bar.sync only); 2: a producer warp arrives before its stores;
+    // 3: the producer warp in the right order.
+    let run = |fault: u32, seed: u64| {
+        let sched = Schedule { seed, completion: Completion::Random, ..Schedule::default() };
+        launch(&LaunchConfig::new(Arch::Sm90a, 1, 160, 8192).with_schedule(sched), || {
+            let base = smem::dynamic_base();
+            let (bar, tile) = (base, base + 1024);
+            let tid = sreg::tid_x();
+            if tid == 0 {
+                mbarrier::init(bar, 1);
+                fence::mbarrier_init();
+            }
+            match fault {
+                0 | 1 => {
+                    if tid < 128 {
+                        for i in (tid..1024).step_by(128) {
+                            smem::st_u32(tile + 4 * i, 0x3C00_3C00);
+                        }
+                        if fault == 0 {
+                            fence::proxy_async();
+                        }
+                    }
+                    barrier::sync_all();
+                }
+                _ => {
+                    barrier::sync_all();
+                    if tid >= 128 {
+                        let lane = tid - 128;
+                        if fault == 2 && lane == 0 {
+                            mbarrier::arrive(bar);
+                        }
+                        for i in (lane..1024).step_by(32) {
+                            smem::st_u32(tile + 4 * i, 0x3C00_3C00);
+                        }
+                        fence::proxy_async();
+                        warp::sync(u32::MAX);
+                        if fault == 3 && lane == 0 {
+                            mbarrier::arrive(bar);
+                        }
+                        return;
+                    }
+                    while !mbarrier::try_wait(bar, 0) {}
+                }
+            }
+            if tid < 128 {
+                let mut acc = [0f32; 16];
+                wgmma::fence();
+                unsafe { wgmma::mma_f16(&mut acc, [0x3C00_3C00; 4], desc(Layout::Sw128, tile), false) };
+                wgmma::commit_group();
+                wgmma::wait_group(0, &mut acc);
+                assert!(acc.iter().all(|&v| v == 16.0), "{acc:?}");
+            }
+        })
+    };
+    for seed in 0..3 {
+        run(0, seed).unwrap();
+        run(3, seed).unwrap();
+        for fault in [1, 2] {
+            let e = run(fault, seed).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Hazard, "fault {fault}: {e}");
+            assert!(e.message.contains("fence.proxy.async and a barrier"), "fault {fault}: {e}");
+        }
+    }
 }
