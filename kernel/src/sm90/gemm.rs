@@ -350,8 +350,8 @@ fn tile_row0<V: Variant>(t: WorkItem) -> u32 {
 /// The f16x2 pairs of 16 e2m1 values (8 bytes, `w`) times their block scale, one half of `s`
 /// (`HIGH`: the upper; f16): each value comes out as `value · scale · 2⁻¹⁴`, exact in f16
 /// (`convert::e4m3_bytes_to_f16x2`: multiples of 2⁻²⁴ of at most 6 significant bits, magnitudes
-/// in [2⁻²⁴, 0.17], subnormal below 2⁻¹⁴); the epilogue multiplies the 2¹⁴ back in. Pair `p` holds values `8·(p/4) + p%4` and
-/// that plus 4 (see `token_k_position`).
+/// in [2⁻²⁴, 0.17], subnormal below 2⁻¹⁴); the epilogue multiplies the 2¹⁴ back in. Pair `p`
+/// holds values `8·(p/4) + p%4` and that plus 4 (see `token_k_position`).
 #[inline(always)]
 fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
     let lo = convert::e2m1x8_to_f16x2_scaled(w[0]);
