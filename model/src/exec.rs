@@ -305,6 +305,18 @@ pub(crate) fn pub_contribution(w: &World, me: usize) -> Published {
     p
 }
 
+/// A barrier among `threads` that orders each after the others' memory operations (`bar.sync`,
+/// `bar.warp.sync`): each learns what every one of them passes on.
+pub(crate) fn pub_exchange(w: &mut World, threads: &[usize]) {
+    let mut published = Published::default();
+    for &t in threads {
+        published.merge(&pub_contribution(w, t));
+    }
+    for &t in threads {
+        pub_learn(w, t, &published);
+    }
+}
+
 /// Thread `me` completed an acquire that orders it after `p`.
 pub(crate) fn pub_learn(w: &mut World, me: usize, p: &Published) {
     if !p.0.is_empty() {
