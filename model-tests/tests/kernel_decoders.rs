@@ -2,7 +2,7 @@
 //! checked on the CPU against the format crate's codecs.
 
 use nvfp4_format::codec::e2m1_to_f32;
-use nvfp4_gemm_kernel::ptx::convert::{e2m1x2_pair_to_f16x2_scaled, e2m1x8_to_f16x2_scaled, F16X2_128};
+use nvfp4_gemm_kernel::ptx::convert::{e2m1x2_pair_to_f16x2_scaled, e2m1x8_to_f16x2_scaled, F16X2_2_14};
 
 /// Every e2m1 code in every nibble of a word: word `k` of the result holds elements `k` (low half)
 /// and `k + 4` (high half), each the e2m1 value times 2⁻¹⁴, with the sign of the code (also −0).
@@ -27,8 +27,8 @@ fn model_sm90_e2m1_decoder_every_code_every_position() {
             }
         }
     }
-    assert_eq!(half::f16::from_bits(F16X2_128 as u16).to_f32(), 128.0);
-    assert_eq!(F16X2_128 >> 16, F16X2_128 & 0xFFFF);
+    assert_eq!(half::f16::from_bits(F16X2_2_14 as u16).to_f32(), 16384.0);
+    assert_eq!(F16X2_2_14 >> 16, F16X2_2_14 & 0xFFFF);
 }
 
 /// The eight-value decoder against the one-pair decoder (which places magnitude and sign with
@@ -93,6 +93,32 @@ fn model_sm90_scaled_weight_fragments_are_exact() {
                 for h in 0..2 {
                     let v = half::f16::from_bits((got >> (16 * h)) as u16);
                     assert_eq!(f64::from(v.to_f32()), want, "code {code:#x} scale {scale:#04x} half {half}");
+                    assert_eq!(v.is_sign_negative(), (code & 8 != 0) ^ (scale & 0x80 != 0));
+                }
+            }
+        }
+    }
+}
+
+/// The token dequantization's product (`sm90_dequant_tokens`): the decoded value (×2⁻¹⁴) times
+/// the block scale, times 2¹⁴, is exactly value · scale — every e2m1 code, every finite e4m3
+/// scale, every byte position of the scale word, both halves.
+#[test]
+fn model_sm90_dequantized_tokens_are_exact() {
+    use nvfp4_format::codec::e4m3_to_f32;
+    use nvfp4_gemm_kernel::ptx::convert::{e4m3_byte_to_f16x2, mul_f16x2};
+    for scale in (0..=255u8).filter(|&b| b & 0x7F != 0x7F) {
+        for q in 0..4u32 {
+            // The other bytes of the word hold other scales, so a wrong byte shows.
+            let word = (0..4).fold(0u32, |w, p| w | (if p == q { u32::from(scale) } else { 0x38 + 9 * p }) << (8 * p));
+            let s = e4m3_byte_to_f16x2(word, q);
+            for code in 0..16u32 {
+                let pair = e2m1x2_pair_to_f16x2_scaled(code * 0x1111_1111, 0);
+                let got = mul_f16x2(mul_f16x2(pair, s), F16X2_2_14);
+                let want = f64::from(e2m1_to_f32(code as u8)) * f64::from(e4m3_to_f32(scale));
+                for h in 0..2 {
+                    let v = half::f16::from_bits((got >> (16 * h)) as u16);
+                    assert_eq!(f64::from(v.to_f32()), want, "code {code:#x} scale {scale:#04x} byte {q} half {h}");
                     assert_eq!(v.is_sign_negative(), (code & 8 != 0) ^ (scale & 0x80 != 0));
                 }
             }

@@ -80,6 +80,33 @@ fn model_sm90_decode_variant() {
     }
 }
 
+/// 130 groups, most of them empty (no dequantization CTAs): the token dequantization finds each
+/// CTA's group in rounds of 64 groups per warp — groups on both sides of a round's end (63, 64)
+/// and in the third round (129) — and a group of two CTAs (16 tokens × K = 1024: 256 items);
+/// decode variant, N = 8 and 24.
+#[test]
+fn model_sm90_many_groups() {
+    let tokens = |g: usize| match g {
+        3 => 16,
+        40 => 3,
+        63 => 1,
+        64 => 7,
+        100 => 5,
+        129 => 9,
+        _ => 0,
+    };
+    let m: Vec<usize> = (0..130).map(tokens).collect();
+    let n: Vec<usize> = (0..130).map(|g| if g % 3 == 0 { 24 } else { 8 }).collect();
+    let k: Vec<usize> = (0..130).map(|g| if g == 3 { 1024 } else { 64 }).collect();
+    let shapes = z(&m, &n, &k);
+    let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
+    let layout = nvfp4_gemm::layout::Sm90Layout::new(&problem, 2);
+    assert_eq!(layout.config, GemmConfig::M16);
+    assert_eq!(layout.dequant_ctas[3].1, 2, "{:?}", layout.dequant_ctas[3]);
+    assert_eq!(layout.dequant_ctas[129].1, 1);
+    check_sm90("sm90 many groups", &shapes, 17, F16, 2, &ModelRun::ordered(Completion::Random, 7));
+}
+
 /// A work list balanced over 2 CTAs with holes (host `balance`): one CTA takes the long tile
 /// (K = 1024, 8 stages of a 128-token tile), the other the four short ones (16-token tiles of
 /// K = 320 and 128-token tiles of K = 64) and skips the holes beside them; K tails, N = 8·odd;

@@ -72,16 +72,9 @@ pub fn e2m1x2_pair_to_f16x2_scaled(q: u32, shift: u32) -> u32 {
     ((x << 9) & MAGNITUDE) | ((x << 12) & SIGN)
 }
 
-/// 128.0 (2⁷) in both halves of an f16x2.
-pub const F16X2_128: u32 = 0x5800_5800;
-
-/// The e4m3 scale byte `q` (0..4) of `w` times 2⁷, broadcast to an f16x2: the factor that turns
-/// [`e2m1x8_to_f16x2_scaled`]'s values (×2⁻¹⁴) into value·scale·2⁻⁷ (exact: ≤ 448·128 = 57344).
-#[inline(always)]
-#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-pub fn e4m3_byte_to_f16x2_times_128(w: u32, q: u32) -> u32 {
-    mul_f16x2(e4m3_byte_to_f16x2(w, q), F16X2_128)
-}
+/// 16384.0 (2¹⁴) in both halves of an f16x2: what turns [`e2m1x8_to_f16x2_scaled`]'s values
+/// (×2⁻¹⁴) times a block scale back into value · scale (exact: at most 6 · 448 = 2688).
+pub const F16X2_2_14: u32 = 0x7400_7400;
 
 /// The e4m3 scale bytes `q` (0..4) of `w0` and of `w1` in one f16x2 (`w0`'s in the low half):
 /// two rows' block scales for [`mul_f16x2_by_half`], with one `prmt` and one

@@ -11,6 +11,7 @@
 
 use super::U32x4;
 use crate::ptx::{barrier, convert, sreg};
+use crate::scan;
 use nvfp4_gemm_abi::scale_layout::{blocked_word_offset, rest_k};
 use nvfp4_gemm_abi::sm90::{
     dequant_slot_words, GroupParams, KernelParams, CHUNK_K, DEQUANT_ITEMS_PER_CTA, DEQUANT_ITEMS_PER_THREAD,
@@ -28,20 +29,12 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     // workspace; `abi::sm90::GEMM_STARTS_EARLY`).
     barrier::grid_launch_dependents();
     let groups = p.groups as *const GroupParams;
-    // SAFETY: `g < group_count` indexes the table.
-    let group = |g: u32| unsafe { *groups.add(g as usize) };
     let cta = sreg::ctaid_x();
-    // Binary search for the group that owns this CTA (groups are in order of first CTA).
-    let (mut lo, mut hi) = (0u32, p.group_count);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if group(mid).dequant_first_cta <= cta {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let g = group(lo);
+    let Some(lo) = owning_group(groups, p.group_count, cta) else {
+        return;
+    };
+    // SAFETY: `owning_group` returns indices of the table only.
+    let g = unsafe { *groups.add(lo as usize) };
     if cta < g.dequant_first_cta || cta >= g.dequant_first_cta + g.dequant_ctas {
         return;
     }
@@ -79,14 +72,14 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
         for u in 0..DEQUANT_ITEMS_PER_THREAD {
             let item = base + ROUND * u;
             if item < items {
-                // Word `words[q]` lies in scale block q. Block scales times 2⁷; the decoder gives
-                // values times 2⁻¹⁴; a last 2⁷ makes the product the exact value · scale (every
-                // step exact in f16).
+                // Word `words[q]` lies in scale block q. The decoder gives values times 2⁻¹⁴;
+                // times the block scale they are exact in f16 (`convert::e4m3_bytes_to_f16x2`'s
+                // argument), and times 2¹⁴ the exact value · scale (at most 6 · 448).
                 let mut out = [0u32; 4];
                 for q in 0..4 {
                     let pair = convert::e2m1x2_pair_to_f16x2_scaled(v[u as usize][q], shift);
-                    let scale = convert::e4m3_byte_to_f16x2_times_128(sw[u as usize], q as u32);
-                    out[q] = convert::mul_f16x2(convert::mul_f16x2(pair, scale), convert::F16X2_128);
+                    let scale = convert::e4m3_byte_to_f16x2(sw[u as usize], q as u32);
+                    out[q] = convert::mul_f16x2(convert::mul_f16x2(pair, scale), convert::F16X2_2_14);
                 }
                 // Items follow each other in the group's workspace, 128 bytes each.
                 // SAFETY: item < m · k/64: inside the group's workspace (the plan's).
@@ -98,4 +91,43 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
         }
         base += stride;
     }
+}
+
+/// Lanes of a warp, and the groups one round of [`owning_group`] tests (two per lane).
+const LANES: u32 = 32;
+const GROUPS_PER_ROUND: u32 = 2 * LANES;
+
+/// The group whose dequantization CTAs include `cta`, if any, found by the whole warp at once:
+/// per round lane `l` reads the CTA range of groups `base + l` and `base + 32 + l` (independent
+/// loads, one memory latency for up to 64 groups where a binary search waits for one load per
+/// halving) and the warp ORs the one match. Groups own disjoint ranges in order, so no match in a
+/// round means none later. Whatever the table holds, the index returned is below `count`.
+///
+/// Every lane of the warp must call it (converged).
+#[inline(always)]
+fn owning_group(groups: *const GroupParams, count: u32, cta: u32) -> Option<u32> {
+    let lane = sreg::lane_id();
+    let mut base = 0;
+    while base < count {
+        let mut hit = 0u32;
+        for h in 0..2 {
+            let i = base + h * LANES + lane;
+            if i < count {
+                // SAFETY: `i < count` indexes the table.
+                let (first, ctas) = unsafe {
+                    let g = groups.add(i as usize);
+                    (core::ptr::addr_of!((*g).dequant_first_cta).read(), core::ptr::addr_of!((*g).dequant_ctas).read())
+                };
+                if cta.wrapping_sub(first) < ctas {
+                    hit = i + 1;
+                }
+            }
+        }
+        let found = scan::warp_or(hit);
+        if found != 0 {
+            return if found <= count { Some(found - 1) } else { None };
+        }
+        base += GROUPS_PER_ROUND;
+    }
+    None
 }

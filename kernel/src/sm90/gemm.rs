@@ -203,13 +203,7 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
                 }
                 match V::CFG.producer_role(tid) {
                     Some(ProducerRole::Weights) => produce::<V, STAGES>(&st, &p, ProducerRole::Weights),
-                    Some(ProducerRole::Tokens) => {
-                        // The workspace is written by the token dequantization, which this grid
-                        // may overlap (`GEMM_STARTS_EARLY`): wait for it before the first token
-                        // load (the weight loads start without it).
-                        barrier::grid_dependency_wait();
-                        produce::<V, STAGES>(&st, &p, ProducerRole::Tokens)
-                    }
+                    Some(ProducerRole::Tokens) => produce::<V, STAGES>(&st, &p, ProducerRole::Tokens),
                     None => {}
                 }
             }
@@ -239,6 +233,8 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
 unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, role: ProducerRole) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
+    // The token producer has not yet waited for the token dequantization.
+    let mut before_tokens = true;
     // SAFETY: the list holds `work_len` items; each names a group of the table.
     while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
@@ -304,6 +300,16 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                 };
                 let row = (g.token_row + t.tile_m * g.block_m) as i32;
                 let tx = V::CFG.token_tx_bytes(token_rows);
+                if before_tokens {
+                    // The workspace is written by the token dequantization, which this grid may
+                    // overlap (`GEMM_STARTS_EARLY`): wait for it before the first token load, but
+                    // after reading the first item, its group and map, which the host or the
+                    // scheduler wrote before the dequantization began (the weight loads start
+                    // without waiting).
+                    tma::prefetch_tensormap(token_map);
+                    barrier::grid_dependency_wait();
+                    before_tokens = false;
+                }
                 fill_tile(st, &mut ring, V::CFG.k_stages(g.k), tx, |buf, full, ks| {
                     // SAFETY: the map is the group's, the stage is free (acquired).
                     unsafe {
@@ -315,6 +321,11 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                 });
             }
         }
+    }
+    if role == ProducerRole::Tokens && before_tokens {
+        // A CTA without work still waits, so that this grid never ends before the
+        // dequantization it overlaps (the kernels after it in the stream rely on that).
+        barrier::grid_dependency_wait();
     }
 }
 
