@@ -535,17 +535,18 @@ pub const fn tail_token_map(cfg: GemmConfig, m: u32, k: u32) -> TiledMap<2> {
 }
 
 /// Rows of the box that loads the last tile of a group of `m` tokens in tiles of `block_m` rows:
-/// the tile's rows rounded up to 8 (a whole 128-byte swizzle atom). The TMA zero-fills a box's
-/// rows past the tensor, but those zeros still cross the L2→SM path (measured with ncu on d0,
-/// 4 tokens per group: the bytes read are exactly those of 16-row boxes), so a full-height box
-/// over a short tile moves up to `block_m − 8` rows of zeros per stage.
+/// exactly the tile's own rows (8 for an empty group, which has no tiles). The TMA zero-fills a
+/// box's rows past the tensor, but those zeros still cross the L2→SM path (measured with ncu on
+/// d0, 4 tokens per group: the bytes read are exactly those of 16-row boxes), so a full-height box
+/// over a short tile moves up to `block_m − 1` rows of zeros per stage. A box need not fill a
+/// 128-byte swizzle atom (8 rows): the TMA swizzles each row by its shared-memory address, and
+/// the stage's rows past the box keep older bytes, which reach only columns of C past `m`.
 pub const fn tail_box_rows(m: u32, block_m: u32) -> u32 {
     let rows = if m == 0 { 0 } else { m - (m - 1) / block_m * block_m };
-    let r = rows.div_ceil(8) * 8;
-    if r == 0 {
+    if rows == 0 {
         8
     } else {
-        r
+        rows
     }
 }
 
@@ -633,9 +634,9 @@ pub struct GroupParams {
     /// height of a stage's token region.
     pub block_m: u32,
     /// Token rows one load of the group's last tile brings: the box height of its token map
-    /// (`tail_token_map`), [`tail_box_rows`]`(m, block_m)` — the tile's own rows rounded up to
-    /// 8, where the other tiles load `block_m`. The stage's rows past it keep older bytes, which
-    /// only reach the tile's columns past `m`, never stored.
+    /// (`tail_token_map`), [`tail_box_rows`]`(m, block_m)` — the tile's own rows, where the
+    /// other tiles load `block_m`. The stage's rows past it keep older bytes, which only reach
+    /// the tile's columns past `m`, never stored.
     pub tail_rows: u32,
     /// Row of the group's first token in its token map (0 when each group has its own map; the
     /// group's first row of the shared workspace map in device-sized plans, `crate::moe`).
@@ -979,7 +980,7 @@ mod tests {
         assert_eq!([(5, 16, 0), (17, 128, 0), (176, 128, 1)].map(|(m, b, i)| c.tile_width(m, b, i)), [16, 128, 128]);
         assert_eq!(GemmConfig::M16.tile_width(3, 16, 0), 16);
         assert_eq!(token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 16]);
-        assert_eq!(tail_token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 8]);
+        assert_eq!(tail_token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 5]);
         assert_eq!(tail_token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 72]);
         assert_eq!(token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 128]);
     }
@@ -1231,7 +1232,7 @@ mod tests {
         assert_eq!((four.weight_box_offset(0) % 1024, four.weight_box_offset(1) % 1024), (0, 0));
         assert_eq!((four.stage_bytes(), four.stages), (26 * 1024, 4));
     }
-    /// The last tile's box covers its rows in whole 8-row swizzle atoms, never more than a tile;
+    /// The last tile's box covers exactly its rows;
     /// the tail maps sit after all token and weight maps, each index once.
     #[test]
     fn tail_boxes_cover_the_last_tile() {
@@ -1239,10 +1240,10 @@ mod tests {
             for m in 1..=600 {
                 let rows = m - (m_tiles(m, block_m) - 1) * block_m;
                 let b = tail_box_rows(m, block_m);
-                assert!(b % 8 == 0 && b <= block_m && b >= rows && b < rows + 8, "m {m} block_m {block_m}");
+                assert!(b == rows && b <= block_m, "m {m} block_m {block_m}");
             }
         }
-        assert_eq!((tail_box_rows(4, 16), tail_box_rows(16, 16), tail_box_rows(176, 128)), (8, 16, 48));
+        assert_eq!((tail_box_rows(4, 16), tail_box_rows(16, 16), tail_box_rows(176, 128)), (4, 16, 48));
         assert_eq!((tail_box_rows(128, 128), tail_box_rows(0, 128)), (128, 8));
         let groups = 5;
         let mut seen = [false; map_count(5)];
