@@ -30,7 +30,9 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     barrier::grid_launch_dependents();
     let groups = p.groups as *const GroupParams;
     let cta = sreg::ctaid_x();
-    let Some(lo) = owning_group(groups, p.group_count, cta) else {
+    // SAFETY: the table holds `group_count` groups (this kernel's contract); all threads of the
+    // CTA are here, so every warp is converged.
+    let Some(lo) = (unsafe { owning_group(groups, p.group_count, cta) }) else {
         return;
     };
     // SAFETY: `owning_group` returns indices of the table only.
@@ -101,11 +103,13 @@ const GROUPS_PER_ROUND: u32 = 2 * LANES;
 /// per round lane `l` reads the CTA range of groups `base + l` and `base + 32 + l` (independent
 /// loads, one memory latency for up to 64 groups where a binary search waits for one load per
 /// halving) and the warp ORs the one match. Groups own disjoint ranges in order, so no match in a
-/// round means none later. Whatever the table holds, the index returned is below `count`.
+/// round means none later. Whatever the ranges hold, the index returned is below `count`.
 ///
-/// Every lane of the warp must call it (converged).
+/// # Safety
+/// `groups` points to `count` groups in device memory; every lane of the warp calls it
+/// (converged).
 #[inline(always)]
-fn owning_group(groups: *const GroupParams, count: u32, cta: u32) -> Option<u32> {
+unsafe fn owning_group(groups: *const GroupParams, count: u32, cta: u32) -> Option<u32> {
     let lane = sreg::lane_id();
     let mut base = 0;
     while base < count {
@@ -113,7 +117,7 @@ fn owning_group(groups: *const GroupParams, count: u32, cta: u32) -> Option<u32>
         for h in 0..2 {
             let i = base + h * LANES + lane;
             if i < count {
-                // SAFETY: `i < count` indexes the table.
+                // SAFETY: `i < count` indexes the table (the caller's contract).
                 let (first, ctas) = unsafe {
                     let g = groups.add(i as usize);
                     (core::ptr::addr_of!((*g).dequant_first_cta).read(), core::ptr::addr_of!((*g).dequant_ctas).read())
