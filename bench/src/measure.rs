@@ -5,13 +5,14 @@
 
 use crate::cublas::{baseline, gemm_bf16, load_cublas};
 use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set};
-use crate::options::Options;
+use crate::options::{Flush, Options};
 use crate::report::{Environment, ShapeResult};
 use crate::stats::Stats;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DriverError};
 use half::{bf16, f16};
 use nvfp4_format::{compare, reference_grouped_gemm_f64, GroupOutput, InputDistribution, Tolerance};
+use nvfp4_gemm::ceiling::{TmaBandwidth, TmaBandwidthCase, TmaBox};
 use nvfp4_gemm::{GemmPlan, Gpu, OutputType, Problem};
 use nvfp4_gemm_cli::spec::NamedShapes;
 use std::sync::Arc;
@@ -31,13 +32,36 @@ pub(crate) const POISON: u16 = 0x7FFF;
 /// Device-side timing: events on the bench's stream and the L2 flush buffer.
 pub(crate) struct Timer {
     pub(crate) stream: Arc<CudaStream>,
+    /// With `--flush read`: the TMA bandwidth kernel over the whole flush buffer (declared before
+    /// the buffer, so it is dropped first).
+    reader: Option<TmaBandwidth>,
     flush: CudaSlice<u8>,
 }
 
 impl Timer {
-    /// Writes the whole flush buffer (≥ 256 MiB, several times the 60 MB L2).
+    /// `flush` (`--flush`): a memset of the buffer, or the TMA bandwidth kernel reading it.
+    fn new(gpu: &Gpu, stream: Arc<CudaStream>, bytes: usize, flush: Flush) -> Result<Timer> {
+        let buffer = stream.alloc_zeros::<u8>(bytes).map_err(drv("allocating the L2 flush buffer"))?;
+        let reader = match flush {
+            Flush::Write => None,
+            Flush::Read => {
+                let grid = gpu.sm_count();
+                let case = TmaBandwidthCase::sized(TmaBox::WeightU8, 4, bytes as u64, bytes as u64, grid);
+                let k = TmaBandwidth::new(gpu, &stream, &buffer, case, grid)
+                    .map_err(|e| format!("--flush read needs the TMA bandwidth kernel: {e}"))?;
+                Some(k)
+            }
+        };
+        Ok(Timer { stream, reader, flush: buffer })
+    }
+
+    /// Flushes the L2 (the buffer is ≥ 256 MiB, several times the 60 MB L2): writes the whole
+    /// buffer, or reads it ([`Flush`]).
     fn flush_l2(&mut self) -> Result<()> {
-        self.stream.memset_zeros(&mut self.flush).map_err(drv("flushing L2"))
+        match &self.reader {
+            None => self.stream.memset_zeros(&mut self.flush).map_err(drv("flushing L2")),
+            Some(k) => k.launch().map_err(|e| format!("flushing L2 (reading): {e}")),
+        }
     }
 
     fn event(&self) -> Result<CudaEvent> {
@@ -122,9 +146,9 @@ impl Bench {
         }
         let gpu = Gpu::new(0).map_err(|e| format!("no usable GPU: {e}"))?;
         let stream = gpu.context().default_stream();
-        let flush = stream.alloc_zeros::<u8>(o.flush_bytes).map_err(drv("allocating the L2 flush buffer"))?;
+        let timer = Timer::new(&gpu, stream.clone(), o.flush_bytes, o.flush)?;
         let blas = if o.baseline { load_cublas(&stream) } else { Err("disabled with --no-baseline".into()) };
-        Ok(Bench { gpu, timer: Timer { stream, flush }, blas, moe_stream: None })
+        Ok(Bench { gpu, timer, blas, moe_stream: None })
     }
 
     /// One line about the device.

@@ -54,6 +54,12 @@ OPTIONS
   --host-calls N    calls per host-overhead batch (default 50)
   --host-batches N  host-overhead batches (default 20)
   --flush-mib N     L2 flush buffer, MiB, at least 256 (default 256)
+  --flush MODE      how the L2 is flushed before each kernel-only (and cuBLAS) sample and before
+                    each competition repetition: `write` (default) sets the whole flush buffer
+                    (a memset), so the timed call starts with the L2 full of dirty lines that it
+                    has to write back; `read` reads the whole buffer with the TMA bandwidth kernel
+                    (sm_90a), so the L2 holds clean lines (every older dirty line written back
+                    during the flush)
   --seed N          input seed (default 2222)
   --no-check        skip the comparison with the CPU reference
   --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
@@ -138,6 +144,8 @@ pub struct Options {
     pub host_batches: usize,
     /// L2 flush buffer bytes.
     pub flush_bytes: usize,
+    /// How the L2 is flushed.
+    pub flush: Flush,
     /// Input seed.
     pub seed: u64,
     /// Compare with the CPU reference.
@@ -158,6 +166,17 @@ pub struct Options {
     /// Measure the ceilings only (`--ceilings`): no problems, no MoE rows.
     #[serde(skip)]
     pub ceilings_only: bool,
+}
+
+/// How the L2 is flushed before a timed sample (`--flush`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flush {
+    /// Write the flush buffer (memset): the L2 ends full of dirty lines.
+    #[default]
+    Write,
+    /// Read the flush buffer (TMA loads): the L2 ends with clean lines.
+    Read,
 }
 
 /// Where the MoE rows' PyTorch baseline comes from (`--torch`).
@@ -192,6 +211,7 @@ impl Default for Options {
             host_calls: 50,
             host_batches: 20,
             flush_bytes: 256 << 20,
+            flush: Flush::Write,
             seed: 2222,
             check: true,
             baseline: true,
@@ -270,6 +290,13 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--host-calls" => o.host_calls = count("host-calls", &value()?, 1)?,
             "--host-batches" => o.host_batches = count("host-batches", &value()?, 1)?,
             "--flush-mib" => o.flush_bytes = count("flush-mib", &value()?, 256)? << 20,
+            "--flush" => {
+                o.flush = match value()?.as_str() {
+                    "write" => Flush::Write,
+                    "read" => Flush::Read,
+                    v => return Err(format!("--flush {v}: `write` or `read`")),
+                }
+            }
             "--seed" => o.seed = value()?.parse().map_err(|_| "--seed: not a whole number".to_owned())?,
             "--out" => o.out = PathBuf::from(value()?),
             "--moe-shapes" => {
@@ -416,6 +443,12 @@ mod tests {
         assert_eq!(names, ["d1", "b0", "d2", "b3"]);
         assert_eq!(o.problems[2].shapes.len(), 32);
         assert_eq!(run("--shapes all").problems, run("").problems);
+        assert_eq!(
+            (run("").flush, run("--flush read").flush, run("--flush=write").flush),
+            (Flush::Write, Flush::Read, Flush::Write)
+        );
+        assert!(parse(&args("--flush clean")).is_err());
+        assert_eq!(serde_json::to_value(run("--flush read")).unwrap()["flush"], "read");
     }
 
     #[test]
@@ -459,7 +492,19 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["baseline", "check", "flush_bytes", "host_batches", "host_calls", "iters", "out", "reps", "seed", "sets"]
+            [
+                "baseline",
+                "check",
+                "flush",
+                "flush_bytes",
+                "host_batches",
+                "host_calls",
+                "iters",
+                "out",
+                "reps",
+                "seed",
+                "sets"
+            ]
         );
     }
 

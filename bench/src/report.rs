@@ -145,6 +145,11 @@ pub fn table(report: &Report) -> String {
     for t in env.tma.iter().skip(1) {
         let _ = writeln!(out, "  TMA {}→SM {:.2} TB/s ({})", t.source.name(), t.tb_s, t.describe());
     }
+    let flush = match report.options.flush {
+        crate::options::Flush::Write => "write (memset: the L2 left full of dirty lines)",
+        crate::options::Flush::Read => "read (TMA loads: the L2 left with clean lines)",
+    };
+    let _ = writeln!(out, "L2 flush before each timed sample: {} MiB, {flush}", report.options.flush_bytes >> 20);
     let header = [
         "shape",
         "check",
@@ -389,7 +394,11 @@ mod tests {
         assert!(lines[2].ends_with("TMA DRAM→SM 3.90 TB/s"));
         assert_eq!(lines[3], "  TMA L2→SM 5.00 TB/s (u8 64x128 sw64, 6 stages x 1 box = 48 KiB in flight per SM)");
         assert!(lines[4].starts_with("  TMA DRAM→SM 3.90 TB/s (f16"));
-        let lines = &lines[5..];
+        assert_eq!(
+            lines[5],
+            "L2 flush before each timed sample: 256 MiB, write (memset: the L2 left full of dirty lines)"
+        );
+        let lines = &lines[6..];
         assert!(lines[0].starts_with("shape") && lines[0].contains("x_cublas"));
         assert!(lines[1].starts_with("b0 ") && lines[1].contains("1.25") && lines[1].contains("50%"));
         assert!(lines[2].starts_with("custom") && lines[2].contains("n/a"));
