@@ -4,7 +4,7 @@ activations times bf16 weights (the NVFP4 weights dequantized ahead of time, whi
 without FP4 tensor instructions would do), bf16 output.
 
     python3 bundle/bin/torch_moe.py --out DIR [--routing FILE] [--iters 50] [--flush-mib 256]
-                                    [--seed 2222] [--moe-shapes m0,m1,m2,m3]
+                                    [--flush write|read] [--seed 2222] [--moe-shapes m0,m1,m2,m3]
 
 Routings: from FILE (`nvfp4-bench --write-moe-routing FILE` writes it; `nvfp4-bench --moe` writes
 DIR/moe-routing.json and runs this script itself), or, without --routing, drawn by running
@@ -19,8 +19,9 @@ Per shape, with T tokens sorted by expert (x: [T, K] bf16), expert weights w: [E
     loop+graph        the loop captured in a graph: reported, but never "best", since the graph
                       bakes in this routing's sizes and cannot serve the next step
 Each path is checked once against an fp32 reference (|got - ref| <= 2e-2 * (|ref| + rms(ref)))
-and timed like nvfp4-bench's kernel-only rows: the L2 flushed (zeroing a FLUSH-MiB buffer) before
-each call, CUDA events around it, median of ITERS after 3 warm-ups. `best` is the fastest path
+and timed like nvfp4-bench's kernel-only rows: the L2 flushed before each call (--flush write, the
+default: zeroing a FLUSH-MiB buffer, which leaves dirty lines; --flush read: summing it, which
+leaves clean ones; nvfp4-bench passes its own mode), CUDA events around it, median of ITERS after 3 warm-ups. `best` is the fastest path
 that passed among grouped_mm, grouped_mm+graph and loop.
 
 Writes DIR/torch-moe.json ({"tool", "torch", "device", ..., "shapes": [{"name", "experts", "n",
@@ -87,6 +88,7 @@ def main():
     p.add_argument("--routing", help="routing file (nvfp4-bench --write-moe-routing)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--flush-mib", type=int, default=256)
+    p.add_argument("--flush", choices=["write", "read"], default="write")
     p.add_argument("--seed", type=int, default=2222)
     p.add_argument("--moe-shapes", help="without --routing: which MoE shapes (nvfp4-bench --moe-shapes)")
     args = p.parse_args()
@@ -105,15 +107,21 @@ def main():
     if grouped_mm is None:
         grouped_mm = getattr(torch, "_grouped_mm", None)
         grouped_name = "torch._grouped_mm" if grouped_mm is not None else None
-    flush = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=dev)
+    flush_buffer = torch.zeros(args.flush_mib << 20, dtype=torch.uint8, device=dev)
+
+    def flush():
+        if args.flush == "read":
+            flush_buffer.view(torch.int64).sum()
+        else:
+            flush_buffer.zero_()
 
     def time_us(fn):
         for _ in range(3):
-            flush.zero_()
+            flush()
             fn()
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
         for start, end in events:
-            flush.zero_()
+            flush()
             start.record()
             fn()
             end.record()
@@ -240,6 +248,7 @@ def main():
         "grouped_mm": grouped_name,
         "iters": args.iters,
         "flush_bytes": args.flush_mib << 20,
+        "flush": args.flush,
         "seed": routing.get("seed"),
         "routing": routing_path,
         "shapes": rows,

@@ -54,8 +54,8 @@ OPTIONS
   --host-calls N    calls per host-overhead batch (default 50)
   --host-batches N  host-overhead batches (default 20)
   --flush-mib N     L2 flush buffer, MiB, at least 256 (default 256)
-  --flush MODE      how the L2 is flushed before each kernel-only (and cuBLAS) sample and before
-                    each competition repetition: `write` (default) sets the whole flush buffer
+  --flush MODE      how the L2 is flushed before each kernel-only (and cuBLAS, MoE and PyTorch)
+                    sample and before each competition repetition: `write` (default) sets the whole flush buffer
                     (a memset), so the timed call starts with the L2 full of dirty lines that it
                     has to write back; `read` reads the whole buffer with the TMA bandwidth kernel
                     (sm_90a), so the L2 holds clean lines (every older dirty line written back
@@ -177,6 +177,16 @@ pub enum Flush {
     Write,
     /// Read the flush buffer (TMA loads): the L2 ends with clean lines.
     Read,
+}
+
+impl Flush {
+    /// The option's value: `write` or `read`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flush::Write => "write",
+            Flush::Read => "read",
+        }
+    }
 }
 
 /// Where the MoE rows' PyTorch baseline comes from (`--torch`).

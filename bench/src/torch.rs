@@ -59,6 +59,7 @@ fn run_script(python: &OsString, script: &Path, o: &Options) -> TorchBaseline {
         .arg("--out")
         .arg(&o.out)
         .args(["--iters", &o.iters.to_string(), "--flush-mib", &(o.flush_bytes >> 20).to_string()])
+        .args(["--flush", o.flush.name()])
         .args(["--seed", &o.seed.to_string()])
         .stdout(std::io::stderr());
     if let Some(orig) = std::env::var_os("NVFP4_BENCH_ORIG_LD_LIBRARY_PATH") {
