@@ -229,10 +229,11 @@ impl Sm90Layout {
 }
 
 /// The estimated time of work item (`tile_m`, `tile_n`) of group `s` under `config` (in
-/// [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage): two consumer warpgroups'
+/// [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage): every consumer warpgroup's
 /// rows for 128-row tiles, the [`RowSpan`]'s for `N192`.
 fn item_cost(config: GemmConfig, s: &crate::problem::GroupShape, tile_m: u32, tile_n: u32) -> u64 {
-    let warpgroups = if config.block_n == sm90::BLOCK_N { 2 } else { RowSpan::decode(tile_n).warpgroups };
+    let warpgroups =
+        if config.block_n == sm90::BLOCK_N { config.consumer_warpgroups() } else { RowSpan::decode(tile_n).warpgroups };
     let m = s.m as u32;
     let width = config.tile_width(m, config.tile_rows(m), tile_m);
     sm90::k_stages(s.k as u32) as u64 * config.stage_cost(width, warpgroups) as u64

@@ -37,6 +37,8 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     };
     // SAFETY: `owning_group` returns indices of the table only.
     let g = unsafe { *groups.add(lo as usize) };
+    // Always true for the tables the host and the scheduler write (disjoint ranges); if two
+    // ranges overlapped, the warp's OR of their indices could name a third group.
     if cta < g.dequant_first_cta || cta >= g.dequant_first_cta + g.dequant_ctas {
         return;
     }

@@ -201,6 +201,8 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
                 if V::CFG.ctas_per_sm() == 1 {
                     V::shrink_registers();
                 }
+                // One call per role, so that each inlined copy of `produce` has its role as a
+                // constant.
                 match V::CFG.producer_role(tid) {
                     Some(ProducerRole::Weights) => produce::<V, STAGES>(&st, &p, ProducerRole::Weights),
                     Some(ProducerRole::Tokens) => produce::<V, STAGES>(&st, &p, ProducerRole::Tokens),
@@ -290,8 +292,7 @@ unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
                 });
             }
             ProducerRole::Tokens => {
-                // The group's last tile loads only its own rows (rounded up to 8), from its own
-                // map.
+                // The group's last tile loads only its own rows, from its own map.
                 let last_tile = (t.tile_m + 1) * g.block_m >= g.m;
                 let (token_map, token_rows) = if last_tile {
                     (work.tensor_map(g.tail_token_map as usize), g.tail_rows)
