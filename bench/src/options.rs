@@ -55,11 +55,11 @@ OPTIONS
   --host-batches N  host-overhead batches (default 20)
   --flush-mib N     L2 flush buffer, MiB, at least 256 (default 256)
   --flush MODE      how the L2 is flushed before each kernel-only (and cuBLAS, MoE and PyTorch)
-                    sample and before each competition repetition: `write` (default) sets the whole flush buffer
-                    (a memset), so the timed call starts with the L2 full of dirty lines that it
-                    has to write back; `read` reads the whole buffer with the TMA bandwidth kernel
-                    (sm_90a), so the L2 holds clean lines (every older dirty line written back
-                    during the flush)
+                    sample and before each competition repetition: `write` (default) sets the
+                    whole flush buffer (a memset), so the timed call starts with the L2 full of
+                    dirty lines that it has to write back; `read` reads the whole buffer with the
+                    TMA bandwidth kernel (sm_90a), so the L2 holds clean lines (every older dirty
+                    line written back during the flush)
   --seed N          input seed (default 2222)
   --no-check        skip the comparison with the CPU reference
   --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
@@ -180,6 +180,9 @@ pub enum Flush {
 }
 
 impl Flush {
+    /// Every mode.
+    pub const ALL: [Flush; 2] = [Flush::Write, Flush::Read];
+
     /// The option's value: `write` or `read`.
     pub fn name(self) -> &'static str {
         match self {
@@ -301,11 +304,11 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--host-batches" => o.host_batches = count("host-batches", &value()?, 1)?,
             "--flush-mib" => o.flush_bytes = count("flush-mib", &value()?, 256)? << 20,
             "--flush" => {
-                o.flush = match value()?.as_str() {
-                    "write" => Flush::Write,
-                    "read" => Flush::Read,
-                    v => return Err(format!("--flush {v}: `write` or `read`")),
-                }
+                let v = value()?;
+                o.flush = Flush::ALL
+                    .into_iter()
+                    .find(|f| f.name() == v)
+                    .ok_or_else(|| format!("--flush {v}: `write` or `read`"))?;
             }
             "--seed" => o.seed = value()?.parse().map_err(|_| "--seed: not a whole number".to_owned())?,
             "--out" => o.out = PathBuf::from(value()?),
