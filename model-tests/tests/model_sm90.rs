@@ -46,6 +46,27 @@ fn model_sm90_bf16_and_full_range() {
     run_and_check("sm90 full range", &g, F16, &ModelRun::default(), |o, r| run_sm90(o, 1, r));
 }
 
+/// An alpha so large that 2¹⁴·alpha overflows f32 (the epilogue then multiplies by 2¹⁴ and by
+/// alpha apart, not by their product): every nonzero sum becomes ±inf in f16, and the second
+/// group, whose tokens are all zero, must store zeros — not 0·inf = NaN. Each variant's
+/// epilogue (a decode-sized group runs the decode variant, the other the general one).
+#[test]
+fn model_sm90_alpha_beyond_the_folded_factor() {
+    for (name, shapes) in
+        [("general", z(&[24, 40], &[24, 16], &[128, 64])), ("decode", z(&[5, 7], &[24, 16], &[128, 64]))]
+    {
+        let mut g = groups(&shapes, Competition, 21);
+        for x in &mut g {
+            x.alpha = 2f32.powi(126);
+            x.a.set_global_scale(1.0);
+            x.b.set_global_scale(1.0);
+            assert!(x.effective_alpha_f32().is_finite() && !(16384.0 * x.effective_alpha_f32()).is_finite());
+        }
+        g[1].a.values_mut().fill(0);
+        run_and_check(&format!("sm90 {name} alpha 2^126"), &g, F16, &ModelRun::default(), |o, r| run_sm90(o, 2, r));
+    }
+}
+
 #[test]
 fn model_sm90_random_shapes() {
     for seed in 0..3 {

@@ -592,6 +592,23 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
 /// times 2⁻¹⁴ (`dequant16`).
 const WEIGHT_UNSCALE: f32 = 16384.0;
 
+/// The accumulator pair of register `i` (even) as two neighbouring weights of one token row of C,
+/// scaled by 2¹⁴ and alpha and rounded once (the weights were decoded times 2⁻¹⁴, `dequant16`;
+/// multiplying by 2¹⁴ first is exact, so this is alpha times the unscaled sum, as if decoded
+/// unscaled). Registers `i` and `i + 1` hold tokens m and m + 1 of one weight n; lanes g and g^1
+/// (lane ^ 4) hold neighbouring weights. Each lane rounds its own pair (m, m + 1), swaps it with
+/// its neighbour and keeps one token of both: even g token m, odd g token m + 1, weight n_even in
+/// the low half. (Swapping the f32 values first and rounding after took a select before and two
+/// after the shuffle, and two more rounding instructions per pair.)
+#[inline(always)]
+fn c_pair(acc_i: f32, acc_i1: f32, odd: u32, alpha: f32, bf16: bool) -> u32 {
+    let (m, m1) = (acc_i * WEIGHT_UNSCALE * alpha, acc_i1 * WEIGHT_UNSCALE * alpha);
+    let mine = if bf16 { convert::f32x2_to_bf16x2(m, m1) } else { convert::f32x2_to_f16x2(m, m1) };
+    let theirs = warp::shfl_xor(mine, 4);
+    // Even g: (mine.m, theirs.m); odd g: (theirs.m1, mine.m1) (`prmt` bytes 0–3 mine, 4–7 theirs).
+    convert::byte_perm(mine, theirs, if odd == 0 { 0x5410 } else { 0x3276 })
+}
+
 /// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights).
 ///
 /// Register i of lane (g, q) holds D[n = n_base + g + 8·((i/2)%2)][m = m_base + 2q + 8·(i/4) + i%2]
@@ -619,16 +636,10 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
         for half in 0..2usize {
             // Registers 4·quad + 2·half (+1): rows n and n+8 alternate by half.
             let i = 4 * quad + 2 * half;
-            let send = if odd == 0 { acc[i + 1] } else { acc[i] };
-            let got = f32::from_bits(warp::shfl_xor(send.to_bits(), 4));
-            let (lo, hi) = if odd == 0 { (acc[i], got) } else { (got, acc[i + 1]) };
+            let bits = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
             let n = n_pair + 8 * half as u32;
             let m = m_base + 8 * quad as u32;
             if m < g.m && n < g.n {
-                // The weights were decoded times 2⁻¹⁴ (`dequant16`); multiplying by 2¹⁴ first is
-                // exact, so this is alpha times the unscaled sum, as if decoded unscaled.
-                let (lo, hi) = (lo * WEIGHT_UNSCALE * g.alpha, hi * WEIGHT_UNSCALE * g.alpha);
-                let bits = if bf16 { convert::f32x2_to_bf16x2(lo, hi) } else { convert::f32x2_to_f16x2(lo, hi) };
                 // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
                 unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
             }
