@@ -142,7 +142,7 @@ impl Bench {
         // synchronisation; nothing relies on cudarc's implicit cross-stream waits.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("creating the MoE stream"))?;
-        self.timer.stream = stream.clone();
+        self.timer.move_to(&self.gpu, stream.clone())?;
         self.moe_stream = Some(stream.clone());
         Ok(stream)
     }
