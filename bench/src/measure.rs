@@ -47,7 +47,12 @@ impl Timer {
     }
 
     /// With `Flush::Read`, the TMA bandwidth kernel reading all of `buffer`, launched on `stream`.
-    fn reader(gpu: &Gpu, stream: &Arc<CudaStream>, buffer: &CudaSlice<u8>, flush: Flush) -> Result<Option<TmaBandwidth>> {
+    fn reader(
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        buffer: &CudaSlice<u8>,
+        flush: Flush,
+    ) -> Result<Option<TmaBandwidth>> {
         match flush {
             Flush::Write => Ok(None),
             Flush::Read => {
