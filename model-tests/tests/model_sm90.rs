@@ -46,10 +46,10 @@ fn model_sm90_bf16_and_full_range() {
     run_and_check("sm90 full range", &g, F16, &ModelRun::default(), |o, r| run_sm90(o, 1, r));
 }
 
-/// An alpha so large that 2¹⁴·alpha overflows f32 (the epilogue then multiplies by 2¹⁴ and by
-/// alpha apart, not by their product): every nonzero sum becomes ±inf in f16, and the second
-/// group, whose tokens are all zero, must store zeros — not 0·inf = NaN. Each variant's
-/// epilogue (a decode-sized group runs the decode variant, the other the general one).
+/// An alpha so large that 2¹⁴·alpha overflows f32: every nonzero sum becomes ±inf in f16, and the
+/// second group, whose tokens are all zero, must store zeros — not 0·inf = NaN, which an epilogue
+/// multiplying by the folded factor 2¹⁴·alpha would store (PERF.md #39b; this test fails with that
+/// fold). Both epilogues: the decode variant's (every group ≤ 16 tokens) and a general one's.
 #[test]
 fn model_sm90_alpha_beyond_the_folded_factor() {
     for (name, shapes) in

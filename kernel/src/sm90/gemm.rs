@@ -598,8 +598,8 @@ const WEIGHT_UNSCALE: f32 = 16384.0;
 /// unscaled). Registers `i` and `i + 1` hold tokens m and m + 1 of one weight n; lanes g and g^1
 /// (lane ^ 4) hold neighbouring weights. Each lane rounds its own pair (m, m + 1), swaps it with
 /// its neighbour and keeps one token of both: even g token m, odd g token m + 1, weight n_even in
-/// the low half. (Swapping the f32 values first and rounding after took a select before and two
-/// after the shuffle, and two more rounding instructions per pair.)
+/// the low half. (Swapping f32 values before rounding took a select before the shuffle and two
+/// after it where this takes one `prmt`; PERF.md #39.)
 #[inline(always)]
 fn c_pair(acc_i: f32, acc_i1: f32, odd: u32, alpha: f32, bf16: bool) -> u32 {
     let (m, m1) = (acc_i * WEIGHT_UNSCALE * alpha, acc_i1 * WEIGHT_UNSCALE * alpha);
