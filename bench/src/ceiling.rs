@@ -116,7 +116,7 @@ pub fn headline(tma: &[TmaCeiling]) -> Option<String> {
 /// the L2 buffer is warm after the first launch, the DRAM buffer is 2 GiB), median of 10 after 2
 /// warm-ups; then checks that every CTA received the boxes of its loads.
 pub(crate) fn measure(gpu: &Gpu, timer: &mut Timer) -> Result<Vec<TmaCeiling>> {
-    let stream = timer.stream.clone();
+    let stream = timer.stream().clone();
     let grid = gpu.sm_count();
     let mut out = vec![];
     for source in [Source::L2, Source::Dram] {

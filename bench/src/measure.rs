@@ -31,7 +31,8 @@ pub(crate) const POISON: u16 = 0x7FFF;
 
 /// Device-side timing: events on the bench's stream and the L2 flush buffer.
 pub(crate) struct Timer {
-    pub(crate) stream: Arc<CudaStream>,
+    /// Private: the stream moves only with its flush kernel ([`Timer::move_to`]).
+    stream: Arc<CudaStream>,
     /// With `--flush read`: the TMA bandwidth kernel over the whole flush buffer (declared before
     /// the buffer, so it is dropped first).
     reader: Option<TmaBandwidth>,
@@ -63,6 +64,11 @@ impl Timer {
                 Ok(Some(k))
             }
         }
+    }
+
+    /// The stream the timer times and flushes on.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     /// Times (and flushes) on `stream` from now on. The reading flush kernel is made again for
@@ -186,7 +192,7 @@ impl Bench {
     }
 
     fn stream(&self) -> Arc<CudaStream> {
-        self.timer.stream.clone()
+        self.timer.stream().clone()
     }
 
     /// Measures the ceilings: a 1 GiB device-to-device copy (median of 20), with cuBLAS an 8192³
@@ -224,7 +230,7 @@ impl Bench {
     /// `None` without cuBLAS.
     fn tensor_rate(&mut self) -> Result<Option<f64>> {
         let Ok(blas) = &self.blas else { return Ok(None) };
-        let stream = self.timer.stream.clone();
+        let stream = self.timer.stream().clone();
         let n = 8192;
         let a = stream.clone_htod(&random_bf16(n * n, 77)).map_err(drv("uploading"))?;
         let b = stream.clone_htod(&random_bf16(n * n, 78)).map_err(drv("uploading"))?;
