@@ -18,16 +18,19 @@ use core::arch::asm;
 /// nibble's sign is copied 3 bits up, next to its magnitude: `even` holds the magnitudes of the
 /// low nibbles of each byte as they are and their signs 3 bits higher (bit 6 of the byte), `odd`
 /// the same for the high nibbles (sign in bit 2 of the next byte); every other bit of the two is
-/// garbage that the final mask drops. Then one shift and one mask make each word: 12 integer
+/// garbage that the final mask drops. Then one shift and one mask make each word: 11 integer
 /// operations per 8 values (one `lop3` each for `even` and `odd`, [`select_bits`]), where shifting
-/// magnitude and sign separately takes 15. For `k = 3` the last sign would leave the word, so that
-/// word keeps the separate form (its signs already sit at bits 15 and 31).
+/// magnitude and sign separately takes 15. For `k = 3` the sign of element 7 (bit 31 of `q`) would
+/// have to sit 3 bits above the word, so `odd` takes its bit 31 from `q` itself (no other word
+/// reads it: `k = 1` shifts it out) and that word is `odd` shifted *arithmetically* right by 3,
+/// which puts bit 31 back in place (an arithmetic shift copies it into bits 28..31).
 #[inline(always)]
 pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
     const MAGNITUDE: u32 = 0x0E00_0E00;
     const SIGN: u32 = 0x8000_8000;
     const LOW_NIBBLE_MAGNITUDES: u32 = 0x0707_0707;
-    const HIGH_NIBBLE_MAGNITUDES: u32 = 0x7070_7070;
+    // The high nibbles' magnitudes, and bit 31 (element 7's sign) for word 3.
+    const HIGH_NIBBLE_MAGNITUDES: u32 = 0xF070_7070;
     let q3 = q << 3;
     let even = select_bits(LOW_NIBBLE_MAGNITUDES, q, q3);
     let odd = select_bits(HIGH_NIBBLE_MAGNITUDES, q, q3);
@@ -35,7 +38,7 @@ pub fn e2m1x8_to_f16x2_scaled(q: u32) -> [u32; 4] {
         (even << 9) & (MAGNITUDE | SIGN),
         (odd << 5) & (MAGNITUDE | SIGN),
         (even << 1) & (MAGNITUDE | SIGN),
-        ((q >> 3) & MAGNITUDE) | (q & SIGN),
+        ((odd as i32 >> 3) as u32) & (MAGNITUDE | SIGN),
     ]
 }
 

@@ -630,20 +630,44 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (g8 - odd);
     // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
     let m_base = tile.tile_m * g.block_m + 2 * q + odd;
+    let store = |m: u32, n: u32, bits: u32| {
+        if m < g.m && n < g.n {
+            // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
+            unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
+        }
+    };
+    // Lanes q and q ^ 2 hold token rows 4 apart: in `N192` each sends the other one of its two
+    // words so that every store covers 4 token rows × 32 bytes (whole sectors) instead of 8 rows ×
+    // 16 bytes (PERF.md #42: b0 −1.2%). The 128-row variants lost 0.7% on b1 with the exchange and
+    // keep the plain order, both words of a quad rounded before either is stored (1% faster on b1
+    // and b2 than rounding and storing one word at a time, #42); so does the decode variant.
+    let pair_rows = V::CFG.block_n != BLOCK_N;
+    let upper = q >= 2;
+    // With `pair_rows`: the rows of a lane's two stores (`m_a`, `m_a + 4`, plus 8·quad) and their
+    // weights (`n_a`): a lower lane stores its own half-0 word and its partner's, an upper lane its
+    // partner's half-1 word and its own.
+    let m_a = if upper { m_base - 4 } else { m_base };
+    let n_a = if upper { n_pair + 8 } else { n_pair };
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         // Quads past N / 8 do not exist for narrower widths (a constant condition).
         if (quad as u32) < S::N / 8 {
-        for half in 0..2usize {
             // Registers 4·quad + 2·half (+1): rows n and n+8 alternate by half.
-            let i = 4 * quad + 2 * half;
-            let bits = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
-            let n = n_pair + 8 * half as u32;
-            let m = m_base + 8 * quad as u32;
-            if m < g.m && n < g.n {
-                // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
-                unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
+            let i = 4 * quad;
+            let w0 = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
+            let w1 = c_pair(acc[i + 2], acc[i + 3], odd, g.alpha, bf16);
+            if pair_rows {
+                // Lower lanes (q < 2) keep their half-0 word and take their partner's (row + 4,
+                // the same weights); upper lanes keep their half-1 word and take their partner's
+                // (row − 4, weights + 8). Each store then writes 4 rows × 16 weights.
+                let got = warp::shfl_xor(if upper { w0 } else { w1 }, 2);
+                let m = m_a + 8 * quad as u32;
+                store(m, n_a, if upper { got } else { w0 });
+                store(m + 4, n_a, if upper { w1 } else { got });
+            } else {
+                let m = m_base + 8 * quad as u32;
+                store(m, n_pair, w0);
+                store(m, n_pair + 8, w1);
             }
-        }
         }
     });
 }
