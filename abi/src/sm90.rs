@@ -702,13 +702,15 @@ pub const fn tile_cost(rows: u32) -> u32 {
 pub const TILE_FIXED_COST: u32 = 100;
 
 /// [`TILE_FIXED_COST`] of an `N192` item of 3 warpgroups, in the same units (a 128-row stage of
-/// `M128` costs 228): a 192-row stage costs `(155 + 192) / 228 ≈ 1.52` times a 128-row one.
-/// Calibrated on the H200 over 90 / 111 / 140 / 170 by b0's and b1's times (PERF.md #20b), then
-/// again after the last tiles' boxes shrank (#23: `M128_64`'s short tails got cheaper) over
-/// 110 / 140 / 155 / 170: at 155 b1 takes `M128_64` (80.9 µs against 84.0 with `N192`) and b0
-/// keeps `N192` (127.4 µs; 131.1 with `M128_64`). With one tile per CTA (b3, 88 SMs busy) a
-/// 192-row stage took only ~1.3 times as long.
-pub const N192_TILE_FIXED_COST: u32 = 155;
+/// `M128` costs 228): a 192-row stage costs `(140 + 192) / 228 ≈ 1.46` times a 128-row one.
+/// Calibrated on the H200 by b0's and b1's times: over 90 / 111 / 140 / 170 (PERF.md #20b), over
+/// 110 / 140 / 155 / 170 after the last tiles' boxes shrank (#23; 155: b1 took `M128_64`, 80.9 µs
+/// against 84.0 with `N192`), and at 140 since the epilogue and decoder of #41/#42 made `N192`
+/// the faster for b1 (#45: forced, 66.1 µs against `M128_64`'s 68.3, a ratio of 0.968; the model
+/// gives 0.966 at 140, and b1 flips back above 149; b0 0.935 measured, 0.916 modelled). With one
+/// tile per CTA (b2, b3) a 192-row stage takes only ~1.3 times as long, and the model keeps
+/// `M128` there (forced `N192`: b2 38.8 µs against 29.9).
+pub const N192_TILE_FIXED_COST: u32 = 140;
 
 impl GemmConfig {
     /// Relative time per stage of a tile `width` tokens wide over `warpgroups` consumer
