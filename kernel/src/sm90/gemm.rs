@@ -638,9 +638,10 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     };
     // Lanes q and q ^ 2 hold token rows 4 apart: in `N192` each sends the other one of its two
     // words so that every store covers 4 token rows × 32 bytes (whole sectors) instead of 8 rows ×
-    // 16 bytes (PERF.md #42: b0 −1.2%). The 128-row variants lost 0.7% on b1 with the exchange and
-    // keep the plain order, both words of a quad rounded before either is stored (1% faster on b1
-    // and b2 than rounding and storing one word at a time, #42); so does the decode variant.
+    // 16 bytes (PERF.md #40b, #42: b0 −1.0..1.3%). The 128-row variants lost 0.7% on b1 with the
+    // exchange (#40b) and keep the plain order, both words of a quad rounded before either is
+    // stored (1% faster on b1 and b2 than rounding and storing one word at a time, #42); so does
+    // the decode variant.
     let pair_rows = V::CFG.block_n != BLOCK_N;
     let upper = q >= 2;
     // With `pair_rows`: the rows of a lane's two stores (`m_a`, `m_a + 4`, plus 8·quad) and their
