@@ -378,6 +378,25 @@ mod tests {
     }
 
     #[test]
+    fn bench_shapes_take_the_variant_measured_fastest() {
+        // The default bench set's b-shapes on the H200's 132 SMs: b0 and b1 run `N192` (PERF.md
+        // #45: forced on b1, 66.1 µs against `M128_64`'s 68.3 and `M128`'s 77.7), b2 and b3
+        // `M128` (`N192` 30% / 22% slower there). A change of the cost model that flips one of
+        // these must come with new measurements.
+        let shapes: [(&[usize], usize, usize, GemmConfig); 4] = [
+            (&[80, 176, 128, 72, 64, 248, 96, 160], 4096, 7168, GemmConfig::N192),
+            (&[40, 76, 168, 72, 164, 148, 196, 160], 7168, 2048, GemmConfig::N192),
+            (&[192, 320], 3072, 4096, GemmConfig::M128),
+            (&[128, 384], 4096, 1536, GemmConfig::M128),
+        ];
+        for (m, n, k, expected) in shapes {
+            let p =
+                Problem::new(m.iter().map(|&m| GroupShape::new(m, n, k)).collect::<Vec<_>>(), OutputType::F16).unwrap();
+            assert_eq!(Sm90Layout::new(&p, 132).config, expected, "groups {m:?}, N {n}, K {k}");
+        }
+    }
+
+    #[test]
     fn small_groups_keep_the_16_128_variant() {
         // Four groups of ≤ 16 tokens beside one of 200: 16-row tiles (116) beat 64-row tails (164).
         let p = same_nk(&[4, 9, 16, 3, 200]);
