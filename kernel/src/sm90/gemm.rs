@@ -652,7 +652,7 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         // Quads past N / 8 do not exist for narrower widths (a constant condition).
         if (quad as u32) < S::N / 8 {
-            // Registers 4·quad + 2·half (+1): rows n and n+8 alternate by half.
+            // Registers 4·quad, +1 (weight n) and 4·quad + 2, +3 (weight n + 8): words w0 and w1.
             let i = 4 * quad;
             let w0 = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
             let w1 = c_pair(acc[i + 2], acc[i + 3], odd, g.alpha, bf16);
