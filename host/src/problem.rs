@@ -220,15 +220,18 @@ impl<'s> CallBuffers<'s> {
         CallBuffers { stream, keep_records, guards: Vec::new() }
     }
 
+    #[inline(always)]
     fn hold(&mut self, guard: SyncOnDrop<'s>) {
         match guard {
-            // A no-op on drop while the context does not manage synchronization.
-            SyncOnDrop::Record(_) if !self.keep_records => {}
+            // Its drop would do nothing while the context does not manage synchronization (it
+            // only holds references): skip the call.
+            SyncOnDrop::Record(_) if !self.keep_records => std::mem::forget(guard),
             guard => self.guards.push(guard),
         }
     }
 
     /// Address and length of a buffer the call reads.
+    #[inline(always)]
     pub fn read<T>(&mut self, p: &'s dyn DevicePtr<T>) -> BufferView {
         let len = p.len();
         let (ptr, guard) = p.device_ptr(self.stream);
@@ -237,6 +240,7 @@ impl<'s> CallBuffers<'s> {
     }
 
     /// Address and length of a buffer the call writes.
+    #[inline(always)]
     pub fn write<T>(&mut self, p: &'s mut dyn DevicePtrMut<T>) -> BufferView {
         let len = p.len();
         let (ptr, guard) = p.device_ptr_mut(self.stream);
