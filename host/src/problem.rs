@@ -203,7 +203,8 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
 /// While the context manages cross-stream synchronization (more than one stream and event
 /// tracking on), a buffer's guard records its read or write event when dropped, so it is kept until
 /// the call's launches are enqueued. Otherwise dropping a `Record` guard does nothing (cudarc checks
-/// the same condition on drop), and it is dropped at once: a call on a single stream keeps no list
+/// the same condition on drop, and the guard holds only references), so it is forgotten at once
+/// without the call to its drop (PERF.md #46): a call on a single stream keeps no list
 /// of guards and allocates nothing for them, however many groups it has. Other guards (a
 /// `DevicePtr` whose guard synchronizes) are always kept. (This follows cudarc 0.19's
 /// `SyncOnDrop`, pinned in the workspace: check it again when cudarc is upgraded.)
