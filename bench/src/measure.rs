@@ -230,7 +230,7 @@ impl Bench {
     /// `None` without cuBLAS.
     fn tensor_rate(&mut self) -> Result<Option<f64>> {
         let Ok(blas) = &self.blas else { return Ok(None) };
-        let stream = self.timer.stream().clone();
+        let stream = self.stream();
         let n = 8192;
         let a = stream.clone_htod(&random_bf16(n * n, 77)).map_err(drv("uploading"))?;
         let b = stream.clone_htod(&random_bf16(n * n, 78)).map_err(drv("uploading"))?;
