@@ -66,6 +66,26 @@ pub fn shfl_xor(v: u32, lane_mask: u32) -> u32 {
     d
 }
 
+/// `shfl.sync.idx.b32 d, v, src_lane, 0x1f, 0xffffffff;` (PTX ISA 6.0, sm_70): the value `v` of
+/// lane `src_lane` (0..32). The whole warp must execute it, converged.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn shfl_idx(v: u32, src_lane: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: a full-warp collective on registers; call sites are warp-uniform.
+        unsafe {
+            asm!("shfl.sync.idx.b32 {d}, {v}, {l}, 0x1f, 0xffffffff;", d = out(reg32) d, v = in(reg32) v,
+                 l = in(reg32) src_lane, options(nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = super::model::warp::shfl_idx(v, src_lane);
+    d
+}
+
 /// `setmaxnreg.inc.sync.aligned.u32 N;` (PTX ISA 8.0, sm_90a): raises this warp's register
 /// budget to `N` (a multiple of 8 in 24..=256), waiting until enough registers are free in the
 /// CTA's pool — the registers the CTA was launched with, which other warps' [`setmaxnreg_dec`]

@@ -10,7 +10,7 @@
 //! CTAs `dequant_first_cta .. + dequant_ctas` of the grid belong to each group.
 
 use super::U32x4;
-use crate::ptx::{barrier, convert, sreg};
+use crate::ptx::{barrier, convert, sreg, warp};
 use crate::scan;
 use nvfp4_gemm_abi::scale_layout::{blocked_word_offset, rest_k};
 use nvfp4_gemm_abi::sm90::{
@@ -32,11 +32,9 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     let cta = sreg::ctaid_x();
     // SAFETY: the table holds `group_count` groups (this kernel's contract); all threads of the
     // CTA are here, so every warp is converged.
-    let Some(lo) = (unsafe { owning_group(groups, p.group_count, cta) }) else {
+    let Some(g) = (unsafe { owning_group(groups, p.group_count, cta) }) else {
         return;
     };
-    // SAFETY: `owning_group` returns indices of the table only.
-    let g = unsafe { *groups.add(lo as usize) };
     // Always true for the tables the host and the scheduler write (disjoint ranges); if two
     // ranges overlapped, the warp's OR of their indices could name a third group.
     if cta < g.dequant_first_cta || cta >= g.dequant_first_cta + g.dequant_ctas {
@@ -101,37 +99,105 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
 const LANES: u32 = 32;
 const GROUPS_PER_ROUND: u32 = 2 * LANES;
 
+/// The fields of a group the dequantization reads ([`GroupParams`]'s).
+#[derive(Clone, Copy)]
+struct TokenGroup {
+    m: u32,
+    k: u32,
+    a_values: u64,
+    a_scales: u64,
+    workspace: u64,
+    dequant_first_cta: u32,
+    dequant_ctas: u32,
+}
+
+impl TokenGroup {
+    /// No group (a lane past the table's end).
+    const NONE: TokenGroup =
+        TokenGroup { m: 0, k: 0, a_values: 0, a_scales: 0, workspace: 0, dequant_first_cta: 0, dequant_ctas: 0 };
+
+    /// Reads group `g`'s fields (independent loads).
+    ///
+    /// # Safety
+    /// `g` points to a group in device memory.
+    #[inline(always)]
+    unsafe fn read(g: *const GroupParams) -> Self {
+        use core::ptr::addr_of;
+        // SAFETY: the caller's contract.
+        unsafe {
+            TokenGroup {
+                m: addr_of!((*g).m).read(),
+                k: addr_of!((*g).k).read(),
+                a_values: addr_of!((*g).a_values).read(),
+                a_scales: addr_of!((*g).a_scales).read(),
+                workspace: addr_of!((*g).workspace).read(),
+                dequant_first_cta: addr_of!((*g).dequant_first_cta).read(),
+                dequant_ctas: addr_of!((*g).dequant_ctas).read(),
+            }
+        }
+    }
+
+    /// Lane `src`'s fields, in every lane (the whole warp, converged).
+    #[inline(always)]
+    fn broadcast(self, src: u32) -> Self {
+        let w = |v: u32| warp::shfl_idx(v, src);
+        let d = |v: u64| u64::from(w(v as u32)) | (u64::from(w((v >> 32) as u32)) << 32);
+        TokenGroup {
+            m: w(self.m),
+            k: w(self.k),
+            a_values: d(self.a_values),
+            a_scales: d(self.a_scales),
+            workspace: d(self.workspace),
+            dequant_first_cta: w(self.dequant_first_cta),
+            dequant_ctas: w(self.dequant_ctas),
+        }
+    }
+}
+
+/// `f(0)` then `f(1)`, written out, so that arrays indexed by the argument stay in registers.
+#[inline(always)]
+fn unrolled_halves(mut f: impl FnMut(u32)) {
+    f(0);
+    f(1);
+}
+
 /// The group whose dequantization CTAs include `cta`, if any, found by the whole warp at once:
-/// per round lane `l` reads the CTA range of groups `base + l` and `base + 32 + l` (independent
-/// loads, one memory latency for up to 64 groups where a binary search waits for one load per
-/// halving) and the warp ORs the one match. Groups own disjoint ranges in order, so no match in a
-/// round means none later. Whatever the ranges hold, the index returned is below `count`.
+/// per round lane `l` reads groups `base + l` and `base + 32 + l` — their CTA ranges and the
+/// fields the dequantization needs, all independent loads, so that one memory latency finds the
+/// group and brings its fields for up to 64 groups (where a binary search waits for one load per
+/// halving, and reading the fields after the search for one more) — the warp ORs the one match and
+/// takes the fields from the lane that read it. Groups own disjoint ranges in order, so no match
+/// in a round means none later. Whatever the ranges hold, the fields are a group's of the table.
 ///
 /// # Safety
 /// `groups` points to `count` groups in device memory; every lane of the warp calls it
 /// (converged).
 #[inline(always)]
-unsafe fn owning_group(groups: *const GroupParams, count: u32, cta: u32) -> Option<u32> {
+unsafe fn owning_group(groups: *const GroupParams, count: u32, cta: u32) -> Option<TokenGroup> {
     let lane = sreg::lane_id();
     let mut base = 0;
     while base < count {
+        // `hit`: 1 + the matching group's place in this round (`h · 32 + lane`).
         let mut hit = 0u32;
-        for h in 0..2 {
+        let mut mine = [TokenGroup::NONE; 2];
+        unrolled_halves(|h| {
             let i = base + h * LANES + lane;
             if i < count {
                 // SAFETY: `i < count` indexes the table (the caller's contract).
-                let (first, ctas) = unsafe {
-                    let g = groups.add(i as usize);
-                    (core::ptr::addr_of!((*g).dequant_first_cta).read(), core::ptr::addr_of!((*g).dequant_ctas).read())
-                };
-                if cta.wrapping_sub(first) < ctas {
-                    hit = i + 1;
+                let g = unsafe { TokenGroup::read(groups.add(i as usize)) };
+                if cta.wrapping_sub(g.dequant_first_cta) < g.dequant_ctas {
+                    hit = h * LANES + lane + 1;
                 }
+                mine[h as usize] = g;
             }
-        }
+        });
         let found = scan::warp_or(hit);
         if found != 0 {
-            return if found <= count { Some(found - 1) } else { None };
+            // The source lane read a group of the table when `base + found <= count`; lanes past
+            // `count` hold `NONE` but are never the source then.
+            let src = (found - 1) % LANES;
+            let g = if found <= LANES { mine[0] } else { mine[1] };
+            return if found <= GROUPS_PER_ROUND && base + found <= count { Some(g.broadcast(src)) } else { None };
         }
         base += GROUPS_PER_ROUND;
     }
