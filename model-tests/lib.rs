@@ -374,7 +374,6 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
         let name = layout.config.kernel_name();
         let entry: unsafe fn(KernelParams) = match name {
             "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
-            "sm90_grouped_gemm_decode_fused" => sm90_grouped_gemm_decode_fused,
             "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
             "sm90_grouped_gemm_n192" => sm90_grouped_gemm_n192,
             "sm90_grouped_gemm" => sm90_grouped_gemm,

@@ -89,13 +89,12 @@ pub const DECODE_MAX_REGISTERS: u32 = GemmConfig::M16.max_registers();
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 6] = [
+pub const REGISTER_CAPS: [(&str, u32); 5] = [
     ("sm90_grouped_gemm", GemmConfig::M128.max_registers()),
     ("sm90_grouped_gemm_t64", GemmConfig::M128_64.max_registers()),
     ("sm90_grouped_gemm_decode", GemmConfig::M16.max_registers()),
     ("sm90_grouped_gemm_n192", GemmConfig::N192.max_registers()),
     ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
-    ("sm90_grouped_gemm_decode_fused", GemmConfig::M16_FUSED.max_registers()),
 ];
 /// Bytes of one mbarrier.
 pub const MBARRIER_BYTES: u32 = 8;
@@ -164,22 +163,12 @@ pub struct GemmConfig {
     /// per-stage costs — the ring's waits and release, the wgmma fences — over twice the decode
     /// work).
     pub chunks: u32,
-    /// The GEMM reads the tokens as NVFP4 (A's packed values and scales) and its token warp
-    /// writes them into each stage as f16 (the decode variant `M16_FUSED`), instead of TMA copies
-    /// of the f16 workspace that `sm90_dequant_tokens` writes: no token prepass, no workspace.
-    pub fused_tokens: bool,
 }
 
 impl GemmConfig {
     /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
-    pub const M128: GemmConfig = GemmConfig {
-        block_m: 128,
-        narrow: SMALL_TILE_M,
-        stages: 5,
-        block_n: BLOCK_N,
-        chunks: CHUNKS_PER_BOX,
-        fused_tokens: false,
-    };
+    pub const M128: GemmConfig =
+        GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
     /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 4 stages of 256 K
     /// (26 KiB: two weight boxes), two CTAs per SM (registers capped at [`DECODE_MAX_REGISTERS`])
     /// so that each scheduler has twice the warps to hide the decode's latencies.
@@ -189,45 +178,22 @@ impl GemmConfig {
         stages: 4,
         block_n: BLOCK_N,
         chunks: 2 * CHUNKS_PER_BOX,
-        fused_tokens: false,
     };
-    /// [`GemmConfig::M16`] with the token dequantization fused into the GEMM
-    /// (`sm90_grouped_gemm_decode_fused`): the token warp reads each stage's 16 token rows as
-    /// NVFP4 from A (32 bytes of values and one scale word per row and 64-chunk), decodes them
-    /// exactly as `sm90_dequant_tokens` does and stores them into the stage in the layout the TMA
-    /// would have written (K-permuted, 128-byte swizzle). A decode tile's tokens are an eighth of
-    /// its weights, so the extra decode is small and runs in a warp that otherwise only issues
-    /// copies; in exchange there is no prepass launch to wait for and a stage pulls 2 KiB of
-    /// packed tokens through L2 instead of 8 KiB of f16.
-    pub const M16_FUSED: GemmConfig = GemmConfig { fused_tokens: true, ..GemmConfig::M16 };
     /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
     /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
     /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
-    pub const M128_64: GemmConfig = GemmConfig {
-        block_m: 128,
-        narrow: TAIL_TILE_M,
-        stages: 5,
-        block_n: BLOCK_N,
-        chunks: CHUNKS_PER_BOX,
-        fused_tokens: false,
-    };
+    pub const M128_64: GemmConfig =
+        GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
     /// 192 weight rows × 128 tokens per tile (`sm90_grouped_gemm_n192`): three consumer warpgroups
     /// read each token tile (a third fewer token bytes per MMA than `M128`, three consumer warps
     /// per scheduler instead of two to hide the decode's latencies), the 64-wide last tiles of
     /// `M128_64`, 4 stages of 46 KiB. A tile's 192 rows span two 128-row blocks of B's scales (the
     /// second half of one and all of the next, or the reverse); where N ends inside a tile, the
     /// warpgroups whose rows lie past it only release the stages.
-    pub const N192: GemmConfig = GemmConfig {
-        block_m: 128,
-        narrow: TAIL_TILE_M,
-        stages: 4,
-        block_n: 192,
-        chunks: CHUNKS_PER_BOX,
-        fused_tokens: false,
-    };
+    pub const N192: GemmConfig =
+        GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 192, chunks: CHUNKS_PER_BOX };
     /// Every compiled variant.
-    pub const ALL: [GemmConfig; 5] =
-        [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16, GemmConfig::N192, GemmConfig::M16_FUSED];
+    pub const ALL: [GemmConfig; 4] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16, GemmConfig::N192];
 
     /// K values per stage.
     pub const fn block_k(&self) -> u32 {
@@ -355,25 +321,6 @@ impl GemmConfig {
         }
     }
 
-    /// With `fused_tokens`: the lane (0..32) of CTA thread `tid` in the token warp (the warp whose
-    /// lane 0 is [`ProducerRole::Tokens`]), every lane of which decodes a share of each stage's
-    /// tokens; `None` for other threads and variants.
-    pub const fn fused_token_lane(&self, tid: u32) -> Option<u32> {
-        let first = if self.block_m == SMALL_TILE_M { CONSUMER_WARPGROUPS * WARPGROUP_THREADS } else { 0 } + 32;
-        if self.fused_tokens && tid >= first && tid < first + 32 {
-            Some(tid - first)
-        } else {
-            None
-        }
-    }
-
-    /// With `fused_tokens`: the (row, 64-chunk) items of a stage's tokens each lane of the token
-    /// warp decodes (lane `l` takes items `l + 32u`, item `i` being row `i / chunks`, chunk
-    /// `i % chunks`).
-    pub const fn fused_token_items_per_lane(&self) -> u32 {
-        self.block_m * self.chunks / 32
-    }
-
     /// CTAs per SM the variant is sized for (registers and shared memory).
     pub const fn ctas_per_sm(&self) -> u32 {
         if self.block_m == SMALL_TILE_M {
@@ -431,15 +378,9 @@ impl GemmConfig {
         self.full_barrier_offset(self.stages + s)
     }
     /// Arrivals that complete a full barrier phase: each producer thread's `arrive.expect_tx`
-    /// (one per [`ProducerRole`]); with `fused_tokens`, the weight producer's and one per lane of
-    /// the token warp (each lane's stores of the stage, fenced to the async proxy, reach the
-    /// consumers' wgmma through its own release).
+    /// (one per [`ProducerRole`]).
     pub const fn full_barrier_arrivals(&self) -> u32 {
-        if self.fused_tokens {
-            1 + 32
-        } else {
-            2
-        }
+        2
     }
     /// Arrivals that complete an empty barrier phase: every consumer thread, so that each
     /// thread's own shared-memory reads of the stage are ordered before the refill by its own
@@ -473,7 +414,6 @@ impl GemmConfig {
             && self.narrow <= self.block_m
             && self.stages >= 2
             && (self.chunks == CHUNKS_PER_BOX || self.chunks == 2 * CHUNKS_PER_BOX)
-            && (!self.fused_tokens || self.block_m == SMALL_TILE_M)
             && self.ctas_per_sm() * (self.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM
             && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
     }
@@ -483,7 +423,6 @@ const _: () = assert!(GemmConfig::M128.is_valid());
 const _: () = assert!(GemmConfig::M128_64.is_valid());
 const _: () = assert!(GemmConfig::M16.is_valid());
 const _: () = assert!(GemmConfig::N192.is_valid());
-const _: () = assert!(GemmConfig::M16_FUSED.is_valid());
 const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
 
@@ -804,9 +743,7 @@ pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
 impl GemmConfig {
     /// The exported name of the GEMM kernel compiled for this configuration.
     pub const fn kernel_name(&self) -> &'static str {
-        if self.fused_tokens {
-            "sm90_grouped_gemm_decode_fused"
-        } else if self.block_m == SMALL_TILE_M {
+        if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
         } else if self.block_n > BLOCK_N {
             "sm90_grouped_gemm_n192"
@@ -1026,21 +963,6 @@ mod tests {
         assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
         assert_eq!(GemmConfig::M128_64.kernel_name(), REGISTER_CAPS[1].0);
         assert_eq!(GemmConfig::N192.kernel_name(), REGISTER_CAPS[3].0);
-        assert_eq!(GemmConfig::M16_FUSED.kernel_name(), REGISTER_CAPS[5].0);
-        assert_eq!(GemmConfig::M16_FUSED.max_registers(), GemmConfig::M16.max_registers());
-        // The fused variant's stages are the decode variant's; one more arrival per token lane.
-        assert_eq!(GemmConfig::M16_FUSED.dynamic_shared_memory(), GemmConfig::M16.dynamic_shared_memory());
-        assert_eq!(GemmConfig::M16_FUSED.full_barrier_arrivals(), 33);
-        // The token warp is the one whose lane 0 has the token role; only the fused variant has one.
-        let c = GemmConfig::M16_FUSED;
-        let mut lanes = (0..c.threads()).filter_map(|t| c.fused_token_lane(t).map(|l| (t, l)));
-        let (first, _) = lanes.clone().next().unwrap();
-        assert_eq!(lanes.clone().count(), 32);
-        assert_eq!(c.producer_role(first), Some(ProducerRole::Tokens));
-        assert!(lanes.clone().enumerate().all(|(i, (t, l))| l == i as u32 && t == first + l));
-        assert!(lanes.all(|(t, _)| c.consumer_thread(t).is_none()));
-        assert!((0..GemmConfig::M16.threads()).all(|t| GemmConfig::M16.fused_token_lane(t).is_none()));
-        assert_eq!(c.fused_token_items_per_lane() * 32, c.block_m * c.chunks);
     }
 
     #[test]

@@ -167,27 +167,6 @@ fn check_variant(name: &str, shapes: &[GroupShape], seed: u64, config: GemmConfi
     }
 }
 
-/// The decode variant with the token dequantization fused in (`sm90_grouped_gemm_decode_fused`: no
-/// prepass, the token warp decodes A into each stage): every token count 1..=16 (a tile's rows
-/// past M never written), N = 8·odd and N = 136 (two weight tiles), K = 64 (one chunk of a
-/// four-chunk stage), K tails of two and three chunks, K = 1024 (four stages in a 4-stage ring),
-/// an empty group, on 2 CTAs under two completion orders; and bf16 output.
-#[test]
-fn model_sm90_decode_fused_variant() {
-    let m: Vec<usize> = (1..=16).chain([0]).collect();
-    let n: Vec<usize> = (0..m.len()).map(|i| if i == 5 { 136 } else { [8, 24][i % 2] }).collect();
-    let k: Vec<usize> = (0..m.len()).map(|i| if i == 15 { 1024 } else { [64, 192, 384, 320][i % 4] }).collect();
-    let shapes: Vec<GroupShape> = (0..m.len()).map(|i| GroupShape { m: m[i], n: n[i], k: k[i] }).collect();
-    let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
-    let layout = nvfp4_gemm::layout::Sm90Layout::with_config(&problem, 2, GemmConfig::M16_FUSED).unwrap();
-    assert_eq!((layout.dequant_grid, layout.workspace_bytes), (0, 16), "no prepass, no workspace");
-    check_variant("sm90 decode fused", &shapes, 17, GemmConfig::M16_FUSED);
-    let g = groups(&z(&[3, 16], &[24, 136], &[192, 128]), FullRange, 18);
-    run_and_check("sm90 decode fused bf16 full range", &g, Bf16, &ModelRun::default(), |o, r| {
-        run_sm90_with(o, 1, GemmConfig::M16_FUSED, r)
-    });
-}
-
 /// The 192-weight-row variant (`sm90_grouped_gemm_n192`: three consumer warpgroups, 4 stages,
 /// 160 registers per consumer thread from the CTA's pool): the list cuts N = 392 into spans of 3,
 /// 3 and 1 warpgroups (the last 8 rows in scale block 3), N = 136 into one of 3, N = 264 into 3 and
@@ -215,12 +194,11 @@ fn model_sm90_n192_variant() {
 /// tile's box hold NaNs too: they may only reach columns of C that are not stored.
 #[test]
 fn model_sm90_k_tails_over_nan_filled_shared_memory() {
-    let cases: [(&str, GemmConfig, Vec<GroupShape>); 5] = [
+    let cases: [(&str, GemmConfig, Vec<GroupShape>); 4] = [
         ("M128", GemmConfig::M128, z(&[130, 8], &[72, 136], &[192, 320])),
         ("t64", GemmConfig::M128_64, z(&[176, 40], &[136, 72], &[320, 64])),
         ("n192", GemmConfig::N192, z(&[176, 9], &[392, 264], &[320, 64])),
         ("decode", GemmConfig::M16, z(&[4, 16, 1, 7], &[136, 24, 8, 16], &[320, 64, 192, 384])),
-        ("decode fused", GemmConfig::M16_FUSED, z(&[4, 16, 1, 7], &[136, 24, 8, 16], &[320, 64, 192, 384])),
     ];
     for (i, (name, config, shapes)) in cases.iter().enumerate() {
         let run = ModelRun { smem_fill: 0xFF, ..ModelRun::ordered(Completion::Random, 5) };

@@ -59,11 +59,10 @@ fn empty_groups_and_bad_buffers() {
     cases::empty_groups_and_bad_buffers("empty_groups_and_bad_buffers", Arch::Sm90a);
 }
 
-/// Decode-sized problems (every group at most 16 tokens: the two-CTAs-per-SM decode kernel): the
-/// three decode benchmark shapes scaled down in K, K tails (K % 128 = 64, K = 64), N = 8·odd,
-/// empty groups, and 60 random problems, both input distributions. Every problem here runs on
-/// either decode variant, so that `NVFP4_GEMM_SM90_KERNEL=sm90_grouped_gemm_decode_fused` runs
-/// this test on the fused one.
+/// Decode-sized problems (every group at most 16 tokens: the two-CTAs-per-SM decode kernel) and
+/// mixed ones (16-token tiles beside 128-token tiles in the general kernel): the three decode
+/// benchmark shapes scaled down in K, K tails (K % 128 = 64, K = 64), N = 8·odd, empty groups,
+/// and 60 random problems, both input distributions.
 #[test]
 fn decode_shapes() {
     let z = cases::z;
@@ -73,6 +72,8 @@ fn decode_shapes() {
         z(&[16; 4], &[4096; 4], &[1088; 4]),
         z(&[16, 0, 1, 9], &[8, 24, 136, 520], &[64, 192, 320, 1984]),
         z(&[0, 0], &[128, 256], &[64, 128]),
+        // Mixed: small groups beside large ones.
+        z(&[3, 200, 16, 17], &[264, 512, 1024, 128], &[448, 256, 640, 192]),
     ];
     shapes.extend(
         cases::random(&RandomShapes {
@@ -90,11 +91,4 @@ fn decode_shapes() {
         .map(|(s, _)| s),
     );
     run_all("decode_shapes", &with_dists(shapes), 4444);
-}
-
-/// Small groups beside large ones: 16-token tiles beside 128-token tiles in the general kernel.
-#[test]
-fn mixed_small_and_large_groups() {
-    let shapes = vec![cases::z(&[3, 200, 16, 17], &[264, 512, 1024, 128], &[448, 256, 640, 192])];
-    run_all("mixed_small_and_large_groups", &with_dists(shapes), 5555);
 }

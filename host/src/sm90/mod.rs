@@ -71,11 +71,10 @@ impl Sm90Layout {
 
     /// Plans `problem` with the GEMM variant `config` whatever the cost model prefers (for tests
     /// and measurements of one variant), or `None` where `config` cannot run it: the decode
-    /// variants need every group to fit a 16-token tile.
+    /// variant needs every group to fit a 16-token tile.
     pub fn with_config(problem: &Problem, sm_count: u32, config: GemmConfig) -> Option<Sm90Layout> {
         let decode_only = sm90::config_for(problem.groups().iter().map(|s| s.m as u32)) == GemmConfig::M16;
-        let needs_decode_sizes = config.block_m == sm90::SMALL_TILE_M;
-        if !GemmConfig::ALL.contains(&config) || (needs_decode_sizes && !decode_only) {
+        if !GemmConfig::ALL.contains(&config) || (config == GemmConfig::M16 && !decode_only) {
             return None;
         }
         let (work, _) = Self::work_list(problem, config, sm_count);
@@ -90,11 +89,6 @@ impl Sm90Layout {
         for s in problem.groups() {
             let (m, k) = (s.m as u32, s.k as u32);
             workspace_offsets.push(ws);
-            if config.fused_tokens {
-                // The GEMM decodes the tokens itself: no workspace, no dequantization CTAs.
-                dequant_ctas.push((ctas, 0));
-                continue;
-            }
             ws += (s.m * s.k * 2) as u64;
             let c = sm90::dequant_ctas(m, k);
             dequant_ctas.push((ctas, c));
@@ -210,13 +204,9 @@ impl Sm90Layout {
                 continue;
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            if !self.config.fused_tokens {
-                // (The fused variant reads A itself and no token map.)
-                maps[sm90::token_map_index(g as u32)] =
-                    encoder.encode(&sm90::token_map(self.config, m, k), p.workspace)?;
-                maps[sm90::tail_token_map_index(g as u32, groups)] =
-                    encoder.encode(&sm90::tail_token_map(self.config, m, k), p.workspace)?;
-            }
+            maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(self.config, m, k), p.workspace)?;
+            maps[sm90::tail_token_map_index(g as u32, groups)] =
+                encoder.encode(&sm90::tail_token_map(self.config, m, k), p.workspace)?;
             maps[sm90::weight_map_index(g as u32)] =
                 encoder.encode(&sm90::weight_map_for(self.config, n, k), buffers[g].b_values.ptr)?;
         }
@@ -404,37 +394,6 @@ mod tests {
                 Problem::new(m.iter().map(|&m| GroupShape::new(m, n, k)).collect::<Vec<_>>(), OutputType::F16).unwrap();
             assert_eq!(Sm90Layout::new(&p, 132).config, expected, "groups {m:?}, N {n}, K {k}");
         }
-    }
-
-    /// The fused decode variant is only taken when asked for; it has no token prepass, no
-    /// workspace and no token maps, and the same work list as the decode variant.
-    #[test]
-    fn fused_decode_variant_has_no_prepass() {
-        let p = same_nk(&[4, 0, 16, 1]);
-        assert_eq!(Sm90Layout::new(&p, 132).config, GemmConfig::M16);
-        let plain = Sm90Layout::with_config(&p, 132, GemmConfig::M16).unwrap();
-        let fused = Sm90Layout::with_config(&p, 132, GemmConfig::M16_FUSED).unwrap();
-        assert_eq!((fused.dequant_grid, fused.workspace_bytes), (0, 16));
-        assert!(plain.dequant_grid > 0 && plain.workspace_bytes > 16);
-        assert_eq!((fused.work.clone(), fused.gemm), (plain.work.clone(), plain.gemm));
-        let buffers: Vec<_> = p.groups().iter().map(|s| crate::problem::fake_buffers(s, 0, 1.0)).collect();
-        // Every encoded map is nonzero.
-        struct Marker;
-        impl TiledMapEncoder for Marker {
-            fn encode<const R: usize>(&self, _: &nvfp4_gemm_abi::tensor_map::TiledMap<R>, _: u64) -> Result<TensorMap> {
-                let mut m = TensorMap::ZERO;
-                bytemuck::bytes_of_mut(&mut m)[0] = 1;
-                Ok(m)
-            }
-        }
-        let (params, maps) = fused.encode_with(&Marker, &p, &buffers, 0).unwrap();
-        assert!(params.iter().all(|g| g.dequant_ctas == 0));
-        for g in [0, 2, 3] {
-            assert!(maps[sm90::token_map_index(g)] == TensorMap::ZERO);
-            assert!(maps[sm90::tail_token_map_index(g, 4)] == TensorMap::ZERO);
-            assert!(maps[sm90::weight_map_index(g)] != TensorMap::ZERO);
-        }
-        assert!(Sm90Layout::with_config(&same_nk(&[4, 17]), 132, GemmConfig::M16_FUSED).is_none());
     }
 
     #[test]

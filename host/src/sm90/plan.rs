@@ -17,9 +17,9 @@ use std::sync::Arc;
 const DEQUANT: &str = "sm90_dequant_tokens";
 
 /// Environment variable naming the sm_90a GEMM kernel a new plan uses instead of the cost model's
-/// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or, where every
-/// group has at most 16 tokens, `sm90_grouped_gemm_decode` or `sm90_grouped_gemm_decode_fused`):
-/// for measuring one variant against another on the same problem. Unset in normal use.
+/// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
+/// `sm90_grouped_gemm_decode` where every group has at most 16 tokens): for measuring one variant
+/// against another on the same problem. Unset in normal use.
 pub const KERNEL_OVERRIDE: &str = "NVFP4_GEMM_SM90_KERNEL";
 
 /// The layout of `problem` on `sm_count` SMs: the cost model's choice, or the GEMM kernel named
@@ -170,12 +170,7 @@ mod tests {
             err("sm90_grouped_gemm_decode")
         );
         assert!(err("sm100_gemm_n128_deep").contains("not an sm_90a GEMM kernel"));
-        assert!(err("sm90_grouped_gemm_decode_fused").contains("cannot run this problem"));
         let decode = Problem::new(vec![GroupShape::new(16, 512, 256)], OutputType::F16).unwrap();
         assert_eq!(layout_for(&decode, 132, Some("sm90_grouped_gemm_decode")).unwrap().config, GemmConfig::M16);
-        assert_eq!(
-            layout_for(&decode, 132, Some("sm90_grouped_gemm_decode_fused")).unwrap().config,
-            GemmConfig::M16_FUSED
-        );
     }
 }

@@ -109,24 +109,6 @@ pub unsafe fn st_u32(a: SmemAddr, v: u32) {
     super::model::smem::st_u32(a.0, v);
 }
 
-/// `st.shared.v4.u32 [a], {v0, v1, v2, v3};`
-///
-/// # Safety
-/// `a` must be a 16-byte aligned address inside this CTA's shared memory that no other thread
-/// accesses concurrently.
-#[inline(always)]
-#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-pub unsafe fn st_v4_u32(a: SmemAddr, v: [u32; 4]) {
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: the caller upholds this function's contract (see `# Safety`).
-    unsafe {
-        asm!("st.shared.v4.u32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a.0, x = in(reg32) v[0],
-             y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    super::model::smem::st_v4_u32(a.0, v);
-}
-
 /// `ld.shared.v2.u32 {d0, d1}, [a];`
 ///
 /// # Safety

@@ -18,14 +18,13 @@
 //! The epilogue scales by alpha, rounds once to f16/bf16 and stores the tile, masking rows ≥ M and
 //! columns ≥ N.
 
-use super::U32x4;
 use crate::pipeline::{Barriers, Consumer, Producer, Scope, Stage};
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::wgmma::MmaShape;
 use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
 use crate::work::WorkCursor;
-use nvfp4_gemm_abi::scale_layout::{blocked_word_offset, rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
+use nvfp4_gemm_abi::scale_layout::{rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
 use nvfp4_gemm_abi::sm90::*;
 
 // A consumer's stage code is unrolled over at most 4 chunks; the weight fragment offsets of a
@@ -98,17 +97,7 @@ impl Variant for Decode {
     const EAGER_LOADS: bool = false;
 }
 
-/// The decode variant with the token dequantization fused in (`GemmConfig::M16_FUSED`): the token
-/// warp decodes each stage's tokens from A instead of copying the prepass's f16 workspace.
-struct DecodeFused;
-impl Variant for DecodeFused {
-    const CFG: GemmConfig = GemmConfig::M16_FUSED;
-    type Narrow = wgmma::N16;
-    const EAGER_LOADS: bool = false;
-}
-
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
-const _: () = assert!(GemmConfig::M16_FUSED.block_m == SMALL_TILE_M && GemmConfig::M16_FUSED.narrow == SMALL_TILE_M);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
 const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m == 128);
 
@@ -180,20 +169,6 @@ pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
     unsafe { run::<Decode, { GemmConfig::M16.stages }>(&p) }
 }
 
-/// The decode variant reading the tokens as NVFP4 (no token prepass, no workspace): as
-/// [`sm90_grouped_gemm_decode`], except that the token warp decodes each stage's token rows from
-/// the groups' A values and scales into the stage (see [`produce_fused_tokens`]). Launch:
-/// `gemm_launch(GemmConfig::M16_FUSED, ..)` (two CTAs per SM), after nothing it depends on.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm_decode`]; the group table's `a_values` and `a_scales` are valid for the
-/// group's `m × k` values (what the host validates).
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm_decode_fused(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<DecodeFused, { GemmConfig::M16_FUSED.stages }>(&p) }
-}
-
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
 ///
 /// # Safety
@@ -228,13 +203,10 @@ unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
                 }
                 // One call per role, so that each inlined copy of `produce` has its role as a
                 // constant.
-                match (V::CFG.fused_token_lane(tid), V::CFG.producer_role(tid)) {
-                    (Some(lane), _) => produce_fused_tokens::<V, STAGES>(&st, &p, lane),
-                    (None, Some(ProducerRole::Weights)) => produce::<V, STAGES>(&st, &p, ProducerRole::Weights),
-                    (None, Some(ProducerRole::Tokens)) if !V::CFG.fused_tokens => {
-                        produce::<V, STAGES>(&st, &p, ProducerRole::Tokens)
-                    }
-                    _ => {}
+                match V::CFG.producer_role(tid) {
+                    Some(ProducerRole::Weights) => produce::<V, STAGES>(&st, &p, ProducerRole::Weights),
+                    Some(ProducerRole::Tokens) => produce::<V, STAGES>(&st, &p, ProducerRole::Tokens),
+                    None => {}
                 }
             }
             Some((cw, t)) => {
@@ -699,100 +671,4 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
             }
         }
     });
-}
-
-/// The token warp of a `fused_tokens` variant (`lane` of 32): per stage of every tile, each lane
-/// loads its items (row `i / chunks`, chunk `i % chunks` for `i = lane + 32u`) from the group's
-/// A — 32 bytes of e2m1 values and one word of e4m3 block scales per item, from global memory —
-/// then waits for the consumers' release of the stage, decodes them and stores the 128-byte f16
-/// row of each chunk into
-/// the stage where the TMA would have put the workspace's (`token_offset(c) + 128·row`, 16-byte
-/// unit `j` at `j ^ (row % 8)`: the 128-byte swizzle). The values are those
-/// `sm90_dequant_tokens` writes (the same conversions in the same order, bit for bit). Then it
-/// fences its stores to the async proxy (the consumers' wgmma reads them) and arrives on the
-/// stage's full barrier: the barrier completes with every lane's arrival and the weight
-/// producer's copies. Rows past the tile's tokens are not written (their stale values reach
-/// only columns of C that are not stored); chunks past K are written as zeros (they meet zero
-/// weights under finite scales, see [`produce`]).
-///
-/// # Safety
-/// All 32 lanes of the token warp; barriers initialized; `p` valid, with each group's A values and
-/// scales valid for its `m × k` values.
-#[inline(always)]
-unsafe fn produce_fused_tokens<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, lane: u32) {
-    const { assert!(!V::CFG.fused_tokens || V::CFG.fused_token_items_per_lane() == 2) };
-    let mut work = Work::new(p);
-    let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
-    // SAFETY: the list holds `work_len` items; each names a group of the table.
-    while let Some(t) = unsafe { work.next_item() } {
-        // SAFETY: as above.
-        let g = unsafe { work.group(t.group) };
-        let first_row = t.tile_m * g.block_m;
-        let rows = if g.m - first_row < g.block_m { g.m - first_row } else { g.block_m };
-        let (chunks_k, rk, row_bytes) = (g.k / CHUNK_K, rest_k(g.k), (g.k / 2) as usize);
-        for ks in 0..V::CFG.k_stages(g.k) {
-            // The lane's items: (row in the tile, chunk in the stage, whether it holds data, its
-            // packed values and scale word), loaded before the wait for the stage so that their
-            // latency overlaps it.
-            let mut items = [(0u32, 0u32, false, U32x4([0; 4]), U32x4([0; 4]), 0u32); 2];
-            unrolled!(u in [0, 1] {
-                let item = lane + 32 * u as u32;
-                let (r, c) = (item / V::CFG.chunks, item % V::CFG.chunks);
-                let chunk = ks * V::CFG.chunks + c;
-                items[u].0 = r;
-                items[u].1 = c;
-                if r < rows && chunk < chunks_k {
-                    let row = first_row + r;
-                    // SAFETY: row < m and chunk < k/64: inside A's values and scales (the host
-                    // validated them for m × k); 16-byte aligned (A's address is, and k/2 and
-                    // 32·chunk are multiples of 32).
-                    unsafe {
-                        let src = (g.a_values as *const u8).add(row as usize * row_bytes + 32 * chunk as usize)
-                            as *const U32x4;
-                        items[u] = (r, c, true, *src, *src.add(1), *((g.a_scales as *const u8)
-                            .add(blocked_word_offset(row, chunk, rk)) as *const u32));
-                    }
-                }
-            });
-            let stage = ring.acquire();
-            let buf = st.stage(stage.index);
-            unrolled!(u in [0, 1] {
-                let (r, c, data, lo, hi, scales) = items[u];
-                if r < rows {
-                    // Chunks past K are zeros.
-                    let slots = if data { token_slots(lo, hi, scales) } else { [[0; 4]; 8] };
-                    let dst = buf.add(V::CFG.token_offset(c) + 128 * r);
-                    unrolled!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        // SAFETY: inside the stage's token chunk `c` (row r < block_m), which the
-                        // consumers released; no other thread writes it.
-                        unsafe { smem::st_v4_u32(dst.add(16 * (j as u32 ^ (r % 8))), slots[j]) };
-                    });
-                }
-            });
-            fence::proxy_async_shared();
-            stage.full.arrive();
-            ring.commit(stage);
-        }
-    }
-}
-
-/// The 128-byte f16 row of one token chunk (64 values: words `lo` = 0..4, `hi` = 4..8 of 32
-/// packed bytes; byte `q` of `scales` is scale block `q`'s e4m3) as 8 slots of 16 bytes: slot `j`
-/// holds the f16x2 pairs `4j..4j + 4` of [`token_pair_slot`]'s order, pair `p` of word `w` at
-/// `token_pair_slot(w, p)`, each `value · scale` exact (`sm90_dequant_tokens`' arithmetic: the
-/// decoder's `value · 2⁻¹⁴`, times the scale, times 2¹⁴).
-#[inline(always)]
-fn token_slots(lo: U32x4, hi: U32x4, scales: u32) -> [[u32; 4]; 8] {
-    let words = [lo.0[0], lo.0[1], lo.0[2], lo.0[3], hi.0[0], hi.0[1], hi.0[2], hi.0[3]];
-    let mut out = [[0u32; 4]; 8];
-    unrolled!(w in [0, 1, 2, 3, 4, 5, 6, 7] {
-        let scale = convert::e4m3_byte_to_f16x2(scales, w as u32 / 2);
-        let pairs = convert::e2m1x8_to_f16x2_scaled(words[w]);
-        unrolled!(k in [0, 1, 2, 3] {
-            let at = token_pair_slot(w as u32, k as u32);
-            out[(at / 4) as usize][(at % 4) as usize] =
-                convert::mul_f16x2(convert::mul_f16x2(pairs[k], scale), convert::F16X2_2_14);
-        });
-    });
-    out
 }
