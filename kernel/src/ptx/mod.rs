@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod convert;
 pub mod cvt_f64;
 pub mod fence;
+pub mod gmem;
 pub mod mbarrier;
 pub mod smem;
 pub mod sreg;

@@ -22,7 +22,7 @@ use crate::pipeline::{Barriers, Consumer, Producer, Scope, Stage};
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::wgmma::MmaShape;
-use crate::ptx::{barrier, convert, fence, sreg, tma, warp, wgmma};
+use crate::ptx::{barrier, convert, fence, gmem, sreg, tma, warp, wgmma};
 use crate::work::WorkCursor;
 use nvfp4_gemm_abi::scale_layout::{rest_k, BLOCK_BYTES as SCALE_BLOCK_BYTES};
 use nvfp4_gemm_abi::sm90::*;
@@ -630,12 +630,14 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (g8 - odd);
     // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
     let m_base = tile.tile_m * g.block_m + 2 * q + odd;
-    let store = |m: u32, n: u32, bits: u32| {
-        if m < g.m && n < g.n {
-            // SAFETY: `m < M`, `n + 1 < N` (N is a multiple of 8, n even): inside C.
-            unsafe { *(c.add(m as usize * g.n as usize + n as usize) as *mut u32) = bits };
-        }
+    // Each store is one predicated `st.global` (no branch, PERF.md #59), where `m < M` and
+    // `n < N`: inside C (`n + 1 < N` too: N is a multiple of 8, n even). `at` is the element
+    // (m, n); the caller steps it from row to row by adding `n`-element strides.
+    let store = |at: *mut u16, m: u32, n_ok: bool, bits: u32| {
+        // SAFETY: `at` is written only where it lies inside C (above).
+        unsafe { gmem::st_u32_if(at as *mut u32, bits, n_ok && m < g.m) };
     };
+    let row = g.n as usize;
     // Lanes q and q ^ 2 hold token rows 4 apart: in `N192` each sends the other one of its two
     // words so that every store covers 4 token rows × 32 bytes (whole sectors) instead of 8 rows ×
     // 16 bytes (PERF.md #40b, #42: b0 −1.0..1.3%). The 128-row variants lost 0.7% on b1 with the
@@ -649,6 +651,12 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     // partner's half-1 word and its own.
     let m_a = if upper { m_base - 4 } else { m_base };
     let n_a = if upper { n_pair + 8 } else { n_pair };
+    // The thread's first element, its first row's in the plain order: one multiply per tile,
+    // then an addition of 8 rows per quad.
+    let (m0, n0) = if pair_rows { (m_a, n_a) } else { (m_base, n_pair) };
+    // Each column pair's bound, once: n0, and n0 + 8 (the plain order's second word).
+    let (n_ok, n8_ok) = (n0 < g.n, n0 + 8 < g.n);
+    let mut at = c.wrapping_add(m0 as usize * row + n0 as usize);
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         // Quads past N / 8 do not exist for narrower widths (a constant condition).
         if (quad as u32) < S::N / 8 {
@@ -656,19 +664,20 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
             let i = 4 * quad;
             let w0 = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
             let w1 = c_pair(acc[i + 2], acc[i + 3], odd, g.alpha, bf16);
+            let m = m0 + 8 * quad as u32;
             if pair_rows {
                 // Lower lanes (q < 2) keep their half-0 word and take their partner's (row + 4,
                 // the same weights); upper lanes keep their half-1 word and take their partner's
                 // (row − 4, weights + 8). Each store then writes 4 rows × 16 weights.
                 let got = warp::shfl_xor(if upper { w0 } else { w1 }, 2);
-                let m = m_a + 8 * quad as u32;
-                store(m, n_a, if upper { got } else { w0 });
-                store(m + 4, n_a, if upper { w1 } else { got });
+                store(at, m, n_ok, if upper { got } else { w0 });
+                store(at.wrapping_add(4 * row), m + 4, n_ok, if upper { w1 } else { got });
             } else {
-                let m = m_base + 8 * quad as u32;
-                store(m, n_pair, w0);
-                store(m, n_pair + 8, w1);
+                // Weights n and n + 8 of one row.
+                store(at, m, n_ok, w0);
+                store(at.wrapping_add(8), m, n8_ok, w1);
             }
+            at = at.wrapping_add(8 * row);
         }
     });
 }
