@@ -205,19 +205,13 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
     Ok(ptx)
 }
 
-/// Bytes of spill stores and loads a kernel may have (0 for every kernel not listed).
+/// Bytes of spill stores and loads a kernel may have: none, for every kernel.
 ///
-/// `sm90_grouped_gemm_n192`: its three consumer warpgroups get 160 registers (all the CTA's
-/// 512 × 128 leave beside the producer warpgroup's 32; with 152 ptxas serializes the wgmma
-/// pipeline), and ptxas spills two values (8 bytes stored, 8 loaded) in the weight producer
-/// thread, around its per-tile setup (local memory, L1-resident, once per tile in a thread that
-/// mostly waits). None in the consumers (checked with nvdisasm on the committed cubin: every
-/// `STL`/`LDL` lies after the token producer's `EXIT`, before the weight producer's stage loop,
-/// outside any K loop).
-/// More spilled bytes than allowed here fail the build like any spill, to be checked the same way.
-fn spill_allowance(arch: &str, kernel: &str) -> u32 {
-    match (arch, kernel) {
-        ("sm_90a", "sm90_grouped_gemm_n192") => 16,
-        _ => 0,
-    }
+/// Until PERF.md #59 `sm90_grouped_gemm_n192` had 16 (ptxas spilled two values, 8 bytes stored
+/// and 8 loaded, in the weight producer thread around its per-tile setup, outside any K loop);
+/// since its epilogue stores became predicated `st.global`s it spills nothing, so any spill fails
+/// the build again. A kernel that must spill gets an entry here, with the nvdisasm evidence of
+/// where its spills lie.
+fn spill_allowance(_arch: &str, _kernel: &str) -> u32 {
+    0
 }
