@@ -98,8 +98,10 @@ pub fn run(args: &[&str]) -> Result<()> {
                 "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
                 arch.name, r.name, r.registers, r.smem, r.stack_frame, r.spill_stores, r.spill_loads
             ));
+            // No kernel may spill (`sm90_grouped_gemm_n192` had a 16-byte allowance for two
+            // values in its weight producer until PERF.md #59 removed the spill).
             let spilled = r.spill_stores + r.spill_loads;
-            if spilled > spill_allowance(arch.name, &r.name) {
+            if spilled > 0 {
                 problems.push(format!("{} {}: {} bytes of register spills", arch.name, r.name, spilled));
             }
         }
@@ -203,15 +205,4 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
         return Err(Error::msg(format!("the kernel build produced no {}", ptx.display())));
     }
     Ok(ptx)
-}
-
-/// Bytes of spill stores and loads a kernel may have: none, for every kernel.
-///
-/// Until PERF.md #59 `sm90_grouped_gemm_n192` had 16 (ptxas spilled two values, 8 bytes stored
-/// and 8 loaded, in the weight producer thread around its per-tile setup, outside any K loop);
-/// since its epilogue stores became predicated `st.global`s it spills nothing, so any spill fails
-/// the build again. A kernel that must spill gets an entry here, with the nvdisasm evidence of
-/// where its spills lie.
-fn spill_allowance(_arch: &str, _kernel: &str) -> u32 {
-    0
 }
