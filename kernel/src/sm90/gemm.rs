@@ -631,8 +631,8 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
     let m_base = tile.tile_m * g.block_m + 2 * q + odd;
     // Each store is one predicated `st.global` (no branch, PERF.md #59), where `m < M` and
-    // `n < N`: inside C (`n + 1 < N` too: N is a multiple of 8, n even). `at` is the element
-    // (m, n); the caller steps it from row to row by adding `n`-element strides.
+    // `n < N`: inside C (`n + 1 < N` too: N is a multiple of 8, n even). `at` is element (m, n)
+    // of C (row-major, N elements per row).
     let store = |at: *mut u16, m: u32, n_ok: bool, bits: u32| {
         // SAFETY: `at` is written only where it lies inside C (above).
         unsafe { gmem::st_u32_if(at as *mut u32, bits, n_ok && m < g.m) };
@@ -646,14 +646,15 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     // the decode variant.
     let pair_rows = V::CFG.block_n != BLOCK_N;
     let upper = q >= 2;
-    // With `pair_rows`: the rows of a lane's two stores (`m_a`, `m_a + 4`, plus 8·quad) and their
-    // weights (`n_a`): a lower lane stores its own half-0 word and its partner's, an upper lane its
-    // partner's half-1 word and its own.
-    let m_a = if upper { m_base - 4 } else { m_base };
-    let n_a = if upper { n_pair + 8 } else { n_pair };
-    // The thread's first element, its first row's in the plain order: one multiply per tile,
-    // then an addition of 8 rows per quad.
-    let (m0, n0) = if pair_rows { (m_a, n_a) } else { (m_base, n_pair) };
+    // The thread's first stored element (m0, n0), its address computed once per tile and then
+    // advanced by 8 rows per quad. In the plain order the thread's own row and weight pair. With
+    // `pair_rows` its two stores per quad go to rows m0 and m0 + 4 at weights n0: a lower lane
+    // stores its own half-0 word and its partner's, an upper lane its partner's half-1 word and
+    // its own (so its rows start 4 lower and its weights 8 higher).
+    let (m0, n0) = match (pair_rows, upper) {
+        (true, true) => (m_base - 4, n_pair + 8),
+        _ => (m_base, n_pair),
+    };
     // Each column pair's bound, once: n0, and n0 + 8 (the plain order's second word).
     let (n_ok, n8_ok) = (n0 < g.n, n0 + 8 < g.n);
     let mut at = c.wrapping_add(m0 as usize * row + n0 as usize);
