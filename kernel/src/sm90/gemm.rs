@@ -430,7 +430,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     let (g8, q) = (lane / 4, lane % 4);
     // The thread's two weight rows within the tile, and where their scales are: the stage's scale
     // slot and the rows within that 128-row block (a warpgroup's 64 rows never straddle one).
-    let r0 = cw * WG_ROWS + 16 * warp + g8;
+    let r0 = cw * WG_ROWS + 16 * warp + lane_group_row(g8);
     let r1 = r0 + 8;
     let (slot, s0) = if V::CFG.block_n == BLOCK_N {
         (0, r0)
@@ -627,7 +627,8 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let (warp, g8, q) = (t / 32, (t % 32) / 4, t % 4);
     let c = g.c as *mut u16;
     let odd = g8 % 2;
-    let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (g8 - odd);
+    // The lane group's weight rows, as the K loop loaded them (`lane_group_row` keeps bit 0).
+    let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (lane_group_row(g8) - odd);
     // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
     let m_base = tile.tile_m * g.block_m + 2 * q + odd;
     // Each store is one predicated `st.global` (no branch, PERF.md #59), where `m < M` and
