@@ -691,6 +691,17 @@ impl World {
                     ),
                 ));
             }
+            if let Some((id, nb)) = self.ctas[cta].named.iter().enumerate().find(|(_, nb)| nb.arrivals() > 0) {
+                return Err(self.err(
+                    ErrorKind::ResourceLeak,
+                    format!(
+                        "CTA {cta} exited with named barrier {id} in an unfinished phase ({} of {} threads arrived): \
+                         a `bar.arrive` without the arrivals it was counted with",
+                        nb.arrivals(),
+                        nb.count
+                    ),
+                ));
+            }
             if let Some(op) = self.ops.iter().find(|o| o.touches_cta(cta)) {
                 return Err(self.err(
                     ErrorKind::ResourceLeak,
@@ -733,8 +744,14 @@ impl World {
                 );
             }
             for (id, nb) in cta.named.iter().enumerate() {
-                if !nb.arrived.is_empty() {
-                    let _ = writeln!(s, "  bar {id}: {} of {} threads arrived", nb.arrived.len(), nb.count);
+                if nb.arrivals() > 0 {
+                    let _ = writeln!(
+                        s,
+                        "  bar {id}: {} of {} threads arrived ({} waiting)",
+                        nb.arrivals(),
+                        nb.count,
+                        nb.arrived.len()
+                    );
                 }
             }
             for (col, n) in &cta.tmem_allocs {

@@ -42,8 +42,8 @@ pub mod sreg {
 /// (`griddepcontrol`, "Parallel Synchronization and Communication Instructions: griddepcontrol").
 pub mod barrier {
     pub use crate::sync::{
-        bar_sync as sync, bar_sync_all as sync_all, griddepcontrol_launch_dependents as grid_launch_dependents,
-        griddepcontrol_wait as grid_dependency_wait,
+        bar_arrive as arrive, bar_sync as sync, bar_sync_all as sync_all,
+        griddepcontrol_launch_dependents as grid_launch_dependents, griddepcontrol_wait as grid_dependency_wait,
     };
 }
 

@@ -9,7 +9,8 @@
 
 use crate::error::{ErrorKind, ModelError};
 use crate::exec::{
-    instr, pub_exchange, query, raise, tc_contribution, tc_ordered_after, Block, Flow, Status, TcOrder, World,
+    instr, pub_contribution, pub_exchange, pub_learn, query, raise, tc_contribution, tc_ordered_after, Block, Flow,
+    Published, Status, TcOrder, World,
 };
 use crate::smem::mapa;
 use std::panic::Location;
@@ -246,11 +247,20 @@ fn complete(w: &mut World, me: usize, mem: &[usize], key: &Coll, inputs: Vec<Vec
     })
 }
 
-/// Named CTA barrier state.
+/// Named CTA barrier state: the current phase's arrivals, those that wait (`bar.sync`) and those
+/// that went on (`bar.arrive`).
 #[derive(Default)]
 pub(crate) struct NamedBar {
     pub count: u32,
     pub arrived: Vec<usize>,
+    pub arrived_only: Vec<usize>,
+}
+
+impl NamedBar {
+    /// Arrivals so far in the current phase.
+    pub fn arrivals(&self) -> usize {
+        self.arrived.len() + self.arrived_only.len()
+    }
 }
 
 /// The cluster barrier of one cluster.
@@ -288,49 +298,90 @@ pub fn bar_sync(id: u32, threads: u32) {
         if attempted {
             return Ok(Flow::Done(()));
         }
-        if id >= 16 || threads == 0 || threads % 32 != 0 || threads > w.cfg.block {
-            return Err(w.err_at(
-                me,
-                ErrorKind::InvalidOperand,
-                format!(
-                    "bar.sync {id}, {threads}: need id < 16 and a positive multiple of 32 up to the CTA size {}",
-                    w.cfg.block
-                ),
-            ));
-        }
-        let cta = w.threads[me].cta;
-        let nb = &mut w.ctas[cta].named[id as usize];
-        if nb.arrived.is_empty() {
-            nb.count = threads;
-        } else if nb.count != threads {
-            let c = nb.count;
-            return Err(w.err_at(
-                me,
-                ErrorKind::Divergence,
-                format!("bar.sync {id} with {threads} threads while others arrived with {c}"),
-            ));
-        }
-        nb.arrived.push(me);
-        if nb.arrived.len() as u32 == threads {
-            let all = std::mem::take(&mut nb.arrived);
-            // Every participant is ordered after the others' tcgen05 operations.
-            let via = format!("bar.sync {id}");
-            let order = all.iter().fold(None, |o, &t| TcOrder::merge(o, tc_contribution(w, t, &via)));
-            for &t in &all {
-                tc_ordered_after(w, t, order.clone());
-            }
-            // ... and after their published shared-memory stores.
-            pub_exchange(w, &all);
-            for t in all {
-                if t != me {
-                    w.wake(t);
-                }
-            }
+        if named_arrive(w, me, "bar.sync", id, threads, true)? {
             return Ok(Flow::Done(()));
         }
         attempted = true;
         Ok(Flow::Block(Block::NamedBarrier { id, count: threads }))
     })
+}
+
+/// `bar.arrive id, threads;` (PTX ISA 9.0 §9.7.13.1): counts this thread at barrier `id` and goes
+/// on; the phase completes when `threads` threads have arrived, releasing those that wait in
+/// `bar.sync`. The waiters are ordered after the arrivals' earlier published stores and tcgen05
+/// operations; the arriving thread learns nothing. A thread that arrives twice in one phase is an
+/// error: the hardware would count it twice, so the phase could complete without the threads it
+/// was meant to wait for.
+#[track_caller]
+pub fn bar_arrive(id: u32, threads: u32) {
+    instr("bar.arrive", Location::caller(), true, move |w, me| {
+        named_arrive(w, me, "bar.arrive", id, threads, false)?;
+        Ok(Flow::Done(()))
+    })
+}
+
+/// Counts `me` at named barrier `id` (waiting when `waits`); completes the phase when it is the
+/// last arrival (the return value), waking the waiters.
+fn named_arrive(w: &mut World, me: usize, what: &str, id: u32, threads: u32, waits: bool) -> Result<bool, ModelError> {
+    if id >= 16 || threads == 0 || threads % 32 != 0 || threads > w.cfg.block {
+        return Err(w.err_at(
+            me,
+            ErrorKind::InvalidOperand,
+            format!(
+                "{what} {id}, {threads}: need id < 16 and a positive multiple of 32 up to the CTA size {}",
+                w.cfg.block
+            ),
+        ));
+    }
+    let cta = w.threads[me].cta;
+    let nb = &mut w.ctas[cta].named[id as usize];
+    if nb.arrivals() == 0 {
+        nb.count = threads;
+    } else if nb.count != threads {
+        let c = nb.count;
+        return Err(w.err_at(
+            me,
+            ErrorKind::Divergence,
+            format!("{what} {id} with {threads} threads while others arrived with {c}"),
+        ));
+    }
+    if nb.arrived_only.contains(&me) {
+        return Err(w.err_at(
+            me,
+            ErrorKind::Divergence,
+            format!("{what} {id}: this thread already arrived (bar.arrive) in the barrier's current phase"),
+        ));
+    }
+    if waits {
+        nb.arrived.push(me);
+    } else {
+        nb.arrived_only.push(me);
+    }
+    if nb.arrivals() as u32 != threads {
+        return Ok(false);
+    }
+    let waiters = std::mem::take(&mut nb.arrived);
+    let all: Vec<usize> = waiters.iter().copied().chain(std::mem::take(&mut nb.arrived_only)).collect();
+    // Every waiter is ordered after the others' tcgen05 operations ...
+    let via = format!("bar.sync {id}");
+    let order = all.iter().fold(None, |o, &t| TcOrder::merge(o, tc_contribution(w, t, &via)));
+    for &t in &waiters {
+        tc_ordered_after(w, t, order.clone());
+    }
+    // ... and after their published shared-memory stores.
+    let mut published = Published::default();
+    for &t in &all {
+        published.merge(&pub_contribution(w, t));
+    }
+    for &t in &waiters {
+        pub_learn(w, t, &published);
+    }
+    for t in waiters {
+        if t != me {
+            w.wake(t);
+        }
+    }
+    Ok(true)
 }
 
 /// `setmaxnreg.inc.sync.aligned.u32 n;` (PTX ISA 9.0 §9.7.19.9 "setmaxnreg"): raises this

@@ -63,6 +63,66 @@ fn a_large_grid_runs_in_waves() {
     assert!(stats.instructions > 0);
 }
 
+/// `bar.arrive` does not wait; `bar.sync` on the same barrier waits for the arrivals, and sees
+/// the shared-memory stores made before them. Warp 0 produces rounds, warp 1 consumes them, with
+/// two barriers in opposite directions (the handshake the sm90 kernels' skewed warpgroups use).
+#[test]
+fn bar_arrive_releases_bar_sync_in_rounds() {
+    let got: Vec<AtomicU32> = (0..8).map(|_| AtomicU32::new(0)).collect();
+    for s in seeds() {
+        launch(&cfg(1, 64, 1024).with_schedule(s), || {
+            let base = smem::dynamic_base();
+            let warp = sreg::tid_x() / 32;
+            for round in 0..8u32 {
+                if warp == 0 {
+                    if round > 0 {
+                        barrier::sync(2, 64); // warp 1 has read the previous round
+                    }
+                    smem::st_u32(base + 4 * sreg::lane_id(), round * 100 + sreg::lane_id());
+                    barrier::arrive(1, 64);
+                } else {
+                    barrier::sync(1, 64);
+                    let v = smem::ld_u32(base + 4 * sreg::lane_id());
+                    if sreg::lane_id() == 3 {
+                        got[round as usize].store(v, Relaxed);
+                    }
+                    barrier::arrive(2, 64);
+                }
+            }
+            if warp == 0 {
+                barrier::sync(2, 64);
+            }
+        })
+        .unwrap();
+        assert!(got.iter().enumerate().all(|(r, v)| v.load(Relaxed) == r as u32 * 100 + 3), "{got:?}");
+    }
+}
+
+/// A thread that arrives twice in one phase of a barrier is reported (the hardware would count
+/// it twice and release the waiters early), and so is a CTA that exits with arrivals pending.
+#[test]
+fn bar_arrive_twice_and_unfinished_phases_are_reported() {
+    let e = launch(&cfg(1, 64, 1024), || {
+        if sreg::tid_x() < 32 {
+            barrier::arrive(1, 64);
+            barrier::arrive(1, 64);
+        } else {
+            barrier::sync(1, 64);
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Divergence, "{e}");
+    assert!(e.message.contains("already arrived"), "{e}");
+    let e = launch(&cfg(1, 64, 1024), || {
+        if sreg::tid_x() < 32 {
+            barrier::arrive(1, 64);
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::ResourceLeak, "{e}");
+    assert!(e.message.contains("named barrier 1"), "{e}");
+}
+
 #[test]
 fn warp_collectives() {
     let elected = AtomicU32::new(0);
