@@ -245,6 +245,111 @@ pub fn empty_groups_and_bad_buffers(test: &str, arch: Arch) {
     assert!(cmp.passed(), "{cmp}");
 }
 
+/// [`nvfp4_gemm::GemmPlan::run_stacked`]: every group's operands and C in one buffer each (C
+/// between poisoned guards). The output equals, bit for bit, what [`nvfp4_gemm::GemmPlan::run`]
+/// writes with each group's buffers separate, matches the reference, and nothing outside C's
+/// parts is written; a second call (the plan's cached path) and a call with other alphas agree
+/// with `run` too; a buffer one byte short and a wrong alpha count are typed errors that write
+/// nothing.
+pub fn stacked_buffers(test: &str, arch: Arch) {
+    use crate::GUARD;
+    use cudarc::driver::CudaSlice;
+    use nvfp4_gemm::{DeviceGroup, Error, GemmPlan, GroupArgs, Nvfp4Operand, Output, OutputType, Problem, StackedArgs};
+    let Some(gpu) = gpu_or_skip(test, arch) else { return };
+    let stream = gpu.context().default_stream();
+    let cases = [
+        z(&[0, 24, 4, 130, 1], &[256, 136, 512, 264, 8], &[512, 192, 256, 448, 64]),
+        z(&[1, 2, 3, 4, 5, 6, 7, 8], &[1024; 8], &[512; 8]),
+        z(&[80, 176, 0, 40], &[512; 4], &[1024; 4]),
+    ];
+    for (i, shapes) in cases.iter().enumerate() {
+        let groups = make_groups(shapes, InputDistribution::Competition, 70 + i as u64);
+        let problem = Problem::new(shapes.clone(), OutputType::F16).unwrap();
+        let total = problem.stacked_offsets()[shapes.len()];
+        let cat = |part: fn(&nvfp4_format::Group) -> &[u8]| -> CudaSlice<u8> {
+            let bytes: Vec<u8> = groups.iter().flat_map(part).copied().collect();
+            stream.clone_htod(&bytes).unwrap()
+        };
+        let (a_values, a_scales) = (cat(|g| g.a.values()), cat(|g| g.a.scales()));
+        let (b_values, b_scales) = (cat(|g| g.b.values()), cat(|g| g.b.scales()));
+        assert_eq!(
+            [a_values.len(), a_scales.len(), b_values.len(), b_scales.len()],
+            [total.a_values, total.a_scales, total.b_values, total.b_scales]
+        );
+        let poison = f16::from_bits(crate::POISON);
+        let mut c = stream.clone_htod(&vec![poison; total.c_elements + 2 * GUARD]).unwrap();
+        let mut alphas: Vec<f32> = groups.iter().map(|g| g.effective_alpha_f32()).collect();
+        let mut plan = GemmPlan::new(&gpu, problem.clone()).unwrap();
+        let stacked = |plan: &mut GemmPlan, c: &mut CudaSlice<f16>, alphas: &[f32], short: bool| {
+            stream.memcpy_htod(&vec![poison; c.len()], c).unwrap();
+            let values = a_values.slice(..a_values.len() - usize::from(short));
+            let mut view = c.slice_mut(GUARD..GUARD + total.c_elements);
+            let mut args = StackedArgs {
+                a: Nvfp4Operand { values: &values, scales: &a_scales },
+                b: Nvfp4Operand { values: &b_values, scales: &b_scales },
+                c: Output::F16(&mut view),
+                alphas,
+            };
+            let r = plan.run_stacked(&stream, &mut args);
+            (r, stream.clone_dtoh(c).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<u16>>())
+        };
+        // What `run` writes with separate buffers, laid out as the stacked C.
+        let separate = |alphas: &[f32]| -> Vec<u16> {
+            let dev: Vec<DeviceGroup> = groups.iter().map(|g| DeviceGroup::upload(&stream, g).unwrap()).collect();
+            let mut cs: Vec<CudaSlice<f16>> = shapes
+                .iter()
+                .map(|s| stream.clone_htod(&vec![poison; if s.m == 0 { 16 } else { s.m * s.n }]).unwrap())
+                .collect();
+            let mut args: Vec<GroupArgs> = dev
+                .iter()
+                .zip(cs.iter_mut())
+                .zip(alphas)
+                .map(|((d, c), &alpha)| GroupArgs { alpha, ..d.args(Output::F16(c)) })
+                .collect();
+            GemmPlan::new(&gpu, problem.clone()).unwrap().run(&stream, &mut args).unwrap();
+            drop(args);
+            let mut out = vec![crate::POISON; GUARD];
+            for (c, s) in cs.iter().zip(shapes) {
+                out.extend(stream.clone_dtoh(c).unwrap()[..s.m * s.n].iter().map(|x| x.to_bits()));
+            }
+            out.extend(vec![crate::POISON; GUARD]);
+            out
+        };
+        let want = separate(&alphas);
+        for call in 0..2 {
+            let (r, got) = stacked(&mut plan, &mut c, &alphas, false);
+            r.unwrap();
+            assert!(got == want, "case {i} call {call}: run_stacked differs from run (or wrote a guard)");
+        }
+        let got: Vec<Vec<f16>> = problem
+            .stacked_offsets()
+            .windows(2)
+            .map(|w| {
+                want[GUARD + w[0].c_elements..GUARD + w[1].c_elements].iter().map(|&b| f16::from_bits(b)).collect()
+            })
+            .collect();
+        let cmp = nvfp4_format::compare(
+            &got,
+            &nvfp4_format::reference_grouped_gemm(&groups).unwrap(),
+            Tolerance::COMPETITION,
+        )
+        .unwrap();
+        println!("CASE {test}[{i}] {cmp}");
+        assert!(cmp.passed(), "case {i}: {cmp}");
+        alphas.iter_mut().enumerate().for_each(|(g, a)| *a *= if g % 2 == 0 { 0.5 } else { -2.0 });
+        let (r, got) = stacked(&mut plan, &mut c, &alphas, false);
+        r.unwrap();
+        assert!(got == separate(&alphas), "case {i}: other alphas: run_stacked differs from run");
+        let untouched = |got: &[u16]| got.iter().all(|&b| b == crate::POISON);
+        let (r, got) = stacked(&mut plan, &mut c, &alphas, true);
+        assert!(matches!(r, Err(Error::InvalidArgument { field: "a.values", .. })), "{r:?}");
+        assert!(untouched(&got), "case {i}: C written despite a short buffer");
+        let (r, got) = stacked(&mut plan, &mut c, &alphas[1..], false);
+        assert!(matches!(r, Err(Error::InvalidArgument { field: "alphas", .. })), "{r:?}");
+        assert!(untouched(&got), "case {i}: C written despite a wrong alpha count");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

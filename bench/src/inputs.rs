@@ -6,7 +6,8 @@ use crate::measure::{drv, Result};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use nvfp4_format::{Group, GroupShape, SplitMix64};
-use nvfp4_gemm::{GemmPlan, GroupArgs, Nvfp4Operand, Output};
+use nvfp4_gemm::problem::BufferSizes;
+use nvfp4_gemm::{GemmPlan, GroupArgs, Nvfp4Operand, Output, Problem, StackedArgs};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -146,6 +147,66 @@ pub(crate) fn run_set(plan: &mut GemmPlan, stream: &Arc<CudaStream>, set: &mut D
         })
         .collect();
     plan.run(stream, &mut args).map_err(|e| format!("plan.run: {e}"))
+}
+
+/// An input set's operands and C as stacked buffers ([`nvfp4_gemm::StackedArgs`]: one
+/// allocation per operand, the groups' parts back to back).
+pub(crate) struct StackedSet {
+    a_values: CudaSlice<u8>,
+    a_scales: CudaSlice<u8>,
+    b_values: CudaSlice<u8>,
+    b_scales: CudaSlice<u8>,
+    pub(crate) c: CudaSlice<f16>,
+    alphas: Vec<f32>,
+    /// The parts' total sizes (the allocations hold at least 16 bytes each).
+    pub(crate) total: BufferSizes,
+}
+
+/// `set`'s operands copied on the device into stacked buffers laid out by
+/// [`nvfp4_gemm::Problem::stacked_offsets`] (C zeroed).
+pub(crate) fn stacked_set(stream: &Arc<CudaStream>, set: &DeviceSet, problem: &Problem) -> Result<StackedSet> {
+    let at = problem.stacked_offsets();
+    let total = at[problem.groups().len()];
+    let alloc = |len: usize| stream.alloc_zeros::<u8>(len.max(16)).map_err(drv("allocating stacked buffers"));
+    let mut out = StackedSet {
+        a_values: alloc(total.a_values)?,
+        a_scales: alloc(total.a_scales)?,
+        b_values: alloc(total.b_values)?,
+        b_scales: alloc(total.b_scales)?,
+        c: stream.alloc_zeros::<f16>(total.c_elements.max(16)).map_err(drv("allocating stacked C"))?,
+        alphas: set.alphas.clone(),
+        total,
+    };
+    for (g, d) in set.groups.iter().enumerate() {
+        let parts = [
+            (&d.a_values, &mut out.a_values, at[g].a_values, at[g + 1].a_values),
+            (&d.a_scales, &mut out.a_scales, at[g].a_scales, at[g + 1].a_scales),
+            (&d.b_values, &mut out.b_values, at[g].b_values, at[g + 1].b_values),
+            (&d.b_scales, &mut out.b_scales, at[g].b_scales, at[g + 1].b_scales),
+        ];
+        for (src, dst, from, to) in parts {
+            if to > from {
+                let mut view = dst.slice_mut(from..to);
+                stream.memcpy_dtod(&src.slice(..to - from), &mut view).map_err(drv("copying into stacked buffers"))?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One library call on `set` through [`GemmPlan::run_stacked`] (fp16 output).
+pub(crate) fn run_stacked_set(plan: &mut GemmPlan, stream: &Arc<CudaStream>, set: &mut StackedSet) -> Result<()> {
+    let total = set.total;
+    let (av, a_s) = (set.a_values.slice(..total.a_values), set.a_scales.slice(..total.a_scales));
+    let (bv, bs) = (set.b_values.slice(..total.b_values), set.b_scales.slice(..total.b_scales));
+    let mut c = set.c.slice_mut(..total.c_elements);
+    let mut args = StackedArgs {
+        a: Nvfp4Operand { values: &av, scales: &a_s },
+        b: Nvfp4Operand { values: &bv, scales: &bs },
+        c: Output::F16(&mut c),
+        alphas: &set.alphas,
+    };
+    plan.run_stacked(stream, &mut args).map_err(|e| format!("plan.run_stacked: {e}"))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! error is returned, never unwrapped.
 
 use crate::cublas::{baseline, gemm_bf16, load_cublas};
-use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set};
+use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set, run_stacked_set, stacked_set};
 use crate::options::{Flush, Options};
 use crate::report::{Environment, ShapeResult};
 use crate::stats::Stats;
@@ -318,6 +318,23 @@ impl Bench {
         let rotating = host_overhead(&stream, o.host_batches, o.host_calls, &mut |i| {
             run_set(&mut plan, &stream, &mut sets[i % n_sets])
         })?;
+
+        step("host overhead, stacked buffers");
+        // Set 0 copied into one buffer per operand; its C must equal set 0's, bit for bit.
+        let mut stacked = stacked_set(&stream, &sets[0], plan.problem())?;
+        run_stacked_set(&mut plan, &stream, &mut stacked)?;
+        let got = stream.clone_dtoh(&stacked.c).map_err(drv("downloading stacked C"))?;
+        let mut want = Vec::with_capacity(stacked.total.c_elements);
+        for (c, s) in sets[0].c.iter().zip(plan.problem().groups()) {
+            want.extend(stream.clone_dtoh(c).map_err(drv("downloading C"))?[..s.m * s.n].iter().map(|x| x.to_bits()));
+        }
+        if got[..want.len()].iter().map(|x| x.to_bits()).ne(want.iter().copied()) {
+            return Err("run_stacked wrote other values than run on the same inputs".into());
+        }
+        let stacked_us = host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| {
+            run_stacked_set(&mut plan, &stream, &mut stacked)
+        })?;
+        drop(stacked);
         drop(sets);
 
         step("cuBLAS baseline");
@@ -344,6 +361,7 @@ impl Bench {
             kernel_us,
             host_cached_us: stats(&cached, "host overhead")?,
             host_rotating_us: stats(&rotating, "host overhead")?,
+            host_stacked_us: stats(&stacked_us, "host overhead")?,
             cublas_us,
             cublas_note,
             floor_bytes_us,

@@ -89,10 +89,12 @@ MOE ROWS (off unless asked for; run after the shapes above)
 
 OUTPUT
   stdout: one table row per shape (µs are medians):
-    shape check comp_us kernel_us TB/s TFLOP/s cublas_us x_cublas floor_us %floor host_us
+    shape check comp_us kernel_us TB/s TFLOP/s cublas_us x_cublas floor_us %floor host_us stk_us
   TB/s = NVFP4 bytes / kernel-only time; TFLOP/s = 2*m*n*k summed / kernel-only time;
   x_cublas = cuBLAS time / kernel-only time (above 1: faster than cuBLAS); %floor = floor /
-  kernel-only time; host_us = cached host overhead per call.
+  kernel-only time; host_us = cached host overhead per call (GemmPlan::run, one buffer per
+  operand and group); stk_us = the same through GemmPlan::run_stacked (one buffer per operand for
+  all groups: input set 0 copied, its C checked bit for bit against run's).
   stderr: progress. Exit status: 0 all checks passed, 1 a check failed, 2 error.
 
 cuBLAS

@@ -54,6 +54,9 @@ pub struct ShapeResult {
     pub host_cached_us: Stats,
     /// Host overhead per call, rotating input sets.
     pub host_rotating_us: Stats,
+    /// Host overhead per call, same buffers, stacked (`GemmPlan::run_stacked`: one buffer per
+    /// operand for all groups).
+    pub host_stacked_us: Stats,
     /// cuBLAS bf16 baseline, kernel-only.
     pub cublas_us: Option<Stats>,
     /// The baseline's own comparison with the (bf16-rounded) reference, or why it did not run.
@@ -162,8 +165,9 @@ pub fn table(report: &Report) -> String {
         "floor_us",
         "%floor",
         "host_us",
+        "stk_us",
     ];
-    let rows: Vec<[String; 11]> = report
+    let rows: Vec<[String; 12]> = report
         .shapes
         .iter()
         .map(|s| {
@@ -183,6 +187,7 @@ pub fn table(report: &Report) -> String {
                 format!("{:.2}", s.floor_us()),
                 format!("{:.0}%", s.pct_floor()),
                 format!("{:.2}", s.host_cached_us.median),
+                format!("{:.2}", s.host_stacked_us.median),
             ]
         })
         .collect();
@@ -192,11 +197,12 @@ pub fn table(report: &Report) -> String {
     for s in &report.shapes {
         let _ = writeln!(
             out,
-            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating | floors: bytes {:.2} us, flops {} us",
+            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating, {:.2} us stacked | floors: bytes {:.2} us, flops {} us",
             s.name,
             s.spec,
             s.host_cached_us.median,
             s.host_rotating_us.median,
+            s.host_stacked_us.median,
             s.floor_bytes_us,
             opt(s.floor_flops_us, 2)
         );
@@ -347,6 +353,7 @@ mod tests {
             kernel_us: stats(kernel),
             host_cached_us: stats(4.0),
             host_rotating_us: stats(9.0),
+            host_stacked_us: stats(2.0),
             cublas_us: cublas.map(stats),
             cublas_note: "PASS".into(),
             floor_bytes_us: 1.0,

@@ -62,6 +62,6 @@ pub use device::{driver_present, Arch, Gpu};
 pub use error::{Error, Result};
 pub use moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 pub use nvfp4_format as format;
-pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanSummary};
+pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanSummary, StackedArgs};
 pub use problem::{GroupShape, OutputType, Problem};
 pub use upload::{DeviceGroup, DeviceNvfp4};

@@ -3,8 +3,10 @@
 
 use crate::device::{Arch, Gpu};
 use crate::driver::launch::LaunchGeometry;
-use crate::error::Result;
-use crate::problem::{BufferCache, CallBuffers, GroupBuffers, OutputType, Problem, TablesState};
+use crate::error::{Error, Result};
+use crate::problem::{
+    BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType, Problem, TablesState,
+};
 use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
@@ -39,6 +41,23 @@ pub struct GroupArgs<'a> {
     pub c: Output<'a>,
     /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none.
     pub alpha: f32,
+}
+
+/// Every group's buffers in one allocation per operand (*stacked*), for
+/// [`GemmPlan::run_stacked`]: the groups' parts back to back in group order, group `g`'s at
+/// [`Problem::stacked_offsets`]`()[g]`, each buffer exactly as long as all parts together. This
+/// is how a mixture-of-experts layer usually holds its operands: the experts' weights as one
+/// `[G, N, K/2]` tensor with one tensor of their scales, the tokens sorted by expert, C as one
+/// `[T, N]` tensor.
+pub struct StackedArgs<'a> {
+    /// Every group's A: values `Σ m·k/2` bytes, scales `Σ ceil(m/128)·128·k/16` bytes.
+    pub a: Nvfp4Operand<'a>,
+    /// Every group's B: values `Σ n·k/2` bytes, scales `Σ ceil(n/128)·128·k/16` bytes.
+    pub b: Nvfp4Operand<'a>,
+    /// Every group's C: `Σ m·n` elements.
+    pub c: Output<'a>,
+    /// One alpha per group.
+    pub alphas: &'a [f32],
 }
 
 /// One kernel launch of a call: the exported kernel and its geometry.
@@ -180,6 +199,8 @@ pub struct GemmPlan {
     summary: PlanSummary,
     /// The last valid call's buffers, to skip validating and re-encoding unchanged ones.
     cache: BufferCache,
+    /// [`Problem::stacked_offsets`], for [`GemmPlan::run_stacked`].
+    stacked: Vec<BufferSizes>,
 }
 
 impl GemmPlan {
@@ -194,7 +215,8 @@ impl GemmPlan {
         };
         let summary = plan.summary();
         let cache = BufferCache::new(problem.groups().len());
-        Ok(GemmPlan { problem, plan, summary, cache })
+        let stacked = problem.stacked_offsets();
+        Ok(GemmPlan { problem, plan, summary, cache, stacked })
     }
 
     /// The problem this plan was built for.
@@ -229,6 +251,99 @@ impl GemmPlan {
             };
             buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha: args.alpha });
         }
+        self.launch_checked(stream_arc)
+    }
+
+    /// Runs the grouped GEMM on `stream` with every group's buffers stacked ([`StackedArgs`]):
+    /// the same computation and checks as [`GemmPlan::run`] on each group's part, with five buffer
+    /// accesses per call instead of five per group (PERF.md: the host time of a call of 64 groups
+    /// is mostly those accesses). A buffer whose length is not the sum of its parts, or an alpha
+    /// count other than the groups', is an error (`Error::InvalidArgument`); on any error
+    /// nothing is launched.
+    ///
+    /// ```no_run
+    /// use nvfp4_gemm::format::{random_groups, Group, GroupShape, InputDistribution};
+    /// use nvfp4_gemm::{GemmPlan, Gpu, Nvfp4Operand, Output, OutputType, Problem, StackedArgs};
+    ///
+    /// let gpu = Gpu::new(0)?;
+    /// let stream = gpu.context().default_stream();
+    /// let shapes = vec![GroupShape::new(4, 512, 256); 8]; // 8 experts, 4 tokens each
+    /// let problem = Problem::new(shapes.clone(), OutputType::Bf16)?;
+    /// let mut plan = GemmPlan::new(&gpu, problem.clone())?;
+    /// // Host NVFP4 matrices, stacked in group order and uploaded as one buffer per operand.
+    /// let groups = random_groups(&shapes, InputDistribution::Competition, 1)?;
+    /// let cat = |part: fn(&Group) -> &[u8]| -> Vec<u8> { groups.iter().flat_map(|g| part(g)).copied().collect() };
+    /// let a_values = stream.clone_htod(&cat(|g| g.a.values()))?;
+    /// let a_scales = stream.clone_htod(&cat(|g| g.a.scales()))?; // blocked, per group
+    /// let b_values = stream.clone_htod(&cat(|g| g.b.values()))?;
+    /// let b_scales = stream.clone_htod(&cat(|g| g.b.scales()))?;
+    /// let total = problem.stacked_offsets()[shapes.len()];
+    /// assert_eq!(total.b_values, b_values.len());
+    /// let mut c = stream.alloc_zeros::<half::bf16>(total.c_elements)?;
+    /// let alphas: Vec<f32> = groups.iter().map(|g| g.effective_alpha_f32()).collect();
+    /// let mut args = StackedArgs {
+    ///     a: Nvfp4Operand { values: &a_values, scales: &a_scales },
+    ///     b: Nvfp4Operand { values: &b_values, scales: &b_scales },
+    ///     c: Output::Bf16(&mut c),
+    ///     alphas: &alphas,
+    /// };
+    /// plan.run_stacked(&stream, &mut args)?; // group g's C at problem.stacked_offsets()[g].c_elements
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_stacked<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut StackedArgs<'_>) -> Result<()> {
+        let stream: &CudaStream = stream_arc;
+        let mut call = CallBuffers::new(stream);
+        let a_values = call.read(args.a.values);
+        let a_scales = call.read(args.a.scales);
+        let b_values = call.read(args.b.values);
+        let b_scales = call.read(args.b.scales);
+        let (c, c_type) = match &mut args.c {
+            Output::F16(c) => (call.write(&mut **c), OutputType::F16),
+            Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
+        };
+        let groups = self.problem.groups().len();
+        let total = self.stacked[groups];
+        let lengths = [
+            ("a.values", a_values.len, total.a_values, "bytes"),
+            ("a.scales", a_scales.len, total.a_scales, "bytes"),
+            ("b.values", b_values.len, total.b_values, "bytes"),
+            ("b.scales", b_scales.len, total.b_scales, "bytes"),
+            ("c", c.len, total.c_elements, "elements"),
+        ];
+        for (field, len, want, unit) in lengths {
+            if len != want {
+                let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
+                return Err(Error::InvalidArgument { call: "run_stacked", field, reason });
+            }
+        }
+        if args.alphas.len() != groups {
+            let reason = format!("{} alphas for {groups} groups", args.alphas.len());
+            return Err(Error::InvalidArgument { call: "run_stacked", field: "alphas", reason });
+        }
+        let buffers = self.cache.start();
+        for (at, (next, &alpha)) in self.stacked.iter().zip(self.stacked[1..].iter().zip(args.alphas)) {
+            // Group g's part: from its offset to the next group's (C in 2-byte elements).
+            let part = |base: BufferView, from: usize, to: usize, bytes: u64| BufferView {
+                ptr: base.ptr + from as u64 * bytes,
+                len: to - from,
+            };
+            buffers.push(GroupBuffers {
+                a_values: part(a_values, at.a_values, next.a_values, 1),
+                a_scales: part(a_scales, at.a_scales, next.a_scales, 1),
+                b_values: part(b_values, at.b_values, next.b_values, 1),
+                b_scales: part(b_scales, at.b_scales, next.b_scales, 1),
+                c: part(c, at.c_elements, next.c_elements, 2),
+                c_type,
+                alpha,
+            });
+        }
+        self.launch_checked(stream_arc)
+    }
+
+    /// The common end of a call whose buffers are in `self.cache`'s current list: validation (or
+    /// the cache's shortcut), the table upload when they changed, the launches.
+    fn launch_checked(&mut self, stream_arc: &Arc<CudaStream>) -> Result<()> {
+        let stream: &CudaStream = stream_arc;
         let tables = self.cache.check(&self.problem)?;
         if !self.plan.has_work() {
             return Ok(());

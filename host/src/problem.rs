@@ -114,6 +114,41 @@ impl BufferSizes {
     }
 }
 
+impl BufferSizes {
+    /// All fields zero: where the first group's parts of stacked buffers start.
+    pub const ZERO: BufferSizes = BufferSizes { a_values: 0, a_scales: 0, b_values: 0, b_scales: 0, c_elements: 0 };
+
+    /// Field by field sum.
+    fn plus(self, o: BufferSizes) -> BufferSizes {
+        BufferSizes {
+            a_values: self.a_values + o.a_values,
+            a_scales: self.a_scales + o.a_scales,
+            b_values: self.b_values + o.b_values,
+            b_scales: self.b_scales + o.b_scales,
+            c_elements: self.c_elements + o.c_elements,
+        }
+    }
+}
+
+impl Problem {
+    /// Where each group's parts lie in *stacked* buffers ([`crate::plan::StackedArgs`]: one
+    /// allocation per operand, the groups' parts back to back in group order): entry `g` is group
+    /// `g`'s offset in each buffer (bytes; elements for C), entry `G` the buffers' total sizes.
+    /// Every part is a multiple of 16 bytes (K a multiple of 64, N of 8, scales in 512-byte
+    /// blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
+    /// `m = 0` has empty A and C parts; its B part is there (a layer's every expert has weights).
+    pub fn stacked_offsets(&self) -> Vec<BufferSizes> {
+        let mut at = BufferSizes::ZERO;
+        let mut out = Vec::with_capacity(self.groups.len() + 1);
+        out.push(at);
+        for s in &self.groups {
+            at = at.plus(BufferSizes::of(s));
+            out.push(at);
+        }
+        out
+    }
+}
+
 /// Address and length (in elements) of one device buffer, as the validator sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferView {
@@ -407,6 +442,34 @@ mod tests {
         assert_eq!(bad(GroupShape::new(MAX_DIM + 1, 256, 512)), (1, "m"));
         let too_many = vec![ok; MAX_GROUPS + 1];
         assert!(matches!(Problem::new(too_many, OutputType::F16), Err(Error::InvalidProblem(_))));
+    }
+
+    /// Stacked buffers: each group's part starts where the previous one ends, has exactly the
+    /// group's sizes, and starts 16-byte aligned (C in 2-byte elements); empty groups have empty A
+    /// and C parts but their B.
+    #[test]
+    fn stacked_offsets_are_prefix_sums_of_aligned_parts() {
+        let shapes = vec![
+            GroupShape::new(0, 256, 512),
+            GroupShape::new(24, 136, 192),
+            GroupShape::new(1, 8, 64),
+            GroupShape::new(130, 264, 448),
+        ];
+        let p = Problem::new(shapes.clone(), OutputType::F16).unwrap();
+        let at = p.stacked_offsets();
+        assert_eq!((at.len(), at[0]), (5, BufferSizes::ZERO));
+        for (g, s) in shapes.iter().enumerate() {
+            let z = BufferSizes::of(s);
+            assert_eq!(at[g + 1], at[g].plus(z), "group {g}");
+            let o = at[g];
+            for bytes in [o.a_values, o.a_scales, o.b_values, o.b_scales, 2 * o.c_elements] {
+                assert_eq!(bytes as u64 % BUFFER_ALIGN, 0, "group {g}");
+            }
+        }
+        assert_eq!((at[1].a_values, at[1].a_scales, at[1].c_elements), (0, 0, 0));
+        assert_eq!(at[1].b_values, 256 * 512 / 2);
+        assert_eq!(at[4].c_elements, 24 * 136 + 8 + 130 * 264);
+        assert_eq!(at[4].a_scales, 128 * 192 / 16 + 128 * 64 / 16 + 256 * 448 / 16);
     }
 
     fn good_buffers(s: &GroupShape) -> GroupBuffers {

@@ -59,6 +59,14 @@ fn empty_groups_and_bad_buffers() {
     cases::empty_groups_and_bad_buffers("empty_groups_and_bad_buffers", Arch::Sm90a);
 }
 
+/// Every group's buffers stacked in one allocation per operand (`GemmPlan::run_stacked`): the
+/// same output as separate buffers, nothing written outside C, typed errors for a short buffer or
+/// a wrong alpha count.
+#[test]
+fn stacked_buffers() {
+    cases::stacked_buffers("stacked_buffers", Arch::Sm90a);
+}
+
 /// Decode-sized problems (every group at most 16 tokens: the two-CTAs-per-SM decode kernel) and
 /// mixed ones (16-token tiles beside 128-token tiles in the general kernel): the three decode
 /// benchmark shapes scaled down in K, K tails (K % 128 = 64, K = 64), N = 8·odd, empty groups,

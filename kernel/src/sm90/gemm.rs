@@ -620,6 +620,8 @@ fn c_pair(acc_i: f32, acc_i1: f32, odd: u32, alpha: f32, bf16: bool) -> u32 {
 /// # Safety
 /// Every thread of a consumer warpgroup; `g.c` valid for `g.m × g.n` elements.
 #[inline(always)]
+// The unrolled last quad's address step is never read.
+#[allow(unused_assignments)]
 unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &GroupParams, tile: WorkItem, bf16: bool) {
     // The thread's place, read again from the special registers rather than kept live through
     // the K loop (where registers are scarce).
