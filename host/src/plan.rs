@@ -60,6 +60,23 @@ pub struct StackedArgs<'a> {
     pub alphas: &'a [f32],
 }
 
+impl<'s> CallBuffers<'s> {
+    /// The views of A's and B's values and scales, and of C with its type, for this call.
+    #[inline(always)]
+    fn operands(
+        &mut self,
+        a: Nvfp4Operand<'s>,
+        b: Nvfp4Operand<'s>,
+        c: &'s mut Output<'_>,
+    ) -> ([BufferView; 4], BufferView, OutputType) {
+        let ab = [self.read(a.values), self.read(a.scales), self.read(b.values), self.read(b.scales)];
+        match c {
+            Output::F16(c) => (ab, self.write(&mut **c), OutputType::F16),
+            Output::Bf16(c) => (ab, self.write(&mut **c), OutputType::Bf16),
+        }
+    }
+}
+
 /// One kernel launch of a call: the exported kernel and its geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelLaunch {
@@ -241,14 +258,7 @@ impl GemmPlan {
         let mut call = CallBuffers::new(stream);
         let buffers = self.cache.start();
         for args in groups.iter_mut() {
-            let a_values = call.read(args.a.values);
-            let a_scales = call.read(args.a.scales);
-            let b_values = call.read(args.b.values);
-            let b_scales = call.read(args.b.scales);
-            let (c, c_type) = match &mut args.c {
-                Output::F16(c) => (call.write(&mut **c), OutputType::F16),
-                Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
-            };
+            let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
             buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha: args.alpha });
         }
         self.launch_checked(stream_arc)
@@ -293,14 +303,7 @@ impl GemmPlan {
     pub fn run_stacked<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut StackedArgs<'_>) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let mut call = CallBuffers::new(stream);
-        let a_values = call.read(args.a.values);
-        let a_scales = call.read(args.a.scales);
-        let b_values = call.read(args.b.values);
-        let b_scales = call.read(args.b.scales);
-        let (c, c_type) = match &mut args.c {
-            Output::F16(c) => (call.write(&mut **c), OutputType::F16),
-            Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
-        };
+        let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
         let groups = self.problem.groups().len();
         let total = self.stacked[groups];
         let lengths = [
