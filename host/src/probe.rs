@@ -5,7 +5,7 @@
 //! compared with expectations written from the ISA text (`model-tests/tests/model_probe.rs`).
 //!
 //! Every probe returns the raw bytes its kernel wrote, status word included
-//! ([`PROBE_OK`](nvfp4_gemm_abi::probe::PROBE_OK) when every wait completed).
+//! ([`PROBE_OK`] when every wait completed).
 
 use crate::device::Gpu;
 use crate::driver::launch::{launch, set_max_dynamic_smem};

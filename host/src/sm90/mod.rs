@@ -33,7 +33,7 @@ const N192_MAX_TWOS: u32 = 12;
 pub struct Sm90Layout {
     /// The GEMM's configuration (tile, stages, shared memory).
     pub config: GemmConfig,
-    /// The GEMM's work list, balanced over the grid ([`balance`]; may hold holes).
+    /// The GEMM's work list, balanced over the grid (`balance`; may hold holes).
     pub work: Vec<WorkItem>,
     /// Byte offset of each group's f16 tokens in the workspace.
     pub workspace_offsets: Vec<u64>,
