@@ -282,7 +282,7 @@ impl GemmPlan {
     /// let mut plan = GemmPlan::new(&gpu, problem.clone())?;
     /// // Host NVFP4 matrices, stacked in group order and uploaded as one buffer per operand.
     /// let groups = random_groups(&shapes, InputDistribution::Competition, 1)?;
-    /// let cat = |part: fn(&Group) -> &[u8]| -> Vec<u8> { groups.iter().flat_map(|g| part(g)).copied().collect() };
+    /// let cat = |part: fn(&Group) -> &[u8]| -> Vec<u8> { groups.iter().flat_map(part).copied().collect() };
     /// let a_values = stream.clone_htod(&cat(|g| g.a.values()))?;
     /// let a_scales = stream.clone_htod(&cat(|g| g.a.scales()))?; // blocked, per group
     /// let b_values = stream.clone_htod(&cat(|g| g.b.values()))?;
@@ -324,8 +324,9 @@ impl GemmPlan {
             return Err(Error::InvalidArgument { call: "run_stacked", field: "alphas", reason });
         }
         let buffers = self.cache.start();
-        for (at, (next, &alpha)) in self.stacked.iter().zip(self.stacked[1..].iter().zip(args.alphas)) {
+        for (w, &alpha) in self.stacked.windows(2).zip(args.alphas) {
             // Group g's part: from its offset to the next group's (C in 2-byte elements).
+            let (at, next) = (w[0], w[1]);
             let part = |base: BufferView, from: usize, to: usize, bytes: u64| BufferView {
                 ptr: base.ptr + from as u64 * bytes,
                 len: to - from,

@@ -83,6 +83,23 @@ impl Problem {
             })
             .sum()
     }
+
+    /// Where each group's parts lie in *stacked* buffers ([`crate::plan::StackedArgs`]: one
+    /// allocation per operand, the groups' parts back to back in group order): entry `g` is group
+    /// `g`'s offset in each buffer (bytes; elements for C), entry `G` the buffers' total sizes.
+    /// Every part is a multiple of 16 bytes (K a multiple of 64, N of 8, scales in 512-byte
+    /// blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
+    /// `m = 0` has empty A and C parts; its B part is there (a layer's every expert has weights).
+    pub fn stacked_offsets(&self) -> Vec<BufferSizes> {
+        let mut at = BufferSizes::ZERO;
+        let mut out = Vec::with_capacity(self.groups.len() + 1);
+        out.push(at);
+        for s in &self.groups {
+            at = at.plus(BufferSizes::of(s));
+            out.push(at);
+        }
+        out
+    }
 }
 
 /// Sizes in bytes each buffer of a group must have.
@@ -112,9 +129,7 @@ impl BufferSizes {
             c_elements: s.m * s.n,
         }
     }
-}
 
-impl BufferSizes {
     /// All fields zero: where the first group's parts of stacked buffers start.
     pub const ZERO: BufferSizes = BufferSizes { a_values: 0, a_scales: 0, b_values: 0, b_scales: 0, c_elements: 0 };
 
@@ -127,25 +142,6 @@ impl BufferSizes {
             b_scales: self.b_scales + o.b_scales,
             c_elements: self.c_elements + o.c_elements,
         }
-    }
-}
-
-impl Problem {
-    /// Where each group's parts lie in *stacked* buffers ([`crate::plan::StackedArgs`]: one
-    /// allocation per operand, the groups' parts back to back in group order): entry `g` is group
-    /// `g`'s offset in each buffer (bytes; elements for C), entry `G` the buffers' total sizes.
-    /// Every part is a multiple of 16 bytes (K a multiple of 64, N of 8, scales in 512-byte
-    /// blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
-    /// `m = 0` has empty A and C parts; its B part is there (a layer's every expert has weights).
-    pub fn stacked_offsets(&self) -> Vec<BufferSizes> {
-        let mut at = BufferSizes::ZERO;
-        let mut out = Vec::with_capacity(self.groups.len() + 1);
-        out.push(at);
-        for s in &self.groups {
-            at = at.plus(BufferSizes::of(s));
-            out.push(at);
-        }
-        out
     }
 }
 

@@ -305,14 +305,15 @@ pub(crate) fn pub_contribution(w: &World, me: usize) -> Published {
     p
 }
 
-/// A barrier among `threads` that orders each after the others' memory operations (`bar.sync`,
-/// `bar.warp.sync`): each learns what every one of them passes on.
-pub(crate) fn pub_exchange(w: &mut World, threads: &[usize]) {
+/// A barrier that orders each of `learners` after the memory operations of all `arrivals`
+/// (`bar.sync`, `bar.warp.sync`: every participant is both; `bar.arrive`: an arrival only):
+/// each learner learns what every arrival passes on.
+pub(crate) fn pub_exchange(w: &mut World, arrivals: &[usize], learners: &[usize]) {
     let mut published = Published::default();
-    for &t in threads {
+    for &t in arrivals {
         published.merge(&pub_contribution(w, t));
     }
-    for &t in threads {
+    for &t in learners {
         pub_learn(w, t, &published);
     }
 }

@@ -9,8 +9,7 @@
 
 use crate::error::{ErrorKind, ModelError};
 use crate::exec::{
-    instr, pub_contribution, pub_exchange, pub_learn, query, raise, tc_contribution, tc_ordered_after, Block, Flow,
-    Published, Status, TcOrder, World,
+    instr, pub_exchange, query, raise, tc_contribution, tc_ordered_after, Block, Flow, Status, TcOrder, World,
 };
 use crate::smem::mapa;
 use std::panic::Location;
@@ -179,7 +178,7 @@ fn complete(w: &mut World, me: usize, mem: &[usize], key: &Coll, inputs: Vec<Vec
         Coll::WarpSync { .. } => {
             // `bar.warp.sync` orders memory among its threads (§9.7.13.2): each is ordered after
             // the others' published shared-memory stores.
-            pub_exchange(w, mem);
+            pub_exchange(w, mem, mem);
             Outcome::Outputs(vec![Vec::new(); n])
         }
         Coll::Elect { mask } => {
@@ -369,13 +368,7 @@ fn named_arrive(w: &mut World, me: usize, what: &str, id: u32, threads: u32, wai
         tc_ordered_after(w, t, order.clone());
     }
     // ... and after their published shared-memory stores.
-    let mut published = Published::default();
-    for &t in &all {
-        published.merge(&pub_contribution(w, t));
-    }
-    for &t in &waiters {
-        pub_learn(w, t, &published);
-    }
+    pub_exchange(w, &all, &waiters);
     for t in waiters {
         if t != me {
             w.wake(t);
