@@ -141,6 +141,23 @@ pub const fn dequant_slot_words(j: u32) -> [u32; 4] {
     [h, h + 2, h + 4, h + 6]
 }
 
+/// Token rows of C a consumer warpgroup passes through its epilogue buffer at once (a 128-token
+/// tile in two rounds): 64 rows of its 64 weights, f16 or bf16.
+pub const EPILOGUE_ROWS: u32 = 64;
+/// Bytes of one token row of a warpgroup's epilogue buffer: its 64 weights, 2 bytes each, as eight
+/// 16-byte chunks of 8 weights.
+pub const EPILOGUE_ROW_BYTES: u32 = WG_ROWS * 2;
+/// Bytes of a consumer warpgroup's epilogue buffer.
+pub const EPILOGUE_BUFFER_BYTES: u32 = EPILOGUE_ROWS * EPILOGUE_ROW_BYTES;
+
+/// Offset in an epilogue buffer of the 16 bytes holding weights `8 chunk .. 8 chunk + 8` of token
+/// row `row` (0..[`EPILOGUE_ROWS`]): chunk `chunk ^ (row % 8)` of the row. The XOR puts the 8 rows
+/// one `stmatrix` matrix writes (rows `8i..8i+8`, one chunk) on 8 different bank quads, and a
+/// quarter warp reading one row's 8 chunks back reads 32 banks.
+pub const fn epilogue_slot(row: u32, chunk: u32) -> u32 {
+    row * EPILOGUE_ROW_BYTES + ((chunk ^ (row % 8)) * 16)
+}
+
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
 /// weights, `stages` stages of `chunks` × [`CHUNK_K`].
 ///
@@ -388,9 +405,28 @@ impl GemmConfig {
     pub const fn empty_barrier_arrivals(&self) -> u32 {
         WARPGROUP_THREADS * self.consumer_warpgroups()
     }
+    /// Whether the consumers write their tile of C through shared memory (`stmatrix`, then
+    /// 16-byte stores of whole token rows): the 128-token variants. The decode variant stores its
+    /// 16-token tiles from registers.
+    pub const fn staged_epilogue(&self) -> bool {
+        self.block_m == 128
+    }
+    /// Offset of the epilogue buffers (after the mbarriers, 128-byte aligned): one of
+    /// [`EPILOGUE_BUFFER_BYTES`] per consumer warpgroup when [`Self::staged_epilogue`].
+    pub const fn epilogue_offset(&self) -> u32 {
+        self.empty_barrier_offset(self.stages).div_ceil(128) * 128
+    }
+    /// Offset of consumer warpgroup `cw`'s epilogue buffer.
+    pub const fn epilogue_buffer_offset(&self, cw: u32) -> u32 {
+        self.epilogue_offset() + cw * EPILOGUE_BUFFER_BYTES
+    }
     /// Dynamic shared memory of the GEMM kernel.
     pub const fn dynamic_shared_memory(&self) -> u32 {
-        self.empty_barrier_offset(self.stages)
+        if self.staged_epilogue() {
+            self.epilogue_buffer_offset(self.consumer_warpgroups())
+        } else {
+            self.empty_barrier_offset(self.stages)
+        }
     }
     /// Bytes the [`ProducerRole::Weights`] copies of a stage credit to its full barrier when
     /// `slots` scale blocks are loaded per chunk: the weight boxes (in full even where they lie
@@ -1040,7 +1076,8 @@ mod tests {
         assert_eq!((c.scale_block_offset(0, 0), c.scale_block_offset(0, 1)), (40960, 40960 + 512));
         assert_eq!(c.stage_bytes(), 41984);
         assert_eq!(c.stage_offset(2), 2 * 41984);
-        assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 80);
+        // Ten mbarriers (80 bytes), then two epilogue buffers from the next 128-byte boundary.
+        assert_eq!(c.dynamic_shared_memory(), 5 * 41984 + 128 + 2 * 8192);
         assert_eq!(c.weight_tx_bytes(1) + c.token_tx_bytes(128), 2 * (16384 + 512) + 8192);
         // The decode variant: 16-row token chunks, four per stage, two weight boxes, 26 KiB
         // stages, two CTAs per SM.
@@ -1101,7 +1138,7 @@ mod tests {
             [45056, 45568, 46080, 46592]
         );
         assert_eq!(w.stage_bytes(), 46 * 1024);
-        assert_eq!(w.dynamic_shared_memory(), 4 * 46 * 1024 + 8 * 8);
+        assert_eq!(w.dynamic_shared_memory(), 4 * 46 * 1024 + 128 + 3 * 8192);
         assert_eq!(w.weight_tx_bytes(2) + w.token_tx_bytes(128), 2 * (16384 + 1024) + 12288);
         assert_eq!(w.empty_barrier_arrivals(), 384);
         // Spans: 128-row ones first, 192-row ones, then the rest; the scale blocks they touch.
@@ -1172,7 +1209,8 @@ mod tests {
         assert_eq!(c.full_barrier_offset(0), 5 * 41984);
         assert_eq!(c.full_barrier_offset(4), 5 * 41984 + 32);
         assert_eq!(c.empty_barrier_offset(0), 5 * 41984 + 40);
-        assert_eq!(c.empty_barrier_offset(4) + MBARRIER_BYTES, c.dynamic_shared_memory());
+        assert_eq!(c.empty_barrier_offset(4) + MBARRIER_BYTES, 5 * 41984 + 80);
+        assert_eq!(c.epilogue_buffer_offset(0), 5 * 41984 + 128);
         assert_eq!((c.full_barrier_arrivals(), c.empty_barrier_arrivals()), (2, 256));
     }
 
@@ -1200,6 +1238,47 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s));
+    }
+
+    /// The epilogue buffer: every (row, chunk) has its own 16 bytes inside the buffer; the 8 rows
+    /// of one `stmatrix` matrix (rows `8i..8i+8`, one chunk) and the 8 chunks of one row (a
+    /// quarter warp's 16-byte loads) each cover the 32 banks once; the buffers fit the variants'
+    /// shared memory after the barriers.
+    #[test]
+    fn epilogue_buffer_slots_are_distinct_and_conflict_free() {
+        let mut seen = [false; (EPILOGUE_BUFFER_BYTES / 16) as usize];
+        for row in 0..EPILOGUE_ROWS {
+            for chunk in 0..8 {
+                let o = epilogue_slot(row, chunk);
+                assert!(o % 16 == 0 && o + 16 <= EPILOGUE_BUFFER_BYTES);
+                assert!(!core::mem::replace(&mut seen[(o / 16) as usize], true), "row {row} chunk {chunk}");
+            }
+        }
+        let quads = |slots: &mut dyn Iterator<Item = u32>| slots.fold(0u32, |m, o| m | 1 << (o / 16 % 8));
+        for i in 0..EPILOGUE_ROWS / 8 {
+            for chunk in 0..8 {
+                assert_eq!(
+                    quads(&mut (8 * i..8 * i + 8).map(|r| epilogue_slot(r, chunk))),
+                    0xFF,
+                    "rows {i}, chunk {chunk}"
+                );
+            }
+        }
+        for row in 0..EPILOGUE_ROWS {
+            assert_eq!(quads(&mut (0..8).map(|c| epilogue_slot(row, c))), 0xFF, "row {row}");
+        }
+        for c in GemmConfig::ALL {
+            assert_eq!(c.staged_epilogue(), c.block_m == 128);
+            if c.staged_epilogue() {
+                assert!(c.epilogue_offset() >= c.empty_barrier_offset(c.stages) && c.epilogue_offset() % 128 == 0);
+                assert_eq!(
+                    c.dynamic_shared_memory(),
+                    c.epilogue_offset() + c.consumer_warpgroups() * EPILOGUE_BUFFER_BYTES
+                );
+            }
+            assert!(c.is_valid(), "{c:?}: {} bytes", c.dynamic_shared_memory());
+        }
+        assert_eq!(GemmConfig::N192.dynamic_shared_memory(), 4 * 46 * 1024 + 128 + 3 * 8192);
     }
 
     /// Every half-warp's 8-byte weight loads (lane groups 0–3 or 4–7, four lanes `q` each, rows

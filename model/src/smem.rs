@@ -273,3 +273,73 @@ pub fn st_v2_u32(a: u32, v: [u32; 2]) {
 pub fn st_v4_u32(a: u32, v: [u32; 4]) {
     store::<4>("st.shared.v4.u32", Location::caller(), a, v)
 }
+
+/// `stmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 [a], {r0, r1, r2, r3};` (PTX ISA 9.0
+/// §9.7.14.5.16, sm_90): the warp stores four 8 × 8 matrices of 16-bit elements. Register `rj` of
+/// lane `l` holds row `l / 4`, columns `2 (l % 4)` (low half) and `+ 1` (high half) of matrix
+/// `j`; lane `8 j + i` gives the 16-byte aligned address of stored row `i` of matrix `j`. With
+/// `.trans` a stored row is a column of the registers' matrix (column-major store). A warp
+/// collective: every lane executes it, converged.
+#[track_caller]
+pub fn stmatrix_x4(a: u32, r: [u32; 4], trans: bool) {
+    let name = if trans {
+        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+    } else {
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16"
+    };
+    instr(name, Location::caller(), true, move |w, me| {
+        let input = vec![a, r[0], r[1], r[2], r[3]];
+        Ok(
+            match crate::sync::collective(
+                w,
+                me,
+                crate::sync::Scope::Warp,
+                crate::sync::Coll::StMatrixX4 { trans },
+                u32::MAX,
+                input,
+            )? {
+                Flow::Done(_) => Flow::Done(()),
+                Flow::Block(b) => Flow::Block(b),
+            },
+        )
+    })
+}
+
+/// Completes a warp's `stmatrix .x4`: `inputs[l]` is lane `l`'s `[address, r0, r1, r2, r3]`. Each
+/// stored row is a thread store of the lane that gave its address (for the proxy checks).
+pub(crate) fn complete_stmatrix_x4(
+    w: &mut World,
+    me: usize,
+    mem: &[usize],
+    trans: bool,
+    inputs: &[Vec<u32>],
+) -> Result<(), ModelError> {
+    let half = |lane: usize, j: usize, h: usize| (inputs[lane][1 + j] >> (16 * h)) as u16;
+    for j in 0..4 {
+        for i in 0..8 {
+            let provider = 8 * j + i;
+            let addr = inputs[provider][0];
+            // Element `e` of stored row `i`: (row i, column e) of the matrix, or (row e, column i)
+            // with `.trans`.
+            let bytes: Vec<u8> = (0..8)
+                .flat_map(|e| {
+                    let (row, col) = if trans { (e, i) } else { (i, e) };
+                    half(4 * row + col / 2, j, col % 2).to_le_bytes()
+                })
+                .collect();
+            let t = mem[provider];
+            let cta = w.threads[t].cta;
+            let off = cta_offset(w, addr, 16, 16)
+                .map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, format!("lane {provider}: {m}")))?;
+            check_thread_write(w, cta, off, 16)
+                .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("lane {provider}: {m}")))?;
+            w.ctas[cta].smem.data[off as usize..off as usize + 16].copy_from_slice(&bytes);
+            w.threads[t].st_seq += 1;
+            let mark = (t as u32 + 1, w.threads[t].st_seq);
+            let s = &mut w.ctas[cta].smem;
+            let n = s.data.len();
+            s.generic.get_or_insert_with(|| vec![(0, 0); n])[off as usize..off as usize + 16].fill(mark);
+        }
+    }
+    Ok(())
+}

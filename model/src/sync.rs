@@ -28,6 +28,7 @@ pub(crate) enum Coll {
     WgCommit,
     WgWait { n: u32 },
     WgMma { n: u32, b_desc: u64, scale_d: bool },
+    StMatrixX4 { trans: bool },
 }
 
 /// `shfl.sync` modes (PTX ISA 9.0 §9.7.9.6).
@@ -242,6 +243,10 @@ fn complete(w: &mut World, me: usize, mem: &[usize], key: &Coll, inputs: Vec<Vec
         }
         Coll::WgFence | Coll::WgCommit | Coll::WgWait { .. } | Coll::WgMma { .. } => {
             crate::wgmma::complete_collective(w, me, mem, key, inputs)?
+        }
+        Coll::StMatrixX4 { trans } => {
+            crate::smem::complete_stmatrix_x4(w, me, mem, *trans, &inputs)?;
+            Outcome::Outputs(vec![Vec::new(); n])
         }
     })
 }

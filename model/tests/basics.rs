@@ -441,3 +441,43 @@ fn reading_the_predecessors_output_before_griddepcontrol_wait_is_a_hazard() {
     assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
     assert!(e.message.contains("before this thread executed griddepcontrol.wait"), "{e}");
 }
+
+/// `stmatrix .x4` and `.x4.trans`: lane `l`'s register `j` holds (row `l / 4`, columns `2 (l % 4)`
+/// and `+ 1`) of matrix `j`, lane `8 j + i` addresses stored row `i` of matrix `j`; with `.trans`
+/// stored row `i` is column `i`. Rows are placed out of order (row `i` of matrix `j` at slot
+/// `(7 − i) + 8 j`) so that the addresses, not the lane order, decide where a row lands.
+#[test]
+fn stmatrix_stores_rows_or_columns_where_the_lanes_point() {
+    // Element (j, row, col) of the register matrices: a distinct 16-bit value.
+    let elem = |j: u32, row: u32, col: u32| (0x100 * j + 0x10 * row + col) as u16;
+    for trans in [false, true] {
+        let out: Vec<AtomicU32> = (0..4 * 8 * 4).map(|_| AtomicU32::new(0)).collect();
+        for s in seeds() {
+            launch(&cfg(1, 32, 1024).with_schedule(s), || {
+                let base = smem::dynamic_base();
+                let l = sreg::lane_id();
+                let (row, c0) = (l / 4, 2 * (l % 4));
+                let r: [u32; 4] = std::array::from_fn(|j| {
+                    elem(j as u32, row, c0) as u32 | (elem(j as u32, row, c0 + 1) as u32) << 16
+                });
+                let (j, i) = (l / 8, l % 8);
+                smem::stmatrix_x4(base + 16 * ((7 - i) + 8 * j), r, trans);
+                // Each lane reads back the slot it addressed.
+                let v = smem::ld_v4_u32(base + 16 * ((7 - i) + 8 * j));
+                for (w, x) in v.iter().enumerate() {
+                    out[(4 * l) as usize + w].store(*x, Relaxed);
+                }
+            })
+            .unwrap();
+            for l in 0..32u32 {
+                let (j, i) = (l / 8, l % 8);
+                for e in 0..8u32 {
+                    let word = out[(4 * l + e / 2) as usize].load(Relaxed);
+                    let got = (word >> (16 * (e % 2))) as u16;
+                    let want = if trans { elem(j, e, i) } else { elem(j, i, e) };
+                    assert_eq!(got, want, "trans {trans}, matrix {j}, stored row {i}, element {e}");
+                }
+            }
+        }
+    }
+}

@@ -53,3 +53,21 @@ pub fn grid_launch_dependents() {
     #[cfg(not(target_arch = "nvptx64"))]
     super::model::barrier::grid_launch_dependents();
 }
+
+/// `bar.sync id, threads;` (PTX ISA 2.0, every target; §9.7.13.1): waits until `threads` threads
+/// (a multiple of 32) have arrived at named barrier `id` (1..16; 0 is [`sync_all`]'s), and orders
+/// their earlier shared-memory accesses before everything after it.
+///
+/// # Safety
+/// Exactly `threads` threads, whole warps, must reach it with the same `id` and count per phase.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn sync_named(id: u32, threads: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack));
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::barrier::sync(id, threads);
+}

@@ -128,3 +128,46 @@ pub unsafe fn ld_v2_u32(a: SmemAddr) -> [u32; 2] {
     let v = super::model::smem::ld_v2_u32(a.0);
     v
 }
+
+/// `ld.shared.v4.u32 {d0, d1, d2, d3}, [a];`
+///
+/// # Safety
+/// `a` must be a 16-byte aligned address inside this CTA's shared memory.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn ld_v4_u32(a: SmemAddr) -> [u32; 4] {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    let v = unsafe {
+        let (x, y, z, u): (u32, u32, u32, u32);
+        asm!("ld.shared.v4.u32 {{{x}, {y}, {z}, {u}}}, [{a}];", x = out(reg32) x, y = out(reg32) y, z = out(reg32) z,
+             u = out(reg32) u, a = in(reg32) a.0, options(readonly, nostack));
+        [x, y, z, u]
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let v = super::model::smem::ld_v4_u32(a.0);
+    v
+}
+
+/// `stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [a], {r0, r1, r2, r3};` (PTX ISA 7.8, sm_90;
+/// §9.7.14.5.16): the warp stores four 8 × 8 matrices of 16-bit elements, transposed. Register
+/// `rj` of lane `l` holds row `l / 4`, columns `2 (l % 4)` (low half) and `+ 1` of matrix `j` —
+/// the layout of an m64nNk16 accumulator pair rounded to f16x2 — and lane `8 j + i` gives the
+/// address of the 16 bytes that receive *column* `i` of matrix `j` (its 8 rows in order). The
+/// whole warp, converged.
+///
+/// # Safety
+/// Every lane's `a` must be a 16-byte aligned address inside this CTA's shared memory that no
+/// other thread accesses concurrently.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub unsafe fn stmatrix_x4_trans(a: SmemAddr, r: [u32; 4]) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [{a}], {{{r0}, {r1}, {r2}, {r3}}};", a = in(reg32) a.0,
+             r0 = in(reg32) r[0], r1 = in(reg32) r[1], r2 = in(reg32) r[2], r3 = in(reg32) r[3], options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::smem::stmatrix_x4(a.0, r, true);
+}

@@ -121,7 +121,16 @@ impl<V: Variant> Smem<V> {
     fn empty(&self) -> Barriers {
         Barriers::at(self.base.add(V::CFG.empty_barrier_offset(0)))
     }
+    /// Consumer warpgroup `cw`'s epilogue buffer (`GemmConfig::staged_epilogue` variants).
+    #[inline(always)]
+    fn epilogue(&self, cw: u32) -> SmemAddr {
+        self.base.add(V::CFG.epilogue_buffer_offset(cw))
+    }
 }
+
+/// Named barrier of consumer warpgroup 0's epilogue buffer; warpgroup `cw` uses `+ cw` (ids 1..=3;
+/// 0 is the CTA barrier).
+const EPILOGUE_BARRIER: u32 = 1;
 
 /// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch(GemmConfig::M128, ..)`
 /// (`THREADS` threads, `M128.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA
@@ -494,8 +503,15 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     } else {
         (unsafe { *(p.groups as *const GroupParams).add(tile.group as usize) }, p.out_bf16 != 0)
     };
-    // SAFETY: C of the group is valid for `m × n` elements (validated by the host).
-    unsafe { store_tile::<V, S>(&acc, &g, tile, bf16) };
+    // SAFETY: C of the group is valid for `m × n` elements (validated by the host); every thread
+    // of the warpgroup stores.
+    unsafe {
+        if V::CFG.staged_epilogue() {
+            store_tile_staged::<V, S>(st, &acc, &g, tile, bf16)
+        } else {
+            store_tile::<V, S>(&acc, &g, tile, bf16)
+        }
+    };
 }
 
 /// Where the thread's fragments lie in a stage, computed once per tile: its two weight rows'
@@ -593,23 +609,115 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
 const WEIGHT_UNSCALE: f32 = 16384.0;
 
 /// The accumulator pair of register `i` (even) as two neighbouring weights of one token row of C,
-/// scaled by 2¹⁴ and alpha and rounded once (the weights were decoded times 2⁻¹⁴, `dequant16`;
-/// multiplying by 2¹⁴ first is exact, so this is alpha times the unscaled sum, as if decoded
-/// unscaled). Registers `i` and `i + 1` hold tokens m and m + 1 of one weight n; lanes g and g^1
-/// (lane ^ 4) hold neighbouring weights. Each lane rounds its own pair (m, m + 1), swaps it with
-/// its neighbour and keeps one token of both: even g token m, odd g token m + 1, weight n_even in
-/// the low half. (Swapping f32 values before rounding took a select before the shuffle and two
-/// after it where this takes one `prmt`; PERF.md #39.)
+/// rounded by [`round_pair`]. Registers `i` and `i + 1` hold tokens m and m + 1 of one weight n;
+/// lanes g and g^1 (lane ^ 4) hold neighbouring weights. Each lane rounds its own pair (m, m + 1),
+/// swaps it with its neighbour and keeps one token of both: even g token m, odd g token m + 1,
+/// weight n_even in the low half. (Swapping f32 values before rounding took a select before the
+/// shuffle and two after it where this takes one `prmt`; PERF.md #39.)
 #[inline(always)]
 fn c_pair(acc_i: f32, acc_i1: f32, odd: u32, alpha: f32, bf16: bool) -> u32 {
-    let (m, m1) = (acc_i * WEIGHT_UNSCALE * alpha, acc_i1 * WEIGHT_UNSCALE * alpha);
-    let mine = if bf16 { convert::f32x2_to_bf16x2(m, m1) } else { convert::f32x2_to_f16x2(m, m1) };
+    let mine = round_pair(acc_i, acc_i1, alpha, bf16);
     let theirs = warp::shfl_xor(mine, 4);
     // Even g: (mine.m, theirs.m); odd g: (theirs.m1, mine.m1) (`prmt` bytes 0–3 mine, 4–7 theirs).
     convert::byte_perm(mine, theirs, if odd == 0 { 0x5410 } else { 0x3276 })
 }
 
-/// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights).
+/// The accumulator pair `(acc[i], acc[i + 1])` (tokens m, m + 1 of one weight) scaled by 2¹⁴ and
+/// alpha and rounded once to f16x2 or bf16x2, token m in the low half (the weights were decoded
+/// times 2⁻¹⁴, `dequant16`; multiplying by 2¹⁴ first is exact, so this is alpha times the unscaled
+/// sum, as if decoded unscaled).
+#[inline(always)]
+fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool) -> u32 {
+    let (m, m1) = (acc_i * WEIGHT_UNSCALE * alpha, acc_i1 * WEIGHT_UNSCALE * alpha);
+    if bf16 {
+        convert::f32x2_to_bf16x2(m, m1)
+    } else {
+        convert::f32x2_to_f16x2(m, m1)
+    }
+}
+
+/// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights)
+/// through its epilogue buffer, 64 token rows at a time:
+/// 1. each register pair rounded (`round_pair`) is one element pair of an 8 × 8 matrix (the
+///    warp's weight row `g` or `g + 8`, tokens `2q, 2q + 1` of a quad) in the layout `stmatrix`
+///    takes; `stmatrix .trans` stores its columns, so each stored 16 bytes are 8 weights of one
+///    token row ([`epilogue_slot`]): C's orientation, with no exchange between lanes;
+/// 2. after a barrier of the warpgroup, each thread copies 16-byte chunks of whole rows to C
+///    (eight consecutive threads write one row's 128 bytes: full sectors), each store predicated
+///    on `m < M` and `n < N` (N is a multiple of 8: a chunk lies wholly inside or outside).
+/// A barrier before each round keeps the buffer until the previous round's (or tile's) copies
+/// have read it.
+///
+/// # Safety
+/// Every thread of a consumer warpgroup; `g.c` valid for `g.m × g.n` elements, 16-byte aligned
+/// (validated by the host).
+#[inline(always)]
+unsafe fn store_tile_staged<V: Variant, S: MmaShape>(
+    st: &Smem<V>,
+    acc: &wgmma::Accumulators,
+    g: &GroupParams,
+    tile: WorkItem,
+    bf16: bool,
+) {
+    let Some((cw, t)) = V::CFG.consumer_thread(sreg::tid_x()) else { return };
+    let (warp, lane) = (t / 32, t % 32);
+    let buf = st.epilogue(cw);
+    let bar = EPILOGUE_BARRIER + cw;
+    // `stmatrix`: lane `l` addresses column (token) `l % 8` of matrix `l / 8`; matrix `j` of the
+    // call for quads 2p, 2p + 1 is quad 2p + j / 2, rows `g` (j even) or `g + 8` of the warp's 16.
+    let (col, j) = (lane % 8, lane / 8);
+    let chunk = 2 * warp + j % 2;
+    // Stored chunks hold the lane groups' weight rows, `lane_group_row(g)` for g = 0..8 (pairs
+    // kept); word w of a chunk is weights `lane_group_row(2w)` and `+ 1`, so C's word k is the
+    // stored word `lane_group_row(2k) / 2`.
+    const W: [usize; 4] = [
+        (lane_group_row(0) / 2) as usize,
+        (lane_group_row(2) / 2) as usize,
+        (lane_group_row(4) / 2) as usize,
+        (lane_group_row(6) / 2) as usize,
+    ];
+    let c = g.c as *mut u16;
+    let n_first = tile_row0::<V>(tile) + cw * WG_ROWS;
+    let m_first = tile.tile_m * g.block_m;
+    unrolled!(round in [0, 1] {
+        let round = round as u32;
+        // Rounds past N / 64 do not exist for narrower widths (a constant condition).
+        if round * EPILOGUE_ROWS < S::N {
+            // SAFETY: the 128 threads of the warpgroup, each round.
+            unsafe { barrier::sync_named(bar, WARPGROUP_THREADS) };
+            unrolled!(p in [0, 1, 2, 3] {
+                let quad0 = 8 * round as usize + 2 * p;
+                if quad0 < (S::N / 8) as usize {
+                    let r: [u32; 4] = core::array::from_fn(|jj| {
+                        let i = 4 * (quad0 + jj / 2) + 2 * (jj % 2);
+                        round_pair(acc[i], acc[i + 1], g.alpha, bf16)
+                    });
+                    let row = 8 * (2 * p as u32 + j / 2) + col;
+                    // SAFETY: 16-byte slots inside the warpgroup's buffer, which no other
+                    // warpgroup uses and whose readers passed the barrier above.
+                    unsafe { smem::stmatrix_x4_trans(buf.add(epilogue_slot(row, chunk)), r) };
+                }
+            });
+            // SAFETY: as above.
+            unsafe { barrier::sync_named(bar, WARPGROUP_THREADS) };
+            unrolled!(it in [0, 1, 2, 3] {
+                let idx = it as u32 * WARPGROUP_THREADS + t;
+                if it as u32 * WARPGROUP_THREADS < 8 * EPILOGUE_ROWS.min(S::N - round * EPILOGUE_ROWS) {
+                    let (row, k) = (idx / 8, idx % 8);
+                    // SAFETY: a 16-byte slot of the buffer, written before the barrier above.
+                    let v = unsafe { smem::ld_v4_u32(buf.add(epilogue_slot(row, k))) };
+                    let (m, n) = (m_first + round * EPILOGUE_ROWS + row, n_first + 8 * k);
+                    let at = c.wrapping_add(m as usize * g.n as usize + n as usize) as *mut u32;
+                    // SAFETY: written only inside C (m < M, n < N), 16-byte aligned there.
+                    unsafe { gmem::st_v4_u32_if(at, [v[W[0]], v[W[1]], v[W[2]], v[W[3]]], m < g.m && n < g.n) };
+                }
+            });
+        }
+    });
+}
+
+/// Writes the warpgroup's 64 × `S::N` accumulator tile to C from registers (the decode variant's
+/// 16-token tiles; transposed: C is tokens × weights).
 ///
 /// Register i of lane (g, q) holds D[n = n_base + g + 8·((i/2)%2)][m = m_base + 2q + 8·(i/4) + i%2]
 /// (`S::N / 2` registers, `S::N / 8` quads).
@@ -631,36 +739,15 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
     let odd = g8 % 2;
     // The lane group's weight rows, as the K loop loaded them (`lane_group_row` keeps bit 0).
     let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (lane_group_row(g8) - odd);
-    // Tiles of the group are `block_m` rows apart (a 64-wide tail tile starts a 128-row one).
-    let m_base = tile.tile_m * g.block_m + 2 * q + odd;
+    // Tiles of the group are `block_m` rows apart.
+    let m0 = tile.tile_m * g.block_m + 2 * q + odd;
     // Each store is one predicated `st.global` (no branch, PERF.md #59), where `m < M` and
     // `n < N`: inside C (`n + 1 < N` too: N is a multiple of 8, n even). `at` is element (m, n)
-    // of C (row-major, N elements per row).
-    let store = |at: *mut u16, m: u32, n_ok: bool, bits: u32| {
-        // SAFETY: `at` is written only where it lies inside C (above).
-        unsafe { gmem::st_u32_if(at as *mut u32, bits, n_ok && m < g.m) };
-    };
+    // of C (row-major, N elements per row), computed once per tile and advanced by 8 rows per
+    // quad; both words of a quad are rounded before either is stored (PERF.md #42).
+    let (n_ok, n8_ok) = (n_pair < g.n, n_pair + 8 < g.n);
     let row = g.n as usize;
-    // Lanes q and q ^ 2 hold token rows 4 apart: in `N192` each sends the other one of its two
-    // words so that every store covers 4 token rows × 32 bytes (whole sectors) instead of 8 rows ×
-    // 16 bytes (PERF.md #40b, #42: b0 −1.0..1.3%). The 128-row variants lost 0.7% on b1 with the
-    // exchange (#40b) and keep the plain order, both words of a quad rounded before either is
-    // stored (1% faster on b1 and b2 than rounding and storing one word at a time, #42); so does
-    // the decode variant.
-    let pair_rows = V::CFG.block_n != BLOCK_N;
-    let upper = q >= 2;
-    // The thread's first stored element (m0, n0), its address computed once per tile and then
-    // advanced by 8 rows per quad. In the plain order the thread's own row and weight pair. With
-    // `pair_rows` its two stores per quad go to rows m0 and m0 + 4 at weights n0: a lower lane
-    // stores its own half-0 word and its partner's, an upper lane its partner's half-1 word and
-    // its own (so its rows start 4 lower and its weights 8 higher).
-    let (m0, n0) = match (pair_rows, upper) {
-        (true, true) => (m_base - 4, n_pair + 8),
-        _ => (m_base, n_pair),
-    };
-    // Each column pair's bound, once: n0, and n0 + 8 (the plain order's second word).
-    let (n_ok, n8_ok) = (n0 < g.n, n0 + 8 < g.n);
-    let mut at = c.wrapping_add(m0 as usize * row + n0 as usize);
+    let mut at = c.wrapping_add(m0 as usize * row + n_pair as usize);
     unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
         // Quads past N / 8 do not exist for narrower widths (a constant condition).
         if (quad as u32) < S::N / 8 {
@@ -669,17 +756,10 @@ unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &Gro
             let w0 = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
             let w1 = c_pair(acc[i + 2], acc[i + 3], odd, g.alpha, bf16);
             let m = m0 + 8 * quad as u32;
-            if pair_rows {
-                // Lower lanes (q < 2) keep their half-0 word and take their partner's (row + 4,
-                // the same weights); upper lanes keep their half-1 word and take their partner's
-                // (row − 4, weights + 8). Each store then writes 4 rows × 16 weights.
-                let got = warp::shfl_xor(if upper { w0 } else { w1 }, 2);
-                store(at, m, n_ok, if upper { got } else { w0 });
-                store(at.wrapping_add(4 * row), m + 4, n_ok, if upper { w1 } else { got });
-            } else {
-                // Weights n and n + 8 of one row.
-                store(at, m, n_ok, w0);
-                store(at.wrapping_add(8), m, n8_ok, w1);
+            // SAFETY: each written only inside C (above).
+            unsafe {
+                gmem::st_u32_if(at as *mut u32, w0, n_ok && m < g.m);
+                gmem::st_u32_if(at.wrapping_add(8) as *mut u32, w1, n8_ok && m < g.m);
             }
             at = at.wrapping_add(8 * row);
         }
