@@ -141,14 +141,13 @@ pub const fn dequant_slot_words(j: u32) -> [u32; 4] {
     [h, h + 2, h + 4, h + 6]
 }
 
-/// Token rows of C a consumer warpgroup passes through its epilogue buffer at once (a 128-token
-/// tile in two rounds): 64 rows of its 64 weights, f16 or bf16.
+/// Most token rows of C a consumer warpgroup passes through its epilogue buffer at once (a
+/// 128-token tile in two rounds; the decode variant's 16-token tiles in one, its buffer sized to
+/// them: [`GemmConfig::epilogue_rows`]).
 pub const EPILOGUE_ROWS: u32 = 64;
 /// Bytes of one token row of a warpgroup's epilogue buffer: its 64 weights, 2 bytes each, as eight
 /// 16-byte chunks of 8 weights.
 pub const EPILOGUE_ROW_BYTES: u32 = WG_ROWS * 2;
-/// Bytes of a consumer warpgroup's epilogue buffer.
-pub const EPILOGUE_BUFFER_BYTES: u32 = EPILOGUE_ROWS * EPILOGUE_ROW_BYTES;
 
 /// Offset in an epilogue buffer of the 16 bytes holding weights `8 chunk .. 8 chunk + 8` of token
 /// row `row` (0..[`EPILOGUE_ROWS`]): chunk `chunk ^ (row % 8)` of the row. The XOR puts the 8 rows
@@ -405,28 +404,32 @@ impl GemmConfig {
     pub const fn empty_barrier_arrivals(&self) -> u32 {
         WARPGROUP_THREADS * self.consumer_warpgroups()
     }
-    /// Whether the consumers write their tile of C through shared memory (`stmatrix`, then
-    /// 16-byte stores of whole token rows): the 128-token variants. The decode variant stores its
-    /// 16-token tiles from registers.
-    pub const fn staged_epilogue(&self) -> bool {
-        self.block_m == 128
+    /// Token rows of a consumer warpgroup's epilogue buffer: [`EPILOGUE_ROWS`], or the tile height
+    /// where that is less (the decode variant's 16).
+    pub const fn epilogue_rows(&self) -> u32 {
+        if self.block_m < EPILOGUE_ROWS {
+            self.block_m
+        } else {
+            EPILOGUE_ROWS
+        }
     }
-    /// Offset of the epilogue buffers (after the mbarriers, 128-byte aligned): one of
-    /// [`EPILOGUE_BUFFER_BYTES`] per consumer warpgroup when [`Self::staged_epilogue`].
+    /// Bytes of a consumer warpgroup's epilogue buffer.
+    pub const fn epilogue_buffer_bytes(&self) -> u32 {
+        self.epilogue_rows() * EPILOGUE_ROW_BYTES
+    }
+    /// Offset of the epilogue buffers, one per consumer warpgroup, after the mbarriers (128-byte
+    /// aligned): the consumers write their tile of C there (`stmatrix`) and copy it to C in
+    /// 16-byte chunks of whole token rows.
     pub const fn epilogue_offset(&self) -> u32 {
         self.empty_barrier_offset(self.stages).div_ceil(128) * 128
     }
     /// Offset of consumer warpgroup `cw`'s epilogue buffer.
     pub const fn epilogue_buffer_offset(&self, cw: u32) -> u32 {
-        self.epilogue_offset() + cw * EPILOGUE_BUFFER_BYTES
+        self.epilogue_offset() + cw * self.epilogue_buffer_bytes()
     }
     /// Dynamic shared memory of the GEMM kernel.
     pub const fn dynamic_shared_memory(&self) -> u32 {
-        if self.staged_epilogue() {
-            self.epilogue_buffer_offset(self.consumer_warpgroups())
-        } else {
-            self.empty_barrier_offset(self.stages)
-        }
+        self.epilogue_buffer_offset(self.consumer_warpgroups())
     }
     /// Bytes the [`ProducerRole::Weights`] copies of a stage credit to its full barrier when
     /// `slots` scale blocks are loaded per chunk: the weight boxes (in full even where they lie
@@ -1086,7 +1089,7 @@ mod tests {
         assert_eq!((d.weight_box_offset(0), d.weight_box_offset(1), d.scale_offset()), (8192, 16384, 24576));
         assert_eq!(d.scale_block_offset(0, 3), 24576 + 3 * 512);
         assert_eq!(d.stage_bytes(), 26 * 1024);
-        assert_eq!(d.dynamic_shared_memory(), 4 * 26 * 1024 + 8 * 8);
+        assert_eq!(d.dynamic_shared_memory(), 4 * 26 * 1024 + 128 + 2 * 16 * 128);
         assert_eq!(d.weight_tx_bytes(1) + d.token_tx_bytes(16), 4 * (2048 + 512) + 2 * 8192);
         assert!(2 * (d.dynamic_shared_memory() + SMEM_RESERVED_PER_BLOCK) <= SMEM_PER_SM);
         assert_eq!(gemm_launch(d, 10_000, 132).grid, 264);
@@ -1246,39 +1249,38 @@ mod tests {
     /// shared memory after the barriers.
     #[test]
     fn epilogue_buffer_slots_are_distinct_and_conflict_free() {
-        let mut seen = [false; (EPILOGUE_BUFFER_BYTES / 16) as usize];
+        let bytes = EPILOGUE_ROWS * EPILOGUE_ROW_BYTES;
+        let mut seen = [false; (EPILOGUE_ROWS * EPILOGUE_ROW_BYTES / 16) as usize];
         for row in 0..EPILOGUE_ROWS {
             for chunk in 0..8 {
                 let o = epilogue_slot(row, chunk);
-                assert!(o % 16 == 0 && o + 16 <= EPILOGUE_BUFFER_BYTES);
+                assert!(o % 16 == 0 && o + 16 <= bytes);
+                // Rows below r stay below r · 128 bytes: a buffer of fewer rows holds its own.
+                assert!(o / EPILOGUE_ROW_BYTES == row);
                 assert!(!core::mem::replace(&mut seen[(o / 16) as usize], true), "row {row} chunk {chunk}");
             }
         }
         let quads = |slots: &mut dyn Iterator<Item = u32>| slots.fold(0u32, |m, o| m | 1 << (o / 16 % 8));
         for i in 0..EPILOGUE_ROWS / 8 {
             for chunk in 0..8 {
-                assert_eq!(
-                    quads(&mut (8 * i..8 * i + 8).map(|r| epilogue_slot(r, chunk))),
-                    0xFF,
-                    "rows {i}, chunk {chunk}"
-                );
+                let rows = &mut (8 * i..8 * i + 8).map(|r| epilogue_slot(r, chunk));
+                assert_eq!(quads(rows), 0xFF, "rows {i}, chunk {chunk}");
             }
         }
         for row in 0..EPILOGUE_ROWS {
             assert_eq!(quads(&mut (0..8).map(|c| epilogue_slot(row, c))), 0xFF, "row {row}");
         }
         for c in GemmConfig::ALL {
-            assert_eq!(c.staged_epilogue(), c.block_m == 128);
-            if c.staged_epilogue() {
-                assert!(c.epilogue_offset() >= c.empty_barrier_offset(c.stages) && c.epilogue_offset() % 128 == 0);
-                assert_eq!(
-                    c.dynamic_shared_memory(),
-                    c.epilogue_offset() + c.consumer_warpgroups() * EPILOGUE_BUFFER_BYTES
-                );
-            }
+            assert_eq!(c.epilogue_rows(), c.block_m.min(EPILOGUE_ROWS));
+            assert!(c.epilogue_offset() >= c.empty_barrier_offset(c.stages) && c.epilogue_offset() % 128 == 0);
+            assert_eq!(
+                c.dynamic_shared_memory(),
+                c.epilogue_offset() + c.consumer_warpgroups() * c.epilogue_buffer_bytes()
+            );
             assert!(c.is_valid(), "{c:?}: {} bytes", c.dynamic_shared_memory());
         }
         assert_eq!(GemmConfig::N192.dynamic_shared_memory(), 4 * 46 * 1024 + 128 + 3 * 8192);
+        assert_eq!(GemmConfig::M16.epilogue_buffer_bytes(), 16 * 128);
     }
 
     /// Every half-warp's 8-byte weight loads (lane groups 0–3 or 4–7, four lanes `q` each, rows

@@ -15,8 +15,9 @@
 //! of their two weight rows, decode to f16 and multiply by the block scale (exact), which gives the
 //! A fragments of 4 wgmma k-steps; then `wgmma m64n128k16` against the token tile. After the stage
 //! each consumer warp arrives on `empty[stage]` so the producer can refill it.
-//! The epilogue scales by alpha, rounds once to f16/bf16 and stores the tile, masking rows ≥ M and
-//! columns ≥ N.
+//! The epilogue scales by alpha, rounds once to f16/bf16, turns the tile into C's orientation in a
+//! shared-memory buffer per warpgroup (`stmatrix .trans`) and copies whole token rows to C in
+//! 16-byte stores, masking rows ≥ M and columns ≥ N.
 
 use crate::pipeline::{Barriers, Consumer, Producer, Scope, Stage};
 use crate::ptx::mbarrier::Mbarrier;
@@ -44,6 +45,8 @@ type Work<'a> = WorkCursor<'a, GroupParams>;
 trait Variant {
     const CFG: GemmConfig;
     type Narrow: MmaShape;
+    /// The wgmma width of its full tiles (`CFG.block_m`).
+    type Wide: MmaShape;
     /// `setmaxnreg.inc` to the consumers' share ([`GemmConfig::consumer_registers`]; a constant of
     /// each variant, as the instruction takes an immediate).
     fn grow_registers() {
@@ -65,6 +68,7 @@ struct General;
 impl Variant for General {
     const CFG: GemmConfig = GemmConfig::M128;
     type Narrow = wgmma::N16;
+    type Wide = wgmma::N128;
 }
 
 /// 128-token tiles whose group's last tile runs 64 wide when its rows fit, 5 stages, one CTA per SM.
@@ -72,6 +76,7 @@ struct Tail64;
 impl Variant for Tail64 {
     const CFG: GemmConfig = GemmConfig::M128_64;
     type Narrow = wgmma::N64;
+    type Wide = wgmma::N128;
 }
 
 /// 192 weight rows (three consumer warpgroups) × 128-token tiles, the group's last tile 64 wide
@@ -80,6 +85,7 @@ struct Rows192;
 impl Variant for Rows192 {
     const CFG: GemmConfig = GemmConfig::N192;
     type Narrow = wgmma::N64;
+    type Wide = wgmma::N128;
     fn grow_registers() {
         warp::setmaxnreg_inc::<{ GemmConfig::N192.consumer_registers() }>();
     }
@@ -94,11 +100,18 @@ struct Decode;
 impl Variant for Decode {
     const CFG: GemmConfig = GemmConfig::M16;
     type Narrow = wgmma::N16;
+    type Wide = wgmma::N16;
     const EAGER_LOADS: bool = false;
 }
 
 const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
 const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
+const _: () = {
+    assert!(<General as Variant>::Wide::N == GemmConfig::M128.block_m);
+    assert!(<Tail64 as Variant>::Wide::N == GemmConfig::M128_64.block_m);
+    assert!(<Rows192 as Variant>::Wide::N == GemmConfig::N192.block_m);
+    assert!(<Decode as Variant>::Wide::N == GemmConfig::M16.block_m);
+};
 const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m == 128);
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
@@ -121,7 +134,7 @@ impl<V: Variant> Smem<V> {
     fn empty(&self) -> Barriers {
         Barriers::at(self.base.add(V::CFG.empty_barrier_offset(0)))
     }
-    /// Consumer warpgroup `cw`'s epilogue buffer (`GemmConfig::staged_epilogue` variants).
+    /// Consumer warpgroup `cw`'s epilogue buffer.
     #[inline(always)]
     fn epilogue(&self, cw: u32) -> SmemAddr {
         self.base.add(V::CFG.epilogue_buffer_offset(cw))
@@ -402,7 +415,7 @@ unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams,
             if V::CFG.block_m == V::CFG.narrow || V::CFG.tile_width(g.m, g.block_m, tile.tile_m) == V::CFG.narrow {
                 consume_tile::<V, STAGES, V::Narrow>(st, &mut ring, p, &g, tile, cw, t, bf16)
             } else {
-                consume_tile::<V, STAGES, wgmma::N128>(st, &mut ring, p, &g, tile, cw, t, bf16)
+                consume_tile::<V, STAGES, V::Wide>(st, &mut ring, p, &g, tile, cw, t, bf16)
             }
         }
     }
@@ -505,13 +518,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     };
     // SAFETY: C of the group is valid for `m × n` elements (validated by the host); every thread
     // of the warpgroup stores.
-    unsafe {
-        if V::CFG.staged_epilogue() {
-            store_tile_staged::<V, S>(st, &acc, &g, tile, bf16)
-        } else {
-            store_tile::<V, S>(&acc, &g, tile, bf16)
-        }
-    };
+    unsafe { store_tile::<V, S>(st, &acc, &g, tile, bf16) };
 }
 
 /// Where the thread's fragments lie in a stage, computed once per tile: its two weight rows'
@@ -608,20 +615,6 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
 /// times 2⁻¹⁴ (`dequant16`).
 const WEIGHT_UNSCALE: f32 = 16384.0;
 
-/// The accumulator pair of register `i` (even) as two neighbouring weights of one token row of C,
-/// rounded by [`round_pair`]. Registers `i` and `i + 1` hold tokens m and m + 1 of one weight n;
-/// lanes g and g^1 (lane ^ 4) hold neighbouring weights. Each lane rounds its own pair (m, m + 1),
-/// swaps it with its neighbour and keeps one token of both: even g token m, odd g token m + 1,
-/// weight n_even in the low half. (Swapping f32 values before rounding took a select before the
-/// shuffle and two after it where this takes one `prmt`; PERF.md #39.)
-#[inline(always)]
-fn c_pair(acc_i: f32, acc_i1: f32, odd: u32, alpha: f32, bf16: bool) -> u32 {
-    let mine = round_pair(acc_i, acc_i1, alpha, bf16);
-    let theirs = warp::shfl_xor(mine, 4);
-    // Even g: (mine.m, theirs.m); odd g: (theirs.m1, mine.m1) (`prmt` bytes 0–3 mine, 4–7 theirs).
-    convert::byte_perm(mine, theirs, if odd == 0 { 0x5410 } else { 0x3276 })
-}
-
 /// The accumulator pair `(acc[i], acc[i + 1])` (tokens m, m + 1 of one weight) scaled by 2¹⁴ and
 /// alpha and rounded once to f16x2 or bf16x2, token m in the low half (the weights were decoded
 /// times 2⁻¹⁴, `dequant16`; multiplying by 2¹⁴ first is exact, so this is alpha times the unscaled
@@ -637,7 +630,8 @@ fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool) -> u32 {
 }
 
 /// Writes the warpgroup's 64 × `S::N` accumulator tile to C (transposed: C is tokens × weights)
-/// through its epilogue buffer, 64 token rows at a time:
+/// through its epilogue buffer, [`EPILOGUE_ROWS`] token rows at a time (a 16-token tile of the
+/// decode variant in one round of 16, its buffer's height):
 /// 1. each register pair rounded (`round_pair`) is one element pair of an 8 × 8 matrix (the
 ///    warp's weight row `g` or `g + 8`, tokens `2q, 2q + 1` of a quad) in the layout `stmatrix`
 ///    takes; `stmatrix .trans` stores its columns, so each stored 16 bytes are 8 weights of one
@@ -652,13 +646,21 @@ fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool) -> u32 {
 /// Every thread of a consumer warpgroup; `g.c` valid for `g.m × g.n` elements, 16-byte aligned
 /// (validated by the host).
 #[inline(always)]
-unsafe fn store_tile_staged<V: Variant, S: MmaShape>(
+unsafe fn store_tile<V: Variant, S: MmaShape>(
     st: &Smem<V>,
     acc: &wgmma::Accumulators,
     g: &GroupParams,
     tile: WorkItem,
     bf16: bool,
 ) {
+    // A round's rows fit the buffer: tiles narrower than a round are one round of their height.
+    const {
+        assert!(if S::N < EPILOGUE_ROWS {
+            S::N <= V::CFG.epilogue_rows()
+        } else {
+            V::CFG.epilogue_rows() == EPILOGUE_ROWS && S::N <= 2 * EPILOGUE_ROWS
+        })
+    };
     let Some((cw, t)) = V::CFG.consumer_thread(sreg::tid_x()) else { return };
     let (warp, lane) = (t / 32, t % 32);
     let buf = st.epilogue(cw);
@@ -712,56 +714,6 @@ unsafe fn store_tile_staged<V: Variant, S: MmaShape>(
                     unsafe { gmem::st_v4_u32_if(at, [v[W[0]], v[W[1]], v[W[2]], v[W[3]]], m < g.m && n < g.n) };
                 }
             });
-        }
-    });
-}
-
-/// Writes the warpgroup's 64 × `S::N` accumulator tile to C from registers (the decode variant's
-/// 16-token tiles; transposed: C is tokens × weights).
-///
-/// Register i of lane (g, q) holds D[n = n_base + g + 8·((i/2)%2)][m = m_base + 2q + 8·(i/4) + i%2]
-/// (`S::N / 2` registers, `S::N / 8` quads).
-/// Lanes g and g^1 (lane ^ 4) hold neighbouring n for the same m, so one shuffle per register pair
-/// gives each lane two adjacent elements of one row of C: even g stores C[m even][g, g+1], odd g
-/// stores C[m odd][g-1, g], as one 4-byte store (N is a multiple of 8, so a pair never straddles N).
-///
-/// # Safety
-/// Every thread of a consumer warpgroup; `g.c` valid for `g.m × g.n` elements.
-#[inline(always)]
-// The unrolled last quad's address step is never read.
-#[allow(unused_assignments)]
-unsafe fn store_tile<V: Variant, S: MmaShape>(acc: &wgmma::Accumulators, g: &GroupParams, tile: WorkItem, bf16: bool) {
-    // The thread's place, read again from the special registers rather than kept live through
-    // the K loop (where registers are scarce).
-    let Some((cw, t)) = V::CFG.consumer_thread(sreg::tid_x()) else { return };
-    let (warp, g8, q) = (t / 32, (t % 32) / 4, t % 4);
-    let c = g.c as *mut u16;
-    let odd = g8 % 2;
-    // The lane group's weight rows, as the K loop loaded them (`lane_group_row` keeps bit 0).
-    let n_pair = tile_row0::<V>(tile) + cw * WG_ROWS + 16 * warp + (lane_group_row(g8) - odd);
-    // Tiles of the group are `block_m` rows apart.
-    let m0 = tile.tile_m * g.block_m + 2 * q + odd;
-    // Each store is one predicated `st.global` (no branch, PERF.md #59), where `m < M` and
-    // `n < N`: inside C (`n + 1 < N` too: N is a multiple of 8, n even). `at` is element (m, n)
-    // of C (row-major, N elements per row), computed once per tile and advanced by 8 rows per
-    // quad; both words of a quad are rounded before either is stored (PERF.md #42).
-    let (n_ok, n8_ok) = (n_pair < g.n, n_pair + 8 < g.n);
-    let row = g.n as usize;
-    let mut at = c.wrapping_add(m0 as usize * row + n_pair as usize);
-    unrolled!(quad in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        // Quads past N / 8 do not exist for narrower widths (a constant condition).
-        if (quad as u32) < S::N / 8 {
-            // Registers 4·quad, +1 (weight n) and 4·quad + 2, +3 (weight n + 8): words w0 and w1.
-            let i = 4 * quad;
-            let w0 = c_pair(acc[i], acc[i + 1], odd, g.alpha, bf16);
-            let w1 = c_pair(acc[i + 2], acc[i + 3], odd, g.alpha, bf16);
-            let m = m0 + 8 * quad as u32;
-            // SAFETY: each written only inside C (above).
-            unsafe {
-                gmem::st_u32_if(at as *mut u32, w0, n_ok && m < g.m);
-                gmem::st_u32_if(at.wrapping_add(8) as *mut u32, w1, n8_ok && m < g.m);
-            }
-            at = at.wrapping_add(8 * row);
         }
     });
 }
