@@ -183,26 +183,6 @@ pub fn mul_f16x2(a: u32, b: u32) -> u32 {
     d
 }
 
-/// Bytes of `{b, a}` (a's bytes 0–3, b's 4–7) picked by the four low selector nibbles of `sel`:
-/// `prmt.b32 d, a, b, sel;` (PTX ISA, "Data Movement and Conversion Instructions: prmt"; default
-/// mode, selectors 0–7 only).
-#[inline(always)]
-pub fn byte_perm(a: u32, b: u32, sel: u32) -> u32 {
-    #[cfg(target_arch = "nvptx64")]
-    let d = {
-        let d: u32;
-        // SAFETY: register arithmetic only.
-        unsafe {
-            asm!("prmt.b32 {d}, {a}, {b}, {s};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, s = in(reg32) sel,
-                 options(pure, nomem, nostack));
-        }
-        d
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::prmt(a, b, sel);
-    d
-}
-
 /// Packs two f32 to f16x2, `lo` in the low half: `cvt.rn.f16x2.f32 d, hi, lo;` (PTX ISA 7.0, sm_80).
 #[inline(always)]
 pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {
