@@ -312,7 +312,8 @@ mod tests {
         assert_eq!(l.workspace_offsets, vec![0, 96 * 512 * 2, 96 * 512 * 2]);
         // 96 rows × 8 chunks = 768 items = 6 CTAs of 128; group 1 has none; 200 × 2 = 400 → 4.
         assert_eq!(l.dequant_ctas, vec![(0, 6), (6, 0), (6, 4)]);
-        assert_eq!(l.gemm, LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: 210_000 });
+        // Five 41-KiB stages, ten mbarriers, two 8-KiB epilogue buffers from the next 128 bytes.
+        assert_eq!(l.gemm, LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: 226_432 });
         assert_eq!(l.dequant, LaunchGeometry { grid: 10, block: 256, cluster: 1, smem_bytes: 0 });
     }
 
