@@ -125,11 +125,10 @@ fn run(o: Options) -> Result<ExitCode, String> {
         shapes,
         moe: torch.map(|torch| MoeReport { seed: o.seed, torch, shapes: moe_rows }),
     };
-    let json = o.out.join("nvfp4-bench.json");
-    let svg = o.out.join("nvfp4-bench.svg");
+    let (json, svg) = report::output_paths(&report, &o.out);
     report::write_json(&report, &json)?;
     let mut wrote = json.display().to_string();
-    if !report.shapes.is_empty() {
+    if let Some(svg) = svg {
         report::write_svg(&report, &svg)?;
         wrote += &format!(" and {}", svg.display());
     }

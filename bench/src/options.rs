@@ -63,7 +63,9 @@ OPTIONS
   --seed N          input seed (default 2222)
   --no-check        skip the comparison with the CPU reference
   --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
-  --out DIR         where nvfp4-bench.json and nvfp4-bench.svg go (default: bench-results)
+  --out DIR         where the results go (default: bench-results): nvfp4-bench.json and
+                    nvfp4-bench.svg for a run with shapes, nvfp4-bench-moe.json for MoE rows
+                    only (--shapes none), nvfp4-bench-ceilings.json for --ceilings
   --ceilings        measure the ceilings only (copy, bf16 tensor rate, TMA), print and write the
                     JSON, and exit (no shapes; not with --shapes, --shape or the MoE options)
   -h, --help        this text

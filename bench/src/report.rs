@@ -243,6 +243,20 @@ pub(crate) fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String
     out
 }
 
+/// The files a run writes into `out`, named by what the report holds, so that runs of different
+/// kinds into one folder (the default set, then the MoE rows alone, as `cargo xtask bench` prints
+/// them) keep each other's results: `nvfp4-bench.json` and `nvfp4-bench.svg` with shapes,
+/// `nvfp4-bench-moe.json` with MoE rows only, `nvfp4-bench-ceilings.json` with neither.
+pub fn output_paths(report: &Report, out: &Path) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
+    if !report.shapes.is_empty() {
+        (out.join("nvfp4-bench.json"), Some(out.join("nvfp4-bench.svg")))
+    } else if report.moe.is_some() {
+        (out.join("nvfp4-bench-moe.json"), None)
+    } else {
+        (out.join("nvfp4-bench-ceilings.json"), None)
+    }
+}
+
 /// Writes the report as pretty JSON.
 pub fn write_json(report: &Report, path: &Path) -> Result<(), String> {
     let text = serde_json::to_string_pretty(report).map_err(|e| format!("encoding the JSON: {e}"))?;
@@ -376,6 +390,31 @@ mod tests {
             shapes: vec![shape("b0", 16.0, Some(20.0)), shape("custom", 10.0, None)],
             moe: None,
         }
+    }
+
+    /// A default run, a MoE-only run and a ceilings-only run into one folder write three
+    /// different files (the default run's JSON and SVG survive the other two).
+    #[test]
+    fn output_files_are_named_by_content() {
+        let out = Path::new("results");
+        let default = sample();
+        let moe_only = Report {
+            shapes: vec![],
+            moe: Some(crate::moe::MoeReport {
+                seed: 1,
+                torch: crate::moe::TorchBaseline { json: None, note: "off".into() },
+                shapes: vec![],
+            }),
+            ..sample()
+        };
+        let ceilings = Report { shapes: vec![], moe: None, ..sample() };
+        let name = |r: &Report| {
+            let (json, svg) = output_paths(r, out);
+            (json.display().to_string(), svg.map(|p| p.display().to_string()))
+        };
+        assert_eq!(name(&default), ("results/nvfp4-bench.json".into(), Some("results/nvfp4-bench.svg".into())));
+        assert_eq!(name(&moe_only), ("results/nvfp4-bench-moe.json".into(), None));
+        assert_eq!(name(&ceilings), ("results/nvfp4-bench-ceilings.json".into(), None));
     }
 
     #[test]
