@@ -268,41 +268,84 @@ impl TcOrder {
     }
 }
 
-/// Which threads' shared-memory stores a thread is ordered after for the async proxy (PTX ISA
-/// 9.0 §8, the memory consistency model's proxies; §9.7.13.4 `fence.proxy.async`): per writing
-/// thread, the sequence number of its last `st.shared` that its `fence.proxy.async` covered and a
-/// release (an mbarrier arrival, `bar.sync`, `bar.warp.sync`) then passed on — directly or through
-/// threads that learned it the same way. Only threads that wrote shared memory appear.
+/// Which threads' shared-memory stores a thread is ordered after (PTX ISA 9.0 §8, the memory
+/// consistency model): per writing thread, two sequence numbers of its `st.shared`s — the last
+/// one a release (an mbarrier arrival, `bar.sync`, `bar.warp.sync`) passed on, which orders it
+/// before the acquiring thread's own loads and stores (the generic proxy), and the last one its
+/// `fence.proxy.async` also covered, which orders it before the acquirer's asynchronous operations
+/// (§9.7.13.4) — directly or through threads that learned them the same way. Only threads that
+/// wrote shared memory appear.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Published(pub Vec<(usize, u32)>);
+pub(crate) struct Published(pub Vec<Known>);
+
+/// One writing thread's entry of [`Published`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Known {
+    pub thread: usize,
+    /// Its last store ordered for the generic proxy.
+    pub generic: u32,
+    /// Its last store ordered for the async proxy (0: none).
+    pub fenced: u32,
+}
 
 impl Published {
-    pub(crate) fn add(&mut self, t: usize, seq: u32) {
-        match self.0.iter_mut().find(|e| e.0 == t) {
-            Some(e) => e.1 = e.1.max(seq),
-            None => self.0.push((t, seq)),
+    pub(crate) fn add(&mut self, k: Known) {
+        match self.0.iter_mut().find(|e| e.thread == k.thread) {
+            Some(e) => {
+                e.generic = e.generic.max(k.generic);
+                e.fenced = e.fenced.max(k.fenced);
+            }
+            None => self.0.push(k),
         }
     }
     pub(crate) fn merge(&mut self, o: &Published) {
-        for &(t, s) in &o.0 {
-            self.add(t, s);
+        for &k in &o.0 {
+            self.add(k);
         }
     }
-    /// Whether store `seq` of thread `t` is covered.
+    /// Whether store `seq` of thread `t` is ordered before this thread's asynchronous operations.
     pub(crate) fn covers(&self, t: usize, seq: u32) -> bool {
-        self.0.iter().any(|&(u, s)| u == t && s >= seq)
+        self.0.iter().any(|k| k.thread == t && k.fenced >= seq)
+    }
+    /// Whether store `seq` of thread `t` is ordered before this thread's own accesses.
+    pub(crate) fn covers_generic(&self, t: usize, seq: u32) -> bool {
+        self.0.iter().any(|k| k.thread == t && k.generic >= seq)
     }
 }
 
-/// What thread `me` passes on when it releases: what it learned, and its own stores up to its
-/// last `fence.proxy.async`.
+/// What thread `me` passes on when it releases: what it learned, and its own stores — all of them
+/// for the generic proxy, those up to its last `fence.proxy.async` for the async proxy.
 pub(crate) fn pub_contribution(w: &World, me: usize) -> Published {
     let t = &w.threads[me];
     let mut p = t.known.clone();
-    if t.fenced_seq > 0 {
-        p.add(me, t.fenced_seq);
+    if t.st_seq > 0 {
+        p.add(Known { thread: me, generic: t.st_seq, fenced: t.fenced_seq });
     }
     p
+}
+
+/// Checks that thread `me` may access (read, or overwrite) `len` shared bytes at `off` of CTA
+/// `cta` that another thread's `st.shared` last wrote: that store must be ordered before the
+/// access by a release–acquire chain (a data race otherwise, PTX ISA 9.0 §8.7). Reads after reads
+/// and reads before writes (write-after-read) are not tracked.
+pub(crate) fn check_ordered(w: &World, me: usize, cta: usize, off: u32, len: u32, what: &str) -> Result<(), String> {
+    let Some(g) = &w.ctas[cta].smem.generic else { return Ok(()) };
+    for i in off..off + len {
+        let (writer, seq) = g[i as usize];
+        if writer == 0 || writer as usize - 1 == me {
+            continue;
+        }
+        let t = writer as usize - 1;
+        if !w.threads[me].known.covers_generic(t, seq) {
+            let wt = &w.threads[t];
+            return Err(format!(
+                "{what} dyn+{i:#x}, which thread {t} (CTA {}, tid {}) wrote with st.shared, with no barrier \
+                 ordering that store before this access (a data race, PTX ISA 9.0 §8.7)",
+                wt.cta, wt.tid
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A barrier that orders each of `learners` after the memory operations of all `arrivals`

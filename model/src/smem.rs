@@ -15,7 +15,7 @@
 //! PTX ISA 9.0 §9.7.13.15.8).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{instr, Flow, World};
+use crate::exec::{check_ordered, instr, Flow, World};
 use std::panic::Location;
 
 /// Tag of the model's `.shared::cluster` addresses produced by `mapa`.
@@ -203,6 +203,7 @@ fn load<const N: usize>(name: &'static str, site: &'static Location<'static>, ad
         let cta = w.threads[me].cta;
         let off = cta_offset(w, addr, len, len).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         check_thread_read(w, cta, off, len).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
+        check_ordered(w, me, cta, off, len, "reads").map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
         let d = &w.ctas[cta].smem.data;
         Ok(Flow::Done(std::array::from_fn(|i| {
             let o = off as usize + 4 * i;
@@ -217,6 +218,7 @@ fn store<const N: usize>(name: &'static str, site: &'static Location<'static>, a
         let cta = w.threads[me].cta;
         let off = cta_offset(w, addr, len, len).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         check_thread_write(w, cta, off, len).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
+        check_ordered(w, me, cta, off, len, "writes").map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
         let d = &mut w.ctas[cta].smem.data;
         for (i, x) in v.iter().enumerate() {
             let o = off as usize + 4 * i;
@@ -332,6 +334,8 @@ pub(crate) fn complete_stmatrix_x4(
             let off = cta_offset(w, addr, 16, 16)
                 .map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, format!("lane {provider}: {m}")))?;
             check_thread_write(w, cta, off, 16)
+                .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("lane {provider}: {m}")))?;
+            check_ordered(w, t, cta, off, 16, "writes")
                 .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("lane {provider}: {m}")))?;
             w.ctas[cta].smem.data[off as usize..off as usize + 16].copy_from_slice(&bytes);
             w.threads[t].st_seq += 1;

@@ -481,3 +481,56 @@ fn stmatrix_stores_rows_or_columns_where_the_lanes_point() {
         }
     }
 }
+
+/// A thread's `st.shared` read (or overwritten) by another thread with no barrier between them is
+/// a data race: the model reports it where the access finds the other thread's store, whatever
+/// the schedule (the reader polls until the value is there). Ordered by `bar.sync` or by an
+/// mbarrier arrival and wait, the same accesses pass.
+#[test]
+fn shared_memory_races_between_threads_are_reported() {
+    // Warp 0 stores, warp 1 polls the word: a race.
+    for s in seeds() {
+        let e = launch(&cfg(1, 64, 1024).with_schedule(s), || {
+            let base = smem::dynamic_base();
+            if sreg::tid_x() == 0 {
+                smem::st_u32(base, 7);
+            } else if sreg::tid_x() == 32 {
+                while smem::ld_u32(base) != 7 {}
+            }
+        })
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+        assert!(e.message.contains("data race") && e.message.contains("reads"), "{e}");
+    }
+    // Two warps write the same word: whichever comes second is reported.
+    let e = launch(&cfg(1, 64, 1024), || {
+        if sreg::tid_x() % 32 == 0 {
+            smem::st_u32(smem::dynamic_base(), sreg::tid_x());
+        }
+    })
+    .unwrap_err();
+    assert!(e.kind == ErrorKind::Hazard && e.message.contains("writes"), "{e}");
+    // Ordered by bar.sync, then by an mbarrier arrival (release) and wait (acquire).
+    let got = AtomicU32::new(0);
+    for s in seeds() {
+        launch(&cfg(1, 64, 1024).with_schedule(s), || {
+            let base = smem::dynamic_base();
+            let tid = sreg::tid_x();
+            if tid == 0 {
+                smem::st_u32(base + 64, 5);
+                mbarrier::init(base, 1);
+            }
+            barrier::sync_all();
+            if tid == 32 {
+                assert_eq!(smem::ld_u32(base + 64), 5);
+                smem::st_u32(base + 64, 6);
+                mbarrier::arrive(base);
+            } else if tid == 0 {
+                while !mbarrier::try_wait(base, 0) {}
+                got.store(smem::ld_u32(base + 64), Relaxed);
+            }
+        })
+        .unwrap();
+        assert_eq!(got.load(Relaxed), 6);
+    }
+}
