@@ -217,20 +217,27 @@ fn store<const N: usize>(name: &'static str, site: &'static Location<'static>, a
         let len = 4 * N as u32;
         let cta = w.threads[me].cta;
         let off = cta_offset(w, addr, len, len).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
-        check_thread_write(w, cta, off, len).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
-        check_ordered(w, me, cta, off, len, "writes").map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
-        let d = &mut w.ctas[cta].smem.data;
-        for (i, x) in v.iter().enumerate() {
-            let o = off as usize + 4 * i;
-            d[o..o + 4].copy_from_slice(&x.to_le_bytes());
-        }
-        w.threads[me].st_seq += 1;
-        let mark = (me as u32 + 1, w.threads[me].st_seq);
-        let s = &mut w.ctas[cta].smem;
-        let n = s.data.len();
-        s.generic.get_or_insert_with(|| vec![(0, 0); n])[off as usize..(off + len) as usize].fill(mark);
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        thread_store(w, me, cta, off, &bytes).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
         Ok(Flow::Done(()))
     })
+}
+
+/// Writes `bytes` at `off` of CTA `cta` as a `st.shared` of thread `t`: checked against in-flight
+/// asynchronous operations and other threads' unordered stores, then marked as the thread's
+/// store (its next sequence number, for the ordering and proxy checks).
+fn thread_store(w: &mut World, t: usize, cta: usize, off: u32, bytes: &[u8]) -> Result<(), String> {
+    let len = bytes.len() as u32;
+    check_thread_write(w, cta, off, len)?;
+    check_ordered(w, t, cta, off, len, "writes")?;
+    let range = off as usize..(off + len) as usize;
+    w.ctas[cta].smem.data[range.clone()].copy_from_slice(bytes);
+    w.threads[t].st_seq += 1;
+    let mark = (t as u32 + 1, w.threads[t].st_seq);
+    let s = &mut w.ctas[cta].smem;
+    let n = s.data.len();
+    s.generic.get_or_insert_with(|| vec![(0, 0); n])[range].fill(mark);
+    Ok(())
 }
 
 /// `.shared::cta` address of the start of the dynamic shared memory (`cvta.to.shared` of the
@@ -333,16 +340,8 @@ pub(crate) fn complete_stmatrix_x4(
             let cta = w.threads[t].cta;
             let off = cta_offset(w, addr, 16, 16)
                 .map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, format!("lane {provider}: {m}")))?;
-            check_thread_write(w, cta, off, 16)
+            thread_store(w, t, cta, off, &bytes)
                 .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("lane {provider}: {m}")))?;
-            check_ordered(w, t, cta, off, 16, "writes")
-                .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("lane {provider}: {m}")))?;
-            w.ctas[cta].smem.data[off as usize..off as usize + 16].copy_from_slice(&bytes);
-            w.threads[t].st_seq += 1;
-            let mark = (t as u32 + 1, w.threads[t].st_seq);
-            let s = &mut w.ctas[cta].smem;
-            let n = s.data.len();
-            s.generic.get_or_insert_with(|| vec![(0, 0); n])[off as usize..off as usize + 16].fill(mark);
         }
     }
     Ok(())
