@@ -163,7 +163,8 @@ pub const fn epilogue_slot(row: u32, chunk: u32) -> u32 {
 /// weights, `stages` stages of `chunks` × [`CHUNK_K`].
 ///
 /// Shared memory: `stages` stages of `[token chunks][weight tile][weight scale blocks]`, each a
-/// multiple of 1024 bytes, then the mbarriers `full[stages]`, `empty[stages]`.
+/// multiple of 1024 bytes, then the mbarriers `full[stages]`, `empty[stages]`, then one epilogue
+/// buffer per consumer warpgroup ([`GemmConfig::epilogue_buffer_offset`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmConfig {
     /// Most tokens per tile (the widest wgmma N the variant runs): 16 or 128.
