@@ -286,6 +286,8 @@ pub(crate) struct Known {
     pub generic: u32,
     /// Its last store ordered for the async proxy (0: none).
     pub fenced: u32,
+    /// Its last shared-memory load ordered before the acquirer's stores (0: none).
+    pub read: u32,
 }
 
 impl Published {
@@ -294,6 +296,7 @@ impl Published {
             Some(e) => {
                 e.generic = e.generic.max(k.generic);
                 e.fenced = e.fenced.max(k.fenced);
+                e.read = e.read.max(k.read);
             }
             None => self.0.push(k),
         }
@@ -311,23 +314,28 @@ impl Published {
     pub(crate) fn covers_generic(&self, t: usize, seq: u32) -> bool {
         self.0.iter().any(|k| k.thread == t && k.generic >= seq)
     }
+    /// Whether shared-memory load `seq` of thread `t` is ordered before this thread's stores.
+    pub(crate) fn covers_read(&self, t: usize, seq: u32) -> bool {
+        self.0.iter().any(|k| k.thread == t && k.read >= seq)
+    }
 }
 
-/// What thread `me` passes on when it releases: what it learned, and its own stores — all of them
-/// for the generic proxy, those up to its last `fence.proxy.async` for the async proxy.
+/// What thread `me` passes on when it releases: what it learned, its own loads, and its own
+/// stores — all of them for the generic proxy, those up to its last `fence.proxy.async` for the
+/// async proxy.
 pub(crate) fn pub_contribution(w: &World, me: usize) -> Published {
     let t = &w.threads[me];
     let mut p = t.known.clone();
-    if t.st_seq > 0 {
-        p.add(Known { thread: me, generic: t.st_seq, fenced: t.fenced_seq });
+    if t.st_seq > 0 || t.ld_seq > 0 {
+        p.add(Known { thread: me, generic: t.st_seq, fenced: t.fenced_seq, read: t.ld_seq });
     }
     p
 }
 
 /// Checks that thread `me` may access (read, or overwrite) `len` shared bytes at `off` of CTA
 /// `cta` that another thread's `st.shared` last wrote: that store must be ordered before the
-/// access by a release–acquire chain (a data race otherwise, PTX ISA 9.0 §8.7). Reads after reads
-/// and reads before writes (write-after-read) are not tracked.
+/// access by a release–acquire chain (a data race otherwise, PTX ISA 9.0 §8.7). A store must also
+/// come after the last other thread's load of each byte ([`check_read_before`]).
 pub(crate) fn check_ordered(w: &World, me: usize, cta: usize, off: u32, len: u32, what: &str) -> Result<(), String> {
     let Some(g) = &w.ctas[cta].smem.generic else { return Ok(()) };
     for i in off..off + len {
@@ -342,6 +350,30 @@ pub(crate) fn check_ordered(w: &World, me: usize, cta: usize, off: u32, len: u32
                 "{what} dyn+{i:#x}, which thread {t} (CTA {}, tid {}) wrote with st.shared, with no barrier \
                  ordering that store before this access (a data race, PTX ISA 9.0 §8.7)",
                 wt.cta, wt.tid
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that thread `me` may overwrite `len` shared bytes at `off` of CTA `cta`: the last load
+/// of each byte by another thread must be ordered before this store by a release–acquire chain
+/// (write-after-read; a data race otherwise, PTX ISA 9.0 §8.7). Only the last reader of a byte is
+/// kept, so an earlier reader's unordered load can go unreported.
+pub(crate) fn check_read_before(w: &World, me: usize, cta: usize, off: u32, len: u32) -> Result<(), String> {
+    let Some(r) = &w.ctas[cta].smem.last_read else { return Ok(()) };
+    for i in off..off + len {
+        let (reader, seq) = r[i as usize];
+        if reader == 0 || reader as usize - 1 == me {
+            continue;
+        }
+        let t = reader as usize - 1;
+        if !w.threads[me].known.covers_read(t, seq) {
+            let rt = &w.threads[t];
+            return Err(format!(
+                "writes dyn+{i:#x}, which thread {t} (CTA {}, tid {}) read with ld.shared, with no barrier ordering \
+                 that load before this store (write-after-read: a data race, PTX ISA 9.0 §8.7)",
+                rt.cta, rt.tid
             ));
         }
     }
@@ -429,6 +461,8 @@ pub(crate) struct Th {
     /// Its `st.shared` count, and the count at its last `fence.proxy.async` ([`Published`]).
     pub st_seq: u32,
     pub fenced_seq: u32,
+    /// Its `ld.shared` count ([`Published`]).
+    pub ld_seq: u32,
     /// Other threads' fenced shared-memory stores it is ordered after.
     pub known: Published,
 }
@@ -503,6 +537,7 @@ impl World {
                 grid_waited: false,
                 st_seq: 0,
                 fenced_seq: 0,
+                ld_seq: 0,
                 known: Published::default(),
             })
             .collect();

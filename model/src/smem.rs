@@ -15,7 +15,7 @@
 //! PTX ISA 9.0 §9.7.13.15.8).
 
 use crate::error::{ErrorKind, ModelError};
-use crate::exec::{check_ordered, instr, Flow, World};
+use crate::exec::{check_ordered, check_read_before, instr, Flow, World};
 use std::panic::Location;
 
 /// Tag of the model's `.shared::cluster` addresses produced by `mapa`.
@@ -31,6 +31,10 @@ pub(crate) struct Smem {
     /// Per byte, the thread (index + 1; 0: none) whose `st.shared` wrote it last and that store's
     /// sequence number in the thread (`exec::Published`); allocated at the CTA's first store.
     pub generic: Option<Vec<(u32, u32)>>,
+    /// Per byte, the thread (index + 1; 0: none) whose `ld.shared` read it last and that load's
+    /// sequence number in the thread; allocated at the CTA's first load. Reset where an
+    /// asynchronous operation writes (ordered by its barrier, like `generic`).
+    pub last_read: Option<Vec<(u32, u32)>>,
 }
 
 impl Smem {
@@ -38,7 +42,14 @@ impl Smem {
         let n = size as usize;
         // Uninitialized shared memory reads as a recognizable pattern (`LaunchConfig::smem_fill`),
         // not zeros.
-        Smem { data: vec![fill; n], writer: vec![0; n], readers: vec![0; n], mbar: vec![false; n], generic: None }
+        Smem {
+            data: vec![fill; n],
+            writer: vec![0; n],
+            readers: vec![0; n],
+            mbar: vec![false; n],
+            generic: None,
+            last_read: None,
+        }
     }
 }
 
@@ -183,6 +194,9 @@ pub(crate) fn mark_write(w: &mut World, cta: usize, off: u32, len: u32, id: u32)
     if let Some(g) = &mut s.generic {
         g[off as usize..(off + len) as usize].fill((0, 0));
     }
+    if let Some(r) = &mut s.last_read {
+        r[off as usize..(off + len) as usize].fill((0, 0));
+    }
 }
 
 pub(crate) fn mark_read(w: &mut World, cta: usize, off: u32, len: u32) {
@@ -204,6 +218,11 @@ fn load<const N: usize>(name: &'static str, site: &'static Location<'static>, ad
         let off = cta_offset(w, addr, len, len).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
         check_thread_read(w, cta, off, len).map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
         check_ordered(w, me, cta, off, len, "reads").map_err(|m| w.err_at(me, ErrorKind::Hazard, m))?;
+        w.threads[me].ld_seq += 1;
+        let mark = (me as u32 + 1, w.threads[me].ld_seq);
+        let s = &mut w.ctas[cta].smem;
+        let n = s.data.len();
+        s.last_read.get_or_insert_with(|| vec![(0, 0); n])[off as usize..(off + len) as usize].fill(mark);
         let d = &w.ctas[cta].smem.data;
         Ok(Flow::Done(std::array::from_fn(|i| {
             let o = off as usize + 4 * i;
@@ -230,6 +249,7 @@ fn thread_store(w: &mut World, t: usize, cta: usize, off: u32, bytes: &[u8]) -> 
     let len = bytes.len() as u32;
     check_thread_write(w, cta, off, len)?;
     check_ordered(w, t, cta, off, len, "writes")?;
+    check_read_before(w, t, cta, off, len)?;
     let range = off as usize..(off + len) as usize;
     w.ctas[cta].smem.data[range.clone()].copy_from_slice(bytes);
     w.threads[t].st_seq += 1;

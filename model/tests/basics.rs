@@ -482,25 +482,43 @@ fn stmatrix_stores_rows_or_columns_where_the_lanes_point() {
     }
 }
 
-/// A thread's `st.shared` read (or overwritten) by another thread with no barrier between them is
-/// a data race: the model reports it where the access finds the other thread's store, whatever
-/// the schedule (the reader polls until the value is there). Ordered by `bar.sync` or by an
-/// mbarrier arrival and wait, the same accesses pass.
+/// A thread's `st.shared` read or overwritten by another thread, or a thread's `ld.shared`
+/// followed by another thread's store to the same bytes, with no barrier between them, is a data
+/// race: the model reports it at the second access, whatever the schedule. (The tests order the
+/// two accesses in time through a host atomic, which the model's memory ordering does not see.)
+/// Ordered by `bar.sync` or by an mbarrier arrival and wait, the same accesses pass.
 #[test]
 fn shared_memory_races_between_threads_are_reported() {
-    // Warp 0 stores, warp 1 polls the word: a race.
-    for s in seeds() {
-        let e = launch(&cfg(1, 64, 1024).with_schedule(s), || {
-            let base = smem::dynamic_base();
-            if sreg::tid_x() == 0 {
-                smem::st_u32(base, 7);
-            } else if sreg::tid_x() == 32 {
-                while smem::ld_u32(base) != 7 {}
-            }
-        })
-        .unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
-        assert!(e.message.contains("data race") && e.message.contains("reads"), "{e}");
+    // (first access by warp 0, second by warp 1): store then load, load then store.
+    for (store_first, what) in [(true, "reads"), (false, "write-after-read")] {
+        for s in seeds() {
+            let first_done = AtomicU32::new(0);
+            let e = launch(&cfg(1, 64, 1024).with_schedule(s), || {
+                let base = smem::dynamic_base();
+                let tid = sreg::tid_x();
+                let access = |store: bool| {
+                    if store {
+                        smem::st_u32(base, 7);
+                    } else {
+                        let _ = smem::ld_u32(base);
+                    }
+                };
+                if tid == 0 {
+                    access(store_first);
+                    first_done.store(1, Relaxed);
+                } else if tid == 32 {
+                    // A model instruction per poll (a load of a word nobody writes), so that the
+                    // scheduler runs warp 0.
+                    while first_done.load(Relaxed) == 0 {
+                        let _ = smem::ld_u32(base + 512);
+                    }
+                    access(!store_first);
+                }
+            })
+            .unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+            assert!(e.message.contains("data race") && e.message.contains(what), "{e}");
+        }
     }
     // Two warps write the same word: whichever comes second is reported.
     let e = launch(&cfg(1, 64, 1024), || {
