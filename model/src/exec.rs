@@ -268,17 +268,17 @@ impl TcOrder {
     }
 }
 
-/// Which threads' shared-memory stores a thread is ordered after (PTX ISA 9.0 §8, the memory
-/// consistency model): per writing thread, two sequence numbers of its `st.shared`s — the last
-/// one a release (an mbarrier arrival, `bar.sync`, `bar.warp.sync`) passed on, which orders it
-/// before the acquiring thread's own loads and stores (the generic proxy), and the last one its
-/// `fence.proxy.async` also covered, which orders it before the acquirer's asynchronous operations
-/// (§9.7.13.4) — directly or through threads that learned them the same way. Only threads that
-/// wrote shared memory appear.
+/// Which threads' shared-memory accesses a thread is ordered after (PTX ISA 9.0 §8, the memory
+/// consistency model): per accessing thread, the sequence numbers of its last `st.shared` and its
+/// last `ld.shared` that a release (an mbarrier arrival, `bar.sync`, `bar.warp.sync`) passed on,
+/// which order them before the acquiring thread's own loads and stores (the generic proxy), and of
+/// its last `st.shared` that its `fence.proxy.async` also covered, which orders it before the
+/// acquirer's asynchronous operations (§9.7.13.4) — directly or through threads that learned them
+/// the same way. Only threads that accessed shared memory appear.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Published(pub Vec<Known>);
 
-/// One writing thread's entry of [`Published`].
+/// One accessing thread's entry of [`Published`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Known {
     pub thread: usize,
@@ -463,7 +463,7 @@ pub(crate) struct Th {
     pub fenced_seq: u32,
     /// Its `ld.shared` count ([`Published`]).
     pub ld_seq: u32,
-    /// Other threads' fenced shared-memory stores it is ordered after.
+    /// Other threads' shared-memory accesses it is ordered after.
     pub known: Published,
 }
 
