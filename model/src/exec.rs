@@ -338,22 +338,14 @@ pub(crate) fn pub_contribution(w: &World, me: usize) -> Published {
 /// come after the last other thread's load of each byte ([`check_read_before`]).
 pub(crate) fn check_ordered(w: &World, me: usize, cta: usize, off: u32, len: u32, what: &str) -> Result<(), String> {
     let Some(g) = &w.ctas[cta].smem.generic else { return Ok(()) };
-    for i in off..off + len {
-        let (writer, seq) = g[i as usize];
-        if writer == 0 || writer as usize - 1 == me {
-            continue;
-        }
-        let t = writer as usize - 1;
-        if !w.threads[me].known.covers_generic(t, seq) {
-            let wt = &w.threads[t];
-            return Err(format!(
-                "{what} dyn+{i:#x}, which thread {t} (CTA {}, tid {}) wrote with st.shared, with no barrier \
-                 ordering that store before this access (a data race, PTX ISA 9.0 §8.7)",
-                wt.cta, wt.tid
-            ));
-        }
+    match first_unordered(g, off, len, me, |t, seq| w.threads[me].known.covers_generic(t, seq)) {
+        None => Ok(()),
+        Some((i, t)) => Err(format!(
+            "{what} dyn+{i:#x}, which thread {t} (CTA {}, tid {}) wrote with st.shared, with no barrier \
+             ordering that store before this access (a data race, PTX ISA 9.0 §8.7)",
+            w.threads[t].cta, w.threads[t].tid
+        )),
     }
-    Ok(())
 }
 
 /// Checks that thread `me` may overwrite `len` shared bytes at `off` of CTA `cta`: the last load
@@ -362,22 +354,31 @@ pub(crate) fn check_ordered(w: &World, me: usize, cta: usize, off: u32, len: u32
 /// kept, so an earlier reader's unordered load can go unreported.
 pub(crate) fn check_read_before(w: &World, me: usize, cta: usize, off: u32, len: u32) -> Result<(), String> {
     let Some(r) = &w.ctas[cta].smem.last_read else { return Ok(()) };
-    for i in off..off + len {
-        let (reader, seq) = r[i as usize];
-        if reader == 0 || reader as usize - 1 == me {
-            continue;
-        }
-        let t = reader as usize - 1;
-        if !w.threads[me].known.covers_read(t, seq) {
-            let rt = &w.threads[t];
-            return Err(format!(
-                "writes dyn+{i:#x}, which thread {t} (CTA {}, tid {}) read with ld.shared, with no barrier ordering \
-                 that load before this store (write-after-read: a data race, PTX ISA 9.0 §8.7)",
-                rt.cta, rt.tid
-            ));
-        }
+    match first_unordered(r, off, len, me, |t, seq| w.threads[me].known.covers_read(t, seq)) {
+        None => Ok(()),
+        Some((i, t)) => Err(format!(
+            "writes dyn+{i:#x}, which thread {t} (CTA {}, tid {}) read with ld.shared, with no barrier ordering \
+             that load before this store (write-after-read: a data race, PTX ISA 9.0 §8.7)",
+            w.threads[t].cta, w.threads[t].tid
+        )),
     }
-    Ok(())
+}
+
+/// The first byte of `off .. off + len` whose access mark (`(thread index + 1, its sequence
+/// number)`, 0: none) names a thread other than `me` whose access `ordered(thread, seq)` denies,
+/// with that thread.
+fn first_unordered(
+    marks: &[(u32, u32)],
+    off: u32,
+    len: u32,
+    me: usize,
+    ordered: impl Fn(usize, u32) -> bool,
+) -> Option<(u32, usize)> {
+    (off..off + len).find_map(|i| {
+        let (who, seq) = marks[i as usize];
+        let t = (who as usize).checked_sub(1)?;
+        (t != me && !ordered(t, seq)).then_some((i, t))
+    })
 }
 
 /// A barrier that orders each of `learners` after the memory operations of all `arrivals`

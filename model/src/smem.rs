@@ -221,8 +221,7 @@ fn load<const N: usize>(name: &'static str, site: &'static Location<'static>, ad
         w.threads[me].ld_seq += 1;
         let mark = (me as u32 + 1, w.threads[me].ld_seq);
         let s = &mut w.ctas[cta].smem;
-        let n = s.data.len();
-        s.last_read.get_or_insert_with(|| vec![(0, 0); n])[off as usize..(off + len) as usize].fill(mark);
+        stamp(&mut s.last_read, s.data.len(), off, len, mark);
         let d = &w.ctas[cta].smem.data;
         Ok(Flow::Done(std::array::from_fn(|i| {
             let o = off as usize + 4 * i;
@@ -250,14 +249,18 @@ fn thread_store(w: &mut World, t: usize, cta: usize, off: u32, bytes: &[u8]) -> 
     check_thread_write(w, cta, off, len)?;
     check_ordered(w, t, cta, off, len, "writes")?;
     check_read_before(w, t, cta, off, len)?;
-    let range = off as usize..(off + len) as usize;
-    w.ctas[cta].smem.data[range.clone()].copy_from_slice(bytes);
+    w.ctas[cta].smem.data[off as usize..(off + len) as usize].copy_from_slice(bytes);
     w.threads[t].st_seq += 1;
     let mark = (t as u32 + 1, w.threads[t].st_seq);
     let s = &mut w.ctas[cta].smem;
-    let n = s.data.len();
-    s.generic.get_or_insert_with(|| vec![(0, 0); n])[range].fill(mark);
+    stamp(&mut s.generic, s.data.len(), off, len, mark);
     Ok(())
+}
+
+/// Marks bytes `off .. off + len` of a CTA's `size`-byte window with `mark` (a thread's access:
+/// index + 1, sequence number), allocating the marks at their first use.
+fn stamp(marks: &mut Option<Vec<(u32, u32)>>, size: usize, off: u32, len: u32, mark: (u32, u32)) {
+    marks.get_or_insert_with(|| vec![(0, 0); size])[off as usize..(off + len) as usize].fill(mark);
 }
 
 /// `.shared::cta` address of the start of the dynamic shared memory (`cvta.to.shared` of the
