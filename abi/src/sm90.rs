@@ -153,8 +153,8 @@ pub const EPILOGUE_ROW_BYTES: u32 = WG_ROWS * 2;
 /// row `row` (0..[`EPILOGUE_ROWS`]): chunk `chunk ^ (row % 8)` of the row. The XOR puts the 8 rows
 /// one `stmatrix` matrix writes (rows `8i..8i+8`, one chunk) on 8 different bank quads, and a
 /// quarter warp reading one row's 8 chunks back reads 32 banks. (ncu's bank-conflict counter on
-/// the H200 still shows 18% extra store wavefronts on b1: either the hardware groups an `.x4`'s
-/// rows otherwise or the counter includes other traffic; PERF.md session 15.)
+/// the H200 still shows 18% extra store wavefronts on b1; an XOR with the quad parity as well,
+/// against another grouping of an `.x4`'s rows, left it unchanged: PERF.md #71.)
 pub const fn epilogue_slot(row: u32, chunk: u32) -> u32 {
     row * EPILOGUE_ROW_BYTES + ((chunk ^ (row % 8)) * 16)
 }
