@@ -1252,12 +1252,12 @@ mod tests {
     /// shared memory after the barriers.
     #[test]
     fn epilogue_buffer_slots_are_distinct_and_conflict_free() {
-        let bytes = EPILOGUE_ROWS * EPILOGUE_ROW_BYTES;
-        let mut seen = [false; (EPILOGUE_ROWS * EPILOGUE_ROW_BYTES / 16) as usize];
+        const BYTES: u32 = EPILOGUE_ROWS * EPILOGUE_ROW_BYTES;
+        let mut seen = [false; (BYTES / 16) as usize];
         for row in 0..EPILOGUE_ROWS {
             for chunk in 0..8 {
                 let o = epilogue_slot(row, chunk);
-                assert!(o % 16 == 0 && o + 16 <= bytes);
+                assert!(o % 16 == 0 && o + 16 <= BYTES);
                 // Rows below r stay below r · 128 bytes: a buffer of fewer rows holds its own.
                 assert!(o / EPILOGUE_ROW_BYTES == row);
                 assert!(!core::mem::replace(&mut seen[(o / 16) as usize], true), "row {row} chunk {chunk}");
