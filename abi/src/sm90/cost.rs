@@ -1,0 +1,62 @@
+//! The host's cost model of the GEMM's variants: the relative time of a work item, which orders
+//! and balances the work list and picks the variant whose busiest CTA finishes first.
+
+use super::config::{GemmConfig, BLOCK_K, BLOCK_N};
+
+/// Relative time of one token tile of `rows` rows, per stage, in token rows of MMA work: the MMA
+/// grows with `rows`, the rest ([`TILE_FIXED_COST`]) does not. Orders the host's work list
+/// (longest first).
+pub const fn tile_cost(rows: u32) -> u32 {
+    TILE_FIXED_COST + rows
+}
+
+/// The part of a tile's time per stage that does not shrink with its token rows, in token rows
+/// of MMA work: on the H200 a 64-row tile takes ~0.72 of a 128-row one, i.e.
+/// `(F + 64) / (F + 128) ≈ 0.72`.
+pub const TILE_FIXED_COST: u32 = 100;
+
+/// [`TILE_FIXED_COST`] of an `N192` item of 3 warpgroups, in the same units (a 128-row stage of
+/// `M128` costs 228): a 192-row stage costs `(140 + 192) / 228 ≈ 1.46` times a 128-row one.
+/// Fitted to the H200's times of the bench shapes b0 and b1 with each variant forced: b1 runs
+/// `N192` in 0.968 of `M128_64`'s time (66.1 µs against 68.3), the model gives 0.966 at 140 (and
+/// would prefer `M128_64` for b1 above 149); b0 0.935 measured, 0.916 modelled. With one tile per
+/// CTA (b2, b3) a 192-row stage takes only ~1.3 times as long, and the model keeps `M128` there
+/// (`N192` forced is slower: b2 38.8 µs against 29.9).
+pub const N192_TILE_FIXED_COST: u32 = 140;
+
+impl GemmConfig {
+    /// Relative time per stage of a tile `width` tokens wide over `warpgroups` consumer
+    /// warpgroups' rows, in [`tile_cost`] units: [`tile_cost`] for 128-row tiles and for `N192`
+    /// items of fewer than three warpgroups (the idle ones leave an `M128_64`-like tile);
+    /// [`N192_TILE_FIXED_COST`] plus the MMA work for three.
+    pub const fn stage_cost(&self, width: u32, warpgroups: u32) -> u32 {
+        if self.block_n == BLOCK_N || warpgroups < 3 {
+            tile_cost(width)
+        } else {
+            N192_TILE_FIXED_COST + width * warpgroups / 2
+        }
+    }
+}
+
+/// [`BLOCK_K`]-wide steps of a reduction of length `k`: the host cost model's unit of K (a
+/// variant's own stages are [`GemmConfig::k_stages`]).
+pub const fn k_stages(k: u32) -> u32 {
+    k.div_ceil(BLOCK_K)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn costs() {
+        assert_eq!((tile_cost(16), tile_cost(128)), (116, 228));
+        assert_eq!(k_stages(320), 3);
+        // An `N192` tile of three warpgroups costs more than a 128-row one, about one and a half
+        // (slightly more per weight row: its gain is in the balance); with fewer warpgroups, and
+        // in the 128-row variants, a tile costs its width.
+        let w = GemmConfig::N192;
+        assert!(w.stage_cost(128, 3) > tile_cost(128) && 5 * w.stage_cost(128, 3) < 8 * tile_cost(128));
+        assert_eq!((w.stage_cost(128, 2), GemmConfig::M128_64.stage_cost(64, 1)), (tile_cost(128), tile_cost(64)));
+    }
+}
