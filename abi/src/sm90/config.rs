@@ -52,7 +52,7 @@ pub enum ProducerRole {
 
 /// The narrow token tile: `wgmma m64n16k16`.
 pub const SMALL_TILE_M: u32 = 16;
-/// The tail tile of `M128_64`: `wgmma m64n64k16`.
+/// The tail tile of `T64`: `wgmma m64n64k16`.
 pub const TAIL_TILE_M: u32 = 64;
 /// Bytes of one mbarrier.
 pub const MBARRIER_BYTES: u32 = 8;
@@ -67,8 +67,8 @@ pub const MBARRIER_BYTES: u32 = 8;
 pub struct GemmConfig {
     /// Most tokens per tile (the widest wgmma N the variant runs): 16 or 128.
     pub block_m: u32,
-    /// The variant's narrower wgmma N: 16 (whole groups of at most 16 tokens, `M128`), 64 (the
-    /// last tile of a group whose last rows fit 64, `M128_64`); equal to `block_m` when the variant
+    /// The variant's narrower wgmma N: 16 (whole groups of at most 16 tokens, `GENERAL`), 64 (the
+    /// last tile of a group whose last rows fit 64, `T64`); equal to `block_m` when the variant
     /// runs one width only.
     pub narrow: u32,
     /// Pipeline stages.
@@ -84,13 +84,13 @@ pub struct GemmConfig {
 
 impl GemmConfig {
     /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
-    pub const M128: GemmConfig =
+    pub const GENERAL: GemmConfig =
         GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
     /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 4 stages of 256 K
     /// (26 KiB: two weight boxes), two CTAs per SM (registers capped at
     /// [`DECODE_MAX_REGISTERS`](super::DECODE_MAX_REGISTERS)) so that each scheduler has twice the
     /// warps to hide the decode's latencies.
-    pub const M16: GemmConfig = GemmConfig {
+    pub const DECODE: GemmConfig = GemmConfig {
         block_m: SMALL_TILE_M,
         narrow: SMALL_TILE_M,
         stages: 4,
@@ -100,18 +100,18 @@ impl GemmConfig {
     /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
     /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
     /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
-    pub const M128_64: GemmConfig =
+    pub const T64: GemmConfig =
         GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
     /// 192 weight rows × 128 tokens per tile (`sm90_grouped_gemm_n192`): three consumer warpgroups
-    /// read each token tile (a third fewer token bytes per MMA than `M128`, three consumer warps
+    /// read each token tile (a third fewer token bytes per MMA than `GENERAL`, three consumer warps
     /// per scheduler instead of two to hide the decode's latencies), the 64-wide last tiles of
-    /// `M128_64`, 4 stages of 46 KiB. A tile's 192 rows span two 128-row blocks of B's scales (the
+    /// `T64`, 4 stages of 46 KiB. A tile's 192 rows span two 128-row blocks of B's scales (the
     /// second half of one and all of the next, or the reverse); where N ends inside a tile, the
     /// warpgroups whose rows lie past it only release the stages.
     pub const N192: GemmConfig =
         GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 192, chunks: CHUNKS_PER_BOX };
     /// Every compiled variant.
-    pub const ALL: [GemmConfig; 4] = [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16, GemmConfig::N192];
+    pub const ALL: [GemmConfig; 4] = [GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::DECODE, GemmConfig::N192];
 
     /// K values per stage.
     pub const fn block_k(&self) -> u32 {
@@ -183,8 +183,8 @@ impl GemmConfig {
     }
 
     /// Token rows per tile of a group of `m` tokens under this variant (the group's `block_m`:
-    /// the pitch of its tiles and the height of a stage's token region): `M128` 16 for `m ≤ 16`, else 128;
-    /// `M128_64` 128; the decode variant 16.
+    /// the pitch of its tiles and the height of a stage's token region): `GENERAL` 16 for `m ≤ 16`, else 128;
+    /// `T64` 128; the decode variant 16.
     pub const fn tile_rows(&self, m: u32) -> u32 {
         if m <= self.narrow && self.narrow == SMALL_TILE_M {
             self.narrow
@@ -194,7 +194,7 @@ impl GemmConfig {
     }
 
     /// The wgmma N of token tile `tile_m` of a group of `m` tokens whose tiles have `block_m`
-    /// rows: `narrow` for a whole narrow group (`block_m == narrow`) and, in `M128_64` and `N192`,
+    /// rows: `narrow` for a whole narrow group (`block_m == narrow`) and, in `T64` and `N192`,
     /// for the group's last tile when its rows fit 64 (its box loads only those rows,
     /// [`tail_box_rows`](super::tail_box_rows)); else `block_m`.
     pub const fn tile_width(&self, m: u32, block_m: u32, tile_m: u32) -> u32 {
@@ -360,7 +360,10 @@ impl GemmConfig {
             && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
     }
 
-    /// The exported name of the GEMM kernel compiled for this configuration.
+    /// The exported name of the GEMM kernel compiled for this configuration: `sm90_grouped_gemm`
+    /// for [`Self::GENERAL`], else that with the variant's name as a suffix (`_t64`, `_n192`,
+    /// `_decode`). `cargo xtask build-ptx` fails unless each is an entry of the PTX
+    /// ([`REGISTER_CAPS`](super::REGISTER_CAPS) names them all).
     pub const fn kernel_name(&self) -> &'static str {
         if self.block_m == SMALL_TILE_M {
             "sm90_grouped_gemm_decode"
@@ -374,31 +377,31 @@ impl GemmConfig {
     }
 }
 
-const _: () = assert!(GemmConfig::M128.is_valid());
-const _: () = assert!(GemmConfig::M128_64.is_valid());
-const _: () = assert!(GemmConfig::M16.is_valid());
+const _: () = assert!(GemmConfig::GENERAL.is_valid());
+const _: () = assert!(GemmConfig::T64.is_valid());
+const _: () = assert!(GemmConfig::DECODE.is_valid());
 const _: () = assert!(GemmConfig::N192.is_valid());
-const _: () = assert!(GemmConfig::M128.stage_bytes() % 1024 == 0);
+const _: () = assert!(GemmConfig::GENERAL.stage_bytes() % 1024 == 0);
 
-/// Token rows per tile of a group of `m` tokens in the [`GemmConfig::M128`] variant (what the
+/// Token rows per tile of a group of `m` tokens in the [`GemmConfig::GENERAL`] variant (what the
 /// device-sized plans' scheduler uses): 16 for decode-sized groups, else 128. Each width is a
 /// compiled copy of the consumer loop; ptxas keeps the MMAs of at most two widths in one function
 /// pipelined (with three it serializes them, C7512), so each variant has two.
 pub const fn token_tile_rows(m: u32) -> u32 {
-    GemmConfig::M128.tile_rows(m)
+    GemmConfig::GENERAL.tile_rows(m)
 }
 
 /// The configuration for a problem whose groups have these token counts: the decode variant
-/// ([`GemmConfig::M16`], two CTAs per SM) when every group fits one 16-token tile, else the
-/// general one ([`GemmConfig::M128`], which runs 16-token tiles for the small groups among larger
+/// ([`GemmConfig::DECODE`], two CTAs per SM) when every group fits one 16-token tile, else the
+/// general one ([`GemmConfig::GENERAL`], which runs 16-token tiles for the small groups among larger
 /// ones). Device-sized plans (`crate::moe`) use it on their bound as is (their scheduler picks the
-/// widths with [`token_tile_rows`]); host-sized plans may take [`GemmConfig::M128_64`] instead
+/// widths with [`token_tile_rows`]); host-sized plans may take [`GemmConfig::T64`] instead
 /// where its balanced work list ends sooner.
 pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
     if m.all(|m| m <= SMALL_TILE_M) {
-        GemmConfig::M16
+        GemmConfig::DECODE
     } else {
-        GemmConfig::M128
+        GemmConfig::GENERAL
     }
 }
 
@@ -419,16 +422,16 @@ mod tests {
 
     #[test]
     fn config_choice() {
-        assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::M16);
-        assert_eq!(config_for([4, 17].into_iter()), GemmConfig::M128);
-        assert_eq!(config_for([16].into_iter()), GemmConfig::M16);
-        assert_eq!(config_for([17].into_iter()), GemmConfig::M128);
+        assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::DECODE);
+        assert_eq!(config_for([4, 17].into_iter()), GemmConfig::GENERAL);
+        assert_eq!(config_for([16].into_iter()), GemmConfig::DECODE);
+        assert_eq!(config_for([17].into_iter()), GemmConfig::GENERAL);
         for c in GemmConfig::ALL {
             assert!(REGISTER_CAPS.iter().any(|(name, _)| *name == c.kernel_name()), "{c:?}");
         }
-        assert_eq!(GemmConfig::M16.kernel_name(), REGISTER_CAPS[2].0);
-        assert_eq!(GemmConfig::M128.kernel_name(), REGISTER_CAPS[0].0);
-        assert_eq!(GemmConfig::M128_64.kernel_name(), REGISTER_CAPS[1].0);
+        assert_eq!(GemmConfig::DECODE.kernel_name(), REGISTER_CAPS[2].0);
+        assert_eq!(GemmConfig::GENERAL.kernel_name(), REGISTER_CAPS[0].0);
+        assert_eq!(GemmConfig::T64.kernel_name(), REGISTER_CAPS[1].0);
         assert_eq!(GemmConfig::N192.kernel_name(), REGISTER_CAPS[3].0);
     }
 
@@ -436,22 +439,22 @@ mod tests {
     fn token_tile_widths() {
         let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(token_tile_rows);
         assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
-        assert_eq!(GemmConfig::M16.tile_rows(9), 16);
+        assert_eq!(GemmConfig::DECODE.tile_rows(9), 16);
         // 64/128: every group has 128-row tiles; the last one runs 64 wide when its rows fit.
-        let t = GemmConfig::M128_64;
+        let t = GemmConfig::T64;
         assert_eq!([1, 64, 65, 176, 200].map(|m| t.tile_rows(m)), [128; 5]);
         assert_eq!(
             [(1, 0), (64, 0), (65, 0), (176, 0), (176, 1), (192, 1), (193, 1)].map(|(m, i)| t.tile_width(m, 128, i)),
             [64, 64, 128, 128, 64, 64, 128]
         );
-        let c = GemmConfig::M128;
+        let c = GemmConfig::GENERAL;
         assert_eq!([(5, 16, 0), (17, 128, 0), (176, 128, 1)].map(|(m, b, i)| c.tile_width(m, b, i)), [16, 128, 128]);
-        assert_eq!(GemmConfig::M16.tile_width(3, 16, 0), 16);
+        assert_eq!(GemmConfig::DECODE.tile_width(3, 16, 0), 16);
     }
 
     #[test]
     fn stage_layout() {
-        let c = GemmConfig::M128;
+        let c = GemmConfig::GENERAL;
         assert_eq!(c.token_chunk_bytes(), 16384);
         assert_eq!((c.token_offset(0), c.token_offset(1)), (0, 16384));
         assert_eq!(c.weight_offset(), 32768);
@@ -464,7 +467,7 @@ mod tests {
         assert_eq!(c.weight_tx_bytes(1) + c.token_tx_bytes(128), 2 * (16384 + 512) + 8192);
         // The decode variant: 16-row token chunks, four per stage, two weight boxes, 26 KiB
         // stages, two CTAs per SM.
-        let d = GemmConfig::M16;
+        let d = GemmConfig::DECODE;
         assert_eq!(d.token_chunk_bytes(), 2048);
         assert_eq!((d.weight_box_offset(0), d.weight_box_offset(1), d.scale_offset()), (8192, 16384, 24576));
         assert_eq!(d.scale_block_offset(0, 3), 24576 + 3 * 512);
@@ -520,7 +523,7 @@ mod tests {
         assert_eq!(w.dynamic_shared_memory(), 4 * 46 * 1024 + 128 + 3 * 8192);
         assert_eq!(w.weight_tx_bytes(2) + w.token_tx_bytes(128), 2 * (16384 + 1024) + 12288);
         assert_eq!(w.empty_barrier_arrivals(), 384);
-        // Widths as M128_64.
+        // Widths as T64.
         assert_eq!([(176, 1), (65, 0)].map(|(m, i)| w.tile_width(m, 128, i)), [64, 128]);
     }
 
@@ -546,7 +549,7 @@ mod tests {
 
     #[test]
     fn barrier_offsets() {
-        let c = GemmConfig::M128;
+        let c = GemmConfig::GENERAL;
         assert_eq!(c.full_barrier_offset(0), 5 * 41984);
         assert_eq!(c.full_barrier_offset(4), 5 * 41984 + 32);
         assert_eq!(c.empty_barrier_offset(0), 5 * 41984 + 40);
@@ -557,7 +560,7 @@ mod tests {
 
     #[test]
     fn chunk_counts() {
-        let (two, four) = (GemmConfig::M128, GemmConfig::M16);
+        let (two, four) = (GemmConfig::GENERAL, GemmConfig::DECODE);
         assert_eq!((two.chunks, four.chunks), (2, 4));
         assert_eq!([(256, 0), (320, 2), (7168, 55), (192, 1)].map(|(k, ks)| two.valid_chunks(k, ks)), [2, 1, 2, 1]);
         assert_eq!(

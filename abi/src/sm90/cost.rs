@@ -16,18 +16,18 @@ pub const fn tile_cost(rows: u32) -> u32 {
 pub const TILE_FIXED_COST: u32 = 100;
 
 /// [`TILE_FIXED_COST`] of an `N192` item of 3 warpgroups, in the same units (a 128-row stage of
-/// `M128` costs 228): a 192-row stage costs `(140 + 192) / 228 ≈ 1.46` times a 128-row one.
+/// `GENERAL` costs 228): a 192-row stage costs `(140 + 192) / 228 ≈ 1.46` times a 128-row one.
 /// Fitted to the H200's times of the bench shapes b0 and b1 with each variant forced: b1 runs
-/// `N192` in 0.968 of `M128_64`'s time (66.1 µs against 68.3), the model gives 0.966 at 140 (and
-/// would prefer `M128_64` for b1 above 149); b0 0.935 measured, 0.916 modelled. With one tile per
-/// CTA (b2, b3) a 192-row stage takes only ~1.3 times as long, and the model keeps `M128` there
+/// `N192` in 0.968 of `T64`'s time (66.1 µs against 68.3), the model gives 0.966 at 140 (and
+/// would prefer `T64` for b1 above 149); b0 0.935 measured, 0.916 modelled. With one tile per
+/// CTA (b2, b3) a 192-row stage takes only ~1.3 times as long, and the model keeps `GENERAL` there
 /// (`N192` forced is slower: b2 38.8 µs against 29.9).
 pub const N192_TILE_FIXED_COST: u32 = 140;
 
 impl GemmConfig {
     /// Relative time per stage of a tile `width` tokens wide over `warpgroups` consumer
     /// warpgroups' rows, in [`tile_cost`] units: [`tile_cost`] for 128-row tiles and for `N192`
-    /// items of fewer than three warpgroups (the idle ones leave an `M128_64`-like tile);
+    /// items of fewer than three warpgroups (the idle ones leave a `T64`-like tile);
     /// [`N192_TILE_FIXED_COST`] plus the MMA work for three.
     pub const fn stage_cost(&self, width: u32, warpgroups: u32) -> u32 {
         if self.block_n == BLOCK_N || warpgroups < 3 {
@@ -57,6 +57,6 @@ mod tests {
         // in the 128-row variants, a tile costs its width.
         let w = GemmConfig::N192;
         assert!(w.stage_cost(128, 3) > tile_cost(128) && 5 * w.stage_cost(128, 3) < 8 * tile_cost(128));
-        assert_eq!((w.stage_cost(128, 2), GemmConfig::M128_64.stage_cost(64, 1)), (tile_cost(128), tile_cost(64)));
+        assert_eq!((w.stage_cost(128, 2), GemmConfig::T64.stage_cost(64, 1)), (tile_cost(128), tile_cost(64)));
     }
 }

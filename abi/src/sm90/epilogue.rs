@@ -62,6 +62,6 @@ mod tests {
             assert!(c.is_valid(), "{c:?}: {} bytes", c.dynamic_shared_memory());
         }
         assert_eq!(GemmConfig::N192.dynamic_shared_memory(), 4 * 46 * 1024 + 128 + 3 * 8192);
-        assert_eq!(GemmConfig::M16.epilogue_buffer_bytes(), 16 * 128);
+        assert_eq!(GemmConfig::DECODE.epilogue_buffer_bytes(), 16 * 128);
     }
 }

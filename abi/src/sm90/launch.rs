@@ -5,9 +5,9 @@ use super::config::{GemmConfig, CONSUMER_WARPGROUPS, THREADS, WARPGROUP_THREADS}
 use super::tokens::DEQUANT_THREADS;
 use crate::launch::LaunchGeometry;
 
-/// Register cap per thread of the 384-thread variants (`M128`, `M128_64`): 65536 / 384, rounded
+/// Register cap per thread of the 384-thread variants (`GENERAL`, `T64`): 65536 / 384, rounded
 /// down to 8 ([`GemmConfig::max_registers`]).
-pub const MAX_REGISTERS: u32 = GemmConfig::M128.max_registers();
+pub const MAX_REGISTERS: u32 = GemmConfig::GENERAL.max_registers();
 /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
 /// copies; 40 is plenty).
 pub const PRODUCER_REGISTERS: u32 = 40;
@@ -17,7 +17,7 @@ pub const PRODUCER_REGISTERS: u32 = 40;
 /// thread), not the SM's 65536: `setmaxnreg.inc` waits until the registers it asks for are free in
 /// the CTA, so asking for more than the CTA holds never returns (a hang on the H200 when the
 /// producer kept 48 and the consumers asked for 232: 65536 > 64512).
-pub const CONSUMER_REGISTERS: u32 = GemmConfig::M128.consumer_registers();
+pub const CONSUMER_REGISTERS: u32 = GemmConfig::GENERAL.consumer_registers();
 const _: () = assert!(
     WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS
         && CONSUMER_REGISTERS <= 256
@@ -26,18 +26,26 @@ const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
 
 /// Register cap of the decode variant: two CTAs of [`DECODE_THREADS`](super::DECODE_THREADS) per SM
 /// ([`GemmConfig::max_registers`]).
-pub const DECODE_MAX_REGISTERS: u32 = GemmConfig::M16.max_registers();
+pub const DECODE_MAX_REGISTERS: u32 = GemmConfig::DECODE.max_registers();
 /// Register cap of the token-dequantization kernel (256-thread CTAs, several per SM).
 pub const DEQUANT_MAX_REGISTERS: u32 = 64;
+/// The exported name of the token-dequantization kernel.
+pub const DEQUANT_KERNEL: &str = "sm90_dequant_tokens";
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
-/// `cargo xtask build-ptx`): each kernel is sized for a number of resident CTAs.
+/// `cargo xtask build-ptx`, which fails on a name that is no entry of the PTX): each kernel is
+/// sized for a number of resident CTAs.
 pub const REGISTER_CAPS: [(&str, u32); 5] = [
-    ("sm90_grouped_gemm", GemmConfig::M128.max_registers()),
-    ("sm90_grouped_gemm_t64", GemmConfig::M128_64.max_registers()),
-    ("sm90_grouped_gemm_decode", GemmConfig::M16.max_registers()),
-    ("sm90_grouped_gemm_n192", GemmConfig::N192.max_registers()),
-    ("sm90_dequant_tokens", DEQUANT_MAX_REGISTERS),
+    gemm_cap(GemmConfig::GENERAL),
+    gemm_cap(GemmConfig::T64),
+    gemm_cap(GemmConfig::DECODE),
+    gemm_cap(GemmConfig::N192),
+    (DEQUANT_KERNEL, DEQUANT_MAX_REGISTERS),
 ];
+
+/// A GEMM variant's kernel name and register cap.
+const fn gemm_cap(cfg: GemmConfig) -> (&'static str, u32) {
+    (cfg.kernel_name(), cfg.max_registers())
+}
 
 /// The GEMM kernels may start before the token dequantization that precedes them has finished
 /// (programmatic dependent launch): only the token producer thread
@@ -81,7 +89,7 @@ mod tests {
 
     #[test]
     fn launches() {
-        let c = GemmConfig::M128;
+        let c = GemmConfig::GENERAL;
         assert_eq!(
             gemm_launch(c, 6, 132),
             LaunchGeometry { grid: 6, block: 384, cluster: 1, smem_bytes: c.dynamic_shared_memory() }
@@ -89,7 +97,7 @@ mod tests {
         assert_eq!(gemm_launch(c, 1000, 132).grid, 132);
         assert_eq!(gemm_launch(c, 0, 132).grid, 1);
         // The decode variant: two CTAs per SM.
-        let d = GemmConfig::M16;
+        let d = GemmConfig::DECODE;
         assert_eq!(gemm_launch(d, 10_000, 132).grid, 264);
         assert_eq!(gemm_launch(c, 10_000, 132).grid, 132);
         assert_eq!(gemm_launch(d, 10, 132).block, 320);

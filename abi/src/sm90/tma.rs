@@ -101,7 +101,7 @@ mod tests {
     #[test]
     fn maps() {
         assert_eq!((token_map_index(3), weight_map_index(3)), (6, 7));
-        let t = token_map(GemmConfig::M128, 96, 512);
+        let t = token_map(GemmConfig::GENERAL, 96, 512);
         assert_eq!((t.dims, t.strides_bytes, t.box_dims), ([512, 96], [1024, 0], [64, 128]));
         assert_eq!(
             (t.element, t.swizzle, t.l2_promotion),
@@ -111,12 +111,12 @@ mod tests {
         assert_eq!((w.dims, w.strides_bytes, w.box_dims), ([256, 256], [256, 0], [64, 128]));
         assert_eq!((w.element, w.swizzle), (TensorMapDataType::U8, TensorMapSwizzle::B64));
         assert_eq!(weight_map_for(GemmConfig::N192, 4096, 256).box_dims, [WEIGHT_ROW_BYTES, 192]);
-        assert_eq!(weight_map_for(GemmConfig::M128, 4096, 256), weight_map(4096, 256));
+        assert_eq!(weight_map_for(GemmConfig::GENERAL, 4096, 256), weight_map(4096, 256));
         // Token boxes: a group's tile rows, and the last tile's own rows.
-        assert_eq!(token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 16]);
-        assert_eq!(tail_token_map(GemmConfig::M128, 5, 256).box_dims, [CHUNK_K, 5]);
-        assert_eq!(tail_token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 72]);
-        assert_eq!(token_map(GemmConfig::M128, 200, 256).box_dims, [CHUNK_K, 128]);
+        assert_eq!(token_map(GemmConfig::GENERAL, 5, 256).box_dims, [CHUNK_K, 16]);
+        assert_eq!(tail_token_map(GemmConfig::GENERAL, 5, 256).box_dims, [CHUNK_K, 5]);
+        assert_eq!(tail_token_map(GemmConfig::GENERAL, 200, 256).box_dims, [CHUNK_K, 72]);
+        assert_eq!(token_map(GemmConfig::GENERAL, 200, 256).box_dims, [CHUNK_K, 128]);
     }
 
     /// The last tile's box covers exactly its rows;

@@ -357,11 +357,11 @@ mod tests {
         let plan =
             |layout| Sm90DeviceLayout::new(&MoeProblem::new(64, 256, 512, layout, OutputType::F16).unwrap(), 132);
         let masked16 = plan(TokenLayout::Masked { max_rows: 16 });
-        assert_eq!(masked16.config, GemmConfig::M16);
-        assert_eq!(masked16.gemm, sm90::gemm_launch(GemmConfig::M16, masked16.max_work, 132));
-        assert_eq!(plan(TokenLayout::Masked { max_rows: 17 }).config, GemmConfig::M128);
-        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 16 }).config, GemmConfig::M16);
-        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 553 }).config, GemmConfig::M128);
+        assert_eq!(masked16.config, GemmConfig::DECODE);
+        assert_eq!(masked16.gemm, sm90::gemm_launch(GemmConfig::DECODE, masked16.max_work, 132));
+        assert_eq!(plan(TokenLayout::Masked { max_rows: 17 }).config, GemmConfig::GENERAL);
+        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 16 }).config, GemmConfig::DECODE);
+        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 553 }).config, GemmConfig::GENERAL);
     }
 
     #[test]
@@ -370,7 +370,7 @@ mod tests {
         let l = Sm90DeviceLayout::new(&p, 132);
         // min(4, 300) + (300 − 4)/128 = 6 token tiles × 2 weight tiles.
         assert_eq!(l.max_work, 12);
-        assert_eq!(l.gemm, sm90::gemm_launch(GemmConfig::M128, 12, 132));
+        assert_eq!(l.gemm, sm90::gemm_launch(GemmConfig::GENERAL, 12, 132));
         assert_eq!(l.schedule, LaunchGeometry { grid: 1, block: 256, cluster: 1, smem_bytes: schedule_smem::bytes(4) });
         assert_eq!(l.workspace_bytes, 300 * 512 * 2);
         assert_eq!((l.token_map_small(), l.map_count()), (8, 10));

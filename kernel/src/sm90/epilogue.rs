@@ -2,7 +2,7 @@
 //! f16/bf16, turns the tile into C's orientation in its shared-memory buffer (`stmatrix .trans`)
 //! and copies whole token rows to C in 16-byte stores, masking rows ≥ M and columns ≥ N.
 
-use super::{tile_row0, Smem, Variant};
+use super::{tile_row0, SharedMap, Variant};
 use crate::ptx::smem;
 use crate::ptx::wgmma::{self, MmaShape};
 use crate::ptx::{barrier, convert, gmem, sreg};
@@ -49,7 +49,7 @@ fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool) -> u32 {
 /// (validated by the host).
 #[inline(always)]
 pub(super) unsafe fn store_tile<V: Variant, S: MmaShape>(
-    st: &Smem<V>,
+    st: &SharedMap<V>,
     acc: &wgmma::Accumulators,
     g: &GroupParams,
     tile: WorkItem,

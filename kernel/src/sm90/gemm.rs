@@ -22,7 +22,7 @@
 //! This module holds the variants and entry points and sets the CTA up; the producers and the
 //! consumers' K loop are in [`super::mainloop`], the store of C in [`super::epilogue`].
 
-use super::{mainloop, Smem, Variant};
+use super::{mainloop, SharedMap, Variant};
 use crate::ptx::smem;
 use crate::ptx::wgmma::{self, MmaShape};
 use crate::ptx::{barrier, fence, sreg, warp};
@@ -39,26 +39,29 @@ const _: () = {
     assert!(CHUNKS_PER_BOX == 2);
 };
 
+// Each variant has one name: its `GemmConfig` constant, its type here and its entry point's
+// suffix (`GemmConfig::kernel_name`; the entry of `GENERAL` has none).
+
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
 struct General;
 impl Variant for General {
-    const CFG: GemmConfig = GemmConfig::M128;
+    const CFG: GemmConfig = GemmConfig::GENERAL;
     type Narrow = wgmma::N16;
     type Wide = wgmma::N128;
 }
 
 /// 128-token tiles whose group's last tile runs 64 wide when its rows fit, 5 stages, one CTA per SM.
-struct Tail64;
-impl Variant for Tail64 {
-    const CFG: GemmConfig = GemmConfig::M128_64;
+struct T64;
+impl Variant for T64 {
+    const CFG: GemmConfig = GemmConfig::T64;
     type Narrow = wgmma::N64;
     type Wide = wgmma::N128;
 }
 
 /// 192 weight rows (three consumer warpgroups) × 128-token tiles, the group's last tile 64 wide
 /// when its rows fit, 4 stages, one CTA per SM.
-struct Rows192;
-impl Variant for Rows192 {
+struct N192;
+impl Variant for N192 {
     const CFG: GemmConfig = GemmConfig::N192;
     type Narrow = wgmma::N64;
     type Wide = wgmma::N128;
@@ -74,24 +77,24 @@ impl Variant for Rows192 {
 /// 16-token tiles only, 4 stages of 256 K, two CTAs per SM.
 struct Decode;
 impl Variant for Decode {
-    const CFG: GemmConfig = GemmConfig::M16;
+    const CFG: GemmConfig = GemmConfig::DECODE;
     type Narrow = wgmma::N16;
     type Wide = wgmma::N16;
     const EAGER_LOADS: bool = false;
 }
 
-const _: () = assert!(GemmConfig::M128.narrow == 16 && GemmConfig::M128_64.narrow == 64);
-const _: () = assert!(GemmConfig::M16.narrow == 16 && GemmConfig::M16.block_m == 16);
+const _: () = assert!(GemmConfig::GENERAL.narrow == 16 && GemmConfig::T64.narrow == 64);
+const _: () = assert!(GemmConfig::DECODE.narrow == 16 && GemmConfig::DECODE.block_m == 16);
 const _: () = {
-    assert!(<General as Variant>::Wide::N == GemmConfig::M128.block_m);
-    assert!(<Tail64 as Variant>::Wide::N == GemmConfig::M128_64.block_m);
-    assert!(<Rows192 as Variant>::Wide::N == GemmConfig::N192.block_m);
-    assert!(<Decode as Variant>::Wide::N == GemmConfig::M16.block_m);
+    assert!(<General as Variant>::Wide::N == GemmConfig::GENERAL.block_m);
+    assert!(<T64 as Variant>::Wide::N == GemmConfig::T64.block_m);
+    assert!(<N192 as Variant>::Wide::N == GemmConfig::N192.block_m);
+    assert!(<Decode as Variant>::Wide::N == GemmConfig::DECODE.block_m);
 };
 const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m == 128);
 
-/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch(GemmConfig::M128, ..)`
-/// (`THREADS` threads, `M128.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA
+/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch(GemmConfig::GENERAL, ..)`
+/// (`THREADS` threads, `GENERAL.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA
 /// per SM).
 ///
 /// # Safety
@@ -99,19 +102,19 @@ const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m 
 #[crate::ptx::kernel]
 pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<General, { GemmConfig::M128.stages }>(&p) }
+    unsafe { run::<General, { GemmConfig::GENERAL.stages }>(&p) }
 }
 
 /// The 64/128 variant: as [`sm90_grouped_gemm`] with 128-token tiles only, except that a group's
 /// last tile runs `wgmma m64n64k16` when its rows fit 64. Launch:
-/// `gemm_launch(GemmConfig::M128_64, ..)`.
+/// `gemm_launch(GemmConfig::T64, ..)`.
 ///
 /// # Safety
 /// As [`sm90_grouped_gemm`], and every group's `block_m` is 128.
 #[crate::ptx::kernel]
 pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<Tail64, { GemmConfig::M128_64.stages }>(&p) }
+    unsafe { run::<T64, { GemmConfig::T64.stages }>(&p) }
 }
 
 /// The 192-weight-row variant: as [`sm90_grouped_gemm_t64`] with tiles of 192 weight rows and
@@ -122,18 +125,18 @@ pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
 #[crate::ptx::kernel]
 pub unsafe fn sm90_grouped_gemm_n192(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<Rows192, { GemmConfig::N192.stages }>(&p) }
+    unsafe { run::<N192, { GemmConfig::N192.stages }>(&p) }
 }
 
 /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
-/// `gemm_launch(GemmConfig::M16, ..)` (two CTAs per SM).
+/// `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
 ///
 /// # Safety
 /// As [`sm90_grouped_gemm`], and every group's `block_m` is `SMALL_TILE_M`.
 #[crate::ptx::kernel]
 pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<Decode, { GemmConfig::M16.stages }>(&p) }
+    unsafe { run::<Decode, { GemmConfig::DECODE.stages }>(&p) }
 }
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
@@ -144,7 +147,7 @@ pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
 unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     const { assert!(V::CFG.stages == STAGES) };
     let p = *p;
-    let st = Smem::<V> { base: smem::dynamic_base(), variant: core::marker::PhantomData };
+    let st = SharedMap::<V> { base: smem::dynamic_base(), variant: core::marker::PhantomData };
     let tid = sreg::tid_x();
     if tid == 0 {
         for s in 0..STAGES {

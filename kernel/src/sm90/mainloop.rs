@@ -2,7 +2,7 @@
 //! bulk copies; each consumer warpgroup decodes its weight rows into wgmma A fragments and
 //! multiplies them against the stage's token chunks, then hands the tile to the epilogue.
 
-use super::{epilogue, tile_row0, Smem, Variant, Work};
+use super::{epilogue, tile_row0, SharedMap, Variant, Work};
 use crate::pipeline::{Consumer, Producer, Scope, Stage};
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
@@ -24,7 +24,7 @@ use nvfp4_gemm_abi::sm90::*;
 /// # Safety
 /// One thread per role in the CTA; barriers initialized; `p` valid.
 #[inline(always)]
-pub(super) unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, role: ProducerRole) {
+pub(super) unsafe fn produce<V: Variant, const STAGES: u32>(st: &SharedMap<V>, p: &KernelParams, role: ProducerRole) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
     // The token producer has not yet waited for the token dequantization.
@@ -127,7 +127,7 @@ pub(super) unsafe fn produce<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &Ke
 /// (each completing on that barrier) and move on.
 #[inline(always)]
 fn fill_tile<V: Variant, const STAGES: u32>(
-    st: &Smem<V>,
+    st: &SharedMap<V>,
     ring: &mut Producer<STAGES>,
     stages: u32,
     tx_bytes: u32,
@@ -160,7 +160,7 @@ fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
 /// # Safety
 /// Every thread of consumer warpgroup `cw`; barriers initialized; `p` valid.
 #[inline(always)]
-pub(super) unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &KernelParams, cw: u32, t: u32) {
+pub(super) unsafe fn consume<V: Variant, const STAGES: u32>(st: &SharedMap<V>, p: &KernelParams, cw: u32, t: u32) {
     let mut work = Work::new(p);
     let mut ring = Consumer::<STAGES>::new(st.full(), st.empty());
     let bf16 = p.out_bf16 != 0;
@@ -187,7 +187,7 @@ pub(super) unsafe fn consume<V: Variant, const STAGES: u32>(st: &Smem<V>, p: &Ke
 /// As [`consume`]; `S::N` is the tile's `tile_width`.
 #[inline(always)]
 unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
-    st: &Smem<V>,
+    st: &SharedMap<V>,
     ring: &mut Consumer<STAGES>,
     p: &KernelParams,
     g: &GroupParams,
@@ -292,7 +292,7 @@ struct FragmentRows {
 // The unrolled last chunk's look-ahead load is never read (its condition is constant false).
 #[allow(unused_assignments)]
 unsafe fn consume_stage<V: Variant, S: MmaShape>(
-    st: &Smem<V>,
+    st: &SharedMap<V>,
     stage: Stage,
     rows: FragmentRows,
     tokens0: WgmmaDesc,

@@ -65,12 +65,12 @@ trait Variant {
 }
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
-struct Smem<V> {
+struct SharedMap<V> {
     base: SmemAddr,
     variant: core::marker::PhantomData<V>,
 }
 
-impl<V: Variant> Smem<V> {
+impl<V: Variant> SharedMap<V> {
     /// Stage `s` (1024-byte aligned).
     #[inline(always)]
     fn stage(&self, s: u32) -> SmemAddr {
