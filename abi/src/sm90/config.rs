@@ -15,7 +15,7 @@ pub const WG_ROWS: u32 = 64;
 pub const CONSUMER_WARPGROUPS: u32 = BLOCK_N / WG_ROWS;
 /// K values per weight box: a 64-byte row of packed weights (64-byte swizzle), two chunks. A
 /// stage holds one box (two chunks) or, in the decode variant, two ([`GemmConfig::chunks`]); the
-/// host's cost model counts K in units of this ([`k_stages`](super::k_stages)).
+/// host's cost model counts K in units of this.
 pub const BLOCK_K: u32 = 128;
 /// Bytes of one weight row in a weight box.
 pub const WEIGHT_ROW_BYTES: u32 = BLOCK_K / 2;

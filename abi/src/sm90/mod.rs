@@ -27,11 +27,9 @@
 //! - [`epilogue`]: the epilogue buffer's swizzle;
 //! - [`desc`]: the wgmma shared-memory descriptor;
 //! - [`tma`]: the tensor maps and their places in the table;
-//! - [`launch`]: launch geometry and register caps;
-//! - [`cost`]: the host's cost model of the variants.
+//! - [`launch`]: launch geometry and register caps.
 
 pub mod config;
-pub mod cost;
 pub mod desc;
 pub mod epilogue;
 pub mod fragment;
@@ -41,7 +39,6 @@ pub mod tma;
 pub mod tokens;
 
 pub use config::*;
-pub use cost::*;
 pub use desc::*;
 pub use epilogue::*;
 pub use fragment::*;

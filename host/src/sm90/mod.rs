@@ -9,6 +9,7 @@
 //! [`Sm90Layout`] is public (through [`crate::layout`]) so that the CPU model of the device runs
 //! the kernels on exactly these tables.
 
+mod cost;
 mod device_sizes;
 mod plan;
 
@@ -16,6 +17,8 @@ pub(crate) use device_sizes::Sm90DevicePlan;
 pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
 pub(crate) use plan::Sm90Plan;
 pub use plan::KERNEL_OVERRIDE;
+
+use cost::item_cost;
 
 use crate::driver::launch::Start;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
@@ -107,9 +110,9 @@ impl Sm90Layout {
     }
 
     /// The work list of `problem` under variant `config`, balanced over its persistent grid on
-    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units,
-    /// [`GemmConfig::stage_cost`] per stage). `N192` also chooses how each group's N is cut into
-    /// row spans ([`RowSpan::split`]): the number of 128-row spans per group whose list ends first.
+    /// `sm_count` SMs, and the estimated time of its busiest CTA ([`cost::item_cost`]). `N192`
+    /// also chooses how each group's N is cut into row spans ([`RowSpan::split`]): the number of
+    /// 128-row spans per group whose list ends first.
     fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
         if config.block_n == sm90::BLOCK_N {
             return Self::work_list_with(problem, config, sm_count, |n| (0..sm90::n_tiles(n)).collect());
@@ -226,17 +229,6 @@ impl Sm90Layout {
             work_len_device: 0,
         }
     }
-}
-
-/// The estimated time of work item (`tile_m`, `tile_n`) of group `s` under `config` (in
-/// [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage): every consumer warpgroup's
-/// rows for 128-row tiles, the [`RowSpan`]'s for `N192`.
-fn item_cost(config: GemmConfig, s: &crate::problem::GroupShape, tile_m: u32, tile_n: u32) -> u64 {
-    let warpgroups =
-        if config.block_n == sm90::BLOCK_N { config.consumer_warpgroups() } else { RowSpan::decode(tile_n).warpgroups };
-    let m = s.m as u32;
-    let width = config.tile_width(m, config.tile_rows(m), tile_m);
-    sm90::k_stages(s.k as u32) as u64 * config.stage_cost(width, warpgroups) as u64
 }
 
 /// How a GEMM launch that follows the token dequantization may start (`sm90::GEMM_STARTS_EARLY`).
@@ -380,8 +372,8 @@ mod tests {
 
     #[test]
     fn bench_shapes_take_the_variant_measured_fastest() {
-        // The default bench set's b-shapes on the H200's 132 SMs: b0 and b1 run `N192` (PERF.md
-        // #45: forced on b1, 66.1 µs against `T64`'s 68.3 and `GENERAL`'s 77.7), b2 and b3
+        // The default bench set's b-shapes on the H200's 132 SMs: b0 and b1 run `N192` (forced
+        // on b1: 66.1 µs against `T64`'s 68.3 and `GENERAL`'s 77.7), b2 and b3
         // `GENERAL` (`N192` 30% / 22% slower there). A change of the cost model that flips one of
         // these must come with new measurements.
         let shapes: [(&[usize], usize, usize, GemmConfig); 4] = [
