@@ -198,11 +198,18 @@ fn problem(shapes: &[(usize, usize, usize)], bf16: bool) -> PyResult<Problem> {
     Problem::new(shapes, output_type(bf16)).map_err(py_err)
 }
 
+/// One group's offsets in stacked buffers: `(a_values, a_scales, b_values, b_scales, c_elements)`.
+type Offsets = (usize, usize, usize, usize, usize);
+
+/// Sizes of a MoE problem: `(token_rows, scale_rows, sizes_len, a_values, a_scales, b_values,
+/// b_scales, c_elements)`.
+type MoeSizes = (usize, usize, usize, usize, usize, usize, usize, usize);
+
 /// Checks a grouped GEMM's shapes as the library does (no GPU needed) and returns the stacked
 /// buffers' offsets: one `(a_values, a_scales, b_values, b_scales, c_elements)` per group and
 /// the totals last.
 #[pyfunction]
-fn check_problem(shapes: Vec<(usize, usize, usize)>, bf16: bool) -> PyResult<Vec<(usize, usize, usize, usize, usize)>> {
+fn check_problem(shapes: Vec<(usize, usize, usize)>, bf16: bool) -> PyResult<Vec<Offsets>> {
     let p = problem(&shapes, bf16)?;
     Ok(p.stacked_offsets().iter().map(|o| (o.a_values, o.a_scales, o.b_values, o.b_scales, o.c_elements)).collect())
 }
@@ -330,7 +337,11 @@ impl GemmPlan {
     /// stream `stream`. Returns whether the call was captured into a CUDA graph.
     fn run(&self, stream: u64, buffers: Vec<u64>, alphas: Vec<f32>) -> PyResult<bool> {
         if buffers.len() != 10 * alphas.len() {
-            return Err(value_error(format!("{} buffer values for {} alphas (10 per group)", buffers.len(), alphas.len())));
+            return Err(value_error(format!(
+                "{} buffer values for {} alphas (10 per group)",
+                buffers.len(),
+                alphas.len()
+            )));
         }
         let args: Vec<RawGroupArgs> =
             buffers.chunks_exact(10).zip(&alphas).map(|(b, &alpha)| group_args(b, alpha)).collect();
@@ -361,7 +372,11 @@ impl GemmPlan {
     /// Binds per-group buffers and alphas for `launch` (checked at the first launch).
     fn bind(&self, buffers: Vec<u64>, alphas: Vec<f32>) -> PyResult<()> {
         if buffers.len() != 10 * alphas.len() {
-            return Err(value_error(format!("{} buffer values for {} alphas (10 per group)", buffers.len(), alphas.len())));
+            return Err(value_error(format!(
+                "{} buffer values for {} alphas (10 per group)",
+                buffers.len(),
+                alphas.len()
+            )));
         }
         let args = buffers.chunks_exact(10).zip(&alphas).map(|(b, &alpha)| group_args(b, alpha)).collect();
         let signature = LastCall::signature(&buffers, &alphas, false);
@@ -383,13 +398,7 @@ impl GemmPlan {
 /// Sizes of a MoE problem, checked by the library (no GPU needed): `token_rows`, `scale_rows`,
 /// `sizes_len`, `a_values`, `a_scales`, `b_values`, `b_scales`, `c_elements`.
 #[pyfunction]
-fn moe_sizes(
-    groups: usize,
-    n: usize,
-    k: usize,
-    masked: bool,
-    bound: usize,
-) -> PyResult<(usize, usize, usize, usize, usize, usize, usize, usize)> {
+fn moe_sizes(groups: usize, n: usize, k: usize, masked: bool, bound: usize) -> PyResult<MoeSizes> {
     let layout = raw::token_layout(masked as u32, bound as u64).map_err(py_err)?;
     let p = MoeProblem::new(groups, n, k, layout, OutputType::F16).map_err(py_err)?;
     let (a, b) = (p.a_sizes(), p.b_sizes());
