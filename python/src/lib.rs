@@ -533,37 +533,6 @@ impl MoePlan {
         self.forward(stream, Some((device, x, x_bf16, global_scale)), sizes, a, c)
     }
 
-    /// Quantizes `x` into `a` alone (the layer's first half).
-    #[allow(clippy::too_many_arguments)]
-    fn quantize(
-        &self,
-        device: &Device,
-        stream: u64,
-        x: (u64, u64),
-        x_bf16: bool,
-        global_scale: f32,
-        sizes: (u64, u64),
-        a: Vec<u64>,
-    ) -> PyResult<()> {
-        check_operand(&a)?;
-        let mut inner = lock(&self.inner)?;
-        // SAFETY: as in `GemmPlan::run`.
-        unsafe {
-            let s = inner.streams.get(stream).clone();
-            raw::quantize_grouped(
-                device.dev.quantizer(),
-                &s,
-                buffer(x),
-                output_type(x_bf16),
-                &self.problem,
-                buffer(sizes),
-                global_scale,
-                &operand(&a),
-            )
-        }
-        .map_err(py_err)
-    }
-
     /// Zeroes the status word on `stream` (capturable).
     fn clear_status(&self, stream: u64) -> PyResult<()> {
         let mut inner = lock(&self.inner)?;
