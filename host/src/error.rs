@@ -1,5 +1,6 @@
 //! The library's error type: every failure is a value that says what was wrong and where.
 
+use crate::rules::Limit;
 use std::fmt;
 
 /// Everything that can go wrong before or during a launch.
@@ -37,6 +38,28 @@ pub enum Error {
     InvalidProblem(String),
     /// The device does not support this operation (yet); nothing was launched.
     Unsupported(String),
+    /// A shape exceeds a limit of the library ([`crate::rules`]: what the kernels index, what a
+    /// device holds, what the planner takes on); nothing was planned.
+    TooLarge {
+        /// The group at fault (`None` for a problem-wide field such as the group count).
+        group: Option<usize>,
+        /// The field at fault (`"m"`, `"c"`, `"tiles"`, ...).
+        field: &'static str,
+        /// Its value (for running totals such as bytes or tiles: the total up to this group).
+        value: u64,
+        /// The limit it exceeds.
+        limit: Limit,
+    },
+    /// An output of a call shares bytes with another buffer of the call (an input, or another
+    /// output of any group); nothing was launched. Inputs may share memory with each other.
+    Overlap {
+        /// The call (`"run"`, `"run_stacked"`, `"moe run"`, `"quantize"`, ...).
+        call: &'static str,
+        /// The output.
+        output: BufferName,
+        /// The buffer it overlaps.
+        other: BufferName,
+    },
     /// An argument of a single-tensor call (quantize, dequantize) is invalid; nothing was launched.
     InvalidArgument {
         /// The call (`"quantize"`, `"dequantize"`).
@@ -46,6 +69,24 @@ pub enum Error {
         /// Why it is rejected.
         reason: String,
     },
+}
+
+/// One buffer of a call, as errors name it: its group (for per-group buffers) and its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferName {
+    /// The group, for per-group buffers.
+    pub group: Option<usize>,
+    /// The field (`"c"`, `"a.values"`, `"scales"`, ...).
+    pub field: &'static str,
+}
+
+impl fmt::Display for BufferName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.group {
+            Some(g) => write!(f, "group {g} `{}`", self.field),
+            None => write!(f, "`{}`", self.field),
+        }
+    }
 }
 
 impl Error {
@@ -71,6 +112,16 @@ impl fmt::Display for Error {
             Error::InvalidProblem(reason) => write!(f, "invalid problem: {reason}"),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
             Error::InvalidArgument { call, field, reason } => write!(f, "{call}: `{field}`: {reason}"),
+            Error::TooLarge { group, field, value, limit } => {
+                if let Some(g) = group {
+                    write!(f, "group {g}: ")?;
+                }
+                let what = if limit.is_total() { "brings the problem's total to" } else { "is" };
+                write!(f, "`{field}` {what} {value}; {limit}")
+            }
+            Error::Overlap { call, output, other } => {
+                write!(f, "{call}: the output {output} overlaps {other} (an output may share no byte with another buffer)")
+            }
         }
     }
 }

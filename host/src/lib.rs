@@ -40,10 +40,12 @@ pub mod device;
 pub mod driver;
 pub mod error;
 pub mod moe;
+mod overlap;
 pub mod plan;
 pub mod probe;
 pub mod problem;
 pub mod quantize;
+pub mod rules;
 mod sm100;
 mod sm90;
 pub mod smoke;
@@ -59,7 +61,7 @@ pub mod layout {
 }
 
 pub use device::{driver_present, Arch, Gpu};
-pub use error::{Error, Result};
+pub use error::{BufferName, Error, Result};
 pub use moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 pub use nvfp4_format as format;
 pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanSummary, StackedArgs};
