@@ -104,8 +104,8 @@ pub enum TokenLayout {
 /// A grouped GEMM with device-resident group sizes: `G` groups of `N` weights and reduction
 /// length `K` (the same for every group), tokens in a [`TokenLayout`].
 ///
-/// Rules (checked by [`MoeProblem::new`]): `1 ≤ G ≤` [`MAX_GROUPS`]; `K` a positive multiple of
-/// 64; `N` a positive multiple of 8; the layout's bound at least 1; `K`, `N` and the bound at
+/// Rules ([`crate::rules`], checked by [`MoeProblem::new`]): `1 ≤ G ≤` [`MAX_GROUPS`]; `K` a
+/// positive multiple of 64; `N` a positive multiple of 8; the layout's bound at least 1; `K`, `N` and the bound at
 /// most [`crate::rules::MAX_DIM`]; A, C and the work list's capacity small enough for the
 /// kernels' 32-bit indexing (`token_rows · K`, `scale_rows · K`, `token_rows · N` and the most
 /// output tiles below `2^31`); every buffer together within [`crate::rules::MAX_DEVICE_BYTES`].
@@ -130,11 +130,11 @@ impl MoeProblem {
             return Err(problem_error("0 groups; a device-sized problem needs at least 1".into()));
         }
         rules::within(None, "groups", groups as u64, Limit::Groups)?;
-        if k == 0 || k % 64 != 0 {
-            return Err(problem_error(format!("k = {k} is not a positive multiple of 64")));
+        if let Some(reason) = rules::k_rule(k) {
+            return Err(problem_error(format!("k: {reason}")));
         }
-        if n == 0 || n % 8 != 0 {
-            return Err(problem_error(format!("n = {n} is not a positive multiple of 8")));
+        if let Some(reason) = rules::n_rule(n) {
+            return Err(problem_error(format!("n: {reason}")));
         }
         let (bound_field, bound) = match layout {
             TokenLayout::Contiguous { max_tokens } => ("max_tokens", max_tokens),

@@ -20,8 +20,8 @@ pub enum OutputType {
 /// A grouped GEMM problem: `C_g[m, n] = alpha_g · A_g[m, k] · B_g[n, k]ᵀ` for each group, both
 /// operands NVFP4 (K-major), C row-major.
 ///
-/// Rules (checked by [`Problem::new`]): `k` is a positive multiple of 64; `n` a positive multiple
-/// of 8; `m` may be 0 (the group is skipped); at most [`MAX_GROUPS`] groups; no dimension above
+/// Rules ([`crate::rules`], checked by [`Problem::new`]): `k` is a positive multiple of
+/// [`rules::K_MULTIPLE`] (64); `n` a positive multiple of [`rules::N_MULTIPLE`] (8); `m` may be 0 (the group is skipped); at most [`MAX_GROUPS`] groups; no dimension above
 /// [`MAX_DIM`]; the call's buffers within [`rules::MAX_DEVICE_BYTES`] and its output tiles within
 /// [`rules::MAX_TILES`] ([`crate::rules`]). Zero groups is a valid problem that does nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,11 +38,11 @@ impl Problem {
         let groups = groups.into();
         rules::within(None, "groups", groups.len() as u64, Limit::Groups)?;
         for (g, s) in groups.iter().enumerate() {
-            if s.k == 0 || s.k % 64 != 0 {
-                return Err(Error::group(g, "k", format!("{} is not a positive multiple of 64", s.k)));
+            if let Some(reason) = rules::k_rule(s.k) {
+                return Err(Error::group(g, "k", reason));
             }
-            if s.n == 0 || s.n % 8 != 0 {
-                return Err(Error::group(g, "n", format!("{} is not a positive multiple of 8", s.n)));
+            if let Some(reason) = rules::n_rule(s.n) {
+                return Err(Error::group(g, "n", reason));
             }
         }
         rules::check_groups(&groups)?;
@@ -79,8 +79,8 @@ impl Problem {
     /// Where each group's parts lie in *stacked* buffers ([`crate::plan::StackedArgs`]: one
     /// allocation per operand, the groups' parts back to back in group order): entry `g` is group
     /// `g`'s offset in each buffer (bytes; elements for C), entry `G` the buffers' total sizes.
-    /// Every part is a multiple of 16 bytes (K a multiple of 64, N of 8, scales in 512-byte
-    /// blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
+    /// Every part is a multiple of 16 bytes (the shape rules of [`crate::rules`]: K a multiple
+    /// of 64, N of 8; scales in 512-byte blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
     /// `m = 0` has empty A and C parts; its B part is there (a layer's every expert has weights).
     pub fn stacked_offsets(&self) -> Vec<BufferSizes> {
         let mut at = BufferSizes::ZERO;

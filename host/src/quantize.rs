@@ -232,8 +232,8 @@ fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -
 /// `k` a positive multiple of 64; `rows`, `k` in `u32`; the quantizer's item count (the larger)
 /// under the kernels' 32-bit limit.
 fn check_shape(call: &'static str, rows: usize, k: usize) -> Result<(u32, u32)> {
-    if k == 0 || k % abi::K_MULTIPLE as usize != 0 {
-        return Err(invalid(call, "k", format!("{k} is not a positive multiple of {}", abi::K_MULTIPLE)));
+    if let Some(reason) = crate::rules::k_rule(k) {
+        return Err(invalid(call, "k", reason));
     }
     let k32 = u32::try_from(k).map_err(|_| invalid(call, "k", format!("{k} is too large")))?;
     let r32 = u32::try_from(rows).map_err(|_| invalid(call, "rows", format!("{rows} is too large")))?;

@@ -1,25 +1,46 @@
-//! The size limits of every problem, defined once: what the kernels can index, what a device can
-//! hold, and how much work the planner takes on. [`crate::Problem::new`] and
-//! [`crate::MoeProblem::new`] refuse a shape beyond them with [`Error::TooLarge`], which names the
-//! group, the field and the [`Limit`], in time proportional to the number of groups (before any
-//! planning).
+//! The shape rules and size limits of every problem and call, defined once: what the kernels
+//! need (`k` and `n` multiples), what they can index, what a device can hold, and how much work
+//! the planner takes on. [`crate::Problem::new`], [`crate::MoeProblem::new`] and the quantizer
+//! check them; [`crate::Problem::new`] and [`crate::MoeProblem::new`] refuse a shape beyond a
+//! limit with [`Error::TooLarge`], which names the group, the field and the [`Limit`], in time
+//! proportional to the number of groups (before any planning).
 //!
-//! Index widths in the kernels and the abi, and how the limits keep inside them:
-//! - `m`, `n`, `k` are `u32` in every group table, tile indices `u32` in the work list, and TMA box
-//!   coordinates `i32`: [`MAX_DIM`] keeps each far inside (`2^22` rows, `2^15` tiles of 128).
-//! - Element and byte offsets inside one tensor are computed in 64 bits by the GEMMs; the sm_90a
-//!   token dequantization counts a group's `m · k / 64` items in `u32`, and its f16 workspace
-//!   (`2 · m · k` bytes) counts toward [`MAX_DEVICE_BYTES`], which bounds those items by `2^31`.
-//! - The work list's length is a `u32` ([`nvfp4_gemm_abi::work::KernelParams::work_len`]) that a
-//!   CTA walks in steps of the grid: [`MAX_TILES`] output tiles stay below `2^32` with sm_100a's
-//!   cluster padding (4x) and with the holes of an sm_90a balanced list (at most `items · CTAs`
-//!   entries, for a grid of fewer than 1024 CTAs).
-//! - Device-sized problems (`crate::moe`) index their token tensors with 32-bit element counts
-//!   ([`Limit::Index32`]), and the group table is sized for [`MAX_GROUPS`].
-
+//! Shape rules (the numbers the kernels rely on):
+//! - `k` is a positive multiple of [`K_MULTIPLE`] (64): whole 4-scale words per row, so the
+//!   blocked scale layout has no padding columns, and whole MMA steps on both architectures.
+//! - `n` is a positive multiple of [`N_MULTIPLE`] (8): every row of C starts 16-byte aligned
+//!   and the epilogues' 16-byte stores lie wholly inside or outside a row.
+//!
 use crate::error::{Error, Result};
 use crate::problem::{BufferSizes, GroupShape};
 use std::fmt;
+
+/// `k` (values per row of both operands) is a positive multiple of this (the abi's
+/// [`nvfp4_gemm_abi::quantize::K_MULTIPLE`], which the quantizer and both GEMMs share).
+pub const K_MULTIPLE: usize = nvfp4_gemm_abi::quantize::K_MULTIPLE as usize;
+
+/// `n` (rows of B, columns of C) is a positive multiple of this: 8 16-bit elements, 16 bytes.
+pub const N_MULTIPLE: usize = 8;
+
+/// Whether `k` follows the rule: a positive multiple of [`K_MULTIPLE`].
+pub const fn k_is_valid(k: usize) -> bool {
+    k > 0 && k % K_MULTIPLE == 0
+}
+
+/// Whether `n` follows the rule: a positive multiple of [`N_MULTIPLE`].
+pub const fn n_is_valid(n: usize) -> bool {
+    n > 0 && n % N_MULTIPLE == 0
+}
+
+/// Why `k` breaks the rule, if it does (for errors).
+pub(crate) fn k_rule(k: usize) -> Option<String> {
+    (!k_is_valid(k)).then(|| format!("{k} is not a positive multiple of {K_MULTIPLE}"))
+}
+
+/// Why `n` breaks the rule, if it does (for errors).
+pub(crate) fn n_rule(n: usize) -> Option<String> {
+    (!n_is_valid(n)).then(|| format!("{n} is not a positive multiple of {N_MULTIPLE}"))
+}
 
 /// Most groups of one problem, host-sized or device-sized (the abi's bound: the device scheduler's
 /// shared-memory tables are sized for it).
@@ -188,6 +209,22 @@ mod tests {
         );
         // Far below any plausible machine's time for O(groups) work, even shared.
         assert!(one.as_millis() < 100 && all.as_millis() < 100);
+    }
+
+    #[test]
+    fn shape_rules() {
+        assert_eq!(K_MULTIPLE, 64);
+        assert!([64, 128, 7168, MAX_DIM].iter().all(|&k| k_is_valid(k)));
+        assert!([0, 16, 48, 100, 7000].iter().all(|&k| !k_is_valid(k)));
+        assert!([8, 136, 4096].iter().all(|&n| n_is_valid(n)));
+        assert!([0, 4, 12, 250].iter().all(|&n| !n_is_valid(n)));
+        assert_eq!(k_rule(100).as_deref(), Some("100 is not a positive multiple of 64"));
+        assert_eq!(n_rule(12).as_deref(), Some("12 is not a positive multiple of 8"));
+        assert_eq!((k_rule(64), n_rule(8)), (None, None));
+        // The stacked parts stay 16-byte aligned under these rules (A and B rows of K/2 bytes,
+        // C rows of N 16-bit elements).
+        assert_eq!((K_MULTIPLE / 2) % 16, 0);
+        assert_eq!((2 * N_MULTIPLE) % 16, 0);
     }
 
     #[test]
