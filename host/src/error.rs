@@ -1,6 +1,7 @@
 //! The library's error type: every failure is a value that says what was wrong and where.
 
 use crate::rules::Limit;
+use cudarc::driver::DriverError;
 use std::fmt;
 
 /// Everything that can go wrong before or during a launch.
@@ -18,12 +19,14 @@ pub enum Error {
         /// The device's name.
         name: String,
     },
-    /// A CUDA driver call failed.
+    /// A CUDA driver call failed ([`std::error::Error::source`]: the driver's error).
     Driver {
         /// What the library was doing.
         during: &'static str,
         /// The driver's error.
-        error: String,
+        error: DriverError,
+        /// What the call was given, where that helps (e.g. a tensor map's parameters), or empty.
+        detail: String,
     },
     /// One group's description is invalid; nothing was launched.
     InvalidGroup {
@@ -90,8 +93,12 @@ impl fmt::Display for BufferName {
 }
 
 impl Error {
-    pub(crate) fn driver(during: &'static str, e: impl fmt::Display) -> Self {
-        Error::Driver { during, error: e.to_string() }
+    pub(crate) fn driver(during: &'static str, error: DriverError) -> Self {
+        Error::Driver { during, error, detail: String::new() }
+    }
+
+    pub(crate) fn driver_detail(during: &'static str, error: DriverError, detail: String) -> Self {
+        Error::Driver { during, error, detail }
     }
 
     pub(crate) fn group(group: usize, field: &'static str, reason: impl Into<String>) -> Self {
@@ -107,7 +114,13 @@ impl fmt::Display for Error {
                 f,
                 "{name} has compute capability {major}.{minor}; this library has kernels for 9.0 (sm_90a) and 10.0 (sm_100a)"
             ),
-            Error::Driver { during, error } => write!(f, "CUDA driver error while {during}: {error}"),
+            Error::Driver { during, error, detail } => {
+                write!(f, "CUDA driver error while {during}: {error}")?;
+                if !detail.is_empty() {
+                    write!(f, " ({detail})")?;
+                }
+                Ok(())
+            }
             Error::InvalidGroup { group, field, reason } => write!(f, "group {group}: `{field}`: {reason}"),
             Error::InvalidProblem(reason) => write!(f, "invalid problem: {reason}"),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
@@ -126,7 +139,33 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Driver { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
 
 /// Shorthand for this library's results.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+    use std::error::Error as _;
+
+    /// (Formatting a `DriverError` asks the driver for its text, so this test does not.)
+    #[test]
+    fn driver_errors_keep_their_source() {
+        let code = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let e = Error::driver("allocating", code);
+        assert_eq!(e.source().and_then(|s| s.downcast_ref::<DriverError>()), Some(&code));
+        let d = Error::driver_detail("encoding a tensor map", code, "box 64 x 128".into());
+        assert!(matches!(&d, Error::Driver { detail, .. } if detail == "box 64 x 128"));
+        assert_eq!(d.source().and_then(|s| s.downcast_ref::<DriverError>()), Some(&code));
+        assert!(Error::InvalidProblem("x".into()).source().is_none());
+    }
+}

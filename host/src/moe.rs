@@ -71,7 +71,6 @@ use crate::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
 use crate::rules::{self, Limit};
 use crate::sm100::Sm100DevicePlan;
 use crate::sm90::Sm90DevicePlan;
-use crate::upload::DeviceNvfp4;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupedConvertParams};
@@ -549,18 +548,6 @@ impl MoePlan {
     /// Resets the status word on `stream` (an asynchronous memset: capturable).
     pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.plan.clear_status(stream)
-    }
-}
-
-impl DeviceNvfp4 {
-    /// Zeroed device buffers of the given sizes (e.g. [`MoeProblem::a_sizes`]); empty buffers get
-    /// 16-byte placeholders.
-    pub fn alloc_zeros_sized(stream: &Arc<CudaStream>, sizes: Nvfp4Sizes) -> Result<DeviceNvfp4> {
-        let d = |e| Error::driver("allocating an NVFP4 tensor", e);
-        Ok(DeviceNvfp4 {
-            values: stream.alloc_zeros::<u8>(sizes.values.max(16)).map_err(d)?,
-            scales: stream.alloc_zeros::<u8>(sizes.scales.max(16)).map_err(d)?,
-        })
     }
 }
 

@@ -2,7 +2,6 @@
 //! tables and workspace; and the launch.
 
 use crate::device::{Arch, Gpu};
-use crate::driver::launch::LaunchGeometry;
 use crate::error::{Error, Result};
 use crate::problem::{
     stacked_parts, BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType, Problem, TablesState,
@@ -11,6 +10,7 @@ use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
+use nvfp4_gemm_abi::launch::LaunchGeometry;
 use std::sync::Arc;
 
 /// One NVFP4 operand on the device: packed e2m1 values (two per byte, low nibble first; a row of K
@@ -41,6 +41,27 @@ pub struct GroupArgs<'a> {
     pub c: Output<'a>,
     /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none.
     pub alpha: f32,
+}
+
+/// Choices a plan makes that a caller may take over (the default: the library's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanOptions {
+    /// The sm_90a GEMM kernel to run instead of the cost model's choice, by its exported name
+    /// (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
+    /// `sm90_grouped_gemm_decode` where every group has at most 16 tokens), for measuring one
+    /// variant against another on the same problem. A name that is no sm_90a GEMM kernel, or a
+    /// variant that cannot run the problem, is an error of [`GemmPlan::with_options`]. Ignored
+    /// on sm_100a.
+    pub sm90_kernel: Option<String>,
+}
+
+impl PlanOptions {
+    /// These options with [`PlanOptions::sm90_kernel`] set to `kernel`.
+    pub fn with_sm90_kernel(mut self, kernel: impl Into<String>) -> PlanOptions {
+        self.sm90_kernel = Some(kernel.into());
+        self
+    }
 }
 
 /// Every group's buffers in one allocation per operand (*stacked*), for
@@ -224,8 +245,13 @@ impl GemmPlan {
     /// Plans `problem` for `gpu`: chooses the kernel configuration, builds the work list, and
     /// allocates the parameter tables and the workspace (once).
     pub fn new(gpu: &Gpu, problem: Problem) -> Result<GemmPlan> {
+        GemmPlan::with_options(gpu, problem, PlanOptions::default())
+    }
+
+    /// [`GemmPlan::new`] with the choices `options` takes over.
+    pub fn with_options(gpu: &Gpu, problem: Problem, options: PlanOptions) -> Result<GemmPlan> {
         let plan: Box<dyn ArchPlan> = match gpu.arch() {
-            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem)?),
+            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
             // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
             // never run: there is no B200 here.
             Arch::Sm100a => Box::new(Sm100Plan::new(gpu, &problem)?),

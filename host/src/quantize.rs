@@ -6,7 +6,8 @@
 //! `e2m1(x / (scale * g))`), including the padding rows of the scale layout, written as zero.
 //! The global scale is an argument (serving code calibrates it; for one tensor
 //! [`nvfp4_format::global_scale_for_amax`] gives the recipe's `amax / (6 * 448)`); pass
-//! `g_a * g_b` as the GEMM's alpha. NaN and infinities in the input cannot be reported without a
+//! `g_a * g_b` as the GEMM's alpha (record `g` in [`DeviceNvfp4::global_scale`] and
+//! [`crate::GroupArgs::new`] does). NaN and infinities in the input cannot be reported without a
 //! host synchronisation, so they have defined results: a block holding a NaN gets the NaN scale
 //! `0x7F` (it dequantizes to NaN, and so do the GEMM rows that read it); `±inf` saturates (scale
 //! 448, value `±6`). See `nvfp4_gemm_abi::quantize` for the arithmetic.
@@ -21,7 +22,9 @@
 //! let (rows, k) = (300, 2048);
 //! let x = stream.alloc_zeros::<half::bf16>(rows * k)?; // activations on the device
 //! let mut a = DeviceNvfp4::alloc_zeros(&stream, rows, k)?; // once, reused
-//! quantizer.quantize(&stream, &x, rows, k, 0.01, a.operand_mut())?; // no allocation, no sync
+//! let g = 0.01; // the global scale (calibrated)
+//! quantizer.quantize(&stream, &x, rows, k, g, a.operand_mut())?; // no allocation, no sync
+//! a.global_scale = g; // for `GroupArgs::new`, which multiplies the operands' global scales
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -87,16 +90,24 @@ impl Nvfp4Sizes {
 impl DeviceNvfp4 {
     /// Zeroed device buffers for an NVFP4 tensor of `rows x k` (`k` a positive multiple of 64),
     /// e.g. for [`Quantizer::quantize`]'s output; an empty tensor gets 16-byte placeholders.
+    /// Global scale 1.
     pub fn alloc_zeros(stream: &Arc<CudaStream>, rows: usize, k: usize) -> Result<DeviceNvfp4> {
-        let sizes = Nvfp4Sizes::of(rows, k)?;
+        DeviceNvfp4::alloc_zeros_sized(stream, Nvfp4Sizes::of(rows, k)?)
+    }
+
+    /// Zeroed device buffers of the given sizes (e.g. [`crate::MoeProblem::a_sizes`]); empty
+    /// buffers get 16-byte placeholders. Global scale 1.
+    pub fn alloc_zeros_sized(stream: &Arc<CudaStream>, sizes: Nvfp4Sizes) -> Result<DeviceNvfp4> {
         let d = |e| Error::driver("allocating an NVFP4 tensor", e);
         Ok(DeviceNvfp4 {
             values: stream.alloc_zeros::<u8>(sizes.values.max(16)).map_err(d)?,
             scales: stream.alloc_zeros::<u8>(sizes.scales.max(16)).map_err(d)?,
+            global_scale: 1.0,
         })
     }
 
-    /// The output view [`Quantizer::quantize`] takes.
+    /// The output view [`Quantizer::quantize`] takes (it writes the values and scales; record
+    /// the global scale it quantized with in [`DeviceNvfp4::global_scale`]).
     pub fn operand_mut(&mut self) -> Nvfp4OperandMut<'_> {
         Nvfp4OperandMut { values: &mut self.values, scales: &mut self.scales }
     }
