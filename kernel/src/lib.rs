@@ -18,8 +18,6 @@
     feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
-// `#[ptx::kernel]`: a `macro_rules!` attribute (the entry points' ABI differs between targets).
-#![feature(macro_attr)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod moe;
