@@ -67,6 +67,9 @@ pub(crate) struct Tmem {
     pub cells: Vec<u32>,
     pub writer: Vec<u32>,
     pub readers: Vec<u16>,
+    /// Whether a `tcgen05.cp` or MMA wrote the cell since its columns were last allocated (a
+    /// fresh allocation holds whatever the previous owner left).
+    pub written: Vec<bool>,
     /// Owner CTA of each 32-column unit.
     pub owner: [Option<usize>; 16],
 }
@@ -77,6 +80,7 @@ impl Tmem {
             cells: vec![TMEM_UNWRITTEN; LANES * COLS],
             writer: vec![0; LANES * COLS],
             readers: vec![0; LANES * COLS],
+            written: vec![false; LANES * COLS],
             owner: [None; 16],
         }
     }
@@ -157,6 +161,11 @@ fn try_alloc(w: &mut World, cta: usize, ncols: u32) -> Option<u32> {
     };
     for o in &mut w.sms[sm].owner[base..base + units] {
         *o = Some(cta);
+    }
+    for lane in 0..LANES as u32 {
+        for c in (base * 32) as u32..((base + units) * 32) as u32 {
+            w.sms[sm].written[cell(lane, c)] = false;
+        }
     }
     w.ctas[cta].tmem_allocs.push((base as u32 * 32, ncols));
     Some(base as u32 * 32)
@@ -289,6 +298,10 @@ pub(crate) fn complete_collective(
                         ));
                     }
                 }
+            }
+            if w.cfg.strict {
+                strict_written(w, sm, l0..l0 + 16, c0..c0 + 8 * num)
+                    .map_err(|m| strict_error(w, me, "tcgen05.ld.16x256b", m))?;
             }
             let cells = &w.sms[sm].cells;
             let outs = mem
@@ -500,6 +513,21 @@ fn strict_scale_source(d: &Desc) -> Result<(), String> {
     }
     if d.sbo != 128 {
         return Err(format!("SBO {} bytes in the scale-copy descriptor: 32 dense 16-byte rows have SBO 128", d.sbo));
+    }
+    Ok(())
+}
+
+/// Strict mode, TMEM contents: every cell of `lanes × cols` was written (by `tcgen05.cp` or an
+/// MMA) since its columns were allocated. Unwritten TMEM holds whatever its previous owner left;
+/// the seed and CUTLASS read only the scales they copied and the accumulator their MMAs wrote
+/// (and an MMA with `enable-input-d` only an accumulator an earlier MMA wrote).
+fn strict_written(w: &World, sm: usize, lanes: std::ops::Range<u32>, cols: std::ops::Range<u32>) -> Result<(), String> {
+    for l in lanes {
+        for c in cols.clone() {
+            if !w.sms[sm].written[cell(l, c)] {
+                return Err(format!("TMEM lane {l} column {c} was not written since its allocation"));
+            }
+        }
     }
     Ok(())
 }
@@ -864,6 +892,7 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
                     for (k, &v) in words.iter().enumerate() {
                         let i = cell(lane, col + k as u32);
                         w.sms[sm].cells[i] = v;
+                        w.sms[sm].written[i] = true;
                         if w.sms[sm].writer[i] == id {
                             w.sms[sm].writer[i] = 0;
                         }
@@ -886,6 +915,24 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
             let fail =
                 |w: &World, msg: String| w.err(ErrorKind::InvalidOperand, format!("completing #{id} {what}: {msg}"));
             let sfb_cols = m.n.div_ceil(32);
+            if w.cfg.strict {
+                let read = |col, n| strict_written(w, m.sm, 0..LANES as u32, col..col + n);
+                let mut checks = vec![("SFA", read(m.sfa_col, 4)), ("SFB", read(m.sfb_col, sfb_cols))];
+                if m.accumulate {
+                    checks.push(("the accumulator (enable-input-d)", read(m.d_col, m.n)));
+                }
+                for (part, r) in checks {
+                    if let Err(e) = r {
+                        return Err(w.err(
+                            ErrorKind::InvalidOperand,
+                            format!(
+                                "completing #{id} {what}: {part}: {e} (strict mode: a value no hardware-proven kernel \
+                                 uses; LaunchConfig::strict = false applies the PTX ISA's rules only)"
+                            ),
+                        ));
+                    }
+                }
+            }
             let tm = &w.sms[m.sm];
             // Scale factors: row r's copy in quarter p is the cell (32p + r % 32, col + r / 32).
             let scale = |col: u32, row: u32, quarter: u32| tm.cells[cell(32 * quarter + row % 32, col + row / 32)];
@@ -957,6 +1004,7 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
                 for col in 0..m.n {
                     let i = cell(row, m.d_col + col);
                     tm.cells[i] = out[(row * m.n + col) as usize];
+                    tm.written[i] = true;
                     if tm.writer[i] == id {
                         tm.writer[i] = 0;
                     }
