@@ -116,9 +116,9 @@ pub struct LaunchConfig {
     pub tmem_placement: TmemPlacement,
     /// Strict mode (on by default): besides what the PTX ISA forbids, reject values it allows but
     /// that no hardware-proven kernel uses — descriptor fields the ISA calls unused, TMEM columns
-    /// placed unlike the seed's and CUTLASS's (each rule and its source: `model/README.md`,
-    /// "Strict mode"). The hardware probes turn it off for the cases that try exactly those values
-    /// on a GPU.
+    /// placed unlike the seed's and CUTLASS's, TMEM read before anything wrote it (each rule and
+    /// its source: docs/model.md §3, `model/README.md` "Strict mode"). The hardware probes turn it
+    /// off for the cases that try exactly those values on a GPU.
     pub strict: bool,
     /// The seeded choices.
     pub schedule: Schedule,

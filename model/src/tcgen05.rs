@@ -40,8 +40,8 @@
 //!   in each CTA of the mask (or at `bar`).
 //!
 //! Strict mode ([`crate::LaunchConfig::strict`], on by default) also rejects what the ISA allows
-//! but no hardware-proven kernel uses (`strict_operand`, `strict_scale_source`, `strict_columns`;
-//! `model/README.md`, "Strict mode").
+//! but no hardware-proven kernel uses (`strict_operand`, `strict_scale_source`, `strict_columns`,
+//! `strict_written`; docs/model.md §3).
 //!
 //! Not modelled (a loud error): `cta_group::2`, other shapes and kinds, M ≠ 128, K = 96, sparse,
 //! transpose, SF IDs ≠ 0, UE8M0 scales (legal with `scale_vec::4X`, Table 55), the
