@@ -116,10 +116,10 @@ fn model_probe_umma_tiles_and_accumulator_match_the_isa() {
         for chunk in 0..case.n / 128 {
             let per_chunk = (4 * LD_WORDS_PER_WARP_CHUNK) as usize;
             let cells = chunk_cells(&acc[chunk as usize * per_chunk..(chunk as usize + 1) * per_chunk]);
-            for m in 0..128 {
-                for c in 0..128 {
-                    let n = (128 * chunk + c as u32) as usize;
-                    assert_eq!(f32::from_bits(cells[m][c]), want[m][n], "{}: D[{m}][{n}]", case.name);
+            for (m, row) in cells.iter().enumerate() {
+                for (c, &cell) in row.iter().enumerate() {
+                    let n = 128 * chunk as usize + c;
+                    assert_eq!(f32::from_bits(cell), want[m][n], "{}: D[{m}][{n}]", case.name);
                 }
             }
         }
