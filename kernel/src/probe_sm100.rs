@@ -57,6 +57,17 @@ impl Deadline {
     }
 }
 
+/// The dynamic shared memory window; the probe traps unless it is 1024-byte aligned, as the
+/// 128-byte swizzle and descriptors with base offset 0 need (as the GEMM does).
+#[inline(always)]
+fn aligned_base() -> SmemAddr {
+    let base = smem::dynamic_base();
+    if base.0 % 1024 != 0 {
+        sreg::trap();
+    }
+    base
+}
+
 /// The status word of a probe whose waits all completed (`ok`) or not.
 #[inline(always)]
 fn status(ok: bool) -> u32 {
@@ -232,11 +243,7 @@ pub unsafe fn tmem_probe(p: ProbeParams) {
 /// Launched as `umma_probe_launch()` with buffers of those sizes; N is 128 or 256, steps 1..=4.
 #[crate::ptx::kernel]
 pub unsafe fn umma_probe(p: ProbeParams) {
-    let base = smem::dynamic_base();
-    // The 128-byte swizzle and base offset 0 need 1024-byte aligned tiles.
-    if base.0 % 1024 != 0 {
-        sreg::trap();
-    }
+    let base = aligned_base();
     let n = p.args[UMMA_ARG_N];
     let steps = p.args[UMMA_ARG_STEPS];
     let shift = p.args[UMMA_ARG_SCALE_SHIFT];
@@ -355,10 +362,7 @@ pub unsafe fn umma_probe(p: ProbeParams) {
 /// Launched as `multicast_probe_launch()`; the box fits `MULTICAST_PROBE_MAX_BYTES`.
 #[crate::ptx::kernel]
 pub unsafe fn tma4_multicast_probe(p: ProbeParams) {
-    let base = smem::dynamic_base();
-    if base.0 % 1024 != 0 {
-        sreg::trap();
-    }
+    let base = aligned_base();
     let book = Bookkeeping::at(base);
     let (full, gather) = (book.full, book.done);
     let tile = base.add(PROBE_BARRIER_BYTES);

@@ -18,7 +18,7 @@
 //! skip; `model-tests/tests/model_probe_sm100.rs` checks the model's side in CI.
 
 use nvfp4_gemm::probe::sm100::*;
-use nvfp4_gemm::probe::{GpuTarget, ModelRules};
+use nvfp4_gemm::probe::{GpuTarget, ModelRules, ProbeTarget};
 use nvfp4_gemm::Arch;
 use nvfp4_gemm_model_tests::ModelTarget;
 use nvfp4_gemm_tests::gpu_or_skip;
@@ -52,55 +52,72 @@ fn b200_against_model(
     }
 }
 
-fn assert_none_differ(test: &str, failures: Vec<String>) {
+/// A probe case, as the comparison needs it.
+trait Case {
+    /// Its name, the model's rules for it, its output sections.
+    fn info(&self) -> (&'static str, ModelRules, Vec<Section>);
+    /// Runs it on `t`.
+    fn run<T: ProbeTarget>(&self, t: &T) -> Result<Vec<u8>, String>;
+}
+
+impl Case for TmemCase {
+    fn info(&self) -> (&'static str, ModelRules, Vec<Section>) {
+        (self.name, self.rules(), self.sections())
+    }
+    fn run<T: ProbeTarget>(&self, t: &T) -> Result<Vec<u8>, String> {
+        run_tmem(t, self)
+    }
+}
+
+impl Case for UmmaCase {
+    fn info(&self) -> (&'static str, ModelRules, Vec<Section>) {
+        (self.name, self.rules(), self.sections())
+    }
+    fn run<T: ProbeTarget>(&self, t: &T) -> Result<Vec<u8>, String> {
+        run_umma(t, self)
+    }
+}
+
+impl Case for MulticastCase {
+    fn info(&self) -> (&'static str, ModelRules, Vec<Section>) {
+        (self.name, ModelRules::Strict, self.sections())
+    }
+    fn run<T: ProbeTarget>(&self, t: &T) -> Result<Vec<u8>, String> {
+        run_multicast(t, self)
+    }
+}
+
+/// Runs every case on the B200 and in the model, prints each verdict, and fails with every
+/// difference.
+fn compare_every_case<C: Case>(test: &str, cases: &[C]) {
+    let Some(device) = gpu_or_skip(test, Arch::Sm100a) else {
+        return;
+    };
+    let hw = GpuTarget::new(&device);
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| {
+            let (name, rules, sections) = c.info();
+            b200_against_model(name, rules, &sections, c.run(&hw), c.run(&ModelTarget::default()))
+        })
+        .collect();
     assert!(failures.is_empty(), "{test}: {} case(s) differ:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
 #[ignore = "needs an sm_100a GPU"]
 fn gpu_probe_sm100_tmem_copies_match_the_model() {
-    let Some(gpu) = gpu_or_skip("gpu_probe_sm100_tmem_copies_match_the_model", Arch::Sm100a) else {
-        return;
-    };
-    let hw = GpuTarget::new(&gpu);
-    let failures = tmem_cases()
-        .iter()
-        .filter_map(|c| {
-            b200_against_model(c.name, c.rules(), &c.sections(), run_tmem(&hw, c), run_tmem(&ModelTarget::default(), c))
-        })
-        .collect();
-    assert_none_differ("gpu_probe_sm100_tmem_copies_match_the_model", failures);
+    compare_every_case("gpu_probe_sm100_tmem_copies_match_the_model", &tmem_cases());
 }
 
 #[test]
 #[ignore = "needs an sm_100a GPU"]
 fn gpu_probe_sm100_mma_and_fp4_tma_match_the_model() {
-    let Some(gpu) = gpu_or_skip("gpu_probe_sm100_mma_and_fp4_tma_match_the_model", Arch::Sm100a) else {
-        return;
-    };
-    let hw = GpuTarget::new(&gpu);
-    let failures = umma_cases()
-        .iter()
-        .filter_map(|c| {
-            b200_against_model(c.name, c.rules(), &c.sections(), run_umma(&hw, c), run_umma(&ModelTarget::default(), c))
-        })
-        .collect();
-    assert_none_differ("gpu_probe_sm100_mma_and_fp4_tma_match_the_model", failures);
+    compare_every_case("gpu_probe_sm100_mma_and_fp4_tma_match_the_model", &umma_cases());
 }
 
 #[test]
 #[ignore = "needs an sm_100a GPU"]
 fn gpu_probe_sm100_cluster_multicast_matches_the_model() {
-    let Some(gpu) = gpu_or_skip("gpu_probe_sm100_cluster_multicast_matches_the_model", Arch::Sm100a) else {
-        return;
-    };
-    let hw = GpuTarget::new(&gpu);
-    let failures = multicast_cases()
-        .iter()
-        .filter_map(|c| {
-            let model = run_multicast(&ModelTarget::default(), c);
-            b200_against_model(c.name, ModelRules::Strict, &c.sections(), run_multicast(&hw, c), model)
-        })
-        .collect();
-    assert_none_differ("gpu_probe_sm100_cluster_multicast_matches_the_model", failures);
+    compare_every_case("gpu_probe_sm100_cluster_multicast_matches_the_model", &multicast_cases());
 }
