@@ -40,6 +40,10 @@ pub mod sm100;
 #[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
 pub mod probe;
 
+// The Blackwell probes, for the first B200 (and the model).
+#[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
+pub mod probe_sm100;
+
 // The TMA bandwidth kernel of the bench's ceilings (sm_90a, and in the model).
 #[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
 pub mod ceiling;
