@@ -11,6 +11,7 @@ On every rank, for the same inputs (made on rank 0 and broadcast):
   same drop rule);
 - the layer captured in a CUDA graph and replayed equals the eager layer bit for bit, also after
   the routing changed (new tokens and router bias written into the captured tensors);
+- ``nvfp4_gemm.MoE`` with groups sharing experts' weights equals one group per expert;
 - the library raised no status bit (no size beyond the bounds).
 
 Then it times the layer (eager and graph-replayed, max over ranks), the local experts' GEMM
@@ -102,6 +103,17 @@ def set_bias(bias, hot, dead, boost):
     bias[dead] = NEVER
 
 
+def check_shared_groups(check, experts, router, bias, top_k, capacity, g_x, x):
+    """``nvfp4_gemm.MoE`` with ``2 · E`` groups over ``E`` experts (``group_experts = [0..E-1] *
+    2``) equals the ``E``-group layer run on each half of ``x`` (bit for bit): the sharing the
+    distributed layer relies on, also exercised when W = 1."""
+    half = x.shape[0] // 2
+    two = ReferenceMoE(experts.moe(2, capacity, g_x), router, bias, top_k, half, 2)
+    one = ReferenceMoE(experts.moe(1, capacity, g_x), router, bias, top_k, half, 1)
+    want = torch.cat([one(x[:half]).clone(), one(x[half:]).clone()])
+    check.same_bits(two(x), want, "MoE with 2·E groups sharing E experts = the E-group MoE on each half")
+
+
 def check_layer(check, args, rank, world, device):
     t, h, n, e, k, c = args.tokens, args.hidden, args.n, args.experts, args.top_k, args.capacity
     experts, router, x_all = problem(t, h, n, e, world, device, seed=1)
@@ -143,6 +155,7 @@ def check_layer(check, args, rank, world, device):
 
     set_bias(bias, hot=0, dead=e - 1, boost=args.boost)
     eager = compare("routing A")
+    check_shared_groups(check, experts, router, bias, k, c, g_x, x_ref)
     graph = capture(lambda: ep(x))
     graph.replay()
     check.same_bits(ep.out.clone(), eager, "routing A: graph replay = eager")
