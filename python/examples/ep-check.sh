@@ -7,8 +7,9 @@
 #
 #   python/examples/ep-check.sh OUT [ep_test.py options...]     (from the repository root)
 #
-# Success: every run ends with "EP TEST PASS", the CPU tests pass with none skipped, and the last
-# line is "ep-check: OK"; the exit status is non-zero otherwise.
+# Success: W = 1 ran (and W = 2 where two GPUs are visible), every run ends with "EP TEST PASS",
+# the CPU tests pass with none skipped, and the last line is "ep-check: OK"; the exit status is
+# non-zero otherwise.
 set -uo pipefail
 # NVLink multicast off (the 2-GPU machines require it).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -37,6 +38,7 @@ lines+=("CPU tests: ${cpu:-no summary} (pytest exit $cpu_rc)")
 for w in 1 2; do
     if [ "$w" -gt "$gpus" ]; then
         lines+=("W = $w: not run ($gpus GPU(s) visible)")
+        [ "$w" -gt 1 ] || status=1  # W = 1 must run
         continue
     fi
     python3 -m torch.distributed.run --standalone --nproc_per_node="$w" "$root/python/examples/ep_test.py" "$@" 2>&1 | tee "$out/ep-w$w.log"
