@@ -9,7 +9,7 @@
 use nvfp4_format::GroupShape;
 use nvfp4_format::InputDistribution::{Competition, FullRange};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
-use nvfp4_gemm_abi::sm90::{GemmConfig, RowSpan};
+use nvfp4_gemm_abi::sm90::{GemmConfig, RowSpan, DECODE_UNSCALE};
 use nvfp4_gemm_model_tests::*;
 
 /// The competition's groups (M as in the competition, N ≤ 136, K ≤ 320), with every tail.
@@ -60,7 +60,7 @@ fn model_sm90_alpha_beyond_the_folded_factor() {
             x.alpha = 2f32.powi(126);
             x.a.set_global_scale(1.0);
             x.b.set_global_scale(1.0);
-            assert!(x.effective_alpha_f32().is_finite() && !(16384.0 * x.effective_alpha_f32()).is_finite());
+            assert!(x.effective_alpha_f32().is_finite() && !(DECODE_UNSCALE * x.effective_alpha_f32()).is_finite());
         }
         g[1].a.values_mut().fill(0);
         run_and_check(&format!("sm90 {name} alpha 2^126"), &g, F16, &ModelRun::default(), |o, r| run_sm90(o, 2, r));

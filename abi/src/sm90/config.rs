@@ -4,7 +4,7 @@
 
 use super::epilogue::{EPILOGUE_ROWS, EPILOGUE_ROW_BYTES};
 use super::launch::PRODUCER_REGISTERS;
-use crate::launch::{MAX_DYNAMIC_SMEM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+use crate::launch::{MAX_DYNAMIC_SMEM, MBARRIER_BYTES, REGISTERS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use crate::scale_layout::BLOCK_BYTES as SCALE_BLOCK_BYTES;
 
 /// Weight rows (N) per CTA tile: two consumer warpgroups of 64 rows (wgmma M = 64) each.
@@ -54,8 +54,6 @@ pub enum ProducerRole {
 pub const SMALL_TILE_M: u32 = 16;
 /// The tail tile of `T64`: `wgmma m64n64k16`.
 pub const TAIL_TILE_M: u32 = 64;
-/// Bytes of one mbarrier.
-pub const MBARRIER_BYTES: u32 = 8;
 
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
 /// weights, `stages` stages of `chunks` × [`CHUNK_K`].
@@ -156,9 +154,9 @@ impl GemmConfig {
     }
 
     /// The register cap per thread (`.maxnreg`): what `ctas_per_sm` CTAs of `threads` threads
-    /// leave of the SM's 65536, rounded down to 8.
+    /// leave of the SM's [`REGISTERS_PER_SM`], rounded down to 8.
     pub const fn max_registers(&self) -> u32 {
-        65536 / (self.ctas_per_sm() * self.threads()) / 8 * 8
+        REGISTERS_PER_SM / (self.ctas_per_sm() * self.threads()) / 8 * 8
     }
 
     /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec`:
@@ -183,8 +181,8 @@ impl GemmConfig {
     }
 
     /// Token rows per tile of a group of `m` tokens under this variant (the group's `block_m`:
-    /// the pitch of its tiles and the height of a stage's token region): `GENERAL` 16 for `m ≤ 16`, else 128;
-    /// `T64` 128; the decode variant 16.
+    /// the pitch of its tiles and the height of a stage's token region): `GENERAL` 16 for
+    /// `m ≤ 16`, else 128; `T64` and `N192` 128; the decode variant 16.
     pub const fn tile_rows(&self, m: u32) -> u32 {
         if m <= self.narrow && self.narrow == SMALL_TILE_M {
             self.narrow

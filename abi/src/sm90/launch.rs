@@ -3,10 +3,10 @@
 
 use super::config::{GemmConfig, CONSUMER_WARPGROUPS, THREADS, WARPGROUP_THREADS};
 use super::tokens::DEQUANT_THREADS;
-use crate::launch::LaunchGeometry;
+use crate::launch::{LaunchGeometry, REGISTERS_PER_SM};
 
-/// Register cap per thread of the 384-thread variants (`GENERAL`, `T64`): 65536 / 384, rounded
-/// down to 8 ([`GemmConfig::max_registers`]).
+/// Register cap per thread of the 384-thread variants (`GENERAL`, `T64`): the SM's 65536
+/// registers / 384, rounded down to 8 ([`GemmConfig::max_registers`]).
 pub const MAX_REGISTERS: u32 = GemmConfig::GENERAL.max_registers();
 /// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
 /// copies; 40 is plenty).
@@ -22,7 +22,7 @@ const _: () = assert!(
     WARPGROUP_THREADS * (PRODUCER_REGISTERS + CONSUMER_WARPGROUPS * CONSUMER_REGISTERS) <= MAX_REGISTERS * THREADS
         && CONSUMER_REGISTERS <= 256
 );
-const _: () = assert!(MAX_REGISTERS * THREADS <= 65536);
+const _: () = assert!(MAX_REGISTERS * THREADS <= REGISTERS_PER_SM);
 
 /// Register cap of the decode variant: two CTAs of [`DECODE_THREADS`](super::DECODE_THREADS) per SM
 /// ([`GemmConfig::max_registers`]).

@@ -24,12 +24,14 @@
 //! - [`params`]: the group table and the `N192` work item's row span;
 //! - [`tokens`]: the token workspace's K permutation and the token dequantization's work split;
 //! - [`fragment`]: where a consumer thread's weight fragments and scale words lie in a stage;
+//! - [`decode`]: the factor the e2m1 → f16 decoder's values lack;
 //! - [`epilogue`]: the epilogue buffer's swizzle;
 //! - [`desc`]: the wgmma shared-memory descriptor;
 //! - [`tma`]: the tensor maps and their places in the table;
 //! - [`launch`]: launch geometry and register caps.
 
 pub mod config;
+pub mod decode;
 pub mod desc;
 pub mod epilogue;
 pub mod fragment;
@@ -39,6 +41,7 @@ pub mod tma;
 pub mod tokens;
 
 pub use config::*;
+pub use decode::*;
 pub use desc::*;
 pub use epilogue::*;
 pub use fragment::*;

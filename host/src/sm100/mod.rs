@@ -21,6 +21,8 @@ mod device_sizes;
 mod plan;
 
 pub(crate) use device_sizes::Sm100DevicePlan;
+// Reached through `crate::layout` (the `testing` feature).
+#[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::{Sm100DeviceLayout, Sm100DeviceTables};
 pub(crate) use plan::Sm100Plan;
 

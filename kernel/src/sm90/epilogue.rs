@@ -12,17 +12,13 @@ use nvfp4_gemm_abi::sm90::*;
 /// 0 is the CTA barrier).
 const EPILOGUE_BARRIER: u32 = 1;
 
-/// What the epilogue multiplies the accumulators by before alpha: the consumers decode the weights
-/// times 2⁻¹⁴ (`dequant16`).
-const WEIGHT_UNSCALE: f32 = 16384.0;
-
-/// The accumulator pair `(acc[i], acc[i + 1])` (tokens m, m + 1 of one weight) scaled by 2¹⁴ and
-/// alpha and rounded once to f16x2 or bf16x2, token m in the low half (the weights were decoded
-/// times 2⁻¹⁴, `dequant16`; multiplying by 2¹⁴ first is exact, so this is alpha times the unscaled
-/// sum, as if decoded unscaled).
+/// The accumulator pair `(acc[i], acc[i + 1])` (tokens m, m + 1 of one weight) scaled by 2¹⁴
+/// ([`DECODE_UNSCALE`]) and alpha and rounded once to f16x2 or bf16x2, token m in the low half
+/// (the weights were decoded times 2⁻¹⁴, `dequant16`; multiplying by 2¹⁴ first is exact, so this
+/// is alpha times the unscaled sum, as if decoded unscaled).
 #[inline(always)]
 fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool) -> u32 {
-    let (m, m1) = (acc_i * WEIGHT_UNSCALE * alpha, acc_i1 * WEIGHT_UNSCALE * alpha);
+    let (m, m1) = (acc_i * DECODE_UNSCALE * alpha, acc_i1 * DECODE_UNSCALE * alpha);
     if bf16 {
         convert::f32x2_to_bf16x2(m, m1)
     } else {
