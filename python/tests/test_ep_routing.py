@@ -3,6 +3,8 @@ NumPy against the rule written as a loop; with torch (skipped without it), the d
 against the single-GPU layer over 1 and 2 gloo processes, a dense f64 stand-in for the NVFP4
 expert GEMM (the layers' routing, slots, all-to-alls and combine; the GPU run is ep_test.py)."""
 
+import importlib.util
+import multiprocessing
 import os
 import socket
 import sys
@@ -63,15 +65,34 @@ def test_batched_sources_equal_one_call_per_source():
 
 
 # ---- torch (CPU, gloo): the layers themselves ------------------------------------------------
+# Run in fresh processes: torch never enters this one (the validation tests assume it absent).
 
 
-def _torch():
-    """torch, or skip (a failure when NVFP4_REQUIRE_TORCH is set, as on the GPU machine)."""
-    if os.environ.get("NVFP4_REQUIRE_TORCH"):
-        import torch
-    else:
-        torch = pytest.importorskip("torch")
-    return torch
+def _require_torch():
+    """Skip without torch (a failure when NVFP4_REQUIRE_TORCH is set, as on the GPU machine)."""
+    if importlib.util.find_spec("torch") is None:
+        if os.environ.get("NVFP4_REQUIRE_TORCH"):
+            pytest.fail("torch is not installed (NVFP4_REQUIRE_TORCH is set)")
+        pytest.skip("needs torch")
+
+
+def _run(target, world):
+    """``target(rank, world, port)`` in ``world`` spawned processes; all must exit with 0."""
+    _require_torch()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(rank, world, port)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert [p.exitcode for p in procs] == [0] * world, "a process failed (its traceback is above)"
 
 
 class DenseMoE:
@@ -94,7 +115,7 @@ class DenseMoE:
 
 
 def _ep_worker(rank, world, port):
-    torch = _torch()
+    import torch
     import torch.distributed as dist
     from ep_moe import EPMoE, ReferenceMoE, plain_reference
 
@@ -129,24 +150,19 @@ def _ep_worker(rank, world, port):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_distributed_layer_equals_single_gpu_layer_on_gloo(world):
-    torch = _torch()
-    if world == 1:
-        _ep_worker(0, 1, _free_port())
-    else:
-        torch.multiprocessing.spawn(_ep_worker, args=(world, _free_port()), nprocs=world)
+    _run(_ep_worker, world)
 
 
-def test_slots_torch_equal_numpy():
-    torch = _torch()
+def _slots_worker(rank, world, port):
+    import torch
+
     rng = np.random.default_rng(11)
     ids = np.stack([random_ids(rng, 40, 3, 9, skew=w) for w in range(3)])
     for got, want in zip(assign_slots(torch.from_numpy(ids), 9, 7), assign_slots(ids, 9, 7)):
         assert got.numpy().tolist() == want.tolist()
+
+
+def test_slots_torch_equal_numpy():
+    _run(_slots_worker, 1)
