@@ -600,10 +600,7 @@ pub unsafe extern "C" fn nvfp4_gemm_plan_create(
 
 /// Waits for the device's null stream (where plans allocate and zero their memory).
 fn synchronize(gpu: &Gpu) -> Result<()> {
-    gpu.context()
-        .default_stream()
-        .synchronize()
-        .map_err(|e| Error::driver("waiting for the new plan's memory", e))
+    gpu.context().default_stream().synchronize().map_err(|e| Error::driver("waiting for the new plan's memory", e))
 }
 
 /// Destroys a plan (null: nothing). The work enqueued with it must have finished.
