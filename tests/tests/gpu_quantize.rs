@@ -5,15 +5,15 @@
 //! output is poisoned before each of two runs (two different poison bytes, so an unwritten byte
 //! cannot pass by luck) and sits between guard bytes that must stay untouched. Also: the GEMM
 //! on GPU-quantized activations equals the GEMM on CPU-quantized ones, bit for bit.
-//! Skipped with a printed reason without a Hopper or Blackwell GPU (the GEMM check needs sm_90).
+//! Ignored unless asked for: they need a Hopper or Blackwell GPU (the GEMM check an sm_90a one).
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use nvfp4_format::codec::{f64_to_bf16, f64_to_f16};
 use nvfp4_format::{global_scale_for_amax, quantize_with_global_scale, Nvfp4Matrix, SplitMix64};
 use nvfp4_gemm::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
-use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand};
-use nvfp4_gemm_tests::gpu_or_skip;
+use nvfp4_gemm::{Arch, Error, Nvfp4Operand};
+use nvfp4_gemm_tests::{gpu_or_skip, require_any_gpu};
 use std::sync::Arc;
 
 /// Guard bytes before and after every output (a multiple of 16, so the output stays aligned).
@@ -21,15 +21,6 @@ const GUARD: usize = 256;
 const GUARD_BYTE: u8 = 0xE7;
 /// The two poisons written over the outputs before the two runs.
 const POISONS: [u8; 2] = [0xA5, 0x5A];
-
-/// GPU 0 if it is a Hopper or Blackwell GPU (the kernels are built for both); else prints why
-/// the test is skipped.
-fn any_gpu(test: &str) -> Option<Gpu> {
-    match Gpu::new(0) {
-        Ok(gpu) => Some(gpu),
-        Err(_) => gpu_or_skip(test, Arch::Sm90a),
-    }
-}
 
 /// A device buffer of `len` elements between `GUARD`-byte guards, filled with `fill` (the guards
 /// with `GUARD_BYTE`).
@@ -169,7 +160,7 @@ fn check_quantize<T: DenseFloat + ToBits + ValidAsZeroBits + Default>(
 }
 
 fn run_quantize_cases(test: &str, cases: &[(usize, usize, bool, bool, u32)], seed: u64) {
-    let Some(gpu) = any_gpu(test) else { return };
+    let gpu = require_any_gpu();
     let stream = gpu.context().default_stream();
     let q = Quantizer::new(&gpu).unwrap();
     let mut rng = SplitMix64::new(seed);
@@ -205,6 +196,7 @@ fn run_quantize_cases(test: &str, cases: &[(usize, usize, bool, bool, u32)], see
 /// 120 random shapes: rows 1..=600 (mostly not multiples of 128), K a multiple of 64 up to 8192,
 /// both input types, global scales from the tensor's amax (and scaled by up to 2^±12).
 #[test]
+#[ignore = "needs an sm_90a or sm_100a GPU"]
 fn gpu_quantize_random_shapes_match_cpu() {
     let mut rng = SplitMix64::new(0x0007_1234);
     let cases: Vec<_> = (0..120)
@@ -219,6 +211,7 @@ fn gpu_quantize_random_shapes_match_cpu() {
 
 /// Special values in every case, every global-scale regime, edge shapes (1 row, 128, 129, K = 64).
 #[test]
+#[ignore = "needs an sm_90a or sm_100a GPU"]
 fn gpu_quantize_special_values_match_cpu() {
     let mut cases = vec![];
     for (i, (rows, k)) in [(1, 64), (127, 64), (128, 128), (129, 192), (1, 8192), (300, 704), (255, 1024), (513, 64)]
@@ -237,8 +230,9 @@ fn gpu_quantize_special_values_match_cpu() {
 /// Every f16 and every bf16 bit pattern (NaNs included) quantized once, in blocks mixing
 /// neighbouring patterns, with a few global scales.
 #[test]
+#[ignore = "needs an sm_90a or sm_100a GPU"]
 fn gpu_quantize_every_half_pattern_matches_cpu() {
-    let Some(gpu) = any_gpu("gpu_quantize_every_half_pattern_matches_cpu") else { return };
+    let gpu = require_any_gpu();
     let stream = gpu.context().default_stream();
     let q = Quantizer::new(&gpu).unwrap();
     let (rows, k) = (1024, 64);
@@ -268,8 +262,9 @@ fn gpu_quantize_every_half_pattern_matches_cpu() {
 /// subnormals, several global scales) to f16 and bf16 and compares with the CPU's exact values
 /// rounded once; also dequantize(quantize(x)) against the CPU.
 #[test]
+#[ignore = "needs an sm_90a or sm_100a GPU"]
 fn gpu_dequantize_matches_cpu() {
-    let Some(gpu) = any_gpu("gpu_dequantize_matches_cpu") else { return };
+    let gpu = require_any_gpu();
     let stream = gpu.context().default_stream();
     let q = Quantizer::new(&gpu).unwrap();
     let mut rng = SplitMix64::new(33);
@@ -372,8 +367,9 @@ impl ToBits for bf16 {
 
 /// Bad arguments are typed errors and nothing is written; rows = 0 writes nothing.
 #[test]
+#[ignore = "needs an sm_90a or sm_100a GPU"]
 fn gpu_quantize_bad_arguments_write_nothing() {
-    let Some(gpu) = any_gpu("gpu_quantize_bad_arguments_write_nothing") else { return };
+    let gpu = require_any_gpu();
     let stream = gpu.context().default_stream();
     let q = Quantizer::new(&gpu).unwrap();
     let (rows, k) = (130, 128);
@@ -411,6 +407,7 @@ fn gpu_quantize_bad_arguments_write_nothing() {
 /// The grouped GEMM on activations quantized on the GPU equals, bit for bit, the GEMM on the same
 /// activations quantized on the CPU (and the quantized bytes are equal).
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_quantize_then_gemm_equals_cpu_quantize_then_gemm() {
     use nvfp4_format::{GroupShape, Nvfp4Matrix as M};
     use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, Output, OutputType, Problem};

@@ -7,6 +7,7 @@ use nvfp4_gemm::Arch;
 use nvfp4_gemm_tests::gpu_or_skip;
 
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn smoke_tma_cluster_on_sm90() {
     let Some(gpu) = gpu_or_skip("smoke_tma_cluster_on_sm90", Arch::Sm90a) else {
         return;
@@ -17,6 +18,7 @@ fn smoke_tma_cluster_on_sm90() {
 }
 
 #[test]
+#[ignore = "needs an sm_100a GPU"]
 fn smoke_tma_cluster_on_sm100() {
     let Some(gpu) = gpu_or_skip("smoke_tma_cluster_on_sm100", Arch::Sm100a) else {
         return;
