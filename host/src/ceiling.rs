@@ -5,15 +5,16 @@
 
 use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
+use crate::driver::module::Kernel;
 use crate::driver::tensor_map;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub use nvfp4_gemm_abi::ceiling::*;
 use std::sync::Arc;
 
 /// One case of the TMA bandwidth kernel, ready to launch on one stream.
 pub struct TmaBandwidth {
-    f: CudaFunction,
+    f: Kernel,
     stream: Arc<CudaStream>,
     _map: CudaSlice<u8>,
     out: CudaSlice<u32>,

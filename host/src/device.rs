@@ -1,7 +1,8 @@
 //! Which GPU we are on, and the kernel image for it.
 
+use crate::driver::module::{Kernel, Module};
 use crate::error::{Error, Result};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
 
 /// A GPU architecture this library has kernels for.
@@ -49,11 +50,21 @@ impl Arch {
 }
 
 /// True when the CUDA driver library can be loaded. Never panics (cudarc itself panics on first
-/// use when the library is absent, so check this first).
+/// use when the library is absent, so check this first). With the `dynamic-linking` feature the
+/// library is linked: the process would not have started without it.
 pub fn driver_present() -> bool {
+    #[cfg(feature = "dynamic-loading")]
     // SAFETY: only tries to dlopen the library.
-    unsafe { sys::is_culib_present() }
+    return unsafe { sys::is_culib_present() };
+    #[cfg(not(feature = "dynamic-loading"))]
+    return true;
 }
+
+#[cfg(not(any(feature = "dynamic-loading", feature = "dynamic-linking")))]
+compile_error!(
+    "nvfp4-gemm needs one of its features `dynamic-loading` (the default: libcuda loaded at run time) \
+     or `dynamic-linking` (linked at build time), the same mode as the application's cudarc"
+);
 
 /// A CUDA device with this library's kernels loaded.
 #[derive(Debug)]
@@ -62,7 +73,7 @@ pub struct Gpu {
     arch: Arch,
     name: String,
     sm_count: u32,
-    module: Arc<CudaModule>,
+    module: Arc<Module>,
 }
 
 impl Gpu {
@@ -91,9 +102,7 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::driver("reading the SM count", e))? as u32;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(arch.cubin().to_vec()))
-            .map_err(|e| Error::driver("loading the kernel image", e))?;
+        let module = Module::load(&ctx, arch.cubin()).map_err(|e| Error::driver("loading the kernel image", e))?;
         Ok(Gpu { ctx, arch, name, sm_count, module })
     }
 
@@ -118,7 +127,7 @@ impl Gpu {
     }
 
     /// A kernel of the loaded image by its exported name.
-    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
-        self.module.load_function(name).map_err(|e| Error::driver("looking up a kernel", e))
+    pub(crate) fn function(&self, name: &str) -> Result<Kernel> {
+        self.module.function(name).map_err(|e| Error::driver("looking up a kernel", e))
     }
 }

@@ -30,12 +30,13 @@
 
 use crate::device::Gpu;
 use crate::driver::launch::launch;
+use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
 use crate::overlap::{self, Span};
 use crate::plan::Nvfp4Operand;
 use crate::problem::{BufferView, CallBuffers, BUFFER_ALIGN};
 use crate::upload::DeviceNvfp4;
-use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::{bf16, f16};
 use nvfp4_gemm_abi::quantize::{self as abi, ConvertParams};
 use nvfp4_gemm_abi::scale_layout::blocked_bytes;
@@ -118,10 +119,10 @@ impl DeviceNvfp4 {
 /// can be captured in a CUDA graph.
 #[derive(Debug)]
 pub struct Quantizer {
-    quantize: CudaFunction,
-    dequantize: CudaFunction,
+    quantize: Kernel,
+    dequantize: Kernel,
     /// `nvfp4_quantize_grouped` (device-sized layouts, `crate::moe`).
-    quantize_grouped: CudaFunction,
+    quantize_grouped: Kernel,
     max_ctas: u32,
 }
 
@@ -207,7 +208,7 @@ impl Quantizer {
 
     /// # Safety
     /// `params` must satisfy the kernel's `# Safety` contract.
-    unsafe fn launch(&self, f: &CudaFunction, stream: &CudaStream, params: ConvertParams, items: u64) -> Result<()> {
+    unsafe fn launch(&self, f: &Kernel, stream: &CudaStream, params: ConvertParams, items: u64) -> Result<()> {
         // SAFETY: one `ConvertParams` by value, as both kernels take; the caller vouches for it.
         unsafe { launch(f, stream, abi::launch(items, self.max_ctas), &params) }
     }

@@ -122,15 +122,20 @@ pub fn run(args: &[&str]) -> Result<()> {
         n += 1;
     }
     std::fs::write(out.join("arch-only.tsv"), arch_only)?;
-    // The main job's binary (README's `cargo run --release --example demo`).
-    let demo = Command::new(&cargo)
+    // The main job's binary (README's `cargo run --release --example demo`) and the example of an
+    // application passing its own context and buffers.
+    let examples = ["demo", "from_context"];
+    let built = Command::new(&cargo)
         .current_dir(&root)
-        .args(["build", "--release", "--quiet", "-p", "nvfp4-gemm", "--example", "demo"])
+        .args(["build", "--release", "--quiet", "-p", "nvfp4-gemm"])
+        .args(examples.iter().flat_map(|e| ["--example", e]))
         .status()?;
-    if !demo.success() {
-        return Err(Error::msg("building the demo failed"));
+    if !built.success() {
+        return Err(Error::msg("building the examples failed"));
     }
-    std::fs::copy(root.join("target/release/examples/demo"), out.join("bin/demo"))?;
+    for e in examples {
+        std::fs::copy(root.join("target/release/examples").join(e), out.join("bin").join(e))?;
+    }
     write_script(&out.join("run-gpu-tests.sh"), RUNNER)?;
     write_script(&out.join("run-b200-probes.sh"), B200_PROBES)?;
     let size: u64 = walk_size(&out)?;

@@ -4,8 +4,9 @@
 //! parameters are the same (a plan's are: they hold the addresses of its own tables).
 
 use crate::driver::launch::{LaunchGeometry, Start};
+use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
-use cudarc::driver::{sys, CudaFunction, CudaStream};
+use cudarc::driver::{sys, CudaStream};
 use std::ffi::c_void;
 
 /// An instantiated graph of kernels that run one after the other.
@@ -32,7 +33,7 @@ impl KernelChain {
     /// Each function must take exactly one parameter of type `P`; the addresses in the parameters
     /// must stay valid for every launch of the chain; a kernel marked [`Start::Early`] must wait
     /// (`griddepcontrol.wait`) before it reads what the previous one writes.
-    pub unsafe fn new<P: bytemuck::Pod>(kernels: &[(&CudaFunction, LaunchGeometry, Start, P)]) -> Result<KernelChain> {
+    pub unsafe fn new<P: bytemuck::Pod>(kernels: &[(&Kernel, LaunchGeometry, Start, P)]) -> Result<KernelChain> {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         check("creating a graph", unsafe { sys::cuGraphCreate(&mut graph, 0) })?;
@@ -49,7 +50,7 @@ impl KernelChain {
             let mut args = [&mut value as *mut P as *mut c_void];
             // SAFETY: zero is a valid bit pattern of the plain-data node parameters.
             let mut node_params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-            node_params.func = f.cu_function();
+            node_params.func = f.raw();
             node_params.gridDimX = geometry.grid;
             node_params.gridDimY = 1;
             node_params.gridDimZ = 1;

@@ -1,14 +1,18 @@
 //! Kernel launches with cluster dimensions and programmatic dependent launch (`cuLaunchKernelEx`),
 //! and the driver's occupancy queries.
 
+use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
-use cudarc::driver::{sys, CudaFunction, CudaStream};
+use cudarc::driver::{sys, CudaStream};
 pub use nvfp4_gemm_abi::launch::LaunchGeometry;
 use std::ffi::c_void;
 
 /// Raises the kernel's dynamic shared memory limit to `bytes` (needed above 48 KiB).
-pub fn set_max_dynamic_smem(f: &CudaFunction, bytes: u32) -> Result<()> {
-    f.set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+pub fn set_max_dynamic_smem(f: &Kernel, bytes: u32) -> Result<()> {
+    let attribute = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    // SAFETY: a valid function handle (its module is held by `f`).
+    unsafe { sys::cuFuncSetAttribute(f.raw(), attribute, bytes as i32) }
+        .result()
         .map_err(|e| Error::driver("setting the kernel's shared memory size", e))
 }
 
@@ -61,7 +65,7 @@ fn launch_config(
 /// `f` must take exactly one parameter of type `P`, and every device pointer in `params` (and in
 /// the tables it points to) must be valid for what the kernel does with it until it completes.
 pub unsafe fn launch<P: bytemuck::Pod>(
-    f: &CudaFunction,
+    f: &Kernel,
     stream: &CudaStream,
     geom: LaunchGeometry,
     params: &P,
@@ -76,7 +80,7 @@ pub unsafe fn launch<P: bytemuck::Pod>(
 /// As [`launch`]; with [`Start::Early`], `f` must wait (`griddepcontrol.wait`) before it reads
 /// anything the kernel before it in the stream writes.
 pub unsafe fn launch_with<P: bytemuck::Pod>(
-    f: &CudaFunction,
+    f: &Kernel,
     stream: &CudaStream,
     geom: LaunchGeometry,
     start: Start,
@@ -89,7 +93,7 @@ pub unsafe fn launch_with<P: bytemuck::Pod>(
     let config = launch_config(geom, start, stream, &mut attrs);
     // SAFETY: `args` holds one pointer to a live `P`, matching the kernel (the caller's
     // contract); `config` points at `attrs`, alive for the call.
-    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }
+    unsafe { sys::cuLaunchKernelEx(&config, f.raw(), args.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
         .map_err(|e| Error::driver("launching a kernel", e))
 }
@@ -97,21 +101,25 @@ pub unsafe fn launch_with<P: bytemuck::Pod>(
 /// Resident CTAs of `f` per SM with `block` threads and `smem_bytes` of dynamic shared memory
 /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`). Raise the function's shared-memory limit
 /// first: the query counts `smem_bytes` against it.
-pub fn ctas_per_sm(f: &CudaFunction, block: u32, smem_bytes: u32) -> Result<u32> {
-    f.occupancy_max_active_blocks_per_multiprocessor(block, smem_bytes as usize, None)
-        .map_err(|e| Error::driver("querying a kernel's occupancy", e))
+pub fn ctas_per_sm(f: &Kernel, block: u32, smem_bytes: u32) -> Result<u32> {
+    let mut ctas = 0i32;
+    // SAFETY: a valid function handle; the driver writes one int.
+    unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut ctas, f.raw(), block as i32, smem_bytes as usize) }
+        .result()
+        .map_err(|e| Error::driver("querying a kernel's occupancy", e))?;
+    Ok(ctas.max(0) as u32)
 }
 
 /// Clusters of `geom.cluster` CTAs of `f` that the device holds at once
 /// (`cuOccupancyMaxActiveClusters`): it accounts for how clusters fit into GPCs, which per-SM
 /// occupancy does not. `geom.grid` must be a multiple of the cluster size.
-pub fn max_active_clusters(f: &CudaFunction, stream: &CudaStream, geom: LaunchGeometry) -> Result<u32> {
+pub fn max_active_clusters(f: &Kernel, stream: &CudaStream, geom: LaunchGeometry) -> Result<u32> {
     // SAFETY: zero is a valid bit pattern of the attribute union; fields are set by launch_config.
     let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
     let config = launch_config(geom, Start::AfterPrevious, stream, &mut attrs);
     let mut clusters = 0i32;
     // SAFETY: `config` points at `attrs`, alive for the call; the driver writes one int.
-    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) }
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.raw(), &config) }
         .result()
         .map_err(|e| Error::driver("querying a kernel's cluster occupancy", e))?;
     Ok(clusters.max(0) as u32)

@@ -26,13 +26,14 @@
 use super::Fp4Map;
 use crate::device::Gpu;
 use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
 use crate::plan::{KernelLaunch, PlanSummary, ScheduledTables};
 use crate::problem::OutputType;
 use crate::Arch;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
@@ -214,8 +215,8 @@ impl Sm100DeviceLayout {
 /// work-length and status words, allocated once.
 pub(crate) struct Sm100DevicePlan {
     pub layout: Sm100DeviceLayout,
-    schedule: CudaFunction,
-    gemm: CudaFunction,
+    schedule: Kernel,
+    gemm: Kernel,
     tables: ScheduledTables,
 }
 

@@ -3,11 +3,12 @@
 use super::{Sm100Launch, Sm100Layout};
 use crate::device::Gpu;
 use crate::driver::launch::{ctas_per_sm, launch, max_active_clusters, set_max_dynamic_smem, LaunchGeometry};
+use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
 use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
 use crate::Arch;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, KERNELS};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
@@ -41,7 +42,7 @@ pub(crate) fn resident_ctas(gpu: &Gpu) -> Result<Vec<(KernelLayout, u32)>> {
 pub(crate) struct Sm100Plan {
     /// What runs, for summaries and tests.
     pub layout: Sm100Layout,
-    functions: Vec<CudaFunction>,
+    functions: Vec<Kernel>,
     groups: CudaSlice<u8>,
     maps: CudaSlice<u8>,
     work: Vec<CudaSlice<u8>>,

@@ -16,13 +16,14 @@
 
 use crate::device::Gpu;
 use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem};
+use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
 use crate::plan::{KernelLaunch, PlanSummary, ScheduledTables};
 use crate::problem::OutputType;
 use crate::Arch;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, WorkItem};
@@ -203,9 +204,9 @@ pub struct Sm90DeviceTables {
 /// work-length and status words and the f16 token workspace, allocated once.
 pub(crate) struct Sm90DevicePlan {
     pub layout: Sm90DeviceLayout,
-    schedule: CudaFunction,
-    dequant: CudaFunction,
-    gemm: CudaFunction,
+    schedule: Kernel,
+    dequant: Kernel,
+    gemm: Kernel,
     workspace: CudaSlice<u8>,
     tables: ScheduledTables,
 }

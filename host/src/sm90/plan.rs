@@ -5,11 +5,12 @@ use super::Sm90Layout;
 use crate::device::Gpu;
 use crate::driver::graph::{is_capturing, KernelChain};
 use crate::driver::launch::{launch_with, set_max_dynamic_smem, Start};
+use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
 use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
 use crate::Arch;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
@@ -34,8 +35,8 @@ fn layout_for(problem: &Problem, sm_count: u32, kernel: Option<&str>) -> Result<
 pub(crate) struct Sm90Plan {
     /// What runs, for summaries and tests.
     pub layout: Sm90Layout,
-    dequant: CudaFunction,
-    gemm: CudaFunction,
+    dequant: Kernel,
+    gemm: Kernel,
     workspace: CudaSlice<u8>,
     groups: CudaSlice<u8>,
     maps: CudaSlice<u8>,
