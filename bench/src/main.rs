@@ -143,12 +143,15 @@ fn run(o: Options) -> Result<ExitCode, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match options::parse(&args) {
-        Ok(Parsed::Help) => {
-            print!("{}", options::HELP);
+        Ok(Parsed::Help(text)) => {
+            print!("{text}");
             return ExitCode::SUCCESS;
         }
         Ok(Parsed::Run(o)) => run(o),
-        Err(e) => Err(e),
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,28 +1,14 @@
-//! Command-line options of `nvfp4-bench`.
+//! Command-line options of `nvfp4-bench` (clap), turned into [`Options`].
 
 use crate::moe::MoeShape;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, ValueEnum};
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use serde::Serialize;
 use std::path::PathBuf;
 
-/// The help text.
-pub const HELP: &str = "\
-nvfp4-bench: times the NVFP4 grouped GEMM on GPU 0 (sm_90a) beside a cuBLAS bf16 baseline and the
-measured floors, after checking each shape against the CPU reference.
-
-USAGE
-  nvfp4-bench [--shapes LIST] [--shape SPEC]... [--out DIR] [options]
-
-SHAPES
-  --shapes LIST     shapes of the default set to run: comma-separated of b0,b1,b2,b3 (the
-                    benchmark shapes) and d0,d1,d2 (decode: few tokens per group), or `all`
-                    (default: all seven) or `none`
-  --shape SPEC      an extra problem (repeatable): a name above, or key=value pairs: m, n, k each
-                    one integer or one per group joined by ':', optional g (group count) and name.
-                    Example: --shape g=2,m=128:384,n=4096,k=1536,name=mine
-                    d0 = g=64,m=4,n=7168,k=2048; d1 = g=8,m=1:2:3:4:5:6:7:8,n=7168,k=2048;
-                    d2 = g=32,m=16,n=4096,k=7168
-
+/// The measurements and outputs, after the options in `--help`.
+const DETAILS: &str = "\
 MEASUREMENTS (per shape)
   competition   events around SETS back-to-back library calls, one per input set in turn (host
                 overhead included), after an L2 flush; per-call time = total / SETS; median over
@@ -47,47 +33,16 @@ CEILINGS (once, at the start; also in the JSON's environment)
                 DRAM->SM: a 2 GiB buffer read twice. Bytes into shared memory / time, events
                 around each launch, median of 10 after 2 warm-ups; every CTA's box count checked
 
-OPTIONS
-  --sets N          input sets for the competition timing (default 15)
-  --reps N          competition repetitions (default 20)
-  --iters N         kernel-only iterations (default 50)
-  --host-calls N    calls per host-overhead batch (default 50)
-  --host-batches N  host-overhead batches (default 20)
-  --flush-mib N     L2 flush buffer, MiB, at least 256 (default 256)
-  --flush MODE      how the L2 is flushed before each kernel-only (and cuBLAS, MoE and PyTorch)
-                    sample and before each competition repetition: `write` (default) sets the
-                    whole flush buffer (a memset), so the timed call starts with the L2 full of
-                    dirty lines that it has to write back; `read` reads the whole buffer with the
-                    TMA bandwidth kernel (sm_90a), so the L2 holds clean lines (every older dirty
-                    line written back during the flush)
-  --seed N          input seed (default 2222)
-  --no-check        skip the comparison with the CPU reference
-  --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
-  --out DIR         where the results go (default: bench-results): nvfp4-bench.json and
-                    nvfp4-bench.svg for a run with shapes, nvfp4-bench-moe.json for MoE rows
-                    only (--shapes none), nvfp4-bench-ceilings.json for --ceilings
-  --ceilings        measure the ceilings only (copy, bf16 tensor rate, TMA), print and write the
-                    JSON, and exit (no shapes; not with --shapes, --shape or the MoE options)
-  -h, --help        this text
-
-MOE ROWS (off unless asked for; run after the shapes above)
-  --moe             add the MoE rows m0..m3: many experts, few tokens each, random routing
-                    (seeded by --seed), bf16 activations on the GPU:
-                    m0 = e=64,t=1-16,n=7168,k=2048   m1 = e=256,t=1-8,n=7168,k=2048
-                    m2 = e=64,t=1-16,n=4096,k=7168   m3 = e=256,t=1-8,n=4096,k=7168
-                    (e experts, each given a uniform count of tokens in t = lo-hi)
-  --moe-shapes LIST which of m0..m3 (comma-separated, `all` or `none`); implies --moe
-  --moe-shape SPEC  an extra MoE problem (repeatable), e.g. e=128,t=0-4,n=2048,k=1024,name=mine
-  --torch WHAT      the PyTorch baseline of the MoE rows: `auto` (default: run torch_moe.py beside
-                    this binary with python3, or $NVFP4_BENCH_PYTHON, before opening the GPU; it
-                    writes DIR/torch-moe.json), `off`, or the path of a torch-moe.json to read
-  --write-moe-routing FILE
-                    write the MoE rows' routings (JSON, for torch_moe.py) and exit; no GPU needed
-  Per MoE row, each checked once against the CPU reference, then timed like kernel-only (L2
-  flushed, events, median of ITERS): (a) quantize_grouped + GemmPlan::run (sizes known on the
-  host), (b) quantize_grouped + MoePlan::run (contiguous layout, sizes read on the device),
-  (c) replay of a CUDA graph holding (b). Table: us and NVFP4 weight TB/s of each, PyTorch's best
-  us and x_* = PyTorch us / ours (above 1: faster than PyTorch).
+MOE ROWS (--moe, --moe-shapes, --moe-shape; run after the shapes above)
+  Many experts, few tokens each, random routing (seeded by --seed), bf16 activations on the GPU:
+    m0 = e=64,t=1-16,n=7168,k=2048   m1 = e=256,t=1-8,n=7168,k=2048
+    m2 = e=64,t=1-16,n=4096,k=7168   m3 = e=256,t=1-8,n=4096,k=7168
+  (e experts, each given a uniform count of tokens in t = lo-hi). Per MoE row, each checked once
+  against the CPU reference, then timed like kernel-only (L2 flushed, events, median of ITERS):
+  (a) quantize_grouped + GemmPlan::run (sizes known on the host), (b) quantize_grouped +
+  MoePlan::run (contiguous layout, sizes read on the device), (c) replay of a CUDA graph holding
+  (b). Table: us and NVFP4 weight TB/s of each, PyTorch's best us and x_* = PyTorch us / ours
+  (above 1: faster than PyTorch).
 
 OUTPUT
   stdout: one table row per shape (µs are medians):
@@ -103,8 +58,147 @@ cuBLAS
   cudarc (built against CUDA 12.9 bindings) looks for libcublas.so, libcublas.so.12, .11, ...
   but not libcublas.so.13. On a CUDA 13 machine run through run-bench.sh (beside this binary),
   which links libcublas.so to the installed libcublas.so.13 in a temporary folder put on
-  LD_LIBRARY_PATH. Without cuBLAS the bench still runs and prints `baseline unavailable: <why>`.
-";
+  LD_LIBRARY_PATH. Without cuBLAS the bench still runs and prints `baseline unavailable: <why>`.";
+
+/// Times the NVFP4 grouped GEMM on GPU 0 (sm_90a) beside a cuBLAS bf16 baseline and the
+/// measured floors, after checking each shape against the CPU reference.
+#[derive(Parser, Debug)]
+#[command(name = "nvfp4-bench", version, verbatim_doc_comment, after_long_help = DETAILS)]
+struct Args {
+    /// Shapes of the default set to run: comma-separated of b0,b1,b2,b3 (the
+    /// benchmark shapes) and d0,d1,d2 (decode: few tokens per group), or `all`
+    /// (default: all seven) or `none`
+    #[arg(long, value_name = "LIST", value_parser = shape_list, verbatim_doc_comment)]
+    shapes: Option<ShapeList>,
+    /// An extra problem (repeatable): a name above, or key=value pairs: m, n, k each
+    /// one integer or one per group joined by ':', optional g (group count) and name.
+    /// Example: --shape g=2,m=128:384,n=4096,k=1536,name=mine
+    /// d0 = g=64,m=4,n=7168,k=2048; d1 = g=8,m=1:2:3:4:5:6:7:8,n=7168,k=2048;
+    /// d2 = g=32,m=16,n=4096,k=7168
+    #[arg(long = "shape", value_name = "SPEC", value_parser = shape, verbatim_doc_comment)]
+    extra: Vec<NamedShapes>,
+    /// Input sets for the competition timing
+    #[arg(long, value_name = "N", default_value_t = 15, value_parser = at_least::<1>)]
+    sets: usize,
+    /// Competition repetitions
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = at_least::<1>)]
+    reps: usize,
+    /// Kernel-only iterations
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = at_least::<1>)]
+    iters: usize,
+    /// Calls per host-overhead batch
+    #[arg(long = "host-calls", value_name = "N", default_value_t = 50, value_parser = at_least::<1>)]
+    host_calls: usize,
+    /// Host-overhead batches
+    #[arg(long = "host-batches", value_name = "N", default_value_t = 20, value_parser = at_least::<1>)]
+    host_batches: usize,
+    /// L2 flush buffer, MiB
+    #[arg(long = "flush-mib", value_name = "N", default_value_t = 256, value_parser = at_least::<256>)]
+    flush_mib: usize,
+    /// How the L2 is flushed before each kernel-only (and cuBLAS, MoE and PyTorch)
+    /// sample and before each competition repetition: `write` sets the whole flush
+    /// buffer (a memset), so the timed call starts with the L2 full of dirty lines
+    /// that it has to write back; `read` reads the whole buffer with the TMA
+    /// bandwidth kernel (sm_90a), so the L2 holds clean lines
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = Flush::Write, verbatim_doc_comment)]
+    flush: Flush,
+    /// Input seed
+    #[arg(long, value_name = "N", default_value_t = 2222)]
+    seed: u64,
+    /// Skip the comparison with the CPU reference
+    #[arg(long = "no-check")]
+    no_check: bool,
+    /// Skip cuBLAS (baseline and tensor-rate floor)
+    #[arg(long = "no-baseline")]
+    no_baseline: bool,
+    /// Where the results go: nvfp4-bench.json and nvfp4-bench.svg for a run with
+    /// shapes, nvfp4-bench-moe.json for MoE rows only (--shapes none),
+    /// nvfp4-bench-ceilings.json for --ceilings
+    #[arg(long, value_name = "DIR", default_value = "bench-results", verbatim_doc_comment)]
+    out: PathBuf,
+    /// Measure the ceilings only (copy, bf16 tensor rate, TMA), print and write the
+    /// JSON, and exit (not with --shapes, --shape or the MoE options)
+    #[arg(long, verbatim_doc_comment)]
+    ceilings: bool,
+    /// Add the MoE rows m0..m3 (below)
+    #[arg(long)]
+    moe: bool,
+    /// Which of m0..m3 (comma-separated, `all` or `none`); implies --moe
+    #[arg(long = "moe-shapes", value_name = "LIST", value_parser = moe_list)]
+    moe_shapes: Option<MoeList>,
+    /// An extra MoE problem (repeatable), e.g. e=128,t=0-4,n=2048,k=1024,name=mine
+    #[arg(long = "moe-shape", value_name = "SPEC", value_parser = moe_shape)]
+    moe_extra: Vec<MoeShape>,
+    /// The PyTorch baseline of the MoE rows: `auto` (run torch_moe.py beside this
+    /// binary with python3, or $NVFP4_BENCH_PYTHON, before opening the GPU; it writes
+    /// DIR/torch-moe.json), `off`, or the path of a torch-moe.json to read
+    #[arg(long, value_name = "WHAT", default_value = "auto", value_parser = torch, verbatim_doc_comment)]
+    torch: Torch,
+    /// Write the MoE rows' routings (JSON, for torch_moe.py) and exit; no GPU needed
+    #[arg(long = "write-moe-routing", value_name = "FILE")]
+    write_moe_routing: Option<PathBuf>,
+}
+
+/// `--shapes`: the listed shapes of the default set.
+#[derive(Debug, Clone)]
+struct ShapeList(Vec<NamedShapes>);
+
+/// `--moe-shapes`: the listed MoE rows.
+#[derive(Debug, Clone)]
+struct MoeList(Vec<MoeShape>);
+
+fn at_least<const MIN: usize>(v: &str) -> Result<usize, String> {
+    let n: usize = v.parse().map_err(|_| "not a whole number".to_owned())?;
+    if n < MIN {
+        return Err(format!("at least {MIN}"));
+    }
+    Ok(n)
+}
+
+fn shape_list(v: &str) -> Result<ShapeList, String> {
+    Ok(ShapeList(match v {
+        "all" => default_shapes(),
+        "none" => vec![],
+        _ => v
+            .split(',')
+            .map(|s| named_shapes(s.trim()).ok_or_else(|| format!("unknown shape `{s}` (b0..b3, d0..d2)")))
+            .collect::<Result<_, _>>()?,
+    }))
+}
+
+fn shape(v: &str) -> Result<NamedShapes, String> {
+    match named_shapes(v.trim()) {
+        Some(named) => Ok(named),
+        None => spec::parse(v).map_err(|e| e.to_string()),
+    }
+}
+
+fn moe_list(v: &str) -> Result<MoeList, String> {
+    Ok(MoeList(match v {
+        "all" => MoeShape::defaults(),
+        "none" => vec![],
+        _ => v
+            .split(',')
+            .map(|s| MoeShape::named(s.trim()).ok_or_else(|| format!("unknown shape `{s}` (m0..m3)")))
+            .collect::<Result<_, _>>()?,
+    }))
+}
+
+fn moe_shape(v: &str) -> Result<MoeShape, String> {
+    match MoeShape::named(v.trim()) {
+        Some(s) => Ok(s),
+        None => MoeShape::parse(v),
+    }
+}
+
+fn torch(v: &str) -> Result<Torch, String> {
+    Ok(match v {
+        "auto" => Torch::Auto,
+        "off" => Torch::Off,
+        "" => return Err("auto, off or a file".into()),
+        path => Torch::File(PathBuf::from(path)),
+    })
+}
 
 /// The decode shapes of the default set (few tokens per expert, so the GEMM is bound by reading
 /// the weights), by name and spec.
@@ -173,7 +267,7 @@ pub struct Options {
 }
 
 /// How the L2 is flushed before a timed sample (`--flush`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Flush {
     /// Write the flush buffer (memset): the L2 ends full of dirty lines.
@@ -246,161 +340,82 @@ impl Default for Options {
 pub enum Parsed {
     /// Run with these options.
     Run(Options),
-    /// Print the help.
-    Help,
+    /// Print this (`--help` or `--version`) and exit successfully.
+    Help(String),
 }
 
-fn count(name: &str, v: &str, min: usize) -> Result<usize, String> {
-    let n: usize = v.parse().map_err(|_| format!("--{name} {v}: not a whole number"))?;
-    if n < min {
-        return Err(format!("--{name} {v}: at least {min}"));
-    }
-    Ok(n)
-}
-
-/// Parses the arguments (without the program name).
-pub fn parse(args: &[String]) -> Result<Parsed, String> {
-    let mut o = Options::default();
-    let mut benchmarks: Option<Vec<NamedShapes>> = None;
-    let mut extra = vec![];
-    let (mut moe_flag, mut moe_list, mut moe_extra): (bool, Option<Vec<MoeShape>>, Vec<MoeShape>) =
-        (false, None, vec![]);
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match name {
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "--shapes" => {
-                let v = value()?;
-                let list = match v.as_str() {
-                    "all" => default_shapes(),
-                    "none" => vec![],
-                    _ => v
-                        .split(',')
-                        .map(|s| {
-                            named_shapes(s.trim())
-                                .ok_or_else(|| format!("--shapes: unknown shape `{s}` (b0..b3, d0..d2)"))
-                        })
-                        .collect::<Result<_, _>>()?,
-                };
-                benchmarks = Some(list);
-            }
-            "--shape" => {
-                let v = value()?;
-                extra.push(match named_shapes(v.trim()) {
-                    Some(named) => named,
-                    None => spec::parse(&v).map_err(|e| e.to_string())?,
-                });
-            }
-            "--sets" => o.sets = count("sets", &value()?, 1)?,
-            "--reps" => o.reps = count("reps", &value()?, 1)?,
-            "--iters" => o.iters = count("iters", &value()?, 1)?,
-            "--host-calls" => o.host_calls = count("host-calls", &value()?, 1)?,
-            "--host-batches" => o.host_batches = count("host-batches", &value()?, 1)?,
-            "--flush-mib" => o.flush_bytes = count("flush-mib", &value()?, 256)? << 20,
-            "--flush" => {
-                let v = value()?;
-                o.flush = Flush::ALL
-                    .into_iter()
-                    .find(|f| f.name() == v)
-                    .ok_or_else(|| format!("--flush {v}: `write` or `read`"))?;
-            }
-            "--seed" => o.seed = value()?.parse().map_err(|_| "--seed: not a whole number".to_owned())?,
-            "--out" => o.out = PathBuf::from(value()?),
-            "--moe-shapes" => {
-                let v = value()?;
-                moe_list = Some(match v.as_str() {
-                    "all" => MoeShape::defaults(),
-                    "none" => vec![],
-                    _ => v
-                        .split(',')
-                        .map(|s| {
-                            MoeShape::named(s.trim())
-                                .ok_or_else(|| format!("--moe-shapes: unknown shape `{s}` (m0..m3)"))
-                        })
-                        .collect::<Result<_, _>>()?,
-                });
-            }
-            "--moe-shape" => {
-                let v = value()?;
-                moe_extra.push(match MoeShape::named(v.trim()) {
-                    Some(s) => s,
-                    None => MoeShape::parse(&v)?,
-                });
-            }
-            "--torch" => {
-                o.torch = match value()?.as_str() {
-                    "auto" => Torch::Auto,
-                    "off" => Torch::Off,
-                    "" => return Err("--torch: auto, off or a file".into()),
-                    path => Torch::File(PathBuf::from(path)),
-                }
-            }
-            "--write-moe-routing" => o.write_routing = Some(PathBuf::from(value()?)),
-            "--no-check" | "--no-baseline" | "--moe" | "--ceilings" if inline.is_some() => {
-                return Err(format!("{name} takes no value"))
-            }
-            "--moe" => moe_flag = true,
-            "--ceilings" => o.ceilings_only = true,
-            "--no-check" => o.check = false,
-            "--no-baseline" => o.baseline = false,
-            other => return Err(format!("unknown argument `{other}` (see --help)")),
+/// Numbers the unnamed extra shapes `custom1`, `custom2`, … when there are several.
+fn number_customs<T>(items: &mut [T], name: impl Fn(&mut T) -> &mut String) {
+    let mut names: Vec<&mut String> = items.iter_mut().map(name).collect();
+    if names.iter().filter(|n| n.as_str() == "custom").count() > 1 {
+        for (k, n) in names.iter_mut().filter(|n| n.as_str() == "custom").enumerate() {
+            **n = format!("custom{}", k + 1);
         }
     }
+}
+
+/// Parses the arguments (without the program name). Errors are clap's, rendered with the usage.
+pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
+    let a = match Args::try_parse_from(std::iter::once("nvfp4-bench".to_owned()).chain(args.iter().cloned())) {
+        Ok(a) => a,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            return Ok(Parsed::Help(e.render().to_string()))
+        }
+        Err(e) => return Err(e),
+    };
+    let fail = |kind, message: &str| Err(Args::command().error(kind, message));
+    let mut o = Options {
+        problems: vec![],
+        sets: a.sets,
+        reps: a.reps,
+        iters: a.iters,
+        host_calls: a.host_calls,
+        host_batches: a.host_batches,
+        flush_bytes: a.flush_mib << 20,
+        flush: a.flush,
+        seed: a.seed,
+        check: !a.no_check,
+        baseline: !a.no_baseline,
+        out: a.out,
+        moe: vec![],
+        torch: a.torch,
+        write_routing: a.write_moe_routing,
+        ceilings_only: a.ceilings,
+    };
     if o.ceilings_only {
-        let asked = benchmarks.is_some()
-            || !extra.is_empty()
-            || moe_flag
-            || moe_list.is_some()
-            || !moe_extra.is_empty()
+        let asked = a.shapes.is_some()
+            || !a.extra.is_empty()
+            || a.moe
+            || a.moe_shapes.is_some()
+            || !a.moe_extra.is_empty()
             || o.write_routing.is_some();
         if asked {
-            return Err("--ceilings measures the ceilings only: no --shapes, --shape or MoE options".into());
+            return fail(
+                ErrorKind::ArgumentConflict,
+                "--ceilings measures the ceilings only: no --shapes, --shape or MoE options",
+            );
         }
-        o.problems = vec![];
-        o.moe = vec![];
         return Ok(Parsed::Run(o));
     }
-    let mut problems = benchmarks.unwrap_or_else(default_shapes);
-    let customs = extra.iter().filter(|s| s.name == "custom").count();
-    let mut k = 0;
-    for mut s in extra {
-        if s.name == "custom" && customs > 1 {
-            k += 1;
-            s.name = format!("custom{k}");
-        }
-        problems.push(s);
-    }
-    let mut moe = moe_list.unwrap_or_else(|| {
-        if moe_flag || (o.write_routing.is_some() && moe_extra.is_empty()) {
+    let mut extra = a.extra;
+    number_customs(&mut extra, |s| &mut s.name);
+    let mut problems = a.shapes.map_or_else(default_shapes, |l| l.0);
+    problems.extend(extra);
+    let mut moe_extra = a.moe_extra;
+    number_customs(&mut moe_extra, |s| &mut s.name);
+    let mut moe = a.moe_shapes.map(|l| l.0).unwrap_or_else(|| {
+        if a.moe || (o.write_routing.is_some() && moe_extra.is_empty()) {
             MoeShape::defaults()
         } else {
             vec![]
         }
     });
-    let customs = moe_extra.iter().filter(|s| s.name == "custom").count();
-    let mut k = 0;
-    for mut s in moe_extra {
-        if s.name == "custom" && customs > 1 {
-            k += 1;
-            s.name = format!("custom{k}");
-        }
-        moe.push(s);
-    }
+    moe.extend(moe_extra);
     if o.write_routing.is_some() && moe.is_empty() {
-        return Err("--write-moe-routing: no MoE shapes (--moe-shapes none)".into());
+        return fail(ErrorKind::InvalidValue, "--write-moe-routing: no MoE shapes (--moe-shapes none)");
     }
     if problems.is_empty() && moe.is_empty() {
-        return Err("no shapes to run (--shapes none and no --shape or --moe)".into());
+        return fail(ErrorKind::InvalidValue, "no shapes to run (--shapes none and no --shape or --moe)");
     }
     o.problems = problems;
     o.moe = moe;
@@ -418,7 +433,7 @@ mod tests {
     fn run(s: &str) -> Options {
         match parse(&args(s)).unwrap() {
             Parsed::Run(o) => o,
-            Parsed::Help => panic!("help"),
+            Parsed::Help(_) => panic!("help"),
         }
     }
 
@@ -454,7 +469,12 @@ mod tests {
         let o = run("--shapes none --shape m=8,n=8,k=64 --shape m=16,n=8,k=64");
         let names: Vec<&str> = o.problems.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["custom1", "custom2"]);
-        assert!(matches!(parse(&args("--help")), Ok(Parsed::Help)));
+        match parse(&args("--help")) {
+            Ok(Parsed::Help(text)) => {
+                assert!(text.contains("--moe-shapes <LIST>") && text.contains("MEASUREMENTS"), "{text}")
+            }
+            other => panic!("{other:?}"),
+        }
         let o = run("--shapes d1,b0 --shape d2 --shape b3");
         let names: Vec<&str> = o.problems.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["d1", "b0", "d2", "b3"]);
@@ -470,16 +490,17 @@ mod tests {
 
     #[test]
     fn errors() {
-        let err = |s: &str| parse(&args(s)).unwrap_err();
+        let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
         assert!(err("--shapes b7").contains("unknown shape `b7`"));
         assert!(err("--shapes d3").contains("unknown shape `d3` (b0..b3, d0..d2)"));
         assert!(err("--shapes none").contains("no shapes"));
         assert!(err("--sets 0").contains("at least 1"));
         assert!(err("--flush-mib 64").contains("at least 256"));
-        assert!(err("--reps").contains("needs a value"));
-        assert!(err("--frob").contains("unknown argument"));
+        assert!(err("--reps").contains("a value is required for '--reps <N>'"));
+        assert!(err("--frob").contains("unexpected argument '--frob'"));
         assert!(err("--shape m=1,n=8").contains("missing k"));
-        assert!(err("--no-check=1").contains("takes no value"));
+        assert!(err("--no-check=1").contains("unexpected value '1' for '--no-check'"));
+        assert!(err("--flush clean").contains("[possible values: write, read]"));
     }
 
     #[test]
@@ -487,11 +508,11 @@ mod tests {
         let o = run("--ceilings --no-baseline --out /tmp/c");
         assert!(o.ceilings_only && o.problems.is_empty() && o.moe.is_empty() && !o.baseline);
         assert!(!run("").ceilings_only);
-        let err = |s: &str| parse(&args(s)).unwrap_err();
+        let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
         for s in ["--ceilings --shapes b0", "--ceilings --shape d1", "--ceilings --moe", "--moe-shapes m0 --ceilings"] {
             assert!(err(s).contains("ceilings only"), "{s}");
         }
-        assert!(err("--ceilings=1").contains("takes no value"));
+        assert!(err("--ceilings=1").contains("unexpected value '1' for '--ceilings'"));
     }
 
     fn moe_names(o: &Options) -> Vec<&str> {
@@ -546,12 +567,12 @@ mod tests {
         assert_eq!(moe_names(&o), ["m0", "m1", "m2", "m3"]);
         let o = run("--write-moe-routing /tmp/r.json --moe-shape e=2,t=1,n=8,k=64,name=only");
         assert_eq!(moe_names(&o), ["only"]);
-        let err = |s: &str| parse(&args(s)).unwrap_err();
+        let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
         assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3)"));
         assert!(err("--moe-shape e=1,t=1,n=8").contains("missing k"));
-        assert!(err("--moe=1").contains("takes no value"));
+        assert!(err("--moe=1").contains("unexpected value '1' for '--moe'"));
         assert!(err("--shapes none --moe-shapes none").contains("no shapes"));
         assert!(err("--write-moe-routing /tmp/r.json --moe-shapes none").contains("no MoE shapes"));
-        assert!(err("--torch").contains("needs a value"));
+        assert!(err("--torch").contains("a value is required for '--torch <WHAT>'"));
     }
 }

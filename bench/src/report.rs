@@ -124,7 +124,7 @@ fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.prec$}"))
 }
 
-/// The text table (module docs of `options::HELP` for the columns), with a header block.
+/// The text table (`nvfp4-bench --help` explains the columns), with a header block.
 pub fn table(report: &Report) -> String {
     let env = &report.environment;
     let mut out = String::new();

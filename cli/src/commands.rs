@@ -1,5 +1,5 @@
-//! The commands. `check` and `gen` are CPU-only; `run` and the planner part of `info` need an
-//! sm_90a GPU and say so clearly when there is none.
+//! The commands. `check`, `ref`, `gen` and `info --arch` run on the CPU; `run` needs an sm_90a GPU
+//! and says so clearly when there is none.
 
 use crate::error::CliError;
 use crate::file::{self, GroupsFile, Outputs, ScaleLayout};
@@ -7,7 +7,10 @@ use crate::spec::NamedShapes;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use nvfp4_format::{compare, reference_grouped_gemm_f64, Comparison, Group, GroupShape, InputDistribution, Tolerance};
-use nvfp4_gemm::{driver_present, Error, GemmPlan, Gpu, GroupArgs, Nvfp4Operand, Output, OutputType, Problem};
+use nvfp4_gemm::{
+    driver_present, plan_summary, Arch, Error, GemmPlan, Gpu, GroupArgs, Nvfp4Operand, Output, OutputType, PlanSummary,
+    Problem,
+};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -24,6 +27,8 @@ pub struct CheckReport {
     pub groups: Vec<Comparison>,
     /// Over all groups.
     pub overall: Comparison,
+    /// Reference elements that are NaN, per group (NaN scale codes in the input make them).
+    pub nan_expected: Vec<usize>,
 }
 
 impl CheckReport {
@@ -43,8 +48,25 @@ impl fmt::Display for CheckReport {
                 s.m, s.n, s.k, c.failed, c.checked, c.normalized_error
             )?;
         }
-        write!(f, "overall ({:?} output): {}", self.output, self.overall)
+        write!(f, "overall ({:?} output): {}", self.output, self.overall)?;
+        let nan: usize = self.nan_expected.iter().sum();
+        if nan > 0 {
+            let first = self.nan_expected.iter().position(|&n| n > 0).unwrap_or(0);
+            write!(
+                f,
+                "\nnote: the reference itself is NaN at {} (first in group {first}): the input holds NaN \
+                 scales (e4m3 codes 0x7F/0xFF), and every product with one is NaN, so no output can \
+                 match there",
+                plural(nan, "element")
+            )?;
+        }
+        Ok(())
     }
+}
+
+/// `n` and the noun, plural when `n` is not 1: "1 group", "2 groups".
+pub fn plural(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
 /// Compares given outputs with the CPU reference (fp64 accumulation, one rounding to the
@@ -74,7 +96,8 @@ pub fn check_outputs(groups: &[Group], outputs: &Outputs, tol: Tolerance) -> Res
         Outputs::Bf16(got) => compare_rounded(&reference, got, tol),
     }
     .map_err(err)?;
-    Ok(CheckReport { output: outputs.output_type(), shapes, groups: per_group, overall })
+    let nan_expected = reference.iter().map(|r| r.data.iter().filter(|x| x.is_nan()).count()).collect();
+    Ok(CheckReport { output: outputs.output_type(), shapes, groups: per_group, overall, nan_expected })
 }
 
 /// `check <in> <out>`: reads both files and compares.
@@ -82,6 +105,26 @@ pub fn check(input: &Path, output: &Path, tol: Tolerance) -> Result<CheckReport,
     let groups = file::read_groups(input)?;
     let outputs = file::read_outputs(output, &groups.shapes())?;
     check_outputs(&groups.groups, &outputs, tol)
+}
+
+/// The CPU reference of `groups` (exact products, fp64 sums) rounded once to `out_type`: what
+/// `check` compares with.
+pub fn reference_outputs(groups: &[Group], out_type: OutputType) -> Result<Outputs, CliError> {
+    let err = |e: nvfp4_format::FormatError| CliError::Invalid { name: "groups".into(), reason: e.to_string() };
+    let reference = reference_grouped_gemm_f64(groups).map_err(err)?;
+    Ok(match out_type {
+        OutputType::F16 => Outputs::F16(reference.iter().map(|r| r.rounded::<f16>().data).collect()),
+        OutputType::Bf16 => Outputs::Bf16(reference.iter().map(|r| r.rounded::<bf16>().data).collect()),
+    })
+}
+
+/// `ref <in> <out>`: writes the CPU reference of `input`'s groups in `run`'s output format; returns
+/// the number of groups.
+pub fn reference(input: &Path, output: &Path, out_type: OutputType) -> Result<usize, CliError> {
+    let groups = file::read_groups(input)?;
+    let outputs = reference_outputs(&groups.groups, out_type).map_err(|e| e.in_file(input))?;
+    file::write_outputs(output, &outputs, &groups.shapes())?;
+    Ok(groups.groups.len())
 }
 
 /// `gen <out>`: random groups of the given shapes (the competition's distribution or full
@@ -111,8 +154,8 @@ pub fn generate(
 pub fn open_gpu() -> Result<Gpu, CliError> {
     if !driver_present() {
         return Err(CliError::NoGpu(
-            "no NVIDIA driver on this machine (libcuda.so.1 could not be loaded); `run` and the planner need an \
-             sm_90a GPU (H100/H200). `check` and `gen` work without one."
+            "no NVIDIA driver on this machine (libcuda.so.1 could not be loaded); `run` needs an sm_90a GPU \
+             (H100/H200). `ref`, `check`, `gen` and `info` work without one."
                 .into(),
         ));
     }
@@ -161,8 +204,10 @@ impl fmt::Display for RunReport {
         writeln!(f, "kernel: {}", self.summary.kernel)?;
         write!(
             f,
-            "{} groups, {} tiles, first call {:.3} ms (not a benchmark; see nvfp4-bench)",
-            self.groups, self.summary.tiles, self.gemm_ms
+            "{}, {}, first call {:.3} ms (not a benchmark; see nvfp4-bench)",
+            plural(self.groups, "group"),
+            plural(self.summary.tiles, "tile"),
+            self.gemm_ms
         )
     }
 }
@@ -255,13 +300,37 @@ pub fn describe(gpu: &Gpu) -> String {
     format!("{} ({}, {} SMs)", gpu.name(), gpu.arch().name(), gpu.sm_count())
 }
 
+/// Whose planner `info` asks: the GPU's, or the CPU's for an architecture and SM count.
+pub enum Planner<'a> {
+    /// A plan on this GPU (the driver's occupancy answers included).
+    Gpu(&'a Gpu),
+    /// [`nvfp4_gemm::plan_summary`]: no GPU needed.
+    Arch {
+        /// The architecture.
+        arch: Arch,
+        /// Its SM count.
+        sm_count: u32,
+    },
+}
+
+impl Planner<'_> {
+    fn summary(&self, problem: Problem) -> Result<PlanSummary, CliError> {
+        match self {
+            Planner::Gpu(gpu) => {
+                Ok(GemmPlan::new(gpu, problem).map_err(|e| CliError::Gpu(e.to_string()))?.summary().clone())
+            }
+            Planner::Arch { arch, sm_count } => plan_summary(*arch, *sm_count, &problem)
+                .map_err(|e| CliError::Invalid { name: "plan".into(), reason: e.to_string() }),
+        }
+    }
+}
+
 /// The planner's choice for one problem, as text.
-pub fn plan_text(gpu: &Gpu, named: &NamedShapes, output: OutputType) -> Result<String, CliError> {
+pub fn plan_text(planner: &Planner<'_>, named: &NamedShapes, output: OutputType) -> Result<String, CliError> {
     let problem = Problem::new(named.shapes.clone(), output)
         .map_err(|e| CliError::Invalid { name: named.name.clone(), reason: e.to_string() })?;
     let (flops, bytes) = (problem.flops(), problem.bytes());
-    let plan = GemmPlan::new(gpu, problem).map_err(|e| CliError::Gpu(e.to_string()))?;
-    let s = plan.summary();
+    let s = planner.summary(problem)?;
     let mut text = format!(
         "{}: {}\n  {:.3} GFLOP, {:.3} MB NVFP4 in + C out\n  kernel: {}\n  tiles: {}",
         named.name,

@@ -25,6 +25,13 @@ pub enum CliError {
     },
     /// The bytes are not a safetensors file.
     NotSafetensors(String),
+    /// A safetensors header whose tensors do not end where the file ends.
+    Length {
+        /// Bytes the header describes (header and tensor data).
+        declared: usize,
+        /// Bytes in the file.
+        actual: usize,
+    },
     /// The file holds no `g0.a` (no groups at all).
     NoGroups,
     /// A tensor name that is not part of the format.
@@ -103,6 +110,14 @@ impl fmt::Display for CliError {
             CliError::Io { path, error } => write!(f, "{}: {error}", path.display()),
             CliError::InFile { path, error } => write!(f, "{}: {error}", path.display()),
             CliError::NotSafetensors(reason) => write!(f, "not a safetensors file: {reason}"),
+            CliError::Length { declared, actual } if actual < declared => write!(
+                f,
+                "the file is truncated: its header describes {declared} bytes, the file has {actual} (an \
+                 interrupted write or copy?)"
+            ),
+            CliError::Length { declared, actual } => {
+                write!(f, "the file has {} bytes after the {declared} its header describes", actual - declared)
+            }
             CliError::NoGroups => {
                 write!(f, "no groups: the file has no tensor `g0.a` (see `nvfp4-gemm --help` for the format)")
             }

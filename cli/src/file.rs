@@ -28,7 +28,7 @@ use crate::error::CliError;
 use half::{bf16, f16};
 use nvfp4_format::{layout, Group, GroupShape, Nvfp4Matrix};
 use nvfp4_gemm::{OutputType, Problem};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
@@ -126,7 +126,28 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>, CliError> {
 }
 
 fn deserialize(bytes: &[u8]) -> Result<SafeTensors<'_>, CliError> {
-    SafeTensors::deserialize(bytes).map_err(|e| CliError::NotSafetensors(e.to_string()))
+    SafeTensors::deserialize(bytes).map_err(|e| match e {
+        SafeTensorError::MetadataIncompleteBuffer => match declared_len(bytes) {
+            Some(declared) => CliError::Length { declared, actual: bytes.len() },
+            None => CliError::NotSafetensors(e.to_string()),
+        },
+        e => CliError::NotSafetensors(e.to_string()),
+    })
+}
+
+/// The file length a safetensors header declares: 8 bytes of header length, the header, and the
+/// tensor data up to the largest end offset. `None` when the header itself does not parse.
+fn declared_len(bytes: &[u8]) -> Option<usize> {
+    let n = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let data_end = header
+        .iter()
+        .filter(|(name, _)| *name != "__metadata__")
+        .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    (8 + n).checked_add(usize::try_from(data_end).ok()?)
 }
 
 const VALUES_DTYPES: &str = "U8 (torch.uint8, two e2m1 values per byte) or F4 (torch.float4_e2m1fn_x2)";
@@ -312,7 +333,7 @@ pub fn parse_outputs(bytes: &[u8], shapes: &[GroupShape]) -> Result<Outputs, Cli
             if index >= shapes.len() {
                 return Err(CliError::UnexpectedTensor {
                     name: name.to_owned(),
-                    reason: format!("the input has {} groups", shapes.len()),
+                    reason: format!("the input has {}", crate::commands::plural(shapes.len(), "group")),
                 });
             }
         }

@@ -1,38 +1,20 @@
 //! `nvfp4-gemm`: run, check and inspect the NVFP4 grouped GEMM on groups stored in safetensors
-//! files. See `nvfp4-gemm --help`.
+//! files. See `nvfp4-gemm --help` and `nvfp4-gemm <command> --help`.
 
+use clap::{Parser, Subcommand, ValueEnum};
 use nvfp4_format::{InputDistribution, Tolerance};
-use nvfp4_gemm::OutputType;
-use nvfp4_gemm_cli::commands;
+use nvfp4_gemm::{reference_sm_count, Arch, OutputType};
+use nvfp4_gemm_cli::commands::{self, plural, Planner};
 use nvfp4_gemm_cli::file::ScaleLayout;
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use nvfp4_gemm_cli::CliError;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const HELP: &str = "\
-nvfp4-gemm: the NVFP4 block-scaled grouped GEMM C_i = alpha_i * A_i * B_i^T on groups stored in a
-safetensors file (A: m x k, B: n x k, both NVFP4 = packed e2m1 values + e4m3 scales per 16 values).
-
-USAGE
-  nvfp4-gemm run   <in.safetensors> <out.safetensors> [--bf16]
-  nvfp4-gemm check <in.safetensors> <out.safetensors> [--atol X] [--rtol X]
-  nvfp4-gemm info  [<in.safetensors>] [--shape SPEC]...
-  nvfp4-gemm gen   <out.safetensors> [--shape SPEC] [--seed N] [--dist competition|full]
-                   [--scales plain|blocked] [--alpha X]
-  nvfp4-gemm --help | --version
-
-COMMANDS
-  run    Computes every group on GPU 0 (an sm_90a GPU: H100/H200) and writes C to <out>.
-         C is fp16 (--bf16: bf16). Without a usable GPU it says so and exits with status 2.
-  check  Compares the C tensors of <out> with the CPU reference (exact products, fp64 sums, one
-         rounding to C's type): |got - ref| <= atol + rtol*|ref| per element (default 1e-3 each,
-         the competition's check); prints a line per group and the overall result. No GPU needed.
-  info   Prints the device and, for each problem, the kernel and configuration the planner picks:
-         the groups of <in> if given, the --shape specs if given, else the benchmark shapes b0..b3.
-  gen    Writes random groups (default: the competition's distribution, seed 1, plain scales,
-         alpha 1, shape b3) so the other commands can be tried without Python.
-
+// The help's sections, put together per command with `concat!`.
+macro_rules! input_file {
+    () => {
+        "\
 INPUT FILE (tensor names, dtypes, shapes; i = 0, 1, ..., G-1 without gaps)
   g{i}.a        U8 [m, k/2]   packed e2m1 values, element 2j in the LOW nibble of byte j
                 (or F4 [m, k], torch.float4_e2m1fn_x2)
@@ -45,186 +27,264 @@ INPUT FILE (tensor names, dtypes, shapes; i = 0, 1, ..., G-1 without gaps)
   g{i}.b_scale  as g{i}.a_scale, with n rows
   g{i}.alpha    F32 [] or [1], optional (default 1.0): multiplies the fp32 accumulator
   Rules: k a positive multiple of 64, equal for A and B; n a positive multiple of 8; m >= 0
-  (m = 0 skips the group); alpha finite. g{i}.c tensors are ignored; any other name is an error.
-
-OUTPUT FILE
-  g{i}.c        F16 [m, n] (BF16 with run --bf16), row-major
-
+  (m = 0 skips the group); alpha finite. g{i}.c tensors are ignored; any other name is an error."
+    };
+}
+macro_rules! output_file {
+    () => {
+        "\
+OUTPUT FILE (run, ref)
+  g{i}.c        F16 [m, n] (BF16 with --bf16), row-major"
+    };
+}
+macro_rules! shape_specs {
+    () => {
+        "\
 SHAPE SPECS (--shape)
   b0, b1, b2, b3 (the benchmark shapes), or key=value pairs: m, n, k each one integer or one per
-  group joined by ':', optional g (group count) and name. Example: g=2,m=128:384,n=4096,k=1536
-
-EXIT STATUS
-  0 success; 1 `check` found elements outside the tolerance; 2 error (arguments, file, GPU).
-";
-
-/// Options of one command: (name, takes a value).
-type OptionSpec = &'static [(&'static str, bool)];
-
-struct Parsed {
-    positional: Vec<String>,
-    options: Vec<(String, Option<String>)>,
-}
-
-impl Parsed {
-    fn value(&self, name: &str) -> Option<&str> {
-        self.options.iter().rev().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
-    }
-
-    fn values(&self, name: &str) -> Vec<&str> {
-        self.options.iter().filter(|(n, _)| n == name).filter_map(|(_, v)| v.as_deref()).collect()
-    }
-
-    fn flag(&self, name: &str) -> bool {
-        self.options.iter().any(|(n, _)| n == name)
-    }
-}
-
-fn parse_args(args: &[String], known: OptionSpec) -> Result<Parsed, CliError> {
-    let mut out = Parsed { positional: vec![], options: vec![] };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if let Some(name) = a.strip_prefix("--") {
-            let (name, inline) = match name.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_owned())),
-                None => (name, None),
-            };
-            let Some(&(_, takes_value)) = known.iter().find(|(n, _)| *n == name) else {
-                return Err(CliError::Usage(format!("unknown option --{name}")));
-            };
-            let value = match (takes_value, inline) {
-                (true, Some(v)) => Some(v),
-                (true, None) => {
-                    Some(it.next().ok_or_else(|| CliError::Usage(format!("--{name} needs a value")))?.clone())
-                }
-                (false, Some(_)) => return Err(CliError::Usage(format!("--{name} takes no value"))),
-                (false, None) => None,
-            };
-            out.options.push((name.to_owned(), value));
-        } else {
-            out.positional.push(a.clone());
-        }
-    }
-    Ok(out)
-}
-
-fn positional(p: &Parsed, want: std::ops::RangeInclusive<usize>, usage: &str) -> Result<Vec<PathBuf>, CliError> {
-    if !want.contains(&p.positional.len()) {
-        return Err(CliError::Usage(format!("usage: {usage}")));
-    }
-    Ok(p.positional.iter().map(PathBuf::from).collect())
-}
-
-fn number<T: std::str::FromStr>(p: &Parsed, name: &str, default: T) -> Result<T, CliError> {
-    match p.value(name) {
-        None => Ok(default),
-        Some(v) => v.parse().map_err(|_| CliError::Usage(format!("--{name} {v}: not a number"))),
-    }
-}
-
-fn shapes_of(p: &Parsed) -> Result<Vec<NamedShapes>, CliError> {
-    p.values("shape").into_iter().map(|s| spec::parse(s).map_err(|e| CliError::Usage(e.to_string()))).collect()
-}
-
-fn main_inner(args: &[String]) -> Result<ExitCode, CliError> {
-    let Some(command) = args.first() else {
-        print!("{HELP}");
-        return Err(CliError::Usage("no command given".into()));
+  group joined by ':', optional g (group count) and name. Example: g=2,m=128:384,n=4096,k=1536"
     };
-    let rest = &args[1..];
-    match command.as_str() {
-        "-h" | "--help" | "help" => {
-            print!("{HELP}");
-            Ok(ExitCode::SUCCESS)
+}
+macro_rules! exit_status {
+    () => {
+        "\
+EXIT STATUS
+  0 success; 1 `check` found elements outside the tolerance; 2 error (arguments, file, GPU)."
+    };
+}
+
+/// The NVFP4 block-scaled grouped GEMM C_i = alpha_i * A_i * B_i^T on groups stored in a
+/// safetensors file (A: m x k, B: n x k, both NVFP4: packed e2m1 values + one e4m3 scale per 16
+/// values).
+///
+/// Try it without a GPU: `gen in.safetensors`, `ref in.safetensors out.safetensors`, `check
+/// in.safetensors out.safetensors`, `info --arch sm_90a`.
+#[derive(Parser)]
+#[command(name = "nvfp4-gemm", version, verbatim_doc_comment)]
+#[command(after_long_help = concat!(input_file!(), "\n\n", output_file!(), "\n\n", shape_specs!(), "\n\n", exit_status!()))]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Computes every group on GPU 0 (an sm_90a GPU: H100/H200) and writes C to OUT.
+    ///
+    /// Without a usable GPU it says so and exits with status 2.
+    #[command(verbatim_doc_comment, after_long_help = concat!(input_file!(), "\n\n", output_file!()))]
+    Run {
+        /// The groups (see `nvfp4-gemm --help` for the format).
+        input: PathBuf,
+        /// Where C goes: one g{i}.c tensor per group.
+        output: PathBuf,
+        /// Write C as bf16 (default fp16).
+        #[arg(long)]
+        bf16: bool,
+    },
+    /// Writes the CPU reference of every group to OUT, in `run`'s format. No GPU needed.
+    ///
+    /// Exact products, fp64 sums, one rounding to C's type: what `check` compares with.
+    #[command(name = "ref", verbatim_doc_comment)]
+    #[command(after_long_help = concat!(input_file!(), "\n\n", output_file!()))]
+    Reference {
+        /// The groups.
+        input: PathBuf,
+        /// Where C goes.
+        output: PathBuf,
+        /// Write C as bf16 (default fp16).
+        #[arg(long)]
+        bf16: bool,
+    },
+    /// Compares the C tensors of OUT with the CPU reference. No GPU needed.
+    ///
+    /// Per element |got - ref| <= atol + rtol*|ref| against the reference (exact products, fp64
+    /// sums, one rounding to C's type); prints a line per group and the overall result. Exit
+    /// status 1 when an element is outside the tolerance.
+    #[command(verbatim_doc_comment, after_long_help = concat!(input_file!(), "\n\n", exit_status!()))]
+    Check {
+        /// The groups.
+        input: PathBuf,
+        /// The output to check (from `run`, `ref` or another tool).
+        output: PathBuf,
+        /// Absolute tolerance (the competition's check: 1e-3).
+        #[arg(long, default_value_t = Tolerance::COMPETITION.atol, value_parser = non_negative, allow_negative_numbers = true)]
+        atol: f64,
+        /// Relative tolerance (the competition's check: 1e-3).
+        #[arg(long, default_value_t = Tolerance::COMPETITION.rtol, value_parser = non_negative, allow_negative_numbers = true)]
+        rtol: f64,
+    },
+    /// Shows the kernels, tiles and launches the planner picks for each problem.
+    ///
+    /// Problems: the groups of INPUT if given, the --shape specs if given, else the benchmark
+    /// shapes b0..b3. With --arch, the CPU plans for that architecture (no GPU needed); without
+    /// it, GPU 0 plans, or, when there is none, both architectures on their reference GPUs.
+    #[command(verbatim_doc_comment, after_long_help = shape_specs!())]
+    Info {
+        /// A groups file.
+        input: Option<PathBuf>,
+        /// A problem (repeatable): b0..b3 or key=value pairs (below).
+        #[arg(long = "shape", value_name = "SPEC", value_parser = shape_spec)]
+        shapes: Vec<NamedShapes>,
+        /// Plan for this architecture on the CPU instead of asking GPU 0.
+        #[arg(long, value_enum)]
+        arch: Option<ArchName>,
+        /// SMs of that GPU (default: 132 for sm_90a, an H200; 148 for sm_100a, a B200).
+        #[arg(long, requires = "arch", value_parser = clap::value_parser!(u32).range(1..))]
+        sms: Option<u32>,
+    },
+    /// Writes random groups, so the other commands can be tried without Python.
+    #[command(verbatim_doc_comment, after_long_help = shape_specs!())]
+    Gen {
+        /// Where the groups go.
+        output: PathBuf,
+        /// The shapes (default b3).
+        #[arg(long, value_name = "SPEC", value_parser = shape_spec)]
+        shape: Option<NamedShapes>,
+        /// Random seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Input distribution: the competition's, or full-range e2m1 values and scales.
+        #[arg(long, value_enum, default_value_t = Dist::Competition)]
+        dist: Dist,
+        /// Scale layout in the file.
+        #[arg(long, value_enum, default_value_t = Scales::Plain)]
+        scales: Scales,
+        /// Every group's alpha (default 1, or 2^-16 with --dist full so that C stays finite).
+        #[arg(long)]
+        alpha: Option<f32>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ArchName {
+    #[value(name = "sm_90a", alias = "sm90")]
+    Sm90a,
+    #[value(name = "sm_100a", alias = "sm100")]
+    Sm100a,
+}
+
+impl From<ArchName> for Arch {
+    fn from(a: ArchName) -> Arch {
+        match a {
+            ArchName::Sm90a => Arch::Sm90a,
+            ArchName::Sm100a => Arch::Sm100a,
         }
-        "-V" | "--version" => {
-            println!("nvfp4-gemm {}", env!("CARGO_PKG_VERSION"));
-            Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Dist {
+    Competition,
+    Full,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Scales {
+    Plain,
+    Blocked,
+}
+
+fn shape_spec(s: &str) -> Result<NamedShapes, String> {
+    spec::parse(s).map_err(|e| e.to_string())
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x >= 0.0 => Ok(x),
+        _ => Err("expected a number >= 0".into()),
+    }
+}
+
+fn output_type(bf16: bool) -> OutputType {
+    if bf16 {
+        OutputType::Bf16
+    } else {
+        OutputType::F16
+    }
+}
+
+fn info(
+    input: Option<PathBuf>,
+    mut problems: Vec<NamedShapes>,
+    arch: Option<ArchName>,
+    sms: Option<u32>,
+) -> Result<(), CliError> {
+    if let Some(f) = input {
+        let groups = nvfp4_gemm_cli::file::read_groups(&f)?;
+        problems.insert(0, NamedShapes { name: f.display().to_string(), shapes: groups.shapes() });
+    }
+    if problems.is_empty() {
+        problems = spec::benchmarks();
+    }
+    let print_all = |planner: &Planner<'_>| -> Result<(), CliError> {
+        for named in &problems {
+            println!("{}", commands::plan_text(planner, named, OutputType::F16)?);
         }
-        "run" => {
-            let p = parse_args(rest, &[("bf16", false)])?;
-            let files = positional(&p, 2..=2, "nvfp4-gemm run <in.safetensors> <out.safetensors> [--bf16]")?;
-            let out_type = if p.flag("bf16") { OutputType::Bf16 } else { OutputType::F16 };
-            let report = commands::run(&files[0], &files[1], out_type)?;
-            println!("{report}");
-            println!("wrote {}", files[1].display());
-            Ok(ExitCode::SUCCESS)
-        }
-        "check" => {
-            let p = parse_args(rest, &[("atol", true), ("rtol", true)])?;
-            let files =
-                positional(&p, 2..=2, "nvfp4-gemm check <in.safetensors> <out.safetensors> [--atol X] [--rtol X]")?;
-            let tol = Tolerance::new(
-                number(&p, "atol", Tolerance::COMPETITION.atol)?,
-                number(&p, "rtol", Tolerance::COMPETITION.rtol)?,
-            );
-            if !(tol.atol >= 0.0 && tol.rtol >= 0.0) {
-                return Err(CliError::Usage("--atol and --rtol must be non-negative".into()));
-            }
-            let report = commands::check(&files[0], &files[1], tol)?;
-            println!("{report}");
-            Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
-        }
-        "info" => {
-            let p = parse_args(rest, &[("shape", true)])?;
-            let files = positional(&p, 0..=1, "nvfp4-gemm info [<in.safetensors>] [--shape SPEC]...")?;
-            let mut problems = shapes_of(&p)?;
-            if let Some(f) = files.first() {
-                let groups = nvfp4_gemm_cli::file::read_groups(f)?;
-                problems.insert(0, NamedShapes { name: f.display().to_string(), shapes: groups.shapes() });
-            }
-            if problems.is_empty() {
-                problems = spec::benchmarks();
-            }
-            let gpu = match commands::open_gpu() {
-                Ok(gpu) => gpu,
-                Err(e) => {
-                    println!("device: none");
-                    for named in &problems {
-                        println!("{}: {}", named.name, named.to_spec());
-                    }
-                    return Err(e);
-                }
-            };
+        Ok(())
+    };
+    let on_cpu = |arch: Arch, sm_count: u32| -> Result<(), CliError> {
+        println!("planner: {} on {} SMs, on the CPU (the driver's occupancy answers assumed)", arch.name(), sm_count);
+        print_all(&Planner::Arch { arch, sm_count })
+    };
+    if let Some(arch) = arch {
+        let arch = Arch::from(arch);
+        return on_cpu(arch, sms.unwrap_or_else(|| reference_sm_count(arch)));
+    }
+    match commands::open_gpu() {
+        Ok(gpu) => {
             println!("device: {}", commands::describe(&gpu));
-            for named in &problems {
-                println!("{}", commands::plan_text(&gpu, named, OutputType::F16)?);
-            }
-            Ok(ExitCode::SUCCESS)
+            print_all(&Planner::Gpu(&gpu))
         }
-        "gen" => {
-            let known: OptionSpec =
-                &[("shape", true), ("seed", true), ("dist", true), ("scales", true), ("alpha", true)];
-            let p = parse_args(rest, known)?;
-            let files = positional(&p, 1..=1, "nvfp4-gemm gen <out.safetensors> [--shape SPEC] [--seed N] ...")?;
-            let mut specs = shapes_of(&p)?;
-            if specs.len() > 1 {
-                return Err(CliError::Usage("gen takes one --shape".into()));
+        Err(CliError::NoGpu(reason)) => {
+            println!("device: none: {reason}");
+            for arch in [Arch::Sm90a, Arch::Sm100a] {
+                on_cpu(arch, reference_sm_count(arch))?;
             }
-            let shapes = specs.pop().unwrap_or_else(|| spec::benchmark("b3").expect("b3 exists")).shapes;
-            let dist = match p.value("dist").unwrap_or("competition") {
-                "competition" => InputDistribution::Competition,
-                "full" => InputDistribution::FullRange,
-                other => return Err(CliError::Usage(format!("--dist {other}: expected competition or full"))),
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn main_inner(command: Command) -> Result<ExitCode, CliError> {
+    match command {
+        Command::Run { input, output, bf16 } => {
+            let report = commands::run(&input, &output, output_type(bf16))?;
+            println!("{report}");
+            println!("wrote {}", output.display());
+        }
+        Command::Reference { input, output, bf16 } => {
+            let groups = commands::reference(&input, &output, output_type(bf16))?;
+            println!("wrote the CPU reference of {} to {}", plural(groups, "group"), output.display());
+        }
+        Command::Check { input, output, atol, rtol } => {
+            let report = commands::check(&input, &output, Tolerance::new(atol, rtol))?;
+            println!("{report}");
+            return Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        }
+        Command::Info { input, shapes, arch, sms } => info(input, shapes, arch, sms)?,
+        Command::Gen { output, shape, seed, dist, scales, alpha } => {
+            let shapes = shape.unwrap_or_else(|| spec::benchmark("b3").expect("b3 exists")).shapes;
+            let dist = match dist {
+                Dist::Competition => InputDistribution::Competition,
+                Dist::Full => InputDistribution::FullRange,
             };
-            let layout = match p.value("scales").unwrap_or("plain") {
-                "plain" => ScaleLayout::Plain,
-                "blocked" => ScaleLayout::Blocked,
-                other => return Err(CliError::Usage(format!("--scales {other}: expected plain or blocked"))),
+            let layout = match scales {
+                Scales::Plain => ScaleLayout::Plain,
+                Scales::Blocked => ScaleLayout::Blocked,
             };
             let default_alpha = if dist == InputDistribution::FullRange { 1.0 / 65536.0 } else { 1.0 };
-            let alpha = number(&p, "alpha", default_alpha)?;
-            commands::generate(&files[0], &shapes, dist, number(&p, "seed", 1u64)?, layout, alpha)?;
-            println!("wrote {} groups to {}", shapes.len(), files[0].display());
-            Ok(ExitCode::SUCCESS)
+            commands::generate(&output, &shapes, dist, seed, layout, alpha.unwrap_or(default_alpha))?;
+            println!("wrote {} to {}", plural(shapes.len(), "group"), output.display());
         }
-        other => Err(CliError::Usage(format!("unknown command `{other}`"))),
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match main_inner(&args) {
+    let cli = Cli::parse();
+    match main_inner(cli.command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("nvfp4-gemm: error: {e}");

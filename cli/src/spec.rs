@@ -140,7 +140,11 @@ pub fn parse(spec: &str) -> Result<NamedShapes, SpecError> {
     let groups = g.unwrap_or(longest);
     for (key, list) in [("m", &m), ("n", &n), ("k", &k)] {
         if list.len() != 1 && list.len() != groups {
-            return Err(err(format!("{key} lists {} values for {groups} groups", list.len())));
+            return Err(err(format!(
+                "{key} lists {} values for {}",
+                list.len(),
+                crate::commands::plural(groups, "group")
+            )));
         }
     }
     let pick = |list: &[usize], i: usize| if list.len() == 1 { list[0] } else { list[i] };

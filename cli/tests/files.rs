@@ -1,5 +1,6 @@
-//! The file format's round trips and every error path, on the CPU (no GPU needed; the one test
-//! that touches `run` only checks the no-GPU message, and skips itself where a driver exists).
+//! The file format's round trips and every error path, and the binary's commands, on the CPU (no
+//! GPU needed; `run` is checked for its no-GPU message where there is no driver, and for a typed
+//! outcome where there is one).
 
 use half::{bf16, f16};
 use nvfp4_format::{random_groups, reference_grouped_gemm, GroupShape, InputDistribution, Tolerance};
@@ -308,16 +309,49 @@ fn bad_output_files_are_rejected() {
 
 #[test]
 fn run_without_a_gpu_says_so() {
-    if nvfp4_gemm::driver_present() {
-        eprintln!("SKIPPED run_without_a_gpu_says_so: this machine has a CUDA driver");
-        return;
-    }
     let input = parse_groups(&file(&valid())).unwrap();
-    match compute(&input, nvfp4_gemm::OutputType::F16) {
-        Err(CliError::NoGpu(reason)) => assert!(reason.contains("no NVIDIA driver"), "{reason}"),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("ran without a driver"),
+    let result = compute(&input, nvfp4_gemm::OutputType::F16);
+    if !nvfp4_gemm::driver_present() {
+        match result {
+            Err(CliError::NoGpu(reason)) => assert!(reason.contains("no NVIDIA driver"), "{reason}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("ran without a driver"),
+        }
+    } else {
+        // With a driver: a result on a supported GPU, else the typed "no usable GPU".
+        match result {
+            Ok((outputs, _)) => {
+                assert!(check_outputs(&input.groups, &outputs, Tolerance::COMPETITION).unwrap().passed())
+            }
+            Err(CliError::NoGpu(reason)) => assert!(reason.contains("compute capability"), "{reason}"),
+            Err(e) => panic!("{e}"),
+        }
     }
+}
+
+#[test]
+fn truncated_files_and_nan_references_are_named() {
+    let bytes = file(&valid());
+    let e = parse_groups(&bytes[..bytes.len() - 10]).unwrap_err();
+    assert!(matches!(e, CliError::Length { declared, actual } if declared == bytes.len() && actual == declared - 10));
+    assert!(e.to_string().starts_with("the file is truncated: its header describes"), "{e}");
+    let mut longer = bytes.clone();
+    longer.extend([0; 3]);
+    assert_eq!(
+        parse_groups(&longer).unwrap_err().to_string(),
+        format!("the file has 3 bytes after the {} its header describes", bytes.len())
+    );
+
+    // A NaN scale code (e4m3 0x7F) in A's row 1: that row of the reference is NaN.
+    let mut scales = vec![0x38; 4 * 4];
+    scales[4] = 0x7F;
+    let nan = with(valid(), "g0.a_scale", Some(t("g0.a_scale", Dtype::F8_E4M3, &[4, 4], scales)));
+    let input = parse_groups(&file(&nan)).unwrap();
+    let out = nvfp4_gemm_cli::commands::reference_outputs(&input.groups, nvfp4_gemm::OutputType::F16).unwrap();
+    let report = check_outputs(&input.groups, &out, Tolerance::COMPETITION).unwrap();
+    assert!(!report.passed());
+    assert_eq!(report.nan_expected, [8]);
+    assert!(report.to_string().contains("the reference itself is NaN at 8 elements (first in group 0)"), "{report}");
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -368,10 +402,15 @@ fn the_binary_reports_errors_with_the_file_name_and_exit_status() {
 
     let (code, _, stderr) = cli(&["check", i]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("usage"), "{stderr}");
+    assert!(stderr.contains("Usage: nvfp4-gemm check <INPUT> <OUTPUT>"), "{stderr}");
     let (code, stdout, _) = cli(&["--help"]);
     assert_eq!(code, 0);
     assert!(stdout.contains("g{i}.a_scale") && stdout.contains("F8_E4M3"), "{stdout}");
+    for command in ["run", "ref", "check", "info", "gen"] {
+        let (code, stdout, stderr) = cli(&[command, "--help"]);
+        assert_eq!(code, 0, "{command} --help: {stderr}");
+        assert!(stdout.contains(&format!("Usage: nvfp4-gemm {command}")), "{stdout}");
+    }
 
     if !nvfp4_gemm::driver_present() {
         let (code, _, stderr) = cli(&["run", i, o]);
@@ -379,4 +418,57 @@ fn the_binary_reports_errors_with_the_file_name_and_exit_status() {
         assert!(stderr.contains("no usable GPU"), "{stderr}");
     }
     let _ = std::fs::remove_dir_all(input.parent().unwrap());
+}
+
+/// gen → ref → check through the binary, and what each prints: the round trip that works on any
+/// machine.
+#[test]
+fn gen_ref_check_round_trip_through_the_binary() {
+    let input = scratch("rt-in.safetensors");
+    let output = scratch("rt-out.safetensors");
+    let (i, o) = (input.to_str().unwrap(), output.to_str().unwrap());
+    let (code, stdout, stderr) = cli(&["gen", i, "--shape", "m=40,n=64,k=128", "--scales", "blocked"]);
+    assert_eq!((code, stdout.trim()), (0, format!("wrote 1 group to {i}").as_str()), "{stderr}");
+    for bf16 in [false, true] {
+        let mut args = vec!["ref", i, o];
+        if bf16 {
+            args.push("--bf16");
+        }
+        let (code, stdout, stderr) = cli(&args);
+        assert_eq!(
+            (code, stdout.trim()),
+            (0, format!("wrote the CPU reference of 1 group to {o}").as_str()),
+            "{stderr}"
+        );
+        let (code, stdout, stderr) = cli(&["check", i, o, "--atol", "0", "--rtol", "0"]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let kind = if bf16 { "Bf16" } else { "F16" };
+        assert!(stdout.contains(&format!("overall ({kind} output): PASS")), "{stdout}");
+    }
+    let (code, _, stderr) = cli(&["check", i, o, "--atol", "-1"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("expected a number >= 0"), "{stderr}");
+    let _ = std::fs::remove_file(&input);
+    let _ = std::fs::remove_file(&output);
+}
+
+/// `info` plans without a GPU: for a named architecture, or both when there is no GPU.
+#[test]
+fn info_shows_the_plan_without_a_gpu() {
+    let (code, stdout, stderr) = cli(&["info", "--arch", "sm_90a", "--shape", "b3"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("planner: sm_90a on 132 SMs") && stdout.contains("sm90_grouped_gemm"), "{stdout}");
+    let (code, stdout, stderr) = cli(&["info", "--arch", "sm_100a", "--sms", "148", "--shape", "b0"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("planner: sm_100a on 148 SMs") && stdout.contains("sm100_gemm_"), "{stdout}");
+    let (code, _, stderr) = cli(&["info", "--sms", "100"]);
+    assert_eq!(code, 2, "--sms needs --arch");
+    assert!(stderr.contains("--arch"), "{stderr}");
+    if !nvfp4_gemm::driver_present() {
+        let (code, stdout, stderr) = cli(&["info"]);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.starts_with("device: none: no NVIDIA driver"), "{stdout}");
+        assert!(stdout.contains("planner: sm_90a on 132 SMs") && stdout.contains("planner: sm_100a on 148 SMs"));
+        assert_eq!(stdout.matches("\nb0: ").count(), 2, "{stdout}");
+    }
 }

@@ -46,6 +46,7 @@ pub mod raw;
 pub mod rules;
 mod sm100;
 mod sm90;
+mod summary;
 pub mod upload;
 
 // Internals that this workspace's own tests, device-model tests and benchmark reach into, behind
@@ -83,4 +84,5 @@ pub use nvfp4_format as format;
 pub use nvfp4_gemm_abi::launch::LaunchGeometry;
 pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanOptions, PlanSummary, StackedArgs};
 pub use problem::{GroupShape, OutputType, Problem};
+pub use summary::{plan_summary, reference_sm_count};
 pub use upload::{DeviceGroup, DeviceNvfp4};

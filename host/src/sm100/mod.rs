@@ -24,7 +24,7 @@ pub(crate) use device_sizes::Sm100DevicePlan;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::{Sm100DeviceLayout, Sm100DeviceTables};
-pub(crate) use plan::Sm100Plan;
+pub(crate) use plan::{summary, Sm100Plan};
 
 use crate::driver::launch::LaunchGeometry;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};

@@ -74,34 +74,6 @@ impl Sm100Plan {
             layout,
         })
     }
-
-    /// A one-line description per launch, for `PlanSummary::kernel`.
-    fn describe(&self) -> String {
-        let parts: Vec<String> = self
-            .layout
-            .launches
-            .iter()
-            .map(|l| {
-                let c = l.kernel.config();
-                format!(
-                    "{}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}, {} items on {} CTAs",
-                    l.kernel.kernel_name(),
-                    c.block_m(),
-                    c.block_n(),
-                    c.stages(),
-                    c.block_k(),
-                    c.cluster_size(),
-                    l.work.len(),
-                    l.geometry.grid
-                )
-            })
-            .collect();
-        if parts.is_empty() {
-            "sm100: no work".into()
-        } else {
-            parts.join("; ")
-        }
-    }
 }
 
 impl ArchPlan for Sm100Plan {
@@ -128,17 +100,39 @@ impl ArchPlan for Sm100Plan {
     }
 
     fn summary(&self) -> PlanSummary {
-        PlanSummary {
-            arch: Arch::Sm100a,
-            kernel: self.describe(),
-            tiles: self.layout.tiles(),
-            launches: self
-                .layout
-                .launches
-                .iter()
-                .map(|l| KernelLaunch { kernel: l.kernel.kernel_name(), geometry: l.geometry })
-                .collect(),
-            workspace_bytes: 0,
-        }
+        summary(&self.layout)
+    }
+}
+
+/// What a plan of `layout` runs, for people and tests (also without a GPU: `crate::plan_summary`).
+pub(crate) fn summary(layout: &Sm100Layout) -> PlanSummary {
+    let parts: Vec<String> = layout
+        .launches
+        .iter()
+        .map(|l| {
+            let c = l.kernel.config();
+            format!(
+                "{}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}, {} items on {} CTAs",
+                l.kernel.kernel_name(),
+                c.block_m(),
+                c.block_n(),
+                c.stages(),
+                c.block_k(),
+                c.cluster_size(),
+                l.work.len(),
+                l.geometry.grid
+            )
+        })
+        .collect();
+    PlanSummary {
+        arch: Arch::Sm100a,
+        kernel: if parts.is_empty() { "sm100: no work".into() } else { parts.join("; ") },
+        tiles: layout.tiles(),
+        launches: layout
+            .launches
+            .iter()
+            .map(|l| KernelLaunch { kernel: l.kernel.kernel_name(), geometry: l.geometry })
+            .collect(),
+        workspace_bytes: 0,
     }
 }

@@ -121,28 +121,32 @@ impl ArchPlan for Sm90Plan {
     }
 
     fn summary(&self) -> PlanSummary {
-        let l = &self.layout;
-        let mut launches = vec![];
-        if l.dequant_grid > 0 {
-            launches.push(KernelLaunch { kernel: DEQUANT, geometry: l.dequant });
-        }
-        let gemm = l.config.kernel_name();
-        launches.push(KernelLaunch { kernel: gemm, geometry: l.gemm });
-        PlanSummary {
-            arch: Arch::Sm90a,
-            kernel: format!(
-                "{gemm}: swap-AB wgmma m64nNk16, tile Nx{}{} (tokens x weights; N = {}), {} stages of K {}, {} CTA(s) per SM",
-                l.config.block_n,
-                if l.config.block_n == sm90::BLOCK_N { "" } else { " (or 128, 64 where the host cuts N so)" },
-                super::widths(l.config),
-                l.config.stages,
-                l.config.block_k(),
-                l.config.ctas_per_sm()
-            ),
-            tiles: l.work.iter().filter(|w| !w.is_hole()).count(),
-            launches: if l.work.is_empty() { vec![] } else { launches },
-            workspace_bytes: l.workspace_bytes,
-        }
+        summary(&self.layout)
+    }
+}
+
+/// What a plan of `l` runs, for people and tests (also without a GPU: `crate::plan_summary`).
+pub(crate) fn summary(l: &Sm90Layout) -> PlanSummary {
+    let mut launches = vec![];
+    if l.dequant_grid > 0 {
+        launches.push(KernelLaunch { kernel: DEQUANT, geometry: l.dequant });
+    }
+    let gemm = l.config.kernel_name();
+    launches.push(KernelLaunch { kernel: gemm, geometry: l.gemm });
+    PlanSummary {
+        arch: Arch::Sm90a,
+        kernel: format!(
+            "{gemm}: swap-AB wgmma m64nNk16, tile Nx{}{} (tokens x weights; N = {}), {} stages of K {}, {} CTA(s) per SM",
+            l.config.block_n,
+            if l.config.block_n == sm90::BLOCK_N { "" } else { " (or 128, 64 where the host cuts N so)" },
+            super::widths(l.config),
+            l.config.stages,
+            l.config.block_k(),
+            l.config.ctas_per_sm()
+        ),
+        tiles: l.work.iter().filter(|w| !w.is_hole()).count(),
+        launches: if l.work.is_empty() { vec![] } else { launches },
+        workspace_bytes: l.workspace_bytes,
     }
 }
 
