@@ -72,8 +72,8 @@ impl Timer {
     }
 
     /// Times (and flushes) on `stream` from now on. The reading flush kernel is made again for
-    /// it: left on the old stream it would run unordered with the timed calls, beside them
-    /// (session 9 found the MoE rows ~20% slower with `--flush read` that way).
+    /// it: left on the old stream it would run unordered with the timed calls, beside them (the
+    /// MoE rows measured ~20% slower with `--flush read` that way).
     pub(crate) fn move_to(&mut self, gpu: &Gpu, stream: Arc<CudaStream>) -> Result<()> {
         let flush = if self.reader.is_some() { Flush::Read } else { Flush::Write };
         self.reader = None;

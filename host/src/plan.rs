@@ -295,8 +295,8 @@ impl GemmPlan {
 
     /// Runs the grouped GEMM on `stream` with every group's buffers stacked ([`StackedArgs`]):
     /// the same computation and checks as [`GemmPlan::run`] on each group's part, with five buffer
-    /// accesses per call instead of five per group (PERF.md: the host time of a call of 64 groups
-    /// is mostly those accesses). A buffer whose length is not the sum of its parts, or an alpha
+    /// accesses per call instead of five per group (the host time of a call of 64 groups is
+    /// mostly those accesses). A buffer whose length is not the sum of its parts, or an alpha
     /// count other than the groups', is an error (`Error::InvalidArgument`), and so is C
     /// overlapping an operand buffer (`Error::Overlap`, naming the groups' parts that share
     /// bytes); on any error nothing is launched.

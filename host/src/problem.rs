@@ -292,7 +292,7 @@ fn push_spans(spans: &mut Vec<Span>, g: usize, b: &GroupBuffers) {
 /// tracking on), a buffer's guard records its read or write event when dropped, so it is kept until
 /// the call's launches are enqueued. Otherwise dropping a `Record` guard does nothing (cudarc checks
 /// the same condition on drop, and the guard holds only references), so it is forgotten at once
-/// without the call to its drop (PERF.md #46): a call on a single stream keeps no list
+/// without the call to its drop: a call on a single stream keeps no list
 /// of guards and allocates nothing for them, however many groups it has. Other guards (a
 /// `DevicePtr` whose guard synchronizes) are always kept. (This follows cudarc 0.19's
 /// `SyncOnDrop`, pinned in the workspace: check it again when cudarc is upgraded.)

@@ -1,4 +1,4 @@
-//! Device-resident group sizes on sm_100a (`nvfp4_gemm::moe`, deliverable 4 of issue #12), run in
+//! Device-resident group sizes on sm_100a (`nvfp4_gemm::moe`, docs/moe.md), run in
 //! the device model: `sm100_schedule` reads the sizes and writes the group table, the work list
 //! and its length and the status word; then the GEMM variant the library's layout chose walks that
 //! list. Both run on the tables `Sm100DeviceLayout` (the library's planning code) builds, with

@@ -48,8 +48,7 @@ fn model_sm90_bf16_and_full_range() {
 
 /// An alpha so large that 2¹⁴·alpha overflows f32: every nonzero sum becomes ±inf in f16, and the
 /// second group, whose tokens are all zero, must store zeros — not 0·inf = NaN, which an epilogue
-/// multiplying by the folded factor 2¹⁴·alpha would store (PERF.md #39b; this test fails with that
-/// fold). Both epilogues: the decode variant's (every group ≤ 16 tokens) and a general one's.
+/// multiplying by the folded factor 2¹⁴·alpha would store (this test fails with that fold). Both epilogues: the decode variant's (every group ≤ 16 tokens) and a general one's.
 #[test]
 fn model_sm90_alpha_beyond_the_folded_factor() {
     for (name, shapes) in

@@ -6,6 +6,9 @@
 //!   GPU, directly or through a helper, is `#[ignore = "needs …"]` with one of the known reasons,
 //!   and no `#[ignore]` in the bundled crates (tests/, host/) gives another reason: the bundle
 //!   runs every ignored test there.
+//! - ARCHITECTURE.md's code map names only paths that exist.
+//! - Source comments say what and why, not history: no citation of the performance log or its
+//!   numbered entries, no sessions (the log keeps those).
 
 use std::path::{Path, PathBuf};
 
@@ -117,6 +120,46 @@ fn ignore_reason(attribute: &str) -> Option<&str> {
     Some(rest.trim_start().strip_prefix('=').map_or("", |r| r.trim().trim_end_matches(']').trim().trim_matches('"')))
 }
 
+/// The comment part of a line: after the first `//` outside a string literal (not `://`).
+fn comment(line: &str) -> Option<&str> {
+    let mut in_str = false;
+    let bytes = line.as_bytes();
+    for i in 0..bytes.len() {
+        match bytes[i] {
+            b'"' if i == 0 || bytes[i - 1] != b'\\' => in_str = !in_str,
+            b'/' if !in_str && bytes.get(i + 1) == Some(&b'/') && (i == 0 || bytes[i - 1] != b':') => {
+                return Some(&line[i + 2..]);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Why a comment reads as history, if it does.
+fn history(comment: &str) -> Option<&'static str> {
+    let lower = comment.to_lowercase();
+    if lower.contains("perf.md") {
+        return Some("cites the performance log (PERF.md)");
+    }
+    let b = comment.as_bytes();
+    let numbered = (0..b.len()).any(|i| {
+        b[i] == b'#'
+            && b.get(i + 1).is_some_and(u8::is_ascii_digit)
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'&'))
+    });
+    if numbered {
+        return Some("cites a numbered entry or issue (#N)");
+    }
+    let session = ["session ", "sessions "]
+        .iter()
+        .any(|w| lower.match_indices(w).any(|(i, _)| lower[i + w.len()..].starts_with(|c: char| c.is_ascii_digit())));
+    if session {
+        return Some("cites a work session");
+    }
+    None
+}
+
 fn fail(problems: Vec<String>, what: &str) {
     assert!(problems.is_empty(), "{what}:\n{}", problems.join("\n"));
 }
@@ -176,4 +219,102 @@ fn gpu_tests_are_ignored_with_a_known_reason() {
         }
     }
     fail(problems, "GPU tests must be ignored with one of the bundle's reasons (tests/lib.rs)");
+}
+
+#[test]
+fn source_comments_carry_no_history() {
+    let this_file = root().join("tests").join("tests").join("tidy.rs");
+    let mut problems = vec![];
+    for path in rust_files().into_iter().filter(|p| *p != this_file) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            if let Some(why) = comment(line).and_then(history) {
+                problems.push(format!("{}:{}: {why}: {}", relative(&path), i + 1, line.trim()));
+            }
+        }
+    }
+    fail(problems, "comments say what and why; history belongs in PERF.md's log");
+}
+
+#[test]
+fn history_patterns() {
+    assert_eq!(comment("let x = 1; // see #12"), Some(" see #12"));
+    assert_eq!(comment("let url = \"https://x\"; // ok"), Some(" ok"));
+    assert_eq!(comment("let s = \"// not a comment\";"), None);
+    assert!(history(" measured in PERF.md").is_some());
+    assert!(history(" (session 9 found)").is_some());
+    assert!(history(" issue #12").is_some());
+    assert!(history(" the 2nd value; `#[repr(C)]`, &#38;").is_none());
+    assert!(history(" one session of work").is_none());
+}
+
+fn is_file_name(w: &str) -> bool {
+    [".rs", ".md", ".py", ".toml", ".sh"].iter().any(|e| w.len() > e.len() && w.ends_with(e))
+}
+
+/// Paths named in ARCHITECTURE.md's code map: each top-level folder (column 0), each entry
+/// under it (column 10: a file or folder of its `src/`, or of the folder itself), and the files
+/// the descriptions name (`name.rs` somewhere under the entry; `a/b/` or `a/b.md` from the root
+/// or the entry).
+#[test]
+fn the_code_map_names_existing_paths() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let start = text.find("## Code map").expect("ARCHITECTURE.md has a code map");
+    let block_start = text[start..].find("```\n").unwrap() + start + 4;
+    let block_end = text[block_start..].find("```").unwrap() + block_start;
+    let first_line = text[..block_start].lines().count() + 1;
+    let exists_under = |dir: &Path, name: &str| -> bool {
+        fn walk(dir: &Path, name: &str) -> bool {
+            let Ok(entries) = std::fs::read_dir(dir) else { return false };
+            entries.flatten().any(|e| {
+                let p = e.path();
+                p.file_name().is_some_and(|f| f == name) || (p.is_dir() && walk(&p, name))
+            })
+        }
+        walk(dir, name)
+    };
+    let mut problems = vec![];
+    let (mut top, mut entry): (Option<PathBuf>, Option<PathBuf>) = (None, None);
+    for (i, line) in text[block_start..block_end].lines().enumerate() {
+        let at = format!("ARCHITECTURE.md:{}", first_line + i);
+        let indent = line.len() - line.trim_start().len();
+        let first = line.split_whitespace().next().unwrap_or("").trim_end_matches(',');
+        let mut description = line.trim_start();
+        if indent == 0 && first.ends_with('/') {
+            let dir = root().join(first);
+            if !dir.is_dir() {
+                problems.push(format!("{at}: folder {first} does not exist"));
+            }
+            top = Some(dir.clone());
+            entry = Some(dir);
+            description = &description[first.len()..];
+        } else if indent == 10 && (first.ends_with('/') || is_file_name(first)) {
+            let top = top.as_ref().expect("an entry under a top-level folder");
+            let path = [top.join("src").join(first), top.join(first)].into_iter().find(|p| p.exists());
+            match path {
+                Some(p) => entry = Some(p),
+                None => problems.push(format!("{at}: {} has no {first}", relative(top))),
+            }
+            description = &description[first.len()..];
+        }
+        for word in description.split_whitespace() {
+            let w = word.trim_matches(|c: char| "()[],;:`'".contains(c));
+            let looks_like_file = is_file_name(w);
+            if w.contains('*') || w.is_empty() {
+                continue;
+            }
+            if w.contains('/') && (w.ends_with('/') || looks_like_file) {
+                let here = entry.as_ref().filter(|e| e.is_dir()).map(|e| e.join(w));
+                if !root().join(w).exists() && !here.is_some_and(|p| p.exists()) {
+                    problems.push(format!("{at}: {w} does not exist"));
+                }
+            } else if w.ends_with(".rs") || (looks_like_file && !w.contains('/')) {
+                let dir = entry.as_ref().filter(|e| e.is_dir()).or(top.as_ref()).unwrap();
+                if !exists_under(dir, w) {
+                    problems.push(format!("{at}: no {w} under {}", relative(dir)));
+                }
+            }
+        }
+    }
+    fail(problems, "ARCHITECTURE.md's code map names paths that do not exist");
 }

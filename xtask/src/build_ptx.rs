@@ -100,8 +100,7 @@ pub fn run(args: &[&str]) -> Result<()> {
                 "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
                 arch.name, r.name, r.registers, r.smem, r.stack_frame, r.spill_stores, r.spill_loads
             ));
-            // No kernel may spill (`sm90_grouped_gemm_n192` had a 16-byte allowance for two
-            // values in its weight producer until PERF.md #59 removed the spill).
+            // No kernel may spill: a spill is local memory traffic on the critical path.
             let spilled = r.spill_stores + r.spill_loads;
             if spilled > 0 {
                 problems.push(format!("{} {}: {} bytes of register spills", arch.name, r.name, spilled));

@@ -3,7 +3,7 @@
 //!
 //! A Rust `if cond { *p = v }` compiles to a branch; with the epilogue's bounds-checked stores,
 //! ptxas emitted each as a divergent branch region (`BSSY`/`BSYNC`/`BRA`) around a generic `ST.E`,
-//! about a dozen instructions per store with the address arithmetic (PERF.md #59).
+//! about a dozen instructions per store with the address arithmetic.
 
 #[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
