@@ -19,10 +19,8 @@ use cudarc::driver::DevicePtr;
 use nvfp4_gemm::driver::tensor_map::encode;
 use nvfp4_gemm::layout::Fp4Map;
 use nvfp4_gemm::probe::sm100::{byte_twin, plan_tensor_maps, tensor_bytes};
-use nvfp4_gemm::Gpu;
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapL2Promotion, TensorMapSwizzle, TiledMap};
 use nvfp4_gemm_model_tests::model_reading;
-use std::io::Write;
 
 fn driver_encode(map: &Fp4Map, base: u64) -> Result<TensorMap, String> {
     match map {
@@ -64,19 +62,9 @@ fn variants(map: &Fp4Map) -> Vec<(&'static str, Fp4Map)> {
 }
 
 #[test]
-#[ignore = "needs a CUDA driver"]
+#[ignore = "needs an sm_90a or sm_100a GPU"]
 fn gpu_driver_encodes_every_sm100_plan_map_as_the_model_reads_it() {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(e) => {
-            // Straight to stderr, past the harness's capture (as `gpu_or_skip` does).
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED gpu_driver_encodes_every_sm100_plan_map_as_the_model_reads_it: needs a CUDA driver and a GPU; {e}"
-            );
-            return;
-        }
-    };
+    let gpu = nvfp4_gemm_tests::require_any_gpu();
     gpu.context().bind_to_thread().expect("binding the context");
     let stream = gpu.context().default_stream();
     println!("device: {} ({})", gpu.name(), gpu.arch().name());

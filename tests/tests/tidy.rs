@@ -5,7 +5,7 @@
 //! - GPU tests follow the convention of `nvfp4_gemm_tests` (tests/lib.rs): a test that opens a
 //!   GPU, directly or through a helper, is `#[ignore = "needs …"]` with one of the known reasons,
 //!   and no `#[ignore]` in the bundled crates (tests/, host/) gives another reason: the bundle
-//!   runs every ignored test there.
+//!   runs every ignored test there. Nothing there prints that it skips and passes.
 //! - ARCHITECTURE.md's code map names only paths that exist.
 //! - Source comments say what and why, not history: no citation of the performance log or its
 //!   numbered entries, no sessions (the log keeps those).
@@ -173,6 +173,14 @@ fn gpu_tests_are_ignored_with_a_known_reason() {
     let bundled = [root().join("tests"), root().join("host")];
     for (path, text) in files.iter().filter(|(p, _)| bundled.iter().any(|b| p.starts_with(b))) {
         for (i, line) in text.lines().enumerate() {
+            if line.contains(concat!("SKIP", "PED")) {
+                problems.push(format!(
+                    "{}:{}: a test that prints that it skips passes; without its GPU it must fail \
+                     (nvfp4_gemm_tests::require_gpu)",
+                    relative(path),
+                    i + 1
+                ));
+            }
             if let Some(reason) = ignore_reason(line.trim()) {
                 if !GPU_REASONS.contains(&reason) {
                     problems.push(format!(
