@@ -38,6 +38,7 @@
 pub mod device;
 pub mod error;
 pub mod moe;
+mod moe_problem;
 mod overlap;
 pub mod plan;
 pub mod problem;
@@ -46,6 +47,8 @@ pub mod raw;
 pub mod rules;
 mod sm100;
 mod sm90;
+mod summary;
+mod tables;
 pub mod upload;
 
 // Internals that this workspace's own tests, device-model tests and benchmark reach into, behind

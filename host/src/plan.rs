@@ -10,8 +10,9 @@ use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
-use nvfp4_gemm_abi::launch::LaunchGeometry;
 use std::sync::Arc;
+
+pub use crate::summary::{KernelLaunch, PlanSummary};
 
 /// One NVFP4 operand on the device: packed e2m1 values (two per byte, low nibble first; a row of K
 /// values is K/2 bytes) and e4m3 block scales in the 128x4 blocked layout.
@@ -98,133 +99,55 @@ impl<'s> CallBuffers<'s> {
     }
 }
 
-/// One kernel launch of a call: the exported kernel and its geometry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernelLaunch {
-    /// The kernel's exported name.
-    pub kernel: &'static str,
-    /// Grid, block, cluster and dynamic shared memory.
-    pub geometry: LaunchGeometry,
+/// One architecture's plan: a pure layout (work lists, geometry, parameter encoding) and its
+/// device part (tables, uploads, launches), with the same methods on both architectures. `Send`
+/// (both are), so that a [`GemmPlan`] can move between threads (bindings hand it to whichever
+/// thread calls).
+enum ArchPlan {
+    Sm90(Sm90Plan),
+    Sm100(Sm100Plan),
 }
 
-/// What the planner chose, for display (`info`) and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanSummary {
-    /// Kernel architecture.
-    pub arch: Arch,
-    /// Kernel and tile description, for people.
-    pub kernel: String,
-    /// Output tiles over all groups (cluster padding included).
-    pub tiles: usize,
-    /// Every launch a call makes, in order (none when no group has work).
-    pub launches: Vec<KernelLaunch>,
-    /// Bytes of device workspace the plan owns (the f16 token operand on sm_90a).
-    pub workspace_bytes: usize,
-}
-
-/// Copies a plan's parameter tables to the device on `stream`: the group table and the tensor
-/// maps (both plain data from the abi). Every plan's upload ends with this.
-pub(crate) fn upload_tables<G: bytemuck::Pod, M: bytemuck::Pod>(
-    stream: &Arc<CudaStream>,
-    groups: &[G],
-    groups_dst: &mut cudarc::driver::CudaSlice<u8>,
-    maps: &[M],
-    maps_dst: &mut cudarc::driver::CudaSlice<u8>,
-) -> Result<()> {
-    let d = |e| crate::error::Error::driver("uploading the call's parameters", e);
-    stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(groups), groups_dst).map_err(d)?;
-    stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(maps), maps_dst).map_err(d)?;
-    Ok(())
-}
-
-/// The device tables of a device-sized plan (`crate::moe`), allocated once: the group table and
-/// tensor maps the host uploads, and the work list, its length and the status word that the
-/// scheduling kernel writes on the device.
-pub(crate) struct ScheduledTables {
-    groups: cudarc::driver::CudaSlice<u8>,
-    maps: cudarc::driver::CudaSlice<u8>,
-    work: cudarc::driver::CudaSlice<u8>,
-    work_len: cudarc::driver::CudaSlice<u32>,
-    status: cudarc::driver::CudaSlice<u32>,
-}
-
-/// The device addresses of a plan's [`ScheduledTables`] on one stream.
-pub(crate) struct ScheduledAddresses {
-    pub groups: u64,
-    pub maps: u64,
-    pub work: u64,
-    pub work_len: u64,
-    pub status: u64,
-}
-
-impl ScheduledTables {
-    /// Zeroed tables of `group_bytes`, `map_bytes` and `work_bytes` on `stream`.
-    pub fn new(stream: &Arc<CudaStream>, group_bytes: usize, map_bytes: usize, work_bytes: usize) -> Result<Self> {
-        let d = |e| crate::error::Error::driver("allocating the plan's device tables", e);
-        Ok(ScheduledTables {
-            groups: stream.alloc_zeros::<u8>(group_bytes).map_err(d)?,
-            maps: stream.alloc_zeros::<u8>(map_bytes).map_err(d)?,
-            work: stream.alloc_zeros::<u8>(work_bytes).map_err(d)?,
-            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
-            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
-        })
-    }
-
-    /// Their addresses for work on `stream`.
-    pub fn addresses(&mut self, stream: &CudaStream) -> ScheduledAddresses {
-        ScheduledAddresses {
-            groups: self.groups.device_ptr_mut(stream).0,
-            maps: self.maps.device_ptr(stream).0,
-            work: self.work.device_ptr_mut(stream).0,
-            work_len: self.work_len.device_ptr_mut(stream).0,
-            status: self.status.device_ptr_mut(stream).0,
+impl ArchPlan {
+    /// Whether any launch runs (false when no group has an output tile).
+    fn has_work(&self) -> bool {
+        match self {
+            ArchPlan::Sm90(p) => p.has_work(),
+            ArchPlan::Sm100(p) => p.has_work(),
         }
     }
 
-    /// Uploads the group table's size-independent fields and the tensor maps on `stream`.
-    pub fn upload<G: bytemuck::Pod, M: bytemuck::Pod>(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        groups: &[G],
-        maps: &[M],
-    ) -> Result<()> {
-        upload_tables(stream, groups, &mut self.groups, maps, &mut self.maps)
-    }
-
-    /// The status word (sticky bits the scheduler ORs in).
-    pub fn status(&self) -> &cudarc::driver::CudaSlice<u32> {
-        &self.status
-    }
-
-    /// Zeroes the status word on `stream`.
-    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream
-            .memset_zeros(&mut self.status)
-            .map_err(|e| crate::error::Error::driver("clearing the plan's status word", e))
-    }
-}
-
-/// The device half of a plan for one architecture: its tables, uploads and launches. Both
-/// architectures have the same shape (`sm90::Sm90Plan`, `sm100::Sm100Plan`): a pure layout
-/// (work lists, geometry, parameter encoding) and this device part. `Send`, so that a
-/// [`GemmPlan`] can move between threads (bindings hand it to whichever thread calls).
-pub(crate) trait ArchPlan: Send {
-    /// Whether any launch runs (false when no group has an output tile).
-    fn has_work(&self) -> bool;
-
     /// Encodes the group parameters and tensor maps for `buffers` (validated by the caller) and
     /// copies them to the plan's tables on `stream`.
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()>;
+    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+        match self {
+            ArchPlan::Sm90(p) => p.upload(stream, problem, buffers),
+            ArchPlan::Sm100(p) => p.upload(stream, problem, buffers),
+        }
+    }
 
     /// Launches every kernel of the plan on `stream`.
     ///
     /// # Safety
     /// `upload` must have run for buffers that are still alive and valid for the problem
     /// (`validate_buffers`), on this stream or one ordered before it.
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()>;
+    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                ArchPlan::Sm90(p) => p.launch(stream, problem),
+                ArchPlan::Sm100(p) => p.launch(stream, problem),
+            }
+        }
+    }
 
     /// What runs.
-    fn summary(&self) -> PlanSummary;
+    fn summary(&self) -> PlanSummary {
+        match self {
+            ArchPlan::Sm90(p) => p.summary(),
+            ArchPlan::Sm100(p) => p.summary(),
+        }
+    }
 }
 
 /// A grouped GEMM problem planned for one GPU. Build it once per set of shapes and call
@@ -234,7 +157,7 @@ pub(crate) trait ArchPlan: Send {
 /// allocates device memory or synchronizes the host.
 pub struct GemmPlan {
     problem: Problem,
-    plan: Box<dyn ArchPlan>,
+    plan: ArchPlan,
     summary: PlanSummary,
     /// The last valid call's buffers, to skip validating and re-encoding unchanged ones.
     cache: BufferCache,
@@ -251,11 +174,11 @@ impl GemmPlan {
 
     /// [`GemmPlan::new`] with the choices `options` takes over.
     pub fn with_options(gpu: &Gpu, problem: Problem, options: PlanOptions) -> Result<GemmPlan> {
-        let plan: Box<dyn ArchPlan> = match gpu.arch() {
-            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
+        let plan = match gpu.arch() {
+            Arch::Sm90a => ArchPlan::Sm90(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
             // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
             // never run: there is no B200 here.
-            Arch::Sm100a => Box::new(Sm100Plan::new(gpu, &problem)?),
+            Arch::Sm100a => ArchPlan::Sm100(Sm100Plan::new(gpu, &problem)?),
         };
         let summary = plan.summary();
         let cache = BufferCache::new(problem.groups().len());

@@ -146,6 +146,15 @@ pub struct BufferView {
     pub len: usize,
 }
 
+/// Buffer sizes of an NVFP4 tensor of `rows x k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nvfp4Sizes {
+    /// Bytes of packed values: `rows · k / 2`.
+    pub values: usize,
+    /// Bytes of blocked scales, padding included: `ceil(rows/128) · 128 · k / 16`.
+    pub scales: usize,
+}
+
 /// The device buffers of one group, as addresses and lengths.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupBuffers {

@@ -18,12 +18,12 @@
 //! the error's text, NUL-terminated and truncated to the buffer, into `err`/`err_len` (may be
 //! null/0). They never unwind into C: a panic becomes [`STATUS_PANIC`].
 
+use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::moe::{MoeArgs, MoePlan, MoeProblem, TokenLayout};
 use crate::plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, StackedArgs};
 use crate::problem::{GroupShape, OutputType, Problem};
 use crate::quantize::{Nvfp4OperandMut, Quantizer};
-use crate::Gpu;
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::{bf16, f16};
 use std::marker::PhantomData;
@@ -600,10 +600,7 @@ pub unsafe extern "C" fn nvfp4_gemm_plan_create(
 
 /// Waits for the device's null stream (where plans allocate and zero their memory).
 fn synchronize(gpu: &Gpu) -> Result<()> {
-    gpu.context()
-        .default_stream()
-        .synchronize()
-        .map_err(|e| Error::driver("waiting for the new plan's memory", e))
+    gpu.context().default_stream().synchronize().map_err(|e| Error::driver("waiting for the new plan's memory", e))
 }
 
 /// Destroys a plan (null: nothing). The work enqueued with it must have finished.

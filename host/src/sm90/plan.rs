@@ -2,13 +2,13 @@
 //! launches.
 
 use super::Sm90Layout;
-use crate::device::Gpu;
+use crate::device::{Arch, Gpu};
 use crate::driver::graph::{is_capturing, KernelChain};
 use crate::driver::launch::{launch_with, set_max_dynamic_smem, Start};
 use crate::error::{Error, Result};
-use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
-use crate::Arch;
+use crate::summary::{KernelLaunch, PlanSummary};
+use crate::tables::upload_tables;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
@@ -74,18 +74,19 @@ impl Sm90Plan {
     }
 }
 
-impl ArchPlan for Sm90Plan {
-    fn has_work(&self) -> bool {
+/// The device half (`crate::plan::GemmPlan` dispatches to it).
+impl Sm90Plan {
+    pub fn has_work(&self) -> bool {
         !self.layout.work.is_empty()
     }
 
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
         let (workspace, _guard) = self.workspace.device_ptr(stream);
         let (params, maps) = self.layout.encode(problem, buffers, workspace)?;
-        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
+        upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
     }
 
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
+    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
         // The dequantization kernel writes the workspace the GEMM reads.
         let (_, _workspace) = self.workspace.device_ptr_mut(stream);
         let (groups, _g1) = self.groups.device_ptr(stream);
@@ -119,7 +120,7 @@ impl ArchPlan for Sm90Plan {
         }
     }
 
-    fn summary(&self) -> PlanSummary {
+    pub fn summary(&self) -> PlanSummary {
         let l = &self.layout;
         let mut launches = vec![];
         if l.dequant_grid > 0 {
