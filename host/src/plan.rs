@@ -4,7 +4,8 @@
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
 use crate::problem::{
-    stacked_parts, BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType, Problem, TablesState,
+    stacked_parts, validate_device_alphas, AlphaSource, BufferCache, BufferSizes, BufferView, CallBuffers,
+    GroupBuffers, OutputType, Problem, TablesState, DEVICE_ALPHA_PLACEHOLDER,
 };
 use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
@@ -40,7 +41,8 @@ pub struct GroupArgs<'a> {
     pub b: Nvfp4Operand<'a>,
     /// C (`m × n`).
     pub c: Output<'a>,
-    /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none.
+    /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none. Not read
+    /// by [`GemmPlan::run_with_device_alphas`].
     pub alpha: f32,
 }
 
@@ -78,7 +80,7 @@ pub struct StackedArgs<'a> {
     pub b: Nvfp4Operand<'a>,
     /// Every group's C: `Σ m·n` elements.
     pub c: Output<'a>,
-    /// One alpha per group.
+    /// One alpha per group. Not read by [`GemmPlan::run_stacked_with_device_alphas`].
     pub alphas: &'a [f32],
 }
 
@@ -103,6 +105,8 @@ impl<'s> CallBuffers<'s> {
 /// device part (tables, uploads, launches), with the same methods on both architectures. `Send`
 /// (both are), so that a [`GemmPlan`] can move between threads (bindings hand it to whichever
 /// thread calls).
+// One per plan, made once: the variants' sizes differ by a few hundred bytes, not worth a box.
+#[allow(clippy::large_enum_variant)]
 enum ArchPlan {
     Sm90(Sm90Plan),
     Sm100(Sm100Plan),
@@ -141,6 +145,21 @@ impl ArchPlan {
         }
     }
 
+    /// Copies `groups` `f32`s at the device address `alphas` into the group table's alphas on
+    /// `stream` (after an upload, before the launches).
+    ///
+    /// # Safety
+    /// As [`crate::tables::AlphaField::copy`].
+    unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                ArchPlan::Sm90(p) => p.copy_alphas(stream, alphas, groups),
+                ArchPlan::Sm100(p) => p.copy_alphas(stream, alphas, groups),
+            }
+        }
+    }
+
     /// What runs.
     fn summary(&self) -> PlanSummary {
         match self {
@@ -153,7 +172,9 @@ impl ArchPlan {
 /// A grouped GEMM problem planned for one GPU. Build it once per set of shapes and call
 /// [`GemmPlan::run`] as often as needed: a call whose buffer addresses and alphas equal the previous
 /// call's makes no copies at all, only the launches (so it can be captured in a CUDA graph); other
-/// calls re-encode the tensor maps and upload the parameter tables on the stream first. No call
+/// calls re-encode the tensor maps and upload the parameter tables on the stream first. Alphas
+/// may also live on the device ([`GemmPlan::run_with_device_alphas`]): each call then copies them
+/// into the tables on the stream, so a captured graph reads new values at every replay. No call
 /// allocates device memory or synchronizes the host.
 pub struct GemmPlan {
     problem: Problem,
@@ -205,15 +226,47 @@ impl GemmPlan {
     /// alphas) costs one comparison per group on the host: those buffers were validated and the
     /// tables encoded from them already.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, groups: &'s mut [GroupArgs<'_>]) -> Result<()> {
+        self.run_groups(stream_arc, groups, None, "run")
+    }
+
+    /// [`GemmPlan::run`] with the alphas read on the device: group `g`'s alpha is `alphas[g]` as
+    /// it is when the call's work runs (each [`GroupArgs::alpha`] is not read). The call copies
+    /// the `G` values into the plan's group table on `stream` before its launches (one strided
+    /// device-to-device copy): no host synchronization, and capturable in a CUDA graph whose
+    /// replays read the buffer's values at each replay. A call with the previous call's buffers
+    /// (and device alphas) uploads nothing from the host, whatever the values.
+    ///
+    /// `alphas` must hold exactly `G` `f32`s, 4-byte aligned, sharing no byte with any group's C
+    /// ([`Error::InvalidArgument`], [`Error::Overlap`]). Its values are not checked: a NaN or
+    /// infinite alpha gives NaN or infinite outputs.
+    pub fn run_with_device_alphas<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        groups: &'s mut [GroupArgs<'_>],
+        alphas: &'s dyn DevicePtr<f32>,
+    ) -> Result<()> {
+        self.run_groups(stream_arc, groups, Some(alphas), "run_with_device_alphas")
+    }
+
+    /// [`GemmPlan::run`] (`alphas` `None`) or [`GemmPlan::run_with_device_alphas`], as `call`.
+    fn run_groups<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        groups: &'s mut [GroupArgs<'_>],
+        alphas: Option<&'s dyn DevicePtr<f32>>,
+        call_name: &'static str,
+    ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream);
-        let buffers = self.cache.start();
+        let alphas = alphas.map(|a| call.read(a));
+        let buffers = self.cache.start(if alphas.is_some() { AlphaSource::Device } else { AlphaSource::Host });
         for args in groups.iter_mut() {
             let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
-            buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha: args.alpha });
+            let alpha = if alphas.is_some() { DEVICE_ALPHA_PLACEHOLDER } else { args.alpha };
+            buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha });
         }
-        self.launch_checked(stream_arc, "run")
+        self.launch_checked(stream_arc, call_name, alphas)
     }
 
     /// Runs the grouped GEMM on `stream` with every group's buffers stacked ([`StackedArgs`]):
@@ -254,9 +307,34 @@ impl GemmPlan {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn run_stacked<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut StackedArgs<'_>) -> Result<()> {
+        self.run_stacked_from(stream_arc, args, None, "run_stacked")
+    }
+
+    /// [`GemmPlan::run_stacked`] with the alphas read on the device, as
+    /// [`GemmPlan::run_with_device_alphas`] reads them ([`StackedArgs::alphas`] is not read and
+    /// may be empty).
+    pub fn run_stacked_with_device_alphas<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        args: &'s mut StackedArgs<'_>,
+        alphas: &'s dyn DevicePtr<f32>,
+    ) -> Result<()> {
+        self.run_stacked_from(stream_arc, args, Some(alphas), "run_stacked_with_device_alphas")
+    }
+
+    /// [`GemmPlan::run_stacked`] (`alphas` `None`) or
+    /// [`GemmPlan::run_stacked_with_device_alphas`], as `call`.
+    fn run_stacked_from<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        args: &'s mut StackedArgs<'_>,
+        alphas: Option<&'s dyn DevicePtr<f32>>,
+        call_name: &'static str,
+    ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let mut call = CallBuffers::new(stream);
         let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
+        let alphas = alphas.map(|a| call.read(a));
         let groups = self.problem.groups().len();
         let total = self.stacked[groups];
         let lengths = [
@@ -269,23 +347,39 @@ impl GemmPlan {
         for (field, len, want, unit) in lengths {
             if len != want {
                 let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
-                return Err(Error::InvalidArgument { call: "run_stacked", field, reason });
+                return Err(Error::InvalidArgument { call: call_name, field, reason });
             }
         }
-        if args.alphas.len() != groups {
-            let reason = format!("{} alphas for {groups} groups", args.alphas.len());
-            return Err(Error::InvalidArgument { call: "run_stacked", field: "alphas", reason });
-        }
         let whole = [a_values, a_scales, b_values, b_scales];
-        stacked_parts(&self.stacked, whole, c, c_type, args.alphas, self.cache.start());
-        self.launch_checked(stream_arc, "run_stacked")
+        if alphas.is_some() {
+            let buffers = self.cache.start(AlphaSource::Device);
+            let placeholders = std::iter::repeat(DEVICE_ALPHA_PLACEHOLDER);
+            stacked_parts(&self.stacked, whole, c, c_type, placeholders, buffers);
+        } else {
+            if args.alphas.len() != groups {
+                let reason = format!("{} alphas for {groups} groups", args.alphas.len());
+                return Err(Error::InvalidArgument { call: call_name, field: "alphas", reason });
+            }
+            let buffers = self.cache.start(AlphaSource::Host);
+            stacked_parts(&self.stacked, whole, c, c_type, args.alphas.iter().copied(), buffers);
+        }
+        self.launch_checked(stream_arc, call_name, alphas)
     }
 
     /// The common end of a call (`call`) whose buffers are in `self.cache`'s current list:
-    /// validation (or the cache's shortcut), the table upload when they changed, the launches.
-    fn launch_checked(&mut self, stream_arc: &Arc<CudaStream>, call: &'static str) -> Result<()> {
+    /// validation (or the cache's shortcut), the table upload when they changed, the copy of the
+    /// device alphas `alphas` (if any) into the group table, the launches.
+    fn launch_checked(
+        &mut self,
+        stream_arc: &Arc<CudaStream>,
+        call: &'static str,
+        alphas: Option<BufferView>,
+    ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let tables = self.cache.check(&self.problem, call)?;
+        if let Some(alphas) = alphas {
+            validate_device_alphas(call, &self.problem, alphas, self.cache.buffers())?;
+        }
         if !self.plan.has_work() {
             return Ok(());
         }
@@ -293,8 +387,14 @@ impl GemmPlan {
             self.plan.upload(stream_arc, &self.problem, self.cache.buffers())?;
             self.cache.set_uploaded();
         }
+        if let Some(alphas) = alphas {
+            // SAFETY: validated: one f32 per group of the plan's table, aligned, overlapping no
+            // output; the caller's buffer lives until the call's work is done (its guard is held by
+            // the caller's `CallBuffers` until the launches are enqueued).
+            unsafe { self.plan.copy_alphas(stream, alphas.ptr, self.problem.groups().len())? };
+        }
         // SAFETY: the tables hold these validated buffers (uploaded now, or by an earlier call with
-        // the same addresses and alphas) on this stream.
+        // the same addresses and alphas, or with device alphas copied just now) on this stream.
         unsafe { self.plan.launch(stream, &self.problem) }
     }
 }

@@ -1,7 +1,8 @@
 //! What cudarc's safe layer lacks, wrapped once at the `sys` level: cluster launches through
-//! `cuLaunchKernelEx`, tensor maps through `cuTensorMapEncodeTiled`, and a fixed chain of kernels
-//! as one CUDA graph.
+//! `cuLaunchKernelEx`, tensor maps through `cuTensorMapEncodeTiled`, a fixed chain of kernels
+//! as one CUDA graph, and strided copies through `cuMemcpy2DAsync`.
 
+pub mod copy;
 pub mod graph;
 pub mod launch;
 pub mod tensor_map;

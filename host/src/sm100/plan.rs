@@ -6,9 +6,9 @@ use crate::driver::launch::{ctas_per_sm, launch, max_active_clusters, set_max_dy
 use crate::error::{Error, Result};
 use crate::problem::{GroupBuffers, Problem};
 use crate::summary::{KernelLaunch, PlanSummary};
-use crate::tables::upload_tables;
+use crate::tables::{upload_tables, AlphaField};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
-use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, KERNELS};
+use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, GROUP_ALPHA_OFFSET, KERNELS};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
 
@@ -125,6 +125,16 @@ impl Sm100Plan {
             unsafe { launch(f, stream, l.geometry, &params)? };
         }
         Ok(())
+    }
+
+    /// Copies `groups` device alphas at `alphas` into the group table on `stream`.
+    ///
+    /// # Safety
+    /// As [`AlphaField::copy`].
+    pub unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
+        const ALPHAS: AlphaField = AlphaField::of::<GroupParams>(GROUP_ALPHA_OFFSET);
+        // SAFETY: the caller's contract.
+        unsafe { ALPHAS.copy(stream, &mut self.groups, alphas, groups) }
     }
 
     pub fn summary(&self) -> PlanSummary {

@@ -8,7 +8,7 @@ use crate::driver::launch::{launch_with, set_max_dynamic_smem, Start};
 use crate::error::{Error, Result};
 use crate::problem::{GroupBuffers, Problem};
 use crate::summary::{KernelLaunch, PlanSummary};
-use crate::tables::upload_tables;
+use crate::tables::{upload_tables, AlphaField};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
@@ -118,6 +118,16 @@ impl Sm90Plan {
             }
             self.chain.as_mut().expect("built above").launch(stream)
         }
+    }
+
+    /// Copies `groups` device alphas at `alphas` into the group table on `stream`.
+    ///
+    /// # Safety
+    /// As [`AlphaField::copy`].
+    pub unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
+        const ALPHAS: AlphaField = AlphaField::of::<GroupParams>(sm90::GROUP_ALPHA_OFFSET);
+        // SAFETY: the caller's contract.
+        unsafe { ALPHAS.copy(stream, &mut self.groups, alphas, groups) }
     }
 
     pub fn summary(&self) -> PlanSummary {
