@@ -4,7 +4,7 @@
 //! device-sized plans (`sm90/`, `sm100/`), which read it, and [`crate::moe`], which re-exports it
 //! with the plan.
 
-use crate::error::{BufferName, Error, Result};
+use crate::error::{within, BufferName, Error, Result};
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, Nvfp4Sizes, OutputType, BUFFER_ALIGN};
 use crate::rules::{self, Limit};
@@ -58,7 +58,7 @@ impl MoeProblem {
         if groups == 0 {
             return Err(problem_error("0 groups; a device-sized problem needs at least 1".into()));
         }
-        rules::within(None, "groups", groups as u64, Limit::Groups)?;
+        within(None, "groups", groups as u64, Limit::Groups)?;
         if let Some(reason) = rules::k_rule(k) {
             return Err(problem_error(format!("k: {reason}")));
         }
@@ -73,7 +73,7 @@ impl MoeProblem {
             return Err(problem_error(format!("{bound_field} = 0; the token bound must be at least 1")));
         }
         for (field, v) in [("k", k), ("n", n), (bound_field, bound)] {
-            rules::within(None, field, v as u64, Limit::Dim)?;
+            within(None, field, v as u64, Limit::Dim)?;
         }
         // Token rows in 64 bits (`G · M_max` may not fit the abi's `u32` until checked).
         let rows = match layout {
@@ -81,14 +81,14 @@ impl MoeProblem {
             TokenLayout::Masked { max_rows } => groups as u64 * max_rows as u64,
         };
         let (k64, n64) = (k as u64, n as u64);
-        rules::within(None, "a.values", rows * k64, Limit::Index32)?;
-        rules::within(None, "c", rows * n64, Limit::Index32)?;
+        within(None, "a.values", rows * k64, Limit::Index32)?;
+        within(None, "c", rows * n64, Limit::Index32)?;
         // From here every row count fits the abi's `u32` formulas (rows < 2^25, G ≤ 2^12).
         let p = MoeProblem { groups, n, k, layout, output };
         let scale_rows = p.scale_rows() as u64;
-        rules::within(None, "a.scales", scale_rows * k64, Limit::Index32)?;
+        within(None, "a.scales", scale_rows * k64, Limit::Index32)?;
         let tiles = abi::max_m_tiles(&p.device_sizes(0)) * nvfp4_gemm_abi::sm90::n_tiles(n as u32) as u64;
-        rules::within(None, "tiles", tiles, Limit::Index32)?;
+        within(None, "tiles", tiles, Limit::Index32)?;
         let b = p.b_sizes();
         let parts = [
             ("sizes", 4 * p.sizes_len() as u64),
@@ -101,7 +101,7 @@ impl MoeProblem {
         let mut bytes = 0;
         for (field, part) in parts {
             bytes += part;
-            rules::within(None, field, bytes, Limit::DeviceBytes)?;
+            within(None, field, bytes, Limit::DeviceBytes)?;
         }
         Ok(p)
     }

@@ -1,6 +1,7 @@
 //! The problem: group shapes and output type, validated before anything touches a GPU.
 
-use crate::error::{BufferName, Error, Result};
+use crate::error::{within, BufferName, Error, Result};
+pub use crate::overlap::BufferView;
 use crate::overlap::{self, Span};
 use crate::rules::{self, Limit};
 pub use crate::rules::{MAX_DIM, MAX_GROUPS};
@@ -36,7 +37,7 @@ impl Problem {
     /// for a limit exceeded.
     pub fn new(groups: impl Into<Vec<GroupShape>>, output: OutputType) -> Result<Problem> {
         let groups = groups.into();
-        rules::within(None, "groups", groups.len() as u64, Limit::Groups)?;
+        within(None, "groups", groups.len() as u64, Limit::Groups)?;
         for (g, s) in groups.iter().enumerate() {
             if let Some(reason) = rules::k_rule(s.k) {
                 return Err(Error::group(g, "k", reason));
@@ -45,7 +46,7 @@ impl Problem {
                 return Err(Error::group(g, "n", reason));
             }
         }
-        rules::check_groups(&groups)?;
+        check_groups(&groups)?;
         Ok(Problem { groups, output })
     }
 
@@ -137,13 +138,34 @@ impl BufferSizes {
     }
 }
 
-/// Address and length (in elements) of one device buffer, as the validator sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferView {
-    /// Device address.
-    pub ptr: u64,
-    /// Length in elements.
-    pub len: usize,
+/// Checks the limits of a host-sized problem's groups (whose `k` and `n` follow the shape rules,
+/// [`crate::rules`]): each dimension, then, group by group, the running totals of device bytes
+/// (A, B, C and the sm_90a token workspace) and output tiles. O(groups).
+fn check_groups(groups: &[GroupShape]) -> Result<()> {
+    within(None, "groups", groups.len() as u64, Limit::Groups)?;
+    let (mut bytes, mut tiles) = (0u64, 0u64);
+    for (g, s) in groups.iter().enumerate() {
+        for (field, v) in [("m", s.m), ("n", s.n), ("k", s.k)] {
+            within(Some(g), field, v as u64, Limit::Dim)?;
+        }
+        // Within MAX_DIM every product below fits in 64 bits.
+        let z = BufferSizes::of(s);
+        let parts = [
+            ("a.values", z.a_values as u64),
+            ("a.scales", z.a_scales as u64),
+            ("b.values", z.b_values as u64),
+            ("b.scales", z.b_scales as u64),
+            ("c", 2 * z.c_elements as u64),
+            ("workspace", 2 * s.m as u64 * s.k as u64),
+        ];
+        for (field, b) in parts {
+            bytes += b;
+            within(Some(g), field, bytes, Limit::DeviceBytes)?;
+        }
+        tiles += rules::output_tiles(s.m, s.n);
+        within(Some(g), "tiles", tiles, Limit::Tiles)?;
+    }
+    Ok(())
 }
 
 /// Buffer sizes of an NVFP4 tensor of `rows x k`.
