@@ -8,7 +8,8 @@ Per shape (b0..b3, the task's generator, `tests/nvfp4_ref.py`):
 - kernel_us: events around one call on set 0 (L2 flushed before), median of --iters;
 - host_us: CPU clock around 50 `custom_kernel` calls on set 0 without synchronization, per call,
   median of 20 batches; launch_us the same for the bound plan's launch alone (the native call,
-  no Python checks): host_us - launch_us is what the Python layer adds.
+  no Python checks), its batches alternated with host_us's after a warm-up batch of each:
+  host_us - launch_us is what the Python layer adds.
 Per MoE row (bf16 activations sorted by expert, fp16 out; routing from the Rust bench's
 `moe-routing.json` when --routing names it, else drawn here with the same ranges):
 - moe_us: `MoE.__call__` (quantize + GEMM, sizes on the device), flushed, events, median;
@@ -61,15 +62,25 @@ class Timer:
 
 
 def host_us(fn, calls=50, batches=20):
-    out = []
-    for _ in range(batches):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t) * 1e6 / calls)
+    return host_pair(fn, None, calls, batches)[0]
+
+
+def host_pair(fn, base, calls=50, batches=20):
+    """Host time per call of ``fn`` (and of ``base``, when given), batches of the two alternated
+    after one warm-up batch each, so that both see the same machine state."""
+    out = ([], [])
+    for b in range(batches + 1):
+        for f, o in ((fn, out[0]), (base, out[1])):
+            if f is None:
+                continue
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(calls):
+                f()
+            if b:
+                o.append((time.perf_counter() - t) * 1e6 / calls)
     torch.cuda.synchronize()
-    return stats(out)
+    return stats(out[0]), (stats(out[1]) if base is not None else None)
 
 
 def bench_shape(name, timer, args):
@@ -95,11 +106,10 @@ def bench_shape(name, timer, args):
     row["comp_us"] = timer.median(comp, args.reps, calls=1, warm=1)
     row["comp_us"] = {k: (v / len(sets) if k != "n" else v) for k, v in row["comp_us"].items()}
     row["kernel_us"] = timer.median(lambda: nvfp4_gemm.custom_kernel(sets[0]), args.iters)
-    row["host_us"] = host_us(lambda: nvfp4_gemm.custom_kernel(sets[0]))
     entry = nvfp4_gemm.competition._entries[id(sets[0])]
     plan, ordinal = entry.call._plan, entry.ordinal
     stream = nvfp4_gemm._tensors.current_stream(ordinal)
-    row["launch_us"] = host_us(lambda: plan.launch(stream))
+    row["host_us"], row["launch_us"] = host_pair(lambda: nvfp4_gemm.custom_kernel(sets[0]), lambda: plan.launch(stream))
     row["kernel"] = entry.call.kernel
     nvfp4_gemm.competition.clear()
     return row

@@ -200,7 +200,7 @@ pub enum Fp4Map {
 
 impl Fp4Map {
     /// Converts the abi's map description; errors name the group and operand.
-    fn new(
+    pub(crate) fn new(
         map: core::result::Result<Fp4TensorMap, nvfp4_gemm_abi::sm100::TensorMapError>,
         g: usize,
         op: &'static str,
