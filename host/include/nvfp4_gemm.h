@@ -7,7 +7,7 @@
  * NUL-terminated and truncated, into err/err_len (may be NULL/0). Buffers are device addresses
  * with lengths in elements (bytes for NVFP4 values and scales, 16-bit elements for f16/bf16,
  * uint32 for MoE sizes); every buffer is validated against the plan before anything is launched
- * (lengths, 16-byte alignment, overlaps, finite alphas). Streams are borrowed: a CUstream of the
+ * (lengths, 16-byte alignment, overlaps, finite host alphas). Streams are borrowed: a CUstream of the
  * device's primary context (the CUDA runtime's), or NULL for the legacy default stream. Nothing
  * synchronizes the host except plan creation (it waits for the plan's own memory). */
 #ifndef NVFP4_GEMM_H
@@ -53,10 +53,14 @@ void nvfp4_device_close(nvfp4_device *dev);
 int nvfp4_gemm_plan_create(const nvfp4_device *dev, const nvfp4_shape *shapes, size_t groups,
                            uint32_t c_type, nvfp4_gemm_plan **out, char *err, size_t err_len);
 void nvfp4_gemm_plan_destroy(nvfp4_gemm_plan *plan);
+/* device_alphas: NULL, or a device buffer of `groups` floats read on the device at each call (then
+ * args[g].alpha, or `alphas`, is not read; capturable; values not checked: NaN gives NaN). */
 int nvfp4_gemm_run(nvfp4_gemm_plan *plan, nvfp4_stream stream, const nvfp4_group_args *args,
-                   size_t groups, uint32_t c_type, char *err, size_t err_len);
+                   size_t groups, uint32_t c_type, const nvfp4_buffer *device_alphas, char *err,
+                   size_t err_len);
 int nvfp4_gemm_run_stacked(nvfp4_gemm_plan *plan, nvfp4_stream stream, const nvfp4_stacked_args *args,
-                           const float *alphas, size_t groups, uint32_t c_type, char *err, size_t err_len);
+                           const float *alphas, size_t groups, uint32_t c_type,
+                           const nvfp4_buffer *device_alphas, char *err, size_t err_len);
 
 int nvfp4_moe_plan_create(const nvfp4_device *dev, uint64_t groups, uint64_t n, uint64_t k,
                           uint32_t layout, uint64_t bound, uint32_t c_type, nvfp4_moe_plan **out,

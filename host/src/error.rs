@@ -151,6 +151,15 @@ impl std::error::Error for Error {
 /// Shorthand for this library's results.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// `Ok` when `value` is within `limit`, else [`Error::TooLarge`] naming `group` and `field`.
+pub(crate) fn within(group: Option<usize>, field: &'static str, value: u64, limit: Limit) -> Result<()> {
+    if value <= limit.max() {
+        Ok(())
+    } else {
+        Err(Error::TooLarge { group, field, value, limit })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,8 +38,10 @@
 pub mod device;
 pub mod error;
 pub mod moe;
+mod moe_problem;
 mod overlap;
 pub mod plan;
+mod preview;
 pub mod problem;
 pub mod quantize;
 pub mod raw;
@@ -47,6 +49,7 @@ pub mod rules;
 mod sm100;
 mod sm90;
 mod summary;
+mod tables;
 pub mod upload;
 
 // Internals that this workspace's own tests, device-model tests and benchmark reach into, behind
@@ -83,6 +86,6 @@ pub use moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 pub use nvfp4_format as format;
 pub use nvfp4_gemm_abi::launch::LaunchGeometry;
 pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanOptions, PlanSummary, StackedArgs};
+pub use preview::{plan_summary, reference_sm_count};
 pub use problem::{GroupShape, OutputType, Problem};
-pub use summary::{plan_summary, reference_sm_count};
 pub use upload::{DeviceGroup, DeviceNvfp4};

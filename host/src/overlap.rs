@@ -10,7 +10,15 @@
 //! error.
 
 use crate::error::{BufferName, Error, Result};
-use crate::problem::BufferView;
+
+/// Address and length (in elements) of one device buffer, as the validator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferView {
+    /// Device address.
+    pub ptr: u64,
+    /// Length in elements.
+    pub len: usize,
+}
 
 /// One buffer of a call as the rule sees it: its bytes `start .. end`, whether the call writes
 /// it, and an id the caller names it by if it overlaps (24 bytes, so that sorting thousands is

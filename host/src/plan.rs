@@ -4,14 +4,16 @@
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
 use crate::problem::{
-    stacked_parts, BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType, Problem, TablesState,
+    stacked_parts, validate_device_alphas, AlphaSource, BufferCache, BufferSizes, BufferView, CallBuffers,
+    GroupBuffers, OutputType, Problem, TablesState, DEVICE_ALPHA_PLACEHOLDER,
 };
 use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
-use nvfp4_gemm_abi::launch::LaunchGeometry;
 use std::sync::Arc;
+
+pub use crate::summary::{KernelLaunch, PlanSummary};
 
 /// One NVFP4 operand on the device: packed e2m1 values (two per byte, low nibble first; a row of K
 /// values is K/2 bytes) and e4m3 block scales in the 128x4 blocked layout.
@@ -39,7 +41,8 @@ pub struct GroupArgs<'a> {
     pub b: Nvfp4Operand<'a>,
     /// C (`m × n`).
     pub c: Output<'a>,
-    /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none.
+    /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none. Not read
+    /// by [`GemmPlan::run_with_device_alphas`].
     pub alpha: f32,
 }
 
@@ -77,7 +80,7 @@ pub struct StackedArgs<'a> {
     pub b: Nvfp4Operand<'a>,
     /// Every group's C: `Σ m·n` elements.
     pub c: Output<'a>,
-    /// One alpha per group.
+    /// One alpha per group. Not read by [`GemmPlan::run_stacked_with_device_alphas`].
     pub alphas: &'a [f32],
 }
 
@@ -98,143 +101,84 @@ impl<'s> CallBuffers<'s> {
     }
 }
 
-/// One kernel launch of a call: the exported kernel and its geometry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernelLaunch {
-    /// The kernel's exported name.
-    pub kernel: &'static str,
-    /// Grid, block, cluster and dynamic shared memory.
-    pub geometry: LaunchGeometry,
+/// One architecture's plan: a pure layout (work lists, geometry, parameter encoding) and its
+/// device part (tables, uploads, launches), with the same methods on both architectures. `Send`
+/// (both are), so that a [`GemmPlan`] can move between threads (bindings hand it to whichever
+/// thread calls).
+// One per plan, made once: the variants' sizes differ by a few hundred bytes, not worth a box.
+#[allow(clippy::large_enum_variant)]
+enum ArchPlan {
+    Sm90(Sm90Plan),
+    Sm100(Sm100Plan),
 }
 
-/// What the planner chose, for display (`info`) and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanSummary {
-    /// Kernel architecture.
-    pub arch: Arch,
-    /// Kernel and tile description, for people.
-    pub kernel: String,
-    /// Output tiles over all groups (cluster padding included).
-    pub tiles: usize,
-    /// Every launch a call makes, in order (none when no group has work).
-    pub launches: Vec<KernelLaunch>,
-    /// Bytes of device workspace the plan owns (the f16 token operand on sm_90a).
-    pub workspace_bytes: usize,
-}
-
-/// Copies a plan's parameter tables to the device on `stream`: the group table and the tensor
-/// maps (both plain data from the abi). Every plan's upload ends with this.
-pub(crate) fn upload_tables<G: bytemuck::Pod, M: bytemuck::Pod>(
-    stream: &Arc<CudaStream>,
-    groups: &[G],
-    groups_dst: &mut cudarc::driver::CudaSlice<u8>,
-    maps: &[M],
-    maps_dst: &mut cudarc::driver::CudaSlice<u8>,
-) -> Result<()> {
-    let d = |e| crate::error::Error::driver("uploading the call's parameters", e);
-    stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(groups), groups_dst).map_err(d)?;
-    stream.memcpy_htod(bytemuck::cast_slice::<_, u8>(maps), maps_dst).map_err(d)?;
-    Ok(())
-}
-
-/// The device tables of a device-sized plan (`crate::moe`), allocated once: the group table and
-/// tensor maps the host uploads, and the work list, its length and the status word that the
-/// scheduling kernel writes on the device.
-pub(crate) struct ScheduledTables {
-    groups: cudarc::driver::CudaSlice<u8>,
-    maps: cudarc::driver::CudaSlice<u8>,
-    work: cudarc::driver::CudaSlice<u8>,
-    work_len: cudarc::driver::CudaSlice<u32>,
-    status: cudarc::driver::CudaSlice<u32>,
-}
-
-/// The device addresses of a plan's [`ScheduledTables`] on one stream.
-pub(crate) struct ScheduledAddresses {
-    pub groups: u64,
-    pub maps: u64,
-    pub work: u64,
-    pub work_len: u64,
-    pub status: u64,
-}
-
-impl ScheduledTables {
-    /// Zeroed tables of `group_bytes`, `map_bytes` and `work_bytes` on `stream`.
-    pub fn new(stream: &Arc<CudaStream>, group_bytes: usize, map_bytes: usize, work_bytes: usize) -> Result<Self> {
-        let d = |e| crate::error::Error::driver("allocating the plan's device tables", e);
-        Ok(ScheduledTables {
-            groups: stream.alloc_zeros::<u8>(group_bytes).map_err(d)?,
-            maps: stream.alloc_zeros::<u8>(map_bytes).map_err(d)?,
-            work: stream.alloc_zeros::<u8>(work_bytes).map_err(d)?,
-            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
-            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
-        })
-    }
-
-    /// Their addresses for work on `stream`.
-    pub fn addresses(&mut self, stream: &CudaStream) -> ScheduledAddresses {
-        ScheduledAddresses {
-            groups: self.groups.device_ptr_mut(stream).0,
-            maps: self.maps.device_ptr(stream).0,
-            work: self.work.device_ptr_mut(stream).0,
-            work_len: self.work_len.device_ptr_mut(stream).0,
-            status: self.status.device_ptr_mut(stream).0,
+impl ArchPlan {
+    /// Whether any launch runs (false when no group has an output tile).
+    fn has_work(&self) -> bool {
+        match self {
+            ArchPlan::Sm90(p) => p.has_work(),
+            ArchPlan::Sm100(p) => p.has_work(),
         }
     }
 
-    /// Uploads the group table's size-independent fields and the tensor maps on `stream`.
-    pub fn upload<G: bytemuck::Pod, M: bytemuck::Pod>(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        groups: &[G],
-        maps: &[M],
-    ) -> Result<()> {
-        upload_tables(stream, groups, &mut self.groups, maps, &mut self.maps)
-    }
-
-    /// The status word (sticky bits the scheduler ORs in).
-    pub fn status(&self) -> &cudarc::driver::CudaSlice<u32> {
-        &self.status
-    }
-
-    /// Zeroes the status word on `stream`.
-    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream
-            .memset_zeros(&mut self.status)
-            .map_err(|e| crate::error::Error::driver("clearing the plan's status word", e))
-    }
-}
-
-/// The device half of a plan for one architecture: its tables, uploads and launches. Both
-/// architectures have the same shape (`sm90::Sm90Plan`, `sm100::Sm100Plan`): a pure layout
-/// (work lists, geometry, parameter encoding) and this device part. `Send`, so that a
-/// [`GemmPlan`] can move between threads (bindings hand it to whichever thread calls).
-pub(crate) trait ArchPlan: Send {
-    /// Whether any launch runs (false when no group has an output tile).
-    fn has_work(&self) -> bool;
-
     /// Encodes the group parameters and tensor maps for `buffers` (validated by the caller) and
     /// copies them to the plan's tables on `stream`.
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()>;
+    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+        match self {
+            ArchPlan::Sm90(p) => p.upload(stream, problem, buffers),
+            ArchPlan::Sm100(p) => p.upload(stream, problem, buffers),
+        }
+    }
 
     /// Launches every kernel of the plan on `stream`.
     ///
     /// # Safety
     /// `upload` must have run for buffers that are still alive and valid for the problem
     /// (`validate_buffers`), on this stream or one ordered before it.
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()>;
+    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                ArchPlan::Sm90(p) => p.launch(stream, problem),
+                ArchPlan::Sm100(p) => p.launch(stream, problem),
+            }
+        }
+    }
+
+    /// Copies `groups` `f32`s at the device address `alphas` into the group table's alphas on
+    /// `stream` (after an upload, before the launches).
+    ///
+    /// # Safety
+    /// As [`crate::tables::AlphaField::copy`].
+    unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                ArchPlan::Sm90(p) => p.copy_alphas(stream, alphas, groups),
+                ArchPlan::Sm100(p) => p.copy_alphas(stream, alphas, groups),
+            }
+        }
+    }
 
     /// What runs.
-    fn summary(&self) -> PlanSummary;
+    fn summary(&self) -> PlanSummary {
+        match self {
+            ArchPlan::Sm90(p) => p.summary(),
+            ArchPlan::Sm100(p) => p.summary(),
+        }
+    }
 }
 
 /// A grouped GEMM problem planned for one GPU. Build it once per set of shapes and call
 /// [`GemmPlan::run`] as often as needed: a call whose buffer addresses and alphas equal the previous
 /// call's makes no copies at all, only the launches (so it can be captured in a CUDA graph); other
-/// calls re-encode the tensor maps and upload the parameter tables on the stream first. No call
+/// calls re-encode the tensor maps and upload the parameter tables on the stream first. Alphas
+/// may also live on the device ([`GemmPlan::run_with_device_alphas`]): each call then copies them
+/// into the tables on the stream, so a captured graph reads new values at every replay. No call
 /// allocates device memory or synchronizes the host.
 pub struct GemmPlan {
     problem: Problem,
-    plan: Box<dyn ArchPlan>,
+    plan: ArchPlan,
     summary: PlanSummary,
     /// The last valid call's buffers, to skip validating and re-encoding unchanged ones.
     cache: BufferCache,
@@ -251,11 +195,11 @@ impl GemmPlan {
 
     /// [`GemmPlan::new`] with the choices `options` takes over.
     pub fn with_options(gpu: &Gpu, problem: Problem, options: PlanOptions) -> Result<GemmPlan> {
-        let plan: Box<dyn ArchPlan> = match gpu.arch() {
-            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
+        let plan = match gpu.arch() {
+            Arch::Sm90a => ArchPlan::Sm90(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
             // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
             // never run: there is no B200 here.
-            Arch::Sm100a => Box::new(Sm100Plan::new(gpu, &problem)?),
+            Arch::Sm100a => ArchPlan::Sm100(Sm100Plan::new(gpu, &problem)?),
         };
         let summary = plan.summary();
         let cache = BufferCache::new(problem.groups().len());
@@ -282,15 +226,47 @@ impl GemmPlan {
     /// alphas) costs one comparison per group on the host: those buffers were validated and the
     /// tables encoded from them already.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, groups: &'s mut [GroupArgs<'_>]) -> Result<()> {
+        self.run_groups(stream_arc, groups, None, "run")
+    }
+
+    /// [`GemmPlan::run`] with the alphas read on the device: group `g`'s alpha is `alphas[g]` as
+    /// it is when the call's work runs (each [`GroupArgs::alpha`] is not read). The call copies
+    /// the `G` values into the plan's group table on `stream` before its launches (one strided
+    /// device-to-device copy): no host synchronization, and capturable in a CUDA graph whose
+    /// replays read the buffer's values at each replay. A call with the previous call's buffers
+    /// (and device alphas) uploads nothing from the host, whatever the values.
+    ///
+    /// `alphas` must hold exactly `G` `f32`s, 4-byte aligned, sharing no byte with any group's C
+    /// ([`Error::InvalidArgument`], [`Error::Overlap`]). Its values are not checked: a NaN or
+    /// infinite alpha gives NaN or infinite outputs.
+    pub fn run_with_device_alphas<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        groups: &'s mut [GroupArgs<'_>],
+        alphas: &'s dyn DevicePtr<f32>,
+    ) -> Result<()> {
+        self.run_groups(stream_arc, groups, Some(alphas), "run_with_device_alphas")
+    }
+
+    /// [`GemmPlan::run`] (`alphas` `None`) or [`GemmPlan::run_with_device_alphas`], as `call`.
+    fn run_groups<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        groups: &'s mut [GroupArgs<'_>],
+        alphas: Option<&'s dyn DevicePtr<f32>>,
+        call_name: &'static str,
+    ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream);
-        let buffers = self.cache.start();
+        let alphas = alphas.map(|a| call.read(a));
+        let buffers = self.cache.start(if alphas.is_some() { AlphaSource::Device } else { AlphaSource::Host });
         for args in groups.iter_mut() {
             let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
-            buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha: args.alpha });
+            let alpha = if alphas.is_some() { DEVICE_ALPHA_PLACEHOLDER } else { args.alpha };
+            buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha });
         }
-        self.launch_checked(stream_arc, "run")
+        self.launch_checked(stream_arc, call_name, alphas)
     }
 
     /// Runs the grouped GEMM on `stream` with every group's buffers stacked ([`StackedArgs`]):
@@ -331,9 +307,34 @@ impl GemmPlan {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn run_stacked<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut StackedArgs<'_>) -> Result<()> {
+        self.run_stacked_from(stream_arc, args, None, "run_stacked")
+    }
+
+    /// [`GemmPlan::run_stacked`] with the alphas read on the device, as
+    /// [`GemmPlan::run_with_device_alphas`] reads them ([`StackedArgs::alphas`] is not read and
+    /// may be empty).
+    pub fn run_stacked_with_device_alphas<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        args: &'s mut StackedArgs<'_>,
+        alphas: &'s dyn DevicePtr<f32>,
+    ) -> Result<()> {
+        self.run_stacked_from(stream_arc, args, Some(alphas), "run_stacked_with_device_alphas")
+    }
+
+    /// [`GemmPlan::run_stacked`] (`alphas` `None`) or
+    /// [`GemmPlan::run_stacked_with_device_alphas`], as `call`.
+    fn run_stacked_from<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        args: &'s mut StackedArgs<'_>,
+        alphas: Option<&'s dyn DevicePtr<f32>>,
+        call_name: &'static str,
+    ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let mut call = CallBuffers::new(stream);
         let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
+        let alphas = alphas.map(|a| call.read(a));
         let groups = self.problem.groups().len();
         let total = self.stacked[groups];
         let lengths = [
@@ -346,23 +347,39 @@ impl GemmPlan {
         for (field, len, want, unit) in lengths {
             if len != want {
                 let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
-                return Err(Error::InvalidArgument { call: "run_stacked", field, reason });
+                return Err(Error::InvalidArgument { call: call_name, field, reason });
             }
         }
-        if args.alphas.len() != groups {
-            let reason = format!("{} alphas for {groups} groups", args.alphas.len());
-            return Err(Error::InvalidArgument { call: "run_stacked", field: "alphas", reason });
-        }
         let whole = [a_values, a_scales, b_values, b_scales];
-        stacked_parts(&self.stacked, whole, c, c_type, args.alphas, self.cache.start());
-        self.launch_checked(stream_arc, "run_stacked")
+        if alphas.is_some() {
+            let buffers = self.cache.start(AlphaSource::Device);
+            let placeholders = std::iter::repeat(DEVICE_ALPHA_PLACEHOLDER);
+            stacked_parts(&self.stacked, whole, c, c_type, placeholders, buffers);
+        } else {
+            if args.alphas.len() != groups {
+                let reason = format!("{} alphas for {groups} groups", args.alphas.len());
+                return Err(Error::InvalidArgument { call: call_name, field: "alphas", reason });
+            }
+            let buffers = self.cache.start(AlphaSource::Host);
+            stacked_parts(&self.stacked, whole, c, c_type, args.alphas.iter().copied(), buffers);
+        }
+        self.launch_checked(stream_arc, call_name, alphas)
     }
 
     /// The common end of a call (`call`) whose buffers are in `self.cache`'s current list:
-    /// validation (or the cache's shortcut), the table upload when they changed, the launches.
-    fn launch_checked(&mut self, stream_arc: &Arc<CudaStream>, call: &'static str) -> Result<()> {
+    /// validation (or the cache's shortcut), the table upload when they changed, the copy of the
+    /// device alphas `alphas` (if any) into the group table, the launches.
+    fn launch_checked(
+        &mut self,
+        stream_arc: &Arc<CudaStream>,
+        call: &'static str,
+        alphas: Option<BufferView>,
+    ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let tables = self.cache.check(&self.problem, call)?;
+        if let Some(alphas) = alphas {
+            validate_device_alphas(call, &self.problem, alphas, self.cache.buffers())?;
+        }
         if !self.plan.has_work() {
             return Ok(());
         }
@@ -370,8 +387,14 @@ impl GemmPlan {
             self.plan.upload(stream_arc, &self.problem, self.cache.buffers())?;
             self.cache.set_uploaded();
         }
+        if let Some(alphas) = alphas {
+            // SAFETY: validated: one f32 per group of the plan's table, aligned, overlapping no
+            // output; the caller's buffer lives until the call's work is done (its guard is held by
+            // the caller's `CallBuffers` until the launches are enqueued).
+            unsafe { self.plan.copy_alphas(stream, alphas.ptr, self.problem.groups().len())? };
+        }
         // SAFETY: the tables hold these validated buffers (uploaded now, or by an earlier call with
-        // the same addresses and alphas) on this stream.
+        // the same addresses and alphas, or with device alphas copied just now) on this stream.
         unsafe { self.plan.launch(stream, &self.problem) }
     }
 }

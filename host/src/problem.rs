@@ -1,6 +1,7 @@
 //! The problem: group shapes and output type, validated before anything touches a GPU.
 
-use crate::error::{Error, Result};
+use crate::error::{within, BufferName, Error, Result};
+pub use crate::overlap::BufferView;
 use crate::overlap::{self, Span};
 use crate::rules::{self, Limit};
 pub use crate::rules::{MAX_DIM, MAX_GROUPS};
@@ -36,7 +37,7 @@ impl Problem {
     /// for a limit exceeded.
     pub fn new(groups: impl Into<Vec<GroupShape>>, output: OutputType) -> Result<Problem> {
         let groups = groups.into();
-        rules::within(None, "groups", groups.len() as u64, Limit::Groups)?;
+        within(None, "groups", groups.len() as u64, Limit::Groups)?;
         for (g, s) in groups.iter().enumerate() {
             if let Some(reason) = rules::k_rule(s.k) {
                 return Err(Error::group(g, "k", reason));
@@ -45,7 +46,7 @@ impl Problem {
                 return Err(Error::group(g, "n", reason));
             }
         }
-        rules::check_groups(&groups)?;
+        check_groups(&groups)?;
         Ok(Problem { groups, output })
     }
 
@@ -137,13 +138,43 @@ impl BufferSizes {
     }
 }
 
-/// Address and length (in elements) of one device buffer, as the validator sees it.
+/// Checks the limits of a host-sized problem's groups (whose `k` and `n` follow the shape rules,
+/// [`crate::rules`]): each dimension, then, group by group, the running totals of device bytes
+/// (A, B, C and the sm_90a token workspace) and output tiles. O(groups).
+fn check_groups(groups: &[GroupShape]) -> Result<()> {
+    within(None, "groups", groups.len() as u64, Limit::Groups)?;
+    let (mut bytes, mut tiles) = (0u64, 0u64);
+    for (g, s) in groups.iter().enumerate() {
+        for (field, v) in [("m", s.m), ("n", s.n), ("k", s.k)] {
+            within(Some(g), field, v as u64, Limit::Dim)?;
+        }
+        // Within MAX_DIM every product below fits in 64 bits.
+        let z = BufferSizes::of(s);
+        let parts = [
+            ("a.values", z.a_values as u64),
+            ("a.scales", z.a_scales as u64),
+            ("b.values", z.b_values as u64),
+            ("b.scales", z.b_scales as u64),
+            ("c", 2 * z.c_elements as u64),
+            ("workspace", 2 * s.m as u64 * s.k as u64),
+        ];
+        for (field, b) in parts {
+            bytes += b;
+            within(Some(g), field, bytes, Limit::DeviceBytes)?;
+        }
+        tiles += rules::output_tiles(s.m, s.n);
+        within(Some(g), "tiles", tiles, Limit::Tiles)?;
+    }
+    Ok(())
+}
+
+/// Buffer sizes of an NVFP4 tensor of `rows x k`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferView {
-    /// Device address.
-    pub ptr: u64,
-    /// Length in elements.
-    pub len: usize,
+pub struct Nvfp4Sizes {
+    /// Bytes of packed values: `rows · k / 2`.
+    pub values: usize,
+    /// Bytes of blocked scales, padding included: `ceil(rows/128) · 128 · k / 16`.
+    pub scales: usize,
 }
 
 /// The device buffers of one group, as addresses and lengths.
@@ -169,12 +200,13 @@ pub struct GroupBuffers {
 /// `whole` holds the A values, A scales, B values and B scales buffers, `c` the C buffer (of type
 /// `c_type`), each as long as all the groups' parts; group `g`'s part runs from its offset to the
 /// next group's (C in 2-byte elements), so the parts of one buffer are adjacent and disjoint.
+/// `alphas` gives each group's alpha in order.
 pub(crate) fn stacked_parts(
     at: &[BufferSizes],
     whole: [BufferView; 4],
     c: BufferView,
     c_type: OutputType,
-    alphas: &[f32],
+    alphas: impl Iterator<Item = f32>,
     out: &mut Vec<GroupBuffers>,
 ) {
     let [a_values, a_scales, b_values, b_scales] = whole;
@@ -182,7 +214,7 @@ pub(crate) fn stacked_parts(
         ptr: base.ptr + from as u64 * bytes,
         len: to - from,
     };
-    for (w, &alpha) in at.windows(2).zip(alphas) {
+    for (w, alpha) in at.windows(2).zip(alphas) {
         let (at, next) = (w[0], w[1]);
         out.push(GroupBuffers {
             a_values: part(a_values, at.a_values, next.a_values, 1),
@@ -286,6 +318,41 @@ fn push_spans(spans: &mut Vec<Span>, g: usize, b: &GroupBuffers) {
     ]);
 }
 
+/// The alpha a call with device-resident alphas gives each group's [`GroupBuffers::alpha`]: what
+/// the group table is uploaded with before the call's copy from the device overwrites it.
+pub(crate) const DEVICE_ALPHA_PLACEHOLDER: f32 = 1.0;
+
+/// Checks a device buffer of alphas (`alphas`, `f32` elements) for a call whose groups' buffers
+/// are `buffers` (validated): exactly one `f32` per group, 4-byte aligned, and no byte shared
+/// with any group's C (a group with `m = 0` writes nothing). The values are not read: they are
+/// copied on the device, and a NaN or infinite alpha gives NaN or infinite outputs. Pure.
+pub(crate) fn validate_device_alphas(
+    call: &'static str,
+    problem: &Problem,
+    alphas: BufferView,
+    buffers: &[GroupBuffers],
+) -> Result<()> {
+    let groups = problem.groups.len();
+    let invalid = |reason| Error::InvalidArgument { call, field: "alphas", reason };
+    if alphas.len != groups {
+        return Err(invalid(format!("has {} f32 values; the plan has {groups} groups", alphas.len)));
+    }
+    if alphas.ptr % 4 != 0 {
+        return Err(invalid(format!("address {:#x} is not 4-byte aligned", alphas.ptr)));
+    }
+    let input = Span::new(0, alphas, 4, false);
+    let name = |id: u32| match id {
+        0 => BufferName { group: None, field: "alphas" },
+        g => BufferName { group: Some(g as usize - 1), field: "c" },
+    };
+    for (g, (s, b)) in problem.groups.iter().zip(buffers).enumerate() {
+        if s.m != 0 {
+            overlap::check_one_output(call, Span::new(g as u32 + 1, b.c, 2, true), [input], name)?;
+        }
+    }
+    Ok(())
+}
+
 /// The views of one call's buffers and cudarc's stream-ordering guards for them ([`SyncOnDrop`]).
 ///
 /// While the context manages cross-stream synchronization (more than one stream and event
@@ -366,6 +433,16 @@ impl GroupBuffers {
     }
 }
 
+/// Where a call's alphas come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AlphaSource {
+    /// The host values in [`GroupBuffers::alpha`], uploaded with the group table.
+    Host,
+    /// A device buffer, copied into the group table by every call after any upload; each
+    /// [`GroupBuffers::alpha`] is [`DEVICE_ALPHA_PLACEHOLDER`].
+    Device,
+}
+
 /// What a call must do before its launches, from [`BufferCache::check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TablesState {
@@ -382,14 +459,19 @@ pub(crate) enum TablesState {
 /// Each call fills [`BufferCache::start`] (its capacity is the plan's group count, so filling
 /// allocates nothing); [`BufferCache::check`] compares it with the last validated call's buffers,
 /// validates it only when anything differs (validation is a pure function of the problem and
-/// these views), and says whether the tables must be encoded again (addresses or alphas differ
-/// from those the tables were encoded from, or there are none yet).
+/// these views), and says whether the tables must be encoded again (addresses, alphas or the
+/// alphas' source differ from those the tables were encoded from, or there are none yet). With
+/// device alphas the tables' alphas are the device's, copied by each call after this check: a
+/// call with host alphas after one with device alphas uploads again.
 #[derive(Debug)]
 pub(crate) struct BufferCache {
-    /// The current call's buffers, being filled.
+    /// The current call's buffers, being filled, and where its alphas come from.
     current: Vec<GroupBuffers>,
-    /// The buffers of the last call that passed validation (meaningful when `validated`).
+    current_alphas: AlphaSource,
+    /// The buffers of the last call that passed validation (meaningful when `validated`), and
+    /// where its alphas came from.
     last: Vec<GroupBuffers>,
+    last_alphas: AlphaSource,
     validated: bool,
     /// Whether the device tables were encoded from `last`'s addresses and alphas.
     uploaded: bool,
@@ -402,16 +484,20 @@ impl BufferCache {
     pub fn new(groups: usize) -> BufferCache {
         BufferCache {
             current: Vec::with_capacity(groups),
+            current_alphas: AlphaSource::Host,
             last: Vec::with_capacity(groups),
+            last_alphas: AlphaSource::Host,
             validated: false,
             uploaded: false,
             spans: Vec::with_capacity(5 * groups),
         }
     }
 
-    /// The current call's buffers, emptied, to be filled with one entry per group in order.
-    pub fn start(&mut self) -> &mut Vec<GroupBuffers> {
+    /// The current call's buffers, emptied, to be filled with one entry per group in order; its
+    /// alphas come from `alphas`.
+    pub fn start(&mut self, alphas: AlphaSource) -> &mut Vec<GroupBuffers> {
         self.current.clear();
+        self.current_alphas = alphas;
         &mut self.current
     }
 
@@ -422,7 +508,7 @@ impl BufferCache {
     /// (the last valid call's buffers and what the tables hold).
     pub fn check(&mut self, problem: &Problem, call: &'static str) -> Result<TablesState> {
         let (mut same, mut same_tables) = (false, false);
-        if self.validated && self.last.len() == self.current.len() {
+        if self.validated && self.last.len() == self.current.len() && self.last_alphas == self.current_alphas {
             (same, same_tables) = (true, true);
             for (last, now) in self.last.iter().zip(&self.current) {
                 if !last.same_tables(now) {
@@ -435,6 +521,7 @@ impl BufferCache {
         if !same {
             validate_buffers_in(call, problem, &self.current, &mut self.spans)?;
             std::mem::swap(&mut self.last, &mut self.current);
+            self.last_alphas = self.current_alphas;
             self.validated = true;
         }
         if self.uploaded && same_tables {
@@ -648,7 +735,7 @@ mod tests {
         let whole = [v(1, total.a_values), v(2, total.a_scales), v(3, total.b_values), v(4, total.b_scales)];
         let parts = |whole: [BufferView; 4], c: BufferView| {
             let mut out = vec![];
-            stacked_parts(&at, whole, c, OutputType::F16, &[1.0; 3], &mut out);
+            stacked_parts(&at, whole, c, OutputType::F16, [1.0; 3].into_iter(), &mut out);
             out
         };
         let good = parts(whole, v(5, total.c_elements));
@@ -733,7 +820,7 @@ mod tests {
 
     /// Fills the cache with `bufs` as a call would and checks it.
     fn call(cache: &mut BufferCache, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
-        cache.start().extend_from_slice(bufs);
+        cache.start(AlphaSource::Host).extend_from_slice(bufs);
         cache.check(p, "run")
     }
 
@@ -850,6 +937,61 @@ mod tests {
         other[1].c_type = OutputType::Bf16;
         let err = call_and_upload(&mut cache, &p, &other).unwrap_err();
         assert_eq!(field_of(err), (1, "c"));
+    }
+
+    /// The tables' alphas are the device's after a call with device alphas: a call with host
+    /// alphas uploads again even when its alphas equal the placeholder, and a call with device
+    /// alphas after one with host alphas too (then the copy overwrites them).
+    #[test]
+    fn the_cache_tracks_where_the_alphas_come_from() {
+        let (p, bufs) = mixed_problem();
+        let placeholders: Vec<GroupBuffers> =
+            bufs.iter().map(|b| GroupBuffers { alpha: DEVICE_ALPHA_PLACEHOLDER, ..*b }).collect();
+        let mut cache = BufferCache::new(bufs.len());
+        let mut call_from = |alphas, bufs: &[GroupBuffers]| {
+            cache.start(alphas).extend_from_slice(bufs);
+            let state = cache.check(&p, "run")?;
+            if state == TablesState::Upload {
+                cache.set_uploaded();
+            }
+            Ok::<_, Error>(state)
+        };
+        let (host, device) = (AlphaSource::Host, AlphaSource::Device);
+        assert_eq!(call_from(host, &bufs), Ok(TablesState::Upload));
+        assert_eq!(call_from(device, &placeholders), Ok(TablesState::Upload));
+        assert_eq!(call_from(device, &placeholders), Ok(TablesState::Current));
+        assert_eq!(call_from(host, &placeholders), Ok(TablesState::Upload));
+        assert_eq!(call_from(host, &placeholders), Ok(TablesState::Current));
+        assert_eq!(call_from(device, &placeholders), Ok(TablesState::Upload));
+        // A changed address is seen with device alphas too.
+        let mut moved = placeholders.clone();
+        moved[2].c.ptr += 0x100;
+        assert_eq!(call_from(device, &moved), Ok(TablesState::Upload));
+        assert_eq!(call_from(device, &moved), Ok(TablesState::Current));
+    }
+
+    /// A device alphas buffer: one f32 per group, 4-byte aligned, overlapping no output (an empty
+    /// group's C may lie anywhere; inputs may share its memory).
+    #[test]
+    fn device_alphas_are_checked() {
+        let (p, bufs) = mixed_problem();
+        let check = |ptr: u64, len: usize| validate_device_alphas("run", &p, BufferView { ptr, len }, &bufs);
+        let argument = |r: Result<()>| match r.unwrap_err() {
+            Error::InvalidArgument { call: "run", field: "alphas", reason } => reason,
+            e => panic!("{e:?}"),
+        };
+        assert!(check(0x7000_0000, 3).is_ok());
+        assert!(argument(check(0x7000_0000, 2)).contains("has 2 f32 values; the plan has 3 groups"));
+        assert!(argument(check(0x7000_0000, 4)).contains("has 4"));
+        assert!(argument(check(0x7000_0002, 3)).contains("not 4-byte aligned"));
+        let c2 = bufs[2].c;
+        assert_eq!(overlap_of(check(c2.ptr + 8, 3).unwrap_err()), ("run", (Some(2), "c"), (None, "alphas")));
+        assert_eq!(overlap_of(check(c2.ptr - 8, 3).unwrap_err()), ("run", (Some(2), "c"), (None, "alphas")));
+        // Touching C, inside an input, or on the C of a group with m = 0: allowed.
+        assert!(check(c2.ptr + 2 * c2.len as u64, 3).is_ok());
+        assert!(check(c2.ptr - 12, 3).is_ok());
+        assert!(check(bufs[0].b_values.ptr, 3).is_ok());
+        assert!(check(bufs[1].c.ptr, 3).is_ok());
     }
 
     /// Host time of the cached and the changing check for 64 groups (printed; only correctness

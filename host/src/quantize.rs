@@ -71,14 +71,7 @@ pub struct Nvfp4OperandMut<'a> {
     pub scales: &'a mut dyn DevicePtrMut<u8>,
 }
 
-/// Buffer sizes of an NVFP4 tensor of `rows x k`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Nvfp4Sizes {
-    /// Bytes of packed values: `rows · k / 2`.
-    pub values: usize,
-    /// Bytes of blocked scales, padding included: `ceil(rows/128) · 128 · k / 16`.
-    pub scales: usize,
-}
+pub use crate::problem::Nvfp4Sizes;
 
 impl Nvfp4Sizes {
     /// The sizes for `rows x k` (`k` a positive multiple of 64).

@@ -5,7 +5,7 @@
 //! Nothing here has checks of its own: every call builds the same argument structs as a Rust
 //! caller would ([`GroupArgs`], [`StackedArgs`], [`MoeArgs`], the [`Quantizer`] calls) over
 //! [`RawSlice`]s and goes through the same validation (lengths, alignment, overlaps, output type,
-//! finite alphas) before anything is launched. What no validation can check is that an address
+//! finite host alphas) before anything is launched. What no validation can check is that an address
 //! really is device memory of that length: that is the `unsafe` part, each function's
 //! `# Safety`.
 //!
@@ -18,12 +18,12 @@
 //! the error's text, NUL-terminated and truncated to the buffer, into `err`/`err_len` (may be
 //! null/0). They never unwind into C: a panic becomes [`STATUS_PANIC`].
 
+use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::moe::{MoeArgs, MoePlan, MoeProblem, TokenLayout};
 use crate::plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, StackedArgs};
 use crate::problem::{GroupShape, OutputType, Problem};
 use crate::quantize::{Nvfp4OperandMut, Quantizer};
-use crate::Gpu;
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::{bf16, f16};
 use std::marker::PhantomData;
@@ -220,7 +220,9 @@ impl<'s> DenseSlice<'s> {
     }
 }
 
-/// [`GemmPlan::run`] on raw buffers: one [`RawGroupArgs`] per group, C of type `c_type`.
+/// [`GemmPlan::run`] on raw buffers: one [`RawGroupArgs`] per group, C of type `c_type`; with
+/// `device_alphas` (`G` `f32`s on the device), [`GemmPlan::run_with_device_alphas`] (each
+/// [`RawGroupArgs::alpha`] is then not read).
 ///
 /// # Safety
 /// Every buffer as [`RawSlice::new`] on `stream` (the validation checks lengths, alignment and
@@ -230,6 +232,7 @@ pub unsafe fn gemm_run(
     stream: &Arc<CudaStream>,
     groups: &[RawGroupArgs],
     c_type: OutputType,
+    device_alphas: Option<RawBuffer>,
 ) -> Result<()> {
     // SAFETY: the caller's contract, buffer by buffer.
     let mut slices: Vec<(OperandSlices, OperandSlices, DenseSlice)> = groups
@@ -243,10 +246,17 @@ pub unsafe fn gemm_run(
         .zip(groups)
         .map(|((a, b, c), g)| GroupArgs { a: a.operand(), b: b.operand(), c: c.output(), alpha: g.alpha })
         .collect();
-    plan.run(stream, &mut args)
+    match device_alphas {
+        // SAFETY: the caller's contract.
+        Some(alphas) => {
+            plan.run_with_device_alphas(stream, &mut args, &unsafe { RawSlice::<f32>::new(alphas, stream) })
+        }
+        None => plan.run(stream, &mut args),
+    }
 }
 
-/// [`GemmPlan::run_stacked`] on raw buffers.
+/// [`GemmPlan::run_stacked`] on raw buffers; with `device_alphas` (`G` `f32`s on the device),
+/// [`GemmPlan::run_stacked_with_device_alphas`] (`alphas` is then not read).
 ///
 /// # Safety
 /// As [`gemm_run`].
@@ -256,6 +266,7 @@ pub unsafe fn gemm_run_stacked(
     args: &RawStackedArgs,
     alphas: &[f32],
     c_type: OutputType,
+    device_alphas: Option<RawBuffer>,
 ) -> Result<()> {
     // SAFETY: the caller's contract.
     let (a, b, mut c) = unsafe {
@@ -266,7 +277,14 @@ pub unsafe fn gemm_run_stacked(
         )
     };
     let mut stacked = StackedArgs { a: a.operand(), b: b.operand(), c: c.output(), alphas };
-    plan.run_stacked(stream, &mut stacked)
+    match device_alphas {
+        Some(d) => {
+            // SAFETY: the caller's contract.
+            let d = unsafe { RawSlice::<f32>::new(d, stream) };
+            plan.run_stacked_with_device_alphas(stream, &mut stacked, &d)
+        }
+        None => plan.run_stacked(stream, &mut stacked),
+    }
 }
 
 /// [`MoePlan::run`] on raw buffers: `weights` and `alphas` one per group.
@@ -616,17 +634,23 @@ pub unsafe extern "C" fn nvfp4_gemm_plan_destroy(plan: *mut Nvfp4GemmPlan) {
 }
 
 /// Runs the plan on `stream` with `groups` argument sets (one per group) and C of type `c_type`.
+/// `device_alphas` null: each group's `alpha` from its argument set; else a device buffer of
+/// `groups` `f32`s read on the device ([`GemmPlan::run_with_device_alphas`]; the argument sets'
+/// alphas are not read).
 ///
 /// # Safety
-/// `plan` a live handle; `args` valid for `groups` reads; every buffer as [`gemm_run`];
-/// `stream` a stream of the plan's device's primary context (or null).
+/// `plan` a live handle; `args` valid for `groups` reads; `device_alphas` null or valid for one
+/// read; every buffer as [`gemm_run`]; `stream` a stream of the plan's device's primary context
+/// (or null).
 #[no_mangle]
+#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn nvfp4_gemm_run(
     plan: *mut Nvfp4GemmPlan,
     stream: sys::CUstream,
     args: *const RawGroupArgs,
     groups: usize,
     c_type: u32,
+    device_alphas: *const RawBuffer,
     err: *mut std::ffi::c_char,
     err_len: usize,
 ) -> i32 {
@@ -636,16 +660,20 @@ pub unsafe extern "C" fn nvfp4_gemm_run(
             let p = handle_mut(plan, "plan")?;
             let args = c_slice(args, groups, "args")?;
             let stream = borrow_stream(&p.ctx, stream);
-            gemm_run(&mut p.plan, &stream, args, output_type(c_type)?)
+            gemm_run(&mut p.plan, &stream, args, output_type(c_type)?, device_alphas.as_ref().copied())
         })
     }
 }
 
-/// Runs the plan on `stream` with every group's buffers stacked and `groups` alphas.
+/// Runs the plan on `stream` with every group's buffers stacked and `groups` alphas: from the
+/// host (`alphas`, `device_alphas` null) or read on the device (`device_alphas`, a device buffer
+/// of `groups` `f32`s; `alphas` is then not read and may be null).
 ///
 /// # Safety
-/// As [`nvfp4_gemm_run`]; `args` valid for one read, `alphas` for `groups` reads.
+/// As [`nvfp4_gemm_run`]; `args` valid for one read, `alphas` for `groups` reads unless
+/// `device_alphas` is given.
 #[no_mangle]
+#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn nvfp4_gemm_run_stacked(
     plan: *mut Nvfp4GemmPlan,
     stream: sys::CUstream,
@@ -653,6 +681,7 @@ pub unsafe extern "C" fn nvfp4_gemm_run_stacked(
     alphas: *const f32,
     groups: usize,
     c_type: u32,
+    device_alphas: *const RawBuffer,
     err: *mut std::ffi::c_char,
     err_len: usize,
 ) -> i32 {
@@ -661,9 +690,10 @@ pub unsafe extern "C" fn nvfp4_gemm_run_stacked(
         ffi(err, err_len, || {
             let p = handle_mut(plan, "plan")?;
             let args = handle(args, "args")?;
-            let alphas = c_slice(alphas, groups, "alphas")?;
+            let device_alphas = device_alphas.as_ref().copied();
+            let alphas = if device_alphas.is_some() { &[] } else { c_slice(alphas, groups, "alphas")? };
             let stream = borrow_stream(&p.ctx, stream);
-            gemm_run_stacked(&mut p.plan, &stream, args, alphas, output_type(c_type)?)
+            gemm_run_stacked(&mut p.plan, &stream, args, alphas, output_type(c_type)?, device_alphas)
         })
     }
 }
@@ -977,7 +1007,16 @@ mod tests {
         let text = |b: &[c_char]| unsafe { CStr::from_ptr(b.as_ptr()) }.to_str().unwrap().to_string();
         // SAFETY: null handles are checked before any use.
         let s = unsafe {
-            nvfp4_gemm_run(std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null(), 0, 0, buf.as_mut_ptr(), 128)
+            nvfp4_gemm_run(
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                0,
+                0,
+                std::ptr::null(),
+                buf.as_mut_ptr(),
+                128,
+            )
         };
         assert_eq!((s, text(&buf).as_str()), (STATUS_INVALID, "raw: `plan`: is a null pointer"));
         // SAFETY: as above.

@@ -2,7 +2,7 @@
 //! need (`k` and `n` multiples), what they can index, what a device can hold, and how much work
 //! the planner takes on. [`crate::Problem::new`], [`crate::MoeProblem::new`] and the quantizer
 //! check them; [`crate::Problem::new`] and [`crate::MoeProblem::new`] refuse a shape beyond a
-//! limit with [`Error::TooLarge`], which names the group, the field and the [`Limit`], in time
+//! limit with [`Error::TooLarge`](crate::Error::TooLarge), which names the group, the field and the [`Limit`], in time
 //! proportional to the number of groups (before any planning).
 //!
 //! Shape rules (the numbers the kernels rely on):
@@ -11,8 +11,6 @@
 //! - `n` is a positive multiple of [`N_MULTIPLE`] (8): every row of C starts 16-byte aligned
 //!   and the epilogues' 16-byte stores lie wholly inside or outside a row.
 //!
-use crate::error::{Error, Result};
-use crate::problem::{BufferSizes, GroupShape};
 use std::fmt;
 
 /// `k` (values per row of both operands) is a positive multiple of this (the abi's
@@ -71,7 +69,7 @@ const _: () = assert!(MAX_DEVICE_BYTES / 2 / 64 <= 1 << 31);
 // list with holes has at most `items · CTAs` entries (a grid of fewer than 1024 CTAs).
 const _: () = assert!(MAX_TILES * 1024 <= 1 << 32);
 
-/// Which limit a shape exceeded (in [`Error::TooLarge`]).
+/// Which limit a shape exceeded (in [`Error::TooLarge`](crate::Error::TooLarge)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Limit {
@@ -100,7 +98,7 @@ impl Limit {
     }
 
     /// Whether the limit bounds a total over the groups (bytes, tiles), whose running value
-    /// [`Error::TooLarge`] reports at the group that crosses it.
+    /// [`Error::TooLarge`](crate::Error::TooLarge) reports at the group that crosses it.
     pub const fn is_total(self) -> bool {
         matches!(self, Limit::DeviceBytes | Limit::Tiles)
     }
@@ -123,54 +121,16 @@ impl fmt::Display for Limit {
     }
 }
 
-/// `Ok` when `value` is within `limit`, else [`Error::TooLarge`] naming `group` and `field`.
-pub(crate) fn within(group: Option<usize>, field: &'static str, value: u64, limit: Limit) -> Result<()> {
-    if value <= limit.max() {
-        Ok(())
-    } else {
-        Err(Error::TooLarge { group, field, value, limit })
-    }
-}
-
-/// Output tiles of a group as [`MAX_TILES`] counts them: `⌈m/128⌉ · ⌈n/128⌉`.
-pub(crate) fn output_tiles(s: &GroupShape) -> u64 {
-    (s.m as u64).div_ceil(128) * (s.n as u64).div_ceil(128)
-}
-
-/// Checks the limits of a host-sized problem's groups (whose `k` and `n` follow the shape rules):
-/// each dimension, then, group by group, the running totals of device bytes (A, B, C and the
-/// sm_90a token workspace) and output tiles. O(groups).
-pub(crate) fn check_groups(groups: &[GroupShape]) -> Result<()> {
-    within(None, "groups", groups.len() as u64, Limit::Groups)?;
-    let (mut bytes, mut tiles) = (0u64, 0u64);
-    for (g, s) in groups.iter().enumerate() {
-        for (field, v) in [("m", s.m), ("n", s.n), ("k", s.k)] {
-            within(Some(g), field, v as u64, Limit::Dim)?;
-        }
-        // Within MAX_DIM every product below fits in 64 bits.
-        let z = BufferSizes::of(s);
-        let parts = [
-            ("a.values", z.a_values as u64),
-            ("a.scales", z.a_scales as u64),
-            ("b.values", z.b_values as u64),
-            ("b.scales", z.b_scales as u64),
-            ("c", 2 * z.c_elements as u64),
-            ("workspace", 2 * s.m as u64 * s.k as u64),
-        ];
-        for (field, b) in parts {
-            bytes += b;
-            within(Some(g), field, bytes, Limit::DeviceBytes)?;
-        }
-        tiles += output_tiles(s);
-        within(Some(g), "tiles", tiles, Limit::Tiles)?;
-    }
-    Ok(())
+/// Output tiles of an `m x n` group as [`MAX_TILES`] counts them: `⌈m/128⌉ · ⌈n/128⌉`.
+pub(crate) fn output_tiles(m: usize, n: usize) -> u64 {
+    (m as u64).div_ceil(128) * (n as u64).div_ceil(128)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{OutputType, Problem};
+    use crate::error::Error;
+    use crate::problem::{GroupShape, OutputType, Problem};
     use std::time::Instant;
 
     fn too_large(shapes: Vec<GroupShape>) -> (Option<usize>, &'static str, Limit) {
@@ -242,7 +202,7 @@ mod tests {
         // Tiles: 4096 groups of 32 x 32 tiles are exactly the limit (C: 128 GiB); one row more
         // in the last group is one tile row more.
         let at_limit = vec![s(4096, 4096, 64); MAX_GROUPS];
-        assert_eq!(at_limit.iter().map(output_tiles).sum::<u64>(), MAX_TILES);
+        assert_eq!(at_limit.iter().map(|g| output_tiles(g.m, g.n)).sum::<u64>(), MAX_TILES);
         assert!(Problem::new(at_limit.clone(), OutputType::F16).is_ok());
         let mut over = at_limit;
         over[MAX_GROUPS - 1].m += 1;
@@ -257,7 +217,7 @@ mod tests {
     fn the_largest_accepted_problem_plans() {
         let big = GroupShape::new(1 << 18, 1 << 18, 64);
         let p = Problem::new(vec![big], OutputType::F16).unwrap();
-        assert_eq!(output_tiles(&big), MAX_TILES);
+        assert_eq!(output_tiles(big.m, big.n), MAX_TILES);
         assert!(Problem::new(vec![GroupShape::new((1 << 18) + 1, 1 << 18, 64)], OutputType::F16).is_err());
         let t = Instant::now();
         let sm90 = crate::sm90::Sm90Layout::new(&p, 132);

@@ -11,7 +11,7 @@ from ._tensors import (
     current_stream,
     describe,
     dtype_name,
-    finite_alphas,
+    gemm_alphas,
     same_device,
     stream_handle,
     torch_module,
@@ -160,15 +160,16 @@ def _group_lists(a, b, a_scales, b_scales, out):
 
 def _collect(a, b, a_scales, b_scales, alpha, out, out_dtype, scale_layout):
     """Reads and checks one grouped call's arguments (no launch): the device ordinal, shapes,
-    output dtype, the native layer's flat buffer list, alphas, outputs (new ones allocated) and
-    the converted scales to keep alive."""
+    output dtype, the native layer's flat buffer list, alphas (host floats and the device
+    tensor's ``(address, length)`` or None), outputs (new ones allocated) and the converted
+    scales to keep alive."""
     groups = _group_lists(a, b, a_scales, b_scales, out)
     if out is not None and groups:
         first = describe(out[0], "group 0: `out`")
         dtype = _out_dtype(out_dtype, first.dtype if first.dtype in DENSE else "float16")
     else:
         dtype = _out_dtype(out_dtype)
-    alphas = finite_alphas(alpha, groups)
+    alphas, device_alpha = gemm_alphas(alpha, groups)
     shapes, buffers, tensors, keep = [], [], [], []
     for g in range(groups):
         ta = describe(a[g], f"group {g}: `a`")
@@ -189,7 +190,7 @@ def _collect(a, b, a_scales, b_scales, alpha, out, out_dtype, scale_layout):
         sb = _scales(tsb, n, k, scale_layout, keep)
         shapes.append((m, n, k))
         buffers.append((ta.ptr, ta.nbytes, sa, tb.ptr, tb.nbytes, sb, tc))
-    ordinal = same_device(tensors)
+    ordinal = same_device(tensors + ([] if device_alpha is None else [device_alpha]))
     bf16 = dtype == "bfloat16"
     _native.check_problem(shapes, bf16)
     if out is None:
@@ -202,6 +203,7 @@ def _collect(a, b, a_scales, b_scales, alpha, out, out_dtype, scale_layout):
         cp = outs[g].data_ptr() if tc is None else tc.ptr
         m, n, _ = shapes[g]
         flat += [ap, an, sa[0], sa[1], bp, bn, sb[0], sb[1], cp, m * n]
+    alphas = (alphas, None if device_alpha is None else device_alpha.buffer())
     return ordinal, tuple(shapes), bf16, flat, alphas, outs, keep
 
 
@@ -216,8 +218,10 @@ def grouped_gemm(a, b, a_scales, b_scales, alpha=None, *, out=None, out_dtype=No
       MODE task's permuted ``(32, 4, rest, 4, rest_k, 1)`` view), or with
       ``scale_layout="plain"`` as ``[rows, K/16]`` (converted on the GPU first: one extra copy
       per operand and call).
-    - ``alpha``: None (1.0), one float, or one per group (NVFP4's global scales: ``g_a · g_b``).
-      Python floats: the kernels read alpha from tables the host uploads.
+    - ``alpha``: None (1.0), one float, or one per group (NVFP4's global scales: ``g_a · g_b``);
+      or a CUDA ``float32`` tensor ``[G]`` read on the device when the call runs (in stream
+      order, no host synchronization: a captured graph reads its values at each replay; they
+      are not checked, and a NaN alpha gives NaN outputs).
     - ``out``: a list of ``[m_g, n_g]`` fp16/bf16 tensors to write, or None for new ones of
       ``out_dtype`` (default fp16).
 
@@ -234,7 +238,7 @@ def grouped_gemm(a, b, a_scales, b_scales, alpha=None, *, out=None, out_dtype=No
     dev = device(ordinal)
     s = stream_handle(stream, ordinal)
     key, plan = _plan(dev, shapes, bf16, s)
-    if plan.run(s, flat, alphas):
+    if plan.run(s, flat, *alphas):
         _captured_plan(key, plan)
     return outs
 
@@ -272,8 +276,8 @@ def prepare(a, b, a_scales, b_scales, alpha=None, *, out=None, out_dtype=None, s
     dev = device(ordinal)
     _refuse_in_capture(dev, stream_handle(stream, ordinal), "preparing a grouped GEMM")
     plan = _native.GemmPlan(dev, list(shapes), bf16)
-    plan.bind(flat, alphas)
-    return PreparedGemm(ordinal, plan, outs, keep, (a, b, a_scales, b_scales))
+    plan.bind(flat, *alphas)
+    return PreparedGemm(ordinal, plan, outs, keep, (a, b, a_scales, b_scales, alpha))
 
 
 def grouped_gemm_stacked(a, b, a_scales, b_scales, m_sizes, alpha=None, *, out=None, out_dtype=None, stream=None):
@@ -331,7 +335,9 @@ def grouped_gemm_stacked(a, b, a_scales, b_scales, m_sizes, alpha=None, *, out=N
         tensors.append(tc)
     else:
         dtype = _out_dtype(out_dtype)
-    alphas = finite_alphas(alpha, groups)
+    alphas, device_alpha = gemm_alphas(alpha, groups)
+    if device_alpha is not None:
+        tensors.append(device_alpha)
     ordinal = same_device(tensors)
     shapes = tuple((m, n, k) for m in ms)
     _native.check_problem(list(shapes), dtype == "bfloat16")
@@ -344,7 +350,7 @@ def grouped_gemm_stacked(a, b, a_scales, b_scales, m_sizes, alpha=None, *, out=N
     dev = device(ordinal)
     s = stream_handle(stream, ordinal)
     key, plan = _plan(dev, shapes, dtype == "bfloat16", s)
-    if plan.run_stacked(s, flat, alphas):
+    if plan.run_stacked(s, flat, alphas, None if device_alpha is None else device_alpha.buffer()):
         _captured_plan(key, plan)
     return out
 

@@ -191,15 +191,37 @@ def stream_handle(stream, device):
     return int(handle)
 
 
+def is_tensor(obj):
+    """Whether ``obj`` is a tensor this package reads (torch-like or CUDA array interface)."""
+    return hasattr(obj, "data_ptr") or hasattr(obj, "__cuda_array_interface__")
+
+
+def gemm_alphas(alpha, groups, name="alpha"):
+    """A grouped GEMM's ``alpha``: ``(floats, None)`` for None, one number or one per group
+    (:func:`finite_alphas`); ``([], tensor)`` for a CUDA float32 tensor ``[groups]``, contiguous
+    and 4-byte aligned, whose values the GEMM reads on the device when it runs."""
+    if not is_tensor(alpha):
+        return finite_alphas(alpha, groups, name), None
+    t = describe(alpha, f"`{name}`")
+    t.require_dtype(("float32",))
+    if t.shape != (groups,):
+        raise t.error(f"shape {list(t.shape)}; expected [{groups}] (one float32 per group)")
+    t.require_contiguous()
+    if t.ptr % 4:
+        raise t.error(f"address {t.ptr:#x} is not 4-byte aligned")
+    return [], t
+
+
 def finite_alphas(alpha, groups, name="alpha"):
     """``alpha`` (None, one number, or one per group) as a list of ``groups`` floats;
     ``ValueError`` for a wrong count or a value that is not finite."""
     if alpha is None:
         return [1.0] * groups
-    if hasattr(alpha, "data_ptr") or hasattr(alpha, "__cuda_array_interface__"):
+    if is_tensor(alpha):
         raise TypeError(
-            f"{name}: a device tensor is not supported: the kernels read alpha from tables the host "
-            "uploads, so pass Python floats (a list, one per group)"
+            f"{name}: a device tensor is not supported here: the MoE layer's alphas are uploaded "
+            "with its weights, so pass Python floats (a list, one per expert); grouped_gemm, "
+            "prepare and grouped_gemm_stacked take a device tensor"
         )
     if isinstance(alpha, (int, float)):
         values = [float(alpha)] * groups

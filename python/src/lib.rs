@@ -60,6 +60,23 @@ fn group_args(v: &[u64], alpha: f32) -> RawGroupArgs {
     RawGroupArgs { a: operand(&v[0..4]), b: operand(&v[4..8]), c: RawBuffer { ptr: v[8], len: v[9] }, alpha }
 }
 
+/// The argument sets of a per-group call: `buffers` ten values per group; `alphas` one per group
+/// from the host, or none when `device_alphas` (address, `f32` count) holds them on the device
+/// (the sets' alphas are then NaN: not read).
+fn group_list(buffers: &[u64], alphas: &[f32], device_alphas: Option<(u64, u64)>) -> PyResult<Vec<RawGroupArgs>> {
+    let groups = buffers.len() / 10;
+    let want = if device_alphas.is_some() { 0 } else { groups };
+    if !buffers.len().is_multiple_of(10) || alphas.len() != want {
+        return Err(value_error(format!(
+            "{} buffer values and {} host alphas (10 per group, and one alpha per group unless on the device)",
+            buffers.len(),
+            alphas.len()
+        )));
+    }
+    let alpha = |g: usize| if device_alphas.is_some() { f32::NAN } else { alphas[g] };
+    Ok(buffers.chunks_exact(10).enumerate().map(|(g, b)| group_args(b, alpha(g))).collect())
+}
+
 fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     m.lock().map_err(|_| PyRuntimeError::new_err("a previous call panicked while holding this object"))
 }
@@ -215,18 +232,22 @@ fn check_problem(shapes: Vec<(usize, usize, usize)>, bf16: bool) -> PyResult<Vec
 }
 
 /// What a grouped GEMM call does with its tables, for the capture rule: the signature of the
-/// last call that succeeded (buffers and alpha bits).
+/// last call that succeeded (buffers, and the alphas' bits or the device alphas' buffer).
 #[derive(Default)]
 struct LastCall {
     signature: Vec<u64>,
 }
 
 impl LastCall {
-    fn signature(buffers: &[u64], alphas: &[f32], stacked: bool) -> Vec<u64> {
-        let mut s = Vec::with_capacity(buffers.len() + alphas.len() + 1);
-        s.push(stacked as u64);
+    fn signature(buffers: &[u64], alphas: &[f32], device_alphas: Option<(u64, u64)>, stacked: bool) -> Vec<u64> {
+        let mut s = Vec::with_capacity(buffers.len() + alphas.len() + 3);
+        s.push(stacked as u64 | (device_alphas.is_some() as u64) << 1);
         s.extend_from_slice(buffers);
-        s.extend(alphas.iter().map(|a| a.to_bits() as u64));
+        match device_alphas {
+            // The values are read on the device: only the buffer is part of the tables' state.
+            Some((ptr, len)) => s.extend([ptr, len]),
+            None => s.extend(alphas.iter().map(|a| a.to_bits() as u64)),
+        }
         s
     }
 
@@ -249,8 +270,9 @@ struct GemmInner {
     streams: Streams,
     c_type: OutputType,
     last: LastCall,
-    /// Arguments bound by `bind`, launched by `launch`.
-    bound: Option<(Vec<RawGroupArgs>, Vec<u64>)>,
+    /// Arguments bound by `bind` (argument sets, device alphas, signature), launched by
+    /// `launch`.
+    bound: Option<(Vec<RawGroupArgs>, Option<RawBuffer>, Vec<u64>)>,
 }
 
 impl Drop for GemmInner {
@@ -334,27 +356,37 @@ impl GemmPlan {
     }
 
     /// One call with per-group buffers (`buffers`: ten values per group) and alphas, on the
-    /// stream `stream`. Returns whether the call was captured into a CUDA graph.
-    fn run(&self, stream: u64, buffers: Vec<u64>, alphas: Vec<f32>) -> PyResult<bool> {
-        if buffers.len() != 10 * alphas.len() {
-            return Err(value_error(format!(
-                "{} buffer values for {} alphas (10 per group)",
-                buffers.len(),
-                alphas.len()
-            )));
-        }
-        let args: Vec<RawGroupArgs> =
-            buffers.chunks_exact(10).zip(&alphas).map(|(b, &alpha)| group_args(b, alpha)).collect();
-        let signature = LastCall::signature(&buffers, &alphas, false);
+    /// stream `stream`: `alphas` one per group, or none with `device_alphas` (address and
+    /// length of a device `f32` buffer read at each call). Returns whether the call was captured
+    /// into a CUDA graph.
+    #[pyo3(signature = (stream, buffers, alphas, device_alphas=None))]
+    fn run(
+        &self,
+        stream: u64,
+        buffers: Vec<u64>,
+        alphas: Vec<f32>,
+        device_alphas: Option<(u64, u64)>,
+    ) -> PyResult<bool> {
+        let args = group_list(&buffers, &alphas, device_alphas)?;
+        let signature = LastCall::signature(&buffers, &alphas, device_alphas, false);
+        let device = device_alphas.map(buffer);
         let mut inner = lock(&self.inner)?;
         // SAFETY: the Python layer passes live device tensors of the plan's device and its current
         // stream; the library validates lengths, alignment and overlaps.
-        unsafe { inner.call(stream, signature, |plan, s, c| raw::gemm_run(plan, s, &args, c)) }
+        unsafe { inner.call(stream, signature, |plan, s, c| raw::gemm_run(plan, s, &args, c, device)) }
     }
 
     /// One call with every group's buffers stacked (`buffers`: ten values) and one alpha per
-    /// group. Returns whether the call was captured.
-    fn run_stacked(&self, stream: u64, buffers: Vec<u64>, alphas: Vec<f32>) -> PyResult<bool> {
+    /// group (or none, with `device_alphas`, as in `run`). Returns whether the call was
+    /// captured.
+    #[pyo3(signature = (stream, buffers, alphas, device_alphas=None))]
+    fn run_stacked(
+        &self,
+        stream: u64,
+        buffers: Vec<u64>,
+        alphas: Vec<f32>,
+        device_alphas: Option<(u64, u64)>,
+    ) -> PyResult<bool> {
         if buffers.len() != 10 {
             return Err(value_error(format!("{} buffer values; stacked calls take 10", buffers.len())));
         }
@@ -363,34 +395,31 @@ impl GemmPlan {
             b: operand(&buffers[4..8]),
             c: RawBuffer { ptr: buffers[8], len: buffers[9] },
         };
-        let signature = LastCall::signature(&buffers, &alphas, true);
+        let signature = LastCall::signature(&buffers, &alphas, device_alphas, true);
+        let device = device_alphas.map(buffer);
         let mut inner = lock(&self.inner)?;
         // SAFETY: as in `run`.
-        unsafe { inner.call(stream, signature, |plan, s, c| raw::gemm_run_stacked(plan, s, &args, &alphas, c)) }
+        unsafe { inner.call(stream, signature, |plan, s, c| raw::gemm_run_stacked(plan, s, &args, &alphas, c, device)) }
     }
 
-    /// Binds per-group buffers and alphas for `launch` (checked at the first launch).
-    fn bind(&self, buffers: Vec<u64>, alphas: Vec<f32>) -> PyResult<()> {
-        if buffers.len() != 10 * alphas.len() {
-            return Err(value_error(format!(
-                "{} buffer values for {} alphas (10 per group)",
-                buffers.len(),
-                alphas.len()
-            )));
-        }
-        let args = buffers.chunks_exact(10).zip(&alphas).map(|(b, &alpha)| group_args(b, alpha)).collect();
-        let signature = LastCall::signature(&buffers, &alphas, false);
-        lock(&self.inner)?.bound = Some((args, signature));
+    /// Binds per-group buffers and alphas (as `run` takes them) for `launch` (checked at the
+    /// first launch).
+    #[pyo3(signature = (buffers, alphas, device_alphas=None))]
+    fn bind(&self, buffers: Vec<u64>, alphas: Vec<f32>, device_alphas: Option<(u64, u64)>) -> PyResult<()> {
+        let args = group_list(&buffers, &alphas, device_alphas)?;
+        let signature = LastCall::signature(&buffers, &alphas, device_alphas, false);
+        lock(&self.inner)?.bound = Some((args, device_alphas.map(buffer), signature));
         Ok(())
     }
 
     /// Runs the bound buffers on `stream`; returns whether the call was captured.
     fn launch(&self, stream: u64) -> PyResult<bool> {
         let mut inner = lock(&self.inner)?;
-        let (args, signature) = inner.bound.take().ok_or_else(|| PyRuntimeError::new_err("nothing bound"))?;
+        let (args, device, signature) = inner.bound.take().ok_or_else(|| PyRuntimeError::new_err("nothing bound"))?;
         // SAFETY: as in `run`.
-        let result = unsafe { inner.call(stream, signature.clone(), |plan, s, c| raw::gemm_run(plan, s, &args, c)) };
-        inner.bound = Some((args, signature));
+        let result =
+            unsafe { inner.call(stream, signature.clone(), |plan, s, c| raw::gemm_run(plan, s, &args, c, device)) };
+        inner.bound = Some((args, device, signature));
         result
     }
 }

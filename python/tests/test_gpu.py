@@ -158,6 +158,78 @@ def test_non_default_stream_and_graph_capture():
             nvfp4_gemm.grouped_gemm(a, b, sa, sb, out=other)
 
 
+def bits(tensors):
+    return [t.view(torch.int16).clone() for t in tensors]
+
+
+def same_bits(x, y):
+    return len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y))
+
+
+def test_device_alpha_equals_float_alpha_and_follows_graph_replays():
+    gen = torch.Generator(device=CUDA).manual_seed(31)
+    shapes = SHAPES[0]
+    ops = [(random_operand(m, k, gen), random_operand(n, k, gen)) for m, n, k in shapes]
+    a = [x[0][0] for x in ops]
+    b = [x[1][0] for x in ops]
+    sa = [make_blocked(x[0][1], m, k) for x, (m, _, k) in zip(ops, shapes)]
+    sb = [make_blocked(x[1][1], n, k) for x, (_, n, k) in zip(ops, shapes)]
+    floats = [0.5, -1.25, 2.0, 0.75]
+    alpha = torch.tensor(floats, dtype=torch.float32, device=CUDA)
+    want = bits(nvfp4_gemm.grouped_gemm(a, b, sa, sb, floats, out_dtype=torch.bfloat16))
+    got = bits(nvfp4_gemm.grouped_gemm(a, b, sa, sb, alpha, out_dtype=torch.bfloat16))
+    assert same_bits(got, want), "device alpha differs from float alpha"
+    for g, (m, n, k) in enumerate(shapes):
+        ref = reference(a[g], ops[g][0][1], b[g], ops[g][1][1], m, n, k, floats[g])
+        assert_close(got[g].view(torch.bfloat16), ref, torch.bfloat16, f"group {g}")
+    # Stacked and prepared calls read it the same way.
+    ms = [m for m, _, _ in shapes]
+    n, k = 256, 512
+    ws = [random_operand(n, k, gen) for _ in shapes]
+    ts = [random_operand(m, k, gen) for m in ms]
+    stacked_args = (
+        torch.cat([v for v, _ in ts]),
+        torch.stack([v for v, _ in ws]),
+        torch.cat([make_blocked(p, m, k) for (_, p), m in zip(ts, ms)]),
+        torch.stack([make_blocked(p, n, k) for _, p in ws]),
+        ms,
+    )
+    stacked_want = nvfp4_gemm.grouped_gemm_stacked(*stacked_args, floats)
+    stacked_got = nvfp4_gemm.grouped_gemm_stacked(*stacked_args, alpha)
+    assert same_bits(bits([stacked_got]), bits([stacked_want])), "stacked: device alpha differs"
+    outs = [poisoned((m, nn), torch.float16) for m, nn, _ in shapes]
+    call = nvfp4_gemm.prepare(a, b, sa, sb, alpha, out=outs)
+    call()
+    assert same_bits(bits(outs), bits(nvfp4_gemm.grouped_gemm(a, b, sa, sb, floats))), "prepare: device alpha differs"
+
+    # Captured once; between replays only the tensor's values change (no call from Python).
+    out = [poisoned((m, nn), torch.float16) for m, nn, _ in shapes]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        nvfp4_gemm.grouped_gemm(a, b, sa, sb, alpha, out=out)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nvfp4_gemm.grouped_gemm(a, b, sa, sb, alpha, out=out)
+    previous = None
+    for step, values in enumerate([floats, [4.0, 0.125, -0.5, -3.0], [1.0, 1.0, 1.0, 1.0]]):
+        alpha.copy_(torch.tensor(values, dtype=torch.float32))
+        for o in out:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        got = bits(out)
+        assert same_bits(got, bits(nvfp4_gemm.grouped_gemm(a, b, sa, sb, values))), f"replay {step}"
+        assert previous is None or not same_bits(got, previous), f"replay {step}: new alphas, same outputs"
+        previous = got
+    # Not checked on the device: a NaN alpha gives NaN in its group.
+    alpha.copy_(torch.tensor([1.0, 1.0, float("nan"), 1.0]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(out[2].float()).all() and not torch.isnan(out[3].float()).any()
+
+
 # ---- the GPU MODE task ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", range(14), ids=[f"test{i}" for i in range(10)] + [f"b{i}" for i in range(4)])

@@ -181,9 +181,51 @@ def test_alphas(alpha, text):
     assert text in str(e.value)
 
 
-def test_device_alpha_is_refused_with_the_reason():
-    with pytest.raises(TypeError, match="device tensor is not supported"):
-        call([group(64, 128, 256)], alpha=FakeTorch((1,), "float32"))
+def test_device_alphas_reach_the_device():
+    two = [group(64, 128, 256), group(0, 128, 256)]
+    with pytest.raises(Reached):
+        call(two, alpha=FakeTorch((2,), "float32"))
+    with pytest.raises(Reached):
+        call(two, alpha=Cai((2,), "<f4"))
+    with pytest.raises(Reached):
+        nvfp4_gemm.grouped_gemm_stacked(**stacked(), alpha=FakeTorch((4,), "float32"))
+    with pytest.raises(Reached):
+        lists = [[g[n] for g in two] for n in ("a", "b", "a_scales", "b_scales")]
+        nvfp4_gemm.prepare(*lists, FakeTorch((2,), "float32"), out=[g["out"] for g in two])
+
+
+@pytest.mark.parametrize(
+    "alpha, kind, text",
+    [
+        (FakeTorch((2,), "float16"), TypeError, "`alpha`: dtype float16; expected float32"),
+        (FakeTorch((2,), "float32", type_="cpu"), TypeError, "`alpha`: is on cpu"),
+        (FakeTorch((3,), "float32"), ValueError, "`alpha`: shape [3]; expected [2] (one float32 per group)"),
+        (FakeTorch((2, 1), "float32"), ValueError, "`alpha`: shape [2, 1]; expected [2]"),
+        (FakeTorch((), "float32"), ValueError, "`alpha`: shape []; expected [2]"),
+        (FakeTorch((2,), "float32", strides=(2,)), ValueError, "`alpha`: is not contiguous"),
+        (FakeTorch((2,), "float32", ptr=BASE - 0x20_0000 + 2), ValueError, "`alpha`: address"),
+        (FakeTorch((2,), "float32", device=1), ValueError, "`alpha`: is on cuda:1 but the call runs on cuda:0"),
+    ],
+)
+def test_bad_device_alphas(alpha, kind, text):
+    with pytest.raises(kind) as e:
+        call([group(64, 128, 256), group(64, 128, 256)], alpha=alpha)
+    assert text in str(e.value), str(e.value)
+
+
+def test_bad_device_alphas_of_stacked_calls():
+    with pytest.raises(ValueError, match=r"`alpha`: shape \[3\]; expected \[4\]"):
+        nvfp4_gemm.grouped_gemm_stacked(**stacked(), alpha=FakeTorch((3,), "float32"))
+    with pytest.raises(ValueError, match="is on cuda:1"):
+        nvfp4_gemm.grouped_gemm_stacked(**stacked(), alpha=FakeTorch((4,), "float32", device=1))
+
+
+def test_moe_refuses_device_alphas_with_the_reason():
+    e, n, k = 8, 256, 512
+    w = FakeTorch((e, n, k // 2), "uint8")
+    ws = FakeTorch((e, nvfp4_gemm.blocked_bytes(n, k)), "uint8")
+    with pytest.raises(TypeError, match="uploaded with its weights"):
+        nvfp4_gemm.MoE(w, ws, FakeTorch((e,), "float32"), max_tokens=100)
 
 
 def test_out_dtype_and_scale_layout_names():

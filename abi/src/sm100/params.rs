@@ -73,6 +73,10 @@ pub struct GroupParams {
 const _: () = assert!(core::mem::size_of::<GroupParams>() == 56);
 const _: () = assert!(core::mem::align_of::<GroupParams>() == 8);
 
+/// Byte offset of [`GroupParams::alpha`] in an entry: where the host copies device-resident
+/// alphas into the group table (one `f32` per `size_of::<GroupParams>()` bytes).
+pub const GROUP_ALPHA_OFFSET: usize = core::mem::offset_of!(GroupParams, alpha);
+
 impl GroupParams {
     /// Coordinates of the TMA box whose first row is `row0` (of the map: tile rows are offset by
     /// [`Self::token_row`] for A) and first value is `k0` (a multiple of 256), for a map of this
@@ -287,6 +291,13 @@ mod tests {
     use super::*;
     use crate::sm100::config::{select_n128, BlockN, MMA_STEPS_PER_STAGE, N128_DEEP, N128_SHALLOW, N256_CLUSTER4};
     use crate::sm100::tma::Fp4TensorMap;
+
+    #[test]
+    fn alpha_offset_is_the_alpha_field() {
+        let p = GroupParams { alpha: -1.5, ..GroupParams::default() };
+        let at = &bytemuck::bytes_of(&p)[GROUP_ALPHA_OFFSET..][..4];
+        assert_eq!(f32::from_ne_bytes(at.try_into().unwrap()), -1.5);
+    }
 
     #[test]
     fn shared_memory_per_variant() {

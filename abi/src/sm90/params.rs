@@ -109,9 +109,20 @@ pub struct GroupParams {
 
 const _: () = assert!(core::mem::size_of::<GroupParams>() == 88);
 
+/// Byte offset of [`GroupParams::alpha`] in an entry: where the host copies device-resident
+/// alphas into the group table (one `f32` per `size_of::<GroupParams>()` bytes).
+pub const GROUP_ALPHA_OFFSET: usize = core::mem::offset_of!(GroupParams, alpha);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alpha_offset_is_the_alpha_field() {
+        let p = GroupParams { alpha: -1.5, ..GroupParams::default() };
+        let at = &bytemuck::bytes_of(&p)[GROUP_ALPHA_OFFSET..][..4];
+        assert_eq!(f32::from_ne_bytes(at.try_into().unwrap()), -1.5);
+    }
 
     #[test]
     fn row_spans() {

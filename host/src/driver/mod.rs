@@ -1,7 +1,9 @@
 //! What cudarc's safe layer lacks, wrapped once at the `sys` level: the kernel image loaded
 //! through the module API, cluster launches through `cuLaunchKernelEx`, tensor maps through
-//! `cuTensorMapEncodeTiled`, and a fixed chain of kernels as one CUDA graph.
+//! `cuTensorMapEncodeTiled`, a fixed chain of kernels as one CUDA graph, and strided copies
+//! through `cuMemcpy2DAsync`.
 
+pub mod copy;
 pub mod graph;
 pub mod launch;
 pub mod module;

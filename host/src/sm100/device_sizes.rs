@@ -24,15 +24,15 @@
 //! weights with the variant's box height, as in host-sized plans.
 
 use super::Fp4Map;
-use crate::device::Gpu;
+use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, set_max_dynamic_smem};
 use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
-use crate::moe::{MoeBuffers, MoeProblem};
-use crate::plan::{KernelLaunch, PlanSummary, ScheduledTables};
+use crate::moe_problem::{MoeBuffers, MoeProblem};
 use crate::problem::OutputType;
-use crate::Arch;
+use crate::summary::{KernelLaunch, PlanSummary};
+use crate::tables::ScheduledTables;
 use cudarc::driver::{CudaSlice, CudaStream};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};

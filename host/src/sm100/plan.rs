@@ -1,15 +1,15 @@
 //! The device half of an sm_100a plan: kernel functions, device tables, and the launches.
 
 use super::{Sm100Launch, Sm100Layout};
-use crate::device::Gpu;
+use crate::device::{Arch, Gpu};
 use crate::driver::launch::{ctas_per_sm, launch, max_active_clusters, set_max_dynamic_smem, LaunchGeometry};
 use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
-use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
-use crate::Arch;
+use crate::summary::{KernelLaunch, PlanSummary};
+use crate::tables::{upload_tables, AlphaField};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, KERNELS};
+use nvfp4_gemm_abi::sm100::params::{GroupParams, KernelLayout, GROUP_ALPHA_OFFSET, KERNELS};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
 
@@ -76,17 +76,18 @@ impl Sm100Plan {
     }
 }
 
-impl ArchPlan for Sm100Plan {
-    fn has_work(&self) -> bool {
+/// The device half (`crate::plan::GemmPlan` dispatches to it).
+impl Sm100Plan {
+    pub fn has_work(&self) -> bool {
         !self.layout.launches.is_empty()
     }
 
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
         let (params, maps) = self.layout.encode(problem, buffers)?;
-        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
+        upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
     }
 
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
+    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
         let (groups, _g1) = self.groups.device_ptr(stream);
         let (maps, _g2) = self.maps.device_ptr(stream);
         for (i, (l, f)) in self.layout.launches.iter().zip(&self.functions).enumerate() {
@@ -99,7 +100,17 @@ impl ArchPlan for Sm100Plan {
         Ok(())
     }
 
-    fn summary(&self) -> PlanSummary {
+    /// Copies `groups` device alphas at `alphas` into the group table on `stream`.
+    ///
+    /// # Safety
+    /// As [`AlphaField::copy`].
+    pub unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
+        const ALPHAS: AlphaField = AlphaField::of::<GroupParams>(GROUP_ALPHA_OFFSET);
+        // SAFETY: the caller's contract.
+        unsafe { ALPHAS.copy(stream, &mut self.groups, alphas, groups) }
+    }
+
+    pub fn summary(&self) -> PlanSummary {
         summary(&self.layout)
     }
 }

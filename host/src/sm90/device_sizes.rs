@@ -14,15 +14,15 @@
 //! (`GroupParams::token_row`); rows of a tile past the group's end belong to other groups or to
 //! nothing, and only reach C columns the epilogue masks.
 
-use crate::device::Gpu;
+use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem};
 use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
-use crate::moe::{MoeBuffers, MoeProblem};
-use crate::plan::{KernelLaunch, PlanSummary, ScheduledTables};
+use crate::moe_problem::{MoeBuffers, MoeProblem};
 use crate::problem::OutputType;
-use crate::Arch;
+use crate::summary::{KernelLaunch, PlanSummary};
+use crate::tables::ScheduledTables;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};

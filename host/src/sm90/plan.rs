@@ -2,14 +2,14 @@
 //! launches.
 
 use super::Sm90Layout;
-use crate::device::Gpu;
+use crate::device::{Arch, Gpu};
 use crate::driver::graph::{is_capturing, KernelChain};
 use crate::driver::launch::{launch_with, set_max_dynamic_smem, Start};
 use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
-use crate::plan::{ArchPlan, KernelLaunch, PlanSummary};
 use crate::problem::{GroupBuffers, Problem};
-use crate::Arch;
+use crate::summary::{KernelLaunch, PlanSummary};
+use crate::tables::{upload_tables, AlphaField};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
@@ -75,18 +75,19 @@ impl Sm90Plan {
     }
 }
 
-impl ArchPlan for Sm90Plan {
-    fn has_work(&self) -> bool {
+/// The device half (`crate::plan::GemmPlan` dispatches to it).
+impl Sm90Plan {
+    pub fn has_work(&self) -> bool {
         !self.layout.work.is_empty()
     }
 
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
         let (workspace, _guard) = self.workspace.device_ptr(stream);
         let (params, maps) = self.layout.encode(problem, buffers, workspace)?;
-        crate::plan::upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
+        upload_tables(stream, &params, &mut self.groups, &maps, &mut self.maps)
     }
 
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
+    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
         // The dequantization kernel writes the workspace the GEMM reads.
         let (_, _workspace) = self.workspace.device_ptr_mut(stream);
         let (groups, _g1) = self.groups.device_ptr(stream);
@@ -120,7 +121,17 @@ impl ArchPlan for Sm90Plan {
         }
     }
 
-    fn summary(&self) -> PlanSummary {
+    /// Copies `groups` device alphas at `alphas` into the group table on `stream`.
+    ///
+    /// # Safety
+    /// As [`AlphaField::copy`].
+    pub unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
+        const ALPHAS: AlphaField = AlphaField::of::<GroupParams>(sm90::GROUP_ALPHA_OFFSET);
+        // SAFETY: the caller's contract.
+        unsafe { ALPHAS.copy(stream, &mut self.groups, alphas, groups) }
+    }
+
+    pub fn summary(&self) -> PlanSummary {
         summary(&self.layout)
     }
 }

@@ -1,0 +1,483 @@
+//! The shape of a grouped GEMM with device-resident group sizes ([`MoeProblem`], [`TokenLayout`]),
+//! the status bits of its clamped sizes ([`SizeStatus`]), and the validation of one call's buffers
+//! ([`MoeBuffers`], [`validate_moe_buffers`]). Pure: no driver calls. Below the architectures'
+//! device-sized plans (`sm90/`, `sm100/`), which read it, and [`crate::moe`], which re-exports it
+//! with the plan.
+
+use crate::error::{within, BufferName, Error, Result};
+use crate::overlap::{self, Span};
+use crate::problem::{BufferView, Nvfp4Sizes, OutputType, BUFFER_ALIGN};
+use crate::rules::{self, Limit};
+use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupRows};
+use nvfp4_gemm_abi::scale_layout::blocked_bytes;
+use std::fmt;
+
+/// Where the groups' tokens are in the token tensor A (and their outputs in C).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenLayout {
+    /// A is `[max_tokens, K]`, C `[max_tokens, N]`; the device array `offsets[G + 1]` (`u32`)
+    /// says group `g` owns rows `offsets[g] .. offsets[g + 1]` (a router's sort). Offsets above
+    /// `max_tokens` are clamped to it, a decreasing offset empties its group (both flagged).
+    Contiguous {
+        /// The bound `T` on the total number of tokens (rows of A and C).
+        max_tokens: usize,
+    },
+    /// A is `[G, max_rows, K]`, C `[G, max_rows, N]`; the device array `counts[G]` (`u32`) says
+    /// group `g` owns its first `counts[g]` rows. Counts above `max_rows` are clamped (flagged).
+    Masked {
+        /// The bound `M_max` on each group's tokens.
+        max_rows: usize,
+    },
+}
+
+/// A grouped GEMM with device-resident group sizes: `G` groups of `N` weights and reduction
+/// length `K` (the same for every group), tokens in a [`TokenLayout`].
+///
+/// Rules ([`crate::rules`], checked by [`MoeProblem::new`]): `1 ≤ G ≤` [`MAX_GROUPS`](crate::rules::MAX_GROUPS); `K` a
+/// positive multiple of 64; `N` a positive multiple of 8; the layout's bound at least 1; `K`, `N` and the bound at
+/// most [`crate::rules::MAX_DIM`]; A, C and the work list's capacity small enough for the
+/// kernels' 32-bit indexing (`token_rows · K`, `scale_rows · K`, `token_rows · N` and the most
+/// output tiles below `2^31`); every buffer together within [`crate::rules::MAX_DEVICE_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoeProblem {
+    groups: usize,
+    n: usize,
+    k: usize,
+    layout: TokenLayout,
+    output: OutputType,
+}
+
+fn problem_error(reason: String) -> Error {
+    Error::InvalidProblem(reason)
+}
+
+impl MoeProblem {
+    /// Validates the shape, in constant time. Errors: [`Error::InvalidProblem`] for a shape
+    /// against the rules, [`Error::TooLarge`] for a limit exceeded ([`crate::rules`]).
+    pub fn new(groups: usize, n: usize, k: usize, layout: TokenLayout, output: OutputType) -> Result<MoeProblem> {
+        if groups == 0 {
+            return Err(problem_error("0 groups; a device-sized problem needs at least 1".into()));
+        }
+        within(None, "groups", groups as u64, Limit::Groups)?;
+        if let Some(reason) = rules::k_rule(k) {
+            return Err(problem_error(format!("k: {reason}")));
+        }
+        if let Some(reason) = rules::n_rule(n) {
+            return Err(problem_error(format!("n: {reason}")));
+        }
+        let (bound_field, bound) = match layout {
+            TokenLayout::Contiguous { max_tokens } => ("max_tokens", max_tokens),
+            TokenLayout::Masked { max_rows } => ("max_rows", max_rows),
+        };
+        if bound == 0 {
+            return Err(problem_error(format!("{bound_field} = 0; the token bound must be at least 1")));
+        }
+        for (field, v) in [("k", k), ("n", n), (bound_field, bound)] {
+            within(None, field, v as u64, Limit::Dim)?;
+        }
+        // Token rows in 64 bits (`G · M_max` may not fit the abi's `u32` until checked).
+        let rows = match layout {
+            TokenLayout::Contiguous { max_tokens } => max_tokens as u64,
+            TokenLayout::Masked { max_rows } => groups as u64 * max_rows as u64,
+        };
+        let (k64, n64) = (k as u64, n as u64);
+        within(None, "a.values", rows * k64, Limit::Index32)?;
+        within(None, "c", rows * n64, Limit::Index32)?;
+        // From here every row count fits the abi's `u32` formulas (rows < 2^25, G ≤ 2^12).
+        let p = MoeProblem { groups, n, k, layout, output };
+        let scale_rows = p.scale_rows() as u64;
+        within(None, "a.scales", scale_rows * k64, Limit::Index32)?;
+        let tiles = abi::max_m_tiles(&p.device_sizes(0)) * nvfp4_gemm_abi::sm90::n_tiles(n as u32) as u64;
+        within(None, "tiles", tiles, Limit::Index32)?;
+        let b = p.b_sizes();
+        let parts = [
+            ("sizes", 4 * p.sizes_len() as u64),
+            ("a.values", rows * k64 / 2),
+            ("a.scales", scale_rows * k64 / 16),
+            ("c", 2 * rows * n64),
+            ("weights", groups as u64 * (b.values + b.scales) as u64),
+            ("workspace", 2 * rows * k64),
+        ];
+        let mut bytes = 0;
+        for (field, part) in parts {
+            bytes += part;
+            within(None, field, bytes, Limit::DeviceBytes)?;
+        }
+        Ok(p)
+    }
+
+    /// Groups `G`.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+    /// Weights per group `N` (columns of C).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Reduction length `K`.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    /// The token layout.
+    pub fn layout(&self) -> TokenLayout {
+        self.layout
+    }
+    /// The output type.
+    pub fn output(&self) -> OutputType {
+        self.output
+    }
+
+    /// The sizes the device kernels read (`sizes`: the device address of the sizes array).
+    pub(crate) fn device_sizes(&self, sizes: u64) -> DeviceSizes {
+        let (layout, rows) = match self.layout {
+            TokenLayout::Contiguous { max_tokens } => (abi::LAYOUT_CONTIGUOUS, max_tokens),
+            TokenLayout::Masked { max_rows } => (abi::LAYOUT_MASKED, max_rows),
+        };
+        DeviceSizes { sizes, layout, groups: self.groups as u32, rows: rows as u32, reserved: 0 }
+    }
+
+    /// Rows of the token tensor A and of C: `T`, or `G · M_max`.
+    pub fn token_rows(&self) -> usize {
+        self.device_sizes(0).token_rows() as usize
+    }
+
+    /// Rows of A's blocked scale tensor (each group's rows start a new 128-row block):
+    /// `128 · (⌈T/128⌉ + G)` or `G · ⌈M_max/128⌉ · 128`.
+    pub fn scale_rows(&self) -> usize {
+        self.device_sizes(0).scale_rows() as usize
+    }
+
+    /// `u32` entries of the device sizes array: `G + 1` offsets or `G` counts.
+    pub fn sizes_len(&self) -> usize {
+        self.device_sizes(0).sizes_len() as usize
+    }
+
+    /// Sizes of the token tensor A: values `token_rows · K/2` bytes, scales `scale_rows · K/16`.
+    pub fn a_sizes(&self) -> Nvfp4Sizes {
+        Nvfp4Sizes { values: self.token_rows() * self.k / 2, scales: self.scale_rows() * self.k / 16 }
+    }
+
+    /// Sizes of one group's weights B (`N x K`).
+    pub fn b_sizes(&self) -> Nvfp4Sizes {
+        Nvfp4Sizes { values: self.n * self.k / 2, scales: blocked_bytes(self.n as u32, self.k as u32) }
+    }
+
+    /// Elements of C: `token_rows · N`.
+    pub fn c_elements(&self) -> usize {
+        self.token_rows() * self.n
+    }
+
+    /// The rows of every group for the sizes array `sizes` (host copy), clamped exactly as the
+    /// device does, and the status bits the device would raise: for references and tests.
+    pub fn group_rows(&self, sizes: &[u32]) -> Result<(Vec<GroupRows>, SizeStatus)> {
+        if sizes.len() != self.sizes_len() {
+            return Err(invalid(
+                "group_rows",
+                "sizes",
+                format!("has {} entries, needs {}", sizes.len(), self.sizes_len()),
+            ));
+        }
+        let s = self.device_sizes(0);
+        let rows: Vec<GroupRows> = (0..self.groups as u32).map(|g| s.group(g, |i| sizes[i as usize])).collect();
+        let status = rows.iter().fold(0, |acc, r| acc | r.status);
+        Ok((rows, SizeStatus(status)))
+    }
+}
+
+/// An [`Error::InvalidArgument`] of `call`'s `field`.
+pub(crate) fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument { call, field, reason: reason.into() }
+}
+
+/// The plan's sticky status word: which sizes were beyond the plan's bounds since the last
+/// [`MoePlan::clear_status`](crate::moe::MoePlan::clear_status) (each was clamped; see [`TokenLayout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SizeStatus(pub u32);
+
+impl SizeStatus {
+    /// No size was beyond the bounds.
+    pub fn is_ok(self) -> bool {
+        self.0 == 0
+    }
+    /// An offset was above `max_tokens` (contiguous).
+    pub fn rows_over_bound(self) -> bool {
+        self.0 & abi::STATUS_ROWS_OVER_BOUND != 0
+    }
+    /// An offset was below the previous one (contiguous).
+    pub fn offsets_decreasing(self) -> bool {
+        self.0 & abi::STATUS_OFFSETS_DECREASING != 0
+    }
+    /// A count was above `max_rows` (masked).
+    pub fn count_over_bound(self) -> bool {
+        self.0 & abi::STATUS_COUNT_OVER_BOUND != 0
+    }
+    /// The schedule did not fit the work list (never for sizes within the bounds).
+    pub fn work_overflow(self) -> bool {
+        self.0 & abi::STATUS_WORK_OVERFLOW != 0
+    }
+}
+
+impl fmt::Display for SizeStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_ok() {
+            return write!(f, "ok");
+        }
+        let names = [
+            (self.rows_over_bound(), "offsets above max_tokens"),
+            (self.offsets_decreasing(), "decreasing offsets"),
+            (self.count_over_bound(), "counts above max_rows"),
+            (self.work_overflow(), "work list overflow"),
+        ];
+        let list: Vec<&str> = names.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+        write!(f, "sizes clamped: {}", list.join(", "))
+    }
+}
+
+/// Addresses and lengths of one call's buffers, as the validator sees them (and the layout code
+/// of each architecture reads them; public for the device model's tests, `model-tests/`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeBuffers {
+    /// The sizes array (`u32` elements).
+    pub sizes: BufferView,
+    /// Packed values of A (bytes).
+    pub a_values: BufferView,
+    /// Blocked scales of A (bytes).
+    pub a_scales: BufferView,
+    /// Each group's weight values and scales (bytes).
+    pub weights: Vec<(BufferView, BufferView)>,
+    /// Each group's alpha.
+    pub alphas: Vec<f32>,
+    /// C (elements).
+    pub c: BufferView,
+    /// C's element type.
+    pub c_type: OutputType,
+}
+
+/// Checks one call's buffers against the problem, as [`MoePlan::run`](crate::moe::MoePlan::run) does before any launch.
+/// Pure: runs on the CPU.
+pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
+    const CALL: &str = "moe run";
+    let a = p.a_sizes();
+    let checks = [
+        ("sizes", b.sizes, p.sizes_len(), 4),
+        ("a.values", b.a_values, a.values, BUFFER_ALIGN),
+        ("a.scales", b.a_scales, a.scales, BUFFER_ALIGN),
+        ("c", b.c, p.c_elements(), BUFFER_ALIGN),
+    ];
+    for (field, view, len, align) in checks {
+        if view.len != len {
+            return Err(invalid(CALL, field, format!("has {} elements; the problem needs exactly {len}", view.len)));
+        }
+        if view.ptr % align != 0 {
+            return Err(invalid(CALL, field, format!("address {:#x} is not {align}-byte aligned", view.ptr)));
+        }
+    }
+    if b.c_type != p.output {
+        return Err(invalid(CALL, "c", format!("is {:?} but the problem's output is {:?}", b.c_type, p.output)));
+    }
+    if b.weights.len() != p.groups {
+        return Err(invalid(CALL, "weights", format!("{} given for {} groups", b.weights.len(), p.groups)));
+    }
+    if b.alphas.len() != p.groups {
+        return Err(invalid(CALL, "alphas", format!("{} given for {} groups", b.alphas.len(), p.groups)));
+    }
+    let w = p.b_sizes();
+    for (g, ((values, scales), alpha)) in b.weights.iter().zip(&b.alphas).enumerate() {
+        for (field, view, len) in [("b.values", values, w.values), ("b.scales", scales, w.scales)] {
+            if view.len != len {
+                return Err(Error::group(
+                    g,
+                    field,
+                    format!("has {} elements; n={} k={} needs exactly {len}", view.len, p.n, p.k),
+                ));
+            }
+            if view.ptr % BUFFER_ALIGN != 0 {
+                return Err(Error::group(
+                    g,
+                    field,
+                    format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
+                ));
+            }
+        }
+        if !alpha.is_finite() {
+            return Err(Error::group(g, "alpha", format!("{alpha} is not finite")));
+        }
+    }
+    // C is the only output: it overlaps none of the inputs (which may share memory). Ids: 0..4
+    // the call's buffers, then each group's weight values and scales.
+    const FIELDS: [&str; 4] = ["c", "sizes", "a.values", "a.scales"];
+    let inputs =
+        [Span::new(1, b.sizes, 4, false), Span::new(2, b.a_values, 1, false), Span::new(3, b.a_scales, 1, false)];
+    let weights = b.weights.iter().enumerate().flat_map(|(g, (values, scales))| {
+        let id = 4 + 2 * g as u32;
+        [Span::new(id, *values, 1, false), Span::new(id + 1, *scales, 1, false)]
+    });
+    let name = |id: u32| match id {
+        0..4 => BufferName { group: None, field: FIELDS[id as usize] },
+        _ => BufferName { group: Some((id as usize - 4) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
+    };
+    overlap::check_one_output(CALL, Span::new(0, b.c, 2, true), inputs.into_iter().chain(weights), name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::MAX_GROUPS;
+
+    fn contiguous(groups: usize, t: usize) -> MoeProblem {
+        MoeProblem::new(groups, 256, 512, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap()
+    }
+
+    #[test]
+    fn problem_rules_and_sizes() {
+        let p = contiguous(4, 300);
+        assert_eq!((p.token_rows(), p.scale_rows(), p.sizes_len()), (300, 128 * 7, 5));
+        assert_eq!(p.a_sizes(), Nvfp4Sizes { values: 300 * 256, scales: 128 * 7 * 32 });
+        assert_eq!(p.b_sizes(), Nvfp4Sizes { values: 256 * 256, scales: 256 * 32 });
+        assert_eq!(p.c_elements(), 300 * 256);
+        let m = MoeProblem::new(3, 136, 64, TokenLayout::Masked { max_rows: 20 }, OutputType::Bf16).unwrap();
+        assert_eq!((m.token_rows(), m.scale_rows(), m.sizes_len(), m.c_elements()), (60, 384, 3, 60 * 136));
+        let bad = |g, n, k, layout| MoeProblem::new(g, n, k, layout, OutputType::F16).is_err();
+        let c = TokenLayout::Contiguous { max_tokens: 8 };
+        assert!(bad(0, 8, 64, c));
+        assert!(bad(MAX_GROUPS + 1, 8, 64, c));
+        assert!(bad(1, 8, 100, c));
+        assert!(bad(1, 12, 64, c));
+        assert!(bad(1, 8, 64, TokenLayout::Contiguous { max_tokens: 0 }));
+        assert!(bad(1, 8, 64, TokenLayout::Masked { max_rows: 0 }));
+        assert!(bad(1, 8, 1 << 20, TokenLayout::Contiguous { max_tokens: 4096 }), "32-bit indexing");
+        assert!(!bad(MAX_GROUPS, 8, 64, c));
+    }
+
+    #[test]
+    fn group_rows_clamp_like_the_device() {
+        let p = contiguous(3, 100);
+        let (rows, status) = p.group_rows(&[0, 40, 30, 120]).unwrap();
+        assert_eq!(rows.iter().map(|r| (r.first, r.rows)).collect::<Vec<_>>(), vec![(0, 40), (40, 0), (30, 70)]);
+        assert!(status.rows_over_bound() && status.offsets_decreasing() && !status.count_over_bound());
+        assert_eq!(status.to_string(), "sizes clamped: offsets above max_tokens, decreasing offsets");
+        assert!(p.group_rows(&[0, 1, 2]).is_err());
+        let m = MoeProblem::new(2, 8, 64, TokenLayout::Masked { max_rows: 16 }, OutputType::F16).unwrap();
+        let (rows, status) = m.group_rows(&[3, 17]).unwrap();
+        assert_eq!(
+            rows.iter().map(|r| (r.first, r.rows, r.scale_first)).collect::<Vec<_>>(),
+            vec![(0, 3, 0), (16, 16, 128)]
+        );
+        assert!(status.count_over_bound());
+        assert_eq!(SizeStatus(0).to_string(), "ok");
+    }
+
+    fn good_buffers(p: &MoeProblem) -> MoeBuffers {
+        let a = p.a_sizes();
+        let w = p.b_sizes();
+        let v = |i: u64, len| BufferView { ptr: 0x1000_0000 * i, len };
+        MoeBuffers {
+            sizes: v(1, p.sizes_len()),
+            a_values: v(2, a.values),
+            a_scales: v(3, a.scales),
+            weights: (0..p.groups() as u64).map(|g| (v(10 + 2 * g, w.values), v(11 + 2 * g, w.scales))).collect(),
+            alphas: vec![1.0; p.groups()],
+            c: v(4, p.c_elements()),
+            c_type: p.output(),
+        }
+    }
+
+    #[test]
+    fn run_buffers_are_checked_with_typed_errors() {
+        let p = contiguous(3, 300);
+        assert!(validate_moe_buffers(&p, &good_buffers(&p)).is_ok());
+        type Breaker = fn(&mut MoeBuffers);
+        let argument_cases: [(&str, Breaker); 9] = [
+            ("sizes", |b| b.sizes.len = 3),
+            ("sizes", |b| b.sizes.ptr += 2),
+            ("a.values", |b| b.a_values.len -= 1),
+            ("a.scales", |b| b.a_scales.len = 300 * 32), // not the grouped scale tensor
+            ("a.scales", |b| b.a_scales.ptr += 8),
+            ("c", |b| b.c.len += 1),
+            ("c", |b| b.c_type = OutputType::Bf16),
+            ("weights", |b| {
+                b.weights.pop();
+            }),
+            ("alphas", |b| b.alphas.push(1.0)),
+        ];
+        for (field, break_it) in argument_cases {
+            let mut b = good_buffers(&p);
+            break_it(&mut b);
+            match validate_moe_buffers(&p, &b).unwrap_err() {
+                Error::InvalidArgument { field: f, .. } => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        let group_cases: [(&str, Breaker); 3] = [
+            ("b.values", |b| b.weights[1].0.len += 1),
+            ("b.scales", |b| b.weights[1].1.ptr += 4),
+            ("alpha", |b| b.alphas[1] = f32::INFINITY),
+        ];
+        for (field, break_it) in group_cases {
+            let mut b = good_buffers(&p);
+            break_it(&mut b);
+            match validate_moe_buffers(&p, &b).unwrap_err() {
+                Error::InvalidGroup { group, field: f, .. } => assert_eq!((group, f), (1, field)),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    /// C (the only output) overlapping any input is refused, naming both; the inputs may share
+    /// memory (every expert the same weights, A's values and scales in one allocation).
+    #[test]
+    fn run_buffers_do_not_overlap_c() {
+        let p = contiguous(3, 300);
+        let good = good_buffers(&p);
+        let c_bytes = 2 * good.c.len as u64;
+        type Edit = fn(&mut MoeBuffers, u64);
+        let cases: [(Edit, (Option<usize>, &str)); 4] = [
+            (|b, _| b.c.ptr = b.a_values.ptr, (None, "a.values")),
+            (|b, n| b.c.ptr = b.a_scales.ptr - n + 16, (None, "a.scales")),
+            (|b, _| b.c.ptr = b.sizes.ptr - 16, (None, "sizes")),
+            (|b, _| b.weights[2].1.ptr = b.c.ptr + 32, (Some(2), "b.scales")),
+        ];
+        for (i, (edit, other)) in cases.into_iter().enumerate() {
+            let mut b = good.clone();
+            edit(&mut b, c_bytes);
+            match validate_moe_buffers(&p, &b).unwrap_err() {
+                Error::Overlap { call: "moe run", output, other: o } => {
+                    assert_eq!((output.group, output.field), (None, "c"), "case {i}");
+                    assert_eq!((o.group, o.field), other, "case {i}");
+                }
+                e => panic!("case {i}: {e:?}"),
+            }
+        }
+        let mut shared = good.clone();
+        shared.weights = vec![good.weights[0]; 3];
+        shared.a_scales.ptr = shared.a_values.ptr;
+        shared.sizes.ptr = shared.a_values.ptr + 64;
+        shared.c.ptr = good.weights[0].1.ptr + (p.b_sizes().scales as u64).next_multiple_of(16);
+        assert!(validate_moe_buffers(&p, &shared).is_ok());
+    }
+
+    /// Shapes beyond the kernels' indexing or any device's memory are refused in constant time,
+    /// naming the field and the limit.
+    #[test]
+    fn problem_limits() {
+        let too_large = |g, n, k, layout| match MoeProblem::new(g, n, k, layout, OutputType::F16).unwrap_err() {
+            Error::TooLarge { group: None, field, limit, .. } => (field, limit),
+            other => panic!("{other:?}"),
+        };
+        let c = |t| TokenLayout::Contiguous { max_tokens: t };
+        assert_eq!(too_large(MAX_GROUPS + 1, 8, 64, c(8)), ("groups", Limit::Groups));
+        assert_eq!(too_large(1, 8, rules::MAX_DIM + 64, c(8)), ("k", Limit::Dim));
+        assert_eq!(too_large(1, rules::MAX_DIM + 8, 64, c(8)), ("n", Limit::Dim));
+        assert_eq!(too_large(1, 8, 64, c(rules::MAX_DIM + 1)), ("max_tokens", Limit::Dim));
+        assert_eq!(too_large(1, 8, 1 << 20, c(4096)), ("a.values", Limit::Index32));
+        assert_eq!(too_large(1, 1 << 20, 64, c(4096)), ("c", Limit::Index32));
+        // G · M_max beyond 32 bits: refused before the abi's u32 formulas see it.
+        let masked = TokenLayout::Masked { max_rows: rules::MAX_DIM };
+        assert_eq!(too_large(MAX_GROUPS, 8, 64, masked), ("a.values", Limit::Index32));
+        // Every expert's weights together beyond any device.
+        assert_eq!(too_large(512, 1 << 17, 1 << 14, c(16)), ("weights", Limit::DeviceBytes));
+        assert!(MoeProblem::new(256, 4096, 7168, c(1 << 16), OutputType::Bf16).is_ok());
+        let e = MoeProblem::new(512, 1 << 17, 1 << 14, c(16), OutputType::F16).unwrap_err().to_string();
+        assert!(e.contains("`weights`") && e.contains("274877906944"), "{e}");
+    }
+}
