@@ -37,6 +37,7 @@
 #[doc(hidden)]
 pub mod ceiling;
 pub mod device;
+mod device_sizes;
 pub mod driver;
 pub mod error;
 pub mod moe;
@@ -54,6 +55,7 @@ pub mod upload;
 /// that the CPU model of the device (`model-tests/`) runs the kernels on exactly these tables,
 /// with the maps encoded by the model ([`driver::tensor_map::TiledMapEncoder`]).
 pub mod layout {
+    pub use crate::device_sizes::{kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedTables, TableSizes};
     pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100DeviceTables, Sm100Launch, Sm100Layout};
     pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout, KERNEL_OVERRIDE as SM90_KERNEL_OVERRIDE};
 }

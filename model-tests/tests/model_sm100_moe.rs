@@ -16,7 +16,9 @@ use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm_abi::moe::{
     STATUS_COUNT_OVER_BOUND, STATUS_OFFSETS_DECREASING, STATUS_ROWS_OVER_BOUND, STATUS_WORK_OVERFLOW,
 };
-use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+use nvfp4_gemm_abi::sm100::params::{
+    GroupParams as Sm100GroupParams, N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL,
+};
 use nvfp4_gemm_abi::sm100::BlockN;
 use nvfp4_gemm_model_tests::*;
 
@@ -160,7 +162,7 @@ fn model_sm100_moe_device_sizes_schedule_many_groups() {
 
 /// Runs only `sm100_schedule` on `sizes` (the other buffers are addresses the scheduler only
 /// computes with) and checks the table fields and the list; returns what it wrote.
-fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> ScheduleOutcome {
+fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> ScheduleOutcome<Sm100GroupParams> {
     let t = std::time::Instant::now();
     let layout = nvfp4_gemm::layout::Sm100DeviceLayout::new(problem, |k| Residency::deep(148).of(k)).unwrap();
     let sizes_buf = DeviceBuf::from_bytes(&sizes.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
@@ -177,7 +179,7 @@ fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> Sch
         c_type: problem.output(),
     };
     nvfp4_gemm::moe::validate_moe_buffers(problem, &buffers).unwrap();
-    let tables = Sm100MoeTables::new(&layout, problem, &buffers);
+    let tables = MoeTables::new(&layout, problem, &buffers);
     run_sm100_schedule(&layout, problem, &buffers, &tables, &ModelRun::default()).unwrap();
     let outcome = tables.outcome();
     let k = problem.k() as u64;
