@@ -147,7 +147,7 @@ fn main() -> ExitCode {
             print!("{}", options::HELP);
             return ExitCode::SUCCESS;
         }
-        Ok(Parsed::Run(o)) => run(o),
+        Ok(Parsed::Run(o)) => run(*o),
         Err(e) => Err(e),
     };
     match result {

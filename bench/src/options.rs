@@ -1,6 +1,7 @@
 //! Command-line options of `nvfp4-bench`.
 
 use crate::moe::MoeShape;
+use nvfp4_gemm::moe::{MoeKernels, MoeOptions};
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -76,8 +77,16 @@ MOE ROWS (off unless asked for; run after the shapes above)
                     m0 = e=64,t=1-16,n=7168,k=2048   m1 = e=256,t=1-8,n=7168,k=2048
                     m2 = e=64,t=1-16,n=4096,k=7168   m3 = e=256,t=1-8,n=4096,k=7168
                     (e experts, each given a uniform count of tokens in t = lo-hi)
-  --moe-shapes LIST which of m0..m3 (comma-separated, `all` or `none`); implies --moe
+  --moe-shapes LIST which of m0..m3 (comma-separated, `all` or `none`); implies --moe; also the
+                    decode shapes as MoE rows: d0 = e=64,t=4,n=7168,k=2048,
+                    d1 = e=8,t=1-8,n=7168,k=2048, d2 = e=32,t=16,n=4096,k=7168
   --moe-shape SPEC  an extra MoE problem (repeatable), e.g. e=128,t=0-4,n=2048,k=1024,name=mine
+  --moe-kernels LIST
+                    the MoePlan options each MoE row times (comma-separated; default `auto`), on
+                    sm_90a: `auto` (decode and general kernels, the scheduler picks per call),
+                    `decode` (the decode kernel only), `general` (the general kernel only), and
+                    `auto-t64`, `general-t64` (the general kernel with 64-wide last tiles); the
+                    first fills moe_us and graph_us, every one gets a line after the table
   --torch WHAT      the PyTorch baseline of the MoE rows: `auto` (default: run torch_moe.py beside
                     this binary with python3, or $NVFP4_BENCH_PYTHON, before opening the GPU; it
                     writes DIR/torch-moe.json), `off`, or the path of a torch-moe.json to read
@@ -161,6 +170,9 @@ pub struct Options {
     /// MoE rows to run after the problems (none unless asked for).
     #[serde(skip)]
     pub moe: Vec<MoeShape>,
+    /// The `MoePlan` options each MoE row times (`--moe-kernels`), by name.
+    #[serde(skip)]
+    pub moe_kernels: Vec<(String, MoeOptions)>,
     /// Where the MoE rows' PyTorch baseline comes from.
     #[serde(skip)]
     pub torch: Torch,
@@ -234,6 +246,7 @@ impl Default for Options {
             baseline: true,
             out: PathBuf::from("bench-results"),
             moe: vec![],
+            moe_kernels: vec![("auto".into(), MoeOptions::default())],
             torch: Torch::Auto,
             write_routing: None,
             ceilings_only: false,
@@ -241,11 +254,24 @@ impl Default for Options {
     }
 }
 
+/// The `MoePlan` options of a `--moe-kernels` name.
+pub fn moe_options(name: &str) -> Option<MoeOptions> {
+    let (kernels, tail64) = match name {
+        "auto" => (MoeKernels::Auto, false),
+        "auto-t64" => (MoeKernels::Auto, true),
+        "decode" => (MoeKernels::Decode, false),
+        "general" => (MoeKernels::General, false),
+        "general-t64" => (MoeKernels::General, true),
+        _ => return None,
+    };
+    Some(MoeOptions { kernels, tail64 })
+}
+
 /// What the command line asked for.
 #[derive(Debug)]
 pub enum Parsed {
     /// Run with these options.
-    Run(Options),
+    Run(Box<Options>),
     /// Print the help.
     Help,
 }
@@ -325,7 +351,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                         .split(',')
                         .map(|s| {
                             MoeShape::named(s.trim())
-                                .ok_or_else(|| format!("--moe-shapes: unknown shape `{s}` (m0..m3)"))
+                                .ok_or_else(|| format!("--moe-shapes: unknown shape `{s}` (m0..m3, d0..d2)"))
                         })
                         .collect::<Result<_, _>>()?,
                 });
@@ -336,6 +362,16 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                     Some(s) => s,
                     None => MoeShape::parse(&v)?,
                 });
+            }
+            "--moe-kernels" => {
+                o.moe_kernels = value()?
+                    .split(',')
+                    .map(|name| {
+                        moe_options(name.trim()).map(|opt| (name.trim().to_owned(), opt)).ok_or_else(|| {
+                            format!("--moe-kernels: unknown `{name}` (auto, decode, general, auto-t64, general-t64)")
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
             }
             "--torch" => {
                 o.torch = match value()?.as_str() {
@@ -368,7 +404,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         }
         o.problems = vec![];
         o.moe = vec![];
-        return Ok(Parsed::Run(o));
+        return Ok(Parsed::Run(Box::new(o)));
     }
     let mut problems = benchmarks.unwrap_or_else(default_shapes);
     let customs = extra.iter().filter(|s| s.name == "custom").count();
@@ -404,7 +440,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     }
     o.problems = problems;
     o.moe = moe;
-    Ok(Parsed::Run(o))
+    Ok(Parsed::Run(Box::new(o)))
 }
 
 #[cfg(test)]
@@ -417,7 +453,7 @@ mod tests {
 
     fn run(s: &str) -> Options {
         match parse(&args(s)).unwrap() {
-            Parsed::Run(o) => o,
+            Parsed::Run(o) => *o,
             Parsed::Help => panic!("help"),
         }
     }
@@ -547,7 +583,15 @@ mod tests {
         let o = run("--write-moe-routing /tmp/r.json --moe-shape e=2,t=1,n=8,k=64,name=only");
         assert_eq!(moe_names(&o), ["only"]);
         let err = |s: &str| parse(&args(s)).unwrap_err();
-        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3)"));
+        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3, d0..d2)"));
+        assert_eq!(moe_names(&run("--shapes none --moe-shapes d0,m1,d2")), ["d0", "m1", "d2"]);
+        assert_eq!(run("--moe").moe_kernels, vec![("auto".to_owned(), MoeOptions::default())]);
+        let o = run("--moe --moe-kernels auto,decode,general-t64");
+        let names: Vec<&str> = o.moe_kernels.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["auto", "decode", "general-t64"]);
+        assert_eq!(o.moe_kernels[1].1, MoeOptions { kernels: MoeKernels::Decode, tail64: false });
+        assert_eq!(o.moe_kernels[2].1, MoeOptions { kernels: MoeKernels::General, tail64: true });
+        assert!(err("--moe --moe-kernels auto,fast").contains("unknown `fast`"));
         assert!(err("--moe-shape e=1,t=1,n=8").contains("missing k"));
         assert!(err("--moe=1").contains("takes no value"));
         assert!(err("--shapes none --moe-shapes none").contains("no shapes"));

@@ -101,8 +101,8 @@ pub(crate) unsafe fn schedule<P: TilePolicy>(policy: &P) {
     while g < end {
         let r = p.sizes.group(g, load);
         let (counts, flags) = policy.count(&r);
-        for (m, c) in mine.iter_mut().zip(counts) {
-            *m += c;
+        for j in 0..SUMS {
+            mine[j] += counts[j];
         }
         status |= r.status | (flags << FLAG_SHIFT);
         g += 1;
@@ -125,8 +125,8 @@ pub(crate) unsafe fn schedule<P: TilePolicy>(policy: &P) {
             smem::st_u32(word(g, 0), w[0]);
             smem::st_u32(word(g, 1), w[1]);
         }
-        for (b, c) in base.iter_mut().zip(counts) {
-            *b += c;
+        for j in 0..SUMS {
+            base[j] += counts[j];
         }
         g += 1;
     }

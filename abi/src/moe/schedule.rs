@@ -136,6 +136,9 @@ pub fn lpt_picks(
     load: impl Fn(u32) -> u32,
     mut emit: impl FnMut(u32, u32),
 ) -> u32 {
+    // Costs are at least 1 (a 0 would be taken as 1); the test keeps division-by-zero panics
+    // out of the device code.
+    let cost = if cost == 0 { 1 } else { cost };
     let lb = load(b);
     // The pairs below (L_b, b): per CTA i, ⌈(L_b − L_i) / c⌉ values below L_b, and one more equal
     // to it when i < b.

@@ -56,9 +56,7 @@ impl GroupTiles {
     pub const fn new(cfg: GemmConfig, m: u32) -> GroupTiles {
         let block_m = cfg.tile_rows(m);
         let mt = m_tiles(m, block_m);
-        let wide = if mt == 0 {
-            0
-        } else if block_m == cfg.narrow {
+        let wide = if mt == 0 || block_m == cfg.narrow {
             0
         } else if cfg.tile_width(m, block_m, mt - 1) == cfg.narrow {
             mt - 1
