@@ -1,4 +1,5 @@
-//! Launch geometry, and the per-CTA limit both architectures size their shared memory against.
+//! Launch geometry, and the hardware sizes both architectures lay their CTAs out against: shared
+//! memory per CTA and per SM, registers per SM, the size of an mbarrier.
 //!
 //! Every kernel's [`LaunchGeometry`] is built by a `const fn` of its architecture's module
 //! ([`crate::sm90::gemm_launch`], [`crate::sm90::dequant_launch`],
@@ -19,6 +20,15 @@ pub const SMEM_PER_SM: u32 = 233_472;
 
 /// Shared memory the system reserves per resident CTA (1 KiB on sm_90 and sm_100).
 pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+
+/// 32-bit registers per SM on sm_90 and sm_100
+/// (`CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR`): the pool the register caps
+/// (`.maxnreg`) of a kernel's resident CTAs share.
+pub const REGISTERS_PER_SM: u32 = 65536;
+
+/// Bytes of one mbarrier object in shared memory (8-byte aligned; PTX ISA, "Size and alignment of
+/// mbarrier object").
+pub const MBARRIER_BYTES: u32 = 8;
 
 /// Grid, block, cluster and dynamic shared memory of one launch (all along x).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,5 +51,6 @@ mod tests {
     fn limit_is_227_kib() {
         assert_eq!(MAX_DYNAMIC_SMEM, 227 * 1024);
         assert_eq!(DYNAMIC_SMEM_ALIGN, 8 * 128);
+        assert_eq!((REGISTERS_PER_SM, MBARRIER_BYTES), (64 * 1024, 8));
     }
 }

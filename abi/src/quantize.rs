@@ -113,7 +113,7 @@ pub const fn launch(items: u64, max_ctas: u32) -> crate::launch::LaunchGeometry 
 /// Register caps of both kernels (`.maxnreg`, see `cargo xtask build-ptx`): [`THREADS`]-thread
 /// CTAs, four per SM.
 pub const REGISTER_CAPS: [(&str, u32); 2] = [("nvfp4_quantize", 64), ("nvfp4_dequantize", 64)];
-const _: () = assert!(4 * THREADS * 64 <= 65536);
+const _: () = assert!(4 * THREADS * 64 <= crate::launch::REGISTERS_PER_SM);
 
 /// The canonical e4m3fn NaN.
 pub const E4M3_NAN: u8 = 0x7F;

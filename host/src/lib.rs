@@ -45,6 +45,7 @@ pub mod plan;
 pub mod probe;
 pub mod problem;
 pub mod quantize;
+pub mod raw;
 mod sm100;
 mod sm90;
 pub mod smoke;

@@ -118,8 +118,9 @@ pub(crate) fn upload_tables<G: bytemuck::Pod, M: bytemuck::Pod>(
 
 /// The device half of a plan for one architecture: its tables, uploads and launches. Both
 /// architectures have the same shape (`sm90::Sm90Plan`, `sm100::Sm100Plan`): a pure layout
-/// (work lists, geometry, parameter encoding) and this device part.
-pub(crate) trait ArchPlan {
+/// (work lists, geometry, parameter encoding) and this device part. `Send`, so that a
+/// [`GemmPlan`] can move between threads (bindings hand it to whichever thread calls).
+pub(crate) trait ArchPlan: Send {
     /// Whether any launch runs (false when no group has an output tile).
     fn has_work(&self) -> bool;
 

@@ -20,9 +20,7 @@
 
 use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::SmemAddr;
-
-/// Bytes of one mbarrier.
-const MBARRIER_BYTES: u32 = 8;
+use nvfp4_gemm_abi::launch::MBARRIER_BYTES;
 
 /// An array of consecutive mbarriers, one per stage, starting at `first`.
 #[derive(Clone, Copy, Debug)]

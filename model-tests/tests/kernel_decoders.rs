@@ -2,7 +2,8 @@
 //! checked on the CPU against the format crate's codecs.
 
 use nvfp4_format::codec::e2m1_to_f32;
-use nvfp4_gemm_kernel::ptx::convert::{e2m1x2_pair_to_f16x2_scaled, e2m1x8_to_f16x2_scaled, F16X2_2_14};
+use nvfp4_gemm_abi::sm90::DECODE_UNSCALE_F16X2;
+use nvfp4_gemm_kernel::ptx::convert::{e2m1x2_pair_to_f16x2_scaled, e2m1x8_to_f16x2_scaled};
 
 /// Every e2m1 code in every nibble of a word: word `k` of the result holds elements `k` (low half)
 /// and `k + 4` (high half), each the e2m1 value times 2⁻¹⁴, with the sign of the code (also −0).
@@ -27,8 +28,8 @@ fn model_sm90_e2m1_decoder_every_code_every_position() {
             }
         }
     }
-    assert_eq!(half::f16::from_bits(F16X2_2_14 as u16).to_f32(), 16384.0);
-    assert_eq!(F16X2_2_14 >> 16, F16X2_2_14 & 0xFFFF);
+    assert_eq!(half::f16::from_bits(DECODE_UNSCALE_F16X2 as u16).to_f32(), 16384.0);
+    assert_eq!(DECODE_UNSCALE_F16X2 >> 16, DECODE_UNSCALE_F16X2 & 0xFFFF);
 }
 
 /// The eight-value decoder against the one-pair decoder (which places magnitude and sign with
@@ -114,7 +115,7 @@ fn model_sm90_dequantized_tokens_are_exact() {
             let s = e4m3_byte_to_f16x2(word, q);
             for code in 0..16u32 {
                 let pair = e2m1x2_pair_to_f16x2_scaled(code * 0x1111_1111, 0);
-                let got = mul_f16x2(mul_f16x2(pair, s), F16X2_2_14);
+                let got = mul_f16x2(mul_f16x2(pair, s), DECODE_UNSCALE_F16X2);
                 let want = f64::from(e2m1_to_f32(code as u8)) * f64::from(e4m3_to_f32(scale));
                 for h in 0..2 {
                     let v = half::f16::from_bits((got >> (16 * h)) as u16);

@@ -9,7 +9,7 @@
 use nvfp4_format::GroupShape;
 use nvfp4_format::InputDistribution::{Competition, FullRange};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
-use nvfp4_gemm_abi::sm90::{GemmConfig, RowSpan};
+use nvfp4_gemm_abi::sm90::{GemmConfig, RowSpan, DECODE_UNSCALE};
 use nvfp4_gemm_model_tests::*;
 
 /// The competition's groups (M as in the competition, N ≤ 136, K ≤ 320), with every tail.
@@ -60,7 +60,7 @@ fn model_sm90_alpha_beyond_the_folded_factor() {
             x.alpha = 2f32.powi(126);
             x.a.set_global_scale(1.0);
             x.b.set_global_scale(1.0);
-            assert!(x.effective_alpha_f32().is_finite() && !(16384.0 * x.effective_alpha_f32()).is_finite());
+            assert!(x.effective_alpha_f32().is_finite() && !(DECODE_UNSCALE * x.effective_alpha_f32()).is_finite());
         }
         g[1].a.values_mut().fill(0);
         run_and_check(&format!("sm90 {name} alpha 2^126"), &g, F16, &ModelRun::default(), |o, r| run_sm90(o, 2, r));
@@ -122,7 +122,7 @@ fn model_sm90_many_groups() {
     let shapes = z(&m, &n, &k);
     let problem = nvfp4_gemm::Problem::new(shapes.clone(), F16).unwrap();
     let layout = nvfp4_gemm::layout::Sm90Layout::new(&problem, 2);
-    assert_eq!(layout.config, GemmConfig::M16);
+    assert_eq!(layout.config, GemmConfig::DECODE);
     assert_eq!(layout.dequant_ctas[3].1, 2, "{:?}", layout.dequant_ctas[3]);
     assert_eq!(layout.dequant_ctas[129].1, 1);
     check_sm90("sm90 many groups", &shapes, 17, F16, 2, &ModelRun::ordered(Completion::Random, 7));
@@ -153,7 +153,7 @@ fn model_sm90_balanced_list_with_holes() {
 /// loads deliver, or the full barrier never completes: a deadlock report).
 #[test]
 fn model_sm90_t64_variant() {
-    check_variant("sm90 t64", &z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]), 15, GemmConfig::M128_64);
+    check_variant("sm90 t64", &z(&[176, 40, 128], &[136, 72, 24], &[320, 64, 192]), 15, GemmConfig::T64);
 }
 
 /// `shapes` (seed `seed`) with the GEMM variant `config` on 2 CTAs, in order and in random order.
@@ -195,10 +195,10 @@ fn model_sm90_n192_variant() {
 #[test]
 fn model_sm90_k_tails_over_nan_filled_shared_memory() {
     let cases: [(&str, GemmConfig, Vec<GroupShape>); 4] = [
-        ("M128", GemmConfig::M128, z(&[130, 8], &[72, 136], &[192, 320])),
-        ("t64", GemmConfig::M128_64, z(&[176, 40], &[136, 72], &[320, 64])),
+        ("general", GemmConfig::GENERAL, z(&[130, 8], &[72, 136], &[192, 320])),
+        ("t64", GemmConfig::T64, z(&[176, 40], &[136, 72], &[320, 64])),
         ("n192", GemmConfig::N192, z(&[176, 9], &[392, 264], &[320, 64])),
-        ("decode", GemmConfig::M16, z(&[4, 16, 1, 7], &[136, 24, 8, 16], &[320, 64, 192, 384])),
+        ("decode", GemmConfig::DECODE, z(&[4, 16, 1, 7], &[136, 24, 8, 16], &[320, 64, 192, 384])),
     ];
     for (i, (name, config, shapes)) in cases.iter().enumerate() {
         let run = ModelRun { smem_fill: 0xFF, ..ModelRun::ordered(Completion::Random, 5) };

@@ -69,7 +69,7 @@ fn check_schedule(
     outcome: &ScheduleOutcome<GroupParams>,
 ) -> GemmConfig {
     let (config, expected, host) = host_plan(problem, rows, sm_count, layout);
-    let slot = (config != GemmConfig::M16) as usize;
+    let slot = (config != GemmConfig::DECODE) as usize;
     assert!(layout.gemms[slot].is_some(), "{name}: the chosen kernel is launched");
     assert_eq!(outcome.work_lens[1 - slot], 0, "{name}: the other launch gets no work");
     assert_eq!(outcome.work_lens[slot] as usize, expected.len(), "{name}: list length");
@@ -127,7 +127,7 @@ fn check(
 #[test]
 fn model_sm90_moe_device_sizes_contiguous_general_balanced() {
     let p = problem(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, F16);
-    assert_eq!(check("contiguous", p, &[0, 3, 3, 140, 150], 1, 2, &AUTO, &ModelRun::default()), GemmConfig::M128);
+    assert_eq!(check("contiguous", p, &[0, 3, 3, 140, 150], 1, 2, &AUTO, &ModelRun::default()), GemmConfig::GENERAL);
 }
 
 /// The same sizes on the 64/128 kernel (the last tile of 137 rows runs 64 wide, from a 9-row
@@ -136,7 +136,7 @@ fn model_sm90_moe_device_sizes_contiguous_general_balanced() {
 fn model_sm90_moe_device_sizes_contiguous_tail64() {
     let p = problem(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
     let options = MoeOptions { kernels: MoeKernels::General, tail64: true };
-    assert_eq!(check("tail64", p, &[0, 3, 3, 140, 150], 2, 3, &options, &ModelRun::default()), GemmConfig::M128_64);
+    assert_eq!(check("tail64", p, &[0, 3, 3, 140, 150], 2, 3, &options, &ModelRun::default()), GemmConfig::T64);
 }
 
 /// A bound far above 16 tokens per group, sizes of at most 16: the decode kernel takes the call
@@ -145,7 +145,7 @@ fn model_sm90_moe_device_sizes_contiguous_tail64() {
 #[test]
 fn model_sm90_moe_device_sizes_auto_picks_the_decode_kernel() {
     let p = problem(5, 24, 256, TokenLayout::Contiguous { max_tokens: 60 }, F16);
-    assert_eq!(check("auto decode", p, &[0, 4, 4, 20, 36, 37], 3, 2, &AUTO, &ModelRun::default()), GemmConfig::M16);
+    assert_eq!(check("auto decode", p, &[0, 4, 4, 20, 36, 37], 3, 2, &AUTO, &ModelRun::default()), GemmConfig::DECODE);
 }
 
 /// A plan of the decode kernel alone given a group of 40 rows (three 16-row tiles, the last an
@@ -154,7 +154,7 @@ fn model_sm90_moe_device_sizes_auto_picks_the_decode_kernel() {
 fn model_sm90_moe_device_sizes_decode_only_takes_larger_groups() {
     let p = problem(3, 40, 128, TokenLayout::Masked { max_rows: 48 }, Bf16);
     let options = MoeOptions { kernels: MoeKernels::Decode, tail64: false };
-    assert_eq!(check("decode only", p, &[40, 0, 17], 4, 2, &options, &ModelRun::default()), GemmConfig::M16);
+    assert_eq!(check("decode only", p, &[40, 0, 17], 4, 2, &options, &ModelRun::default()), GemmConfig::DECODE);
 }
 
 /// Masked counts with M_max = 16: the decode kernel alone, under three completion orders; a count
@@ -165,7 +165,7 @@ fn model_sm90_moe_device_sizes_masked_decode_variant() {
         let p = problem(4, 24, 1024, TokenLayout::Masked { max_rows: 16 }, Bf16);
         let run = ModelRun::ordered(order, seed);
         let config = check(&format!("masked {order:?}"), p, &[16, 0, 5, 40], seed, 2, &AUTO, &run);
-        assert_eq!(config, GemmConfig::M16);
+        assert_eq!(config, GemmConfig::DECODE);
     }
 }
 
@@ -243,7 +243,7 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
         let overlapping = status.0 & STATUS_OFFSETS_DECREASING != 0;
         if !overlapping {
             let config = check_schedule(&format!("case {case}"), &problem, &rows, sm_count, &layout, &outcome);
-            decode_cases += (config == GemmConfig::M16) as u32;
+            decode_cases += (config == GemmConfig::DECODE) as u32;
             lpt_cases += outcome.work.iter().any(|w| w.is_hole()) as u32;
         }
         eprintln!(

@@ -2,7 +2,7 @@
 //! picks one per call, and how it numbers each group's tiles — the host-sized planner's choices
 //! (`host/src/sm90`) for the same sizes, so that both paths run the same work (docs/moe.md §2).
 //!
-//! A plan launches the decode kernel (`GemmConfig::M16`), a general one (`M128` or `M128_64`),
+//! A plan launches the decode kernel (`GemmConfig::DECODE`), a general one (`GENERAL` or `T64`),
 //! or both ([`KERNELS_AUTO`]): then the scheduler gives the call to the decode kernel when every
 //! group has at most 16 rows — the host planner's rule — and to the general one otherwise, and
 //! writes a length of 0 for the other, which exits at once.
@@ -22,13 +22,13 @@ pub const KERNELS_GENERAL: u32 = 2;
 /// Scheduler flag (above `schedule::FLAG_SHIFT`): a group has more than [`crate::sm90::SMALL_TILE_M`] rows.
 pub const FLAG_WIDE_GROUP: u32 = 1;
 
-/// The general kernels a device-sized plan may launch: [`GemmConfig::M128`] (16-row tiles for
-/// groups of at most 16 rows, else 128) or [`GemmConfig::M128_64`] (128-row tiles, a group's last
+/// The general kernels a device-sized plan may launch: [`GemmConfig::GENERAL`] (16-row tiles for
+/// groups of at most 16 rows, else 128) or [`GemmConfig::T64`] (128-row tiles, a group's last
 /// one 64 wide when its rows fit). `N192` is host-sized only: its weight spans are chosen per
 /// problem by the host.
-pub const GENERAL_CONFIGS: [GemmConfig; 2] = [GemmConfig::M128, GemmConfig::M128_64];
+pub const GENERAL_CONFIGS: [GemmConfig; 2] = [GemmConfig::GENERAL, GemmConfig::T64];
 
-/// The general configuration of code `general` ([`GENERAL_CONFIGS`] index; `M128` for any other).
+/// The general configuration of code `general` ([`GENERAL_CONFIGS`] index; `GENERAL` for any other).
 pub const fn general_config(general: u32) -> GemmConfig {
     if general == 1 {
         GENERAL_CONFIGS[1]
@@ -40,7 +40,7 @@ pub const fn general_config(general: u32) -> GemmConfig {
 /// The token tiles of one group of `m` rows under a configuration: per weight tile, `m_tiles`
 /// token tiles, the first `wide` of them full width (the configuration's `block_m`) and the rest
 /// narrow. An item's class (0 wide, 1 narrow) orders the host's list: its cost is the class's
-/// ([`GemmConfig::stage_cost`] of the width), and every group of a device-sized problem has the
+/// (the host cost model's for the width, `host/src/sm90/cost.rs`), and every group of a device-sized problem has the
 /// same K.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GroupTiles {
@@ -97,7 +97,7 @@ pub const fn runs_decode(kernels: u32, wide_group: bool) -> bool {
 /// The configuration a call runs: the decode one or the plan's general one.
 pub const fn chosen_config(decode: bool, general: u32) -> GemmConfig {
     if decode {
-        GemmConfig::M16
+        GemmConfig::DECODE
     } else {
         general_config(general)
     }
@@ -156,7 +156,7 @@ mod tests {
             let g = GroupTiles::new(cfg, m);
             (g.m_tiles, g.wide)
         };
-        let (m128, t64, m16) = (GemmConfig::M128, GemmConfig::M128_64, GemmConfig::M16);
+        let (m128, t64, m16) = (GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::DECODE);
         assert_eq!(
             [0, 1, 16, 17, 128, 129, 300].map(|m| t(m128, m)),
             [(0, 0), (1, 0), (1, 0), (1, 1), (1, 1), (2, 2), (3, 3)]
@@ -180,15 +180,15 @@ mod tests {
     fn kernel_choice() {
         assert!(runs_decode(KERNELS_AUTO, false) && !runs_decode(KERNELS_AUTO, true));
         assert!(runs_decode(KERNELS_DECODE, true) && !runs_decode(KERNELS_GENERAL, false));
-        assert_eq!(chosen_config(true, 1), GemmConfig::M16);
-        assert_eq!(chosen_config(false, 1), GemmConfig::M128_64);
-        assert_eq!(chosen_config(false, 0), GemmConfig::M128);
+        assert_eq!(chosen_config(true, 1), GemmConfig::DECODE);
+        assert_eq!(chosen_config(false, 1), GemmConfig::T64);
+        assert_eq!(chosen_config(false, 0), GemmConfig::GENERAL);
         // A call the decode kernel takes in AUTO has the same tiles under the general config.
         for general in 0..2 {
             for m in 0..=SMALL_TILE_M {
                 assert_eq!(
                     GroupTiles::new(general_config(general), m).m_tiles,
-                    GroupTiles::new(GemmConfig::M16, m).m_tiles
+                    GroupTiles::new(GemmConfig::DECODE, m).m_tiles
                 );
                 assert_eq!(GroupTiles::new(general_config(general), m).wide, 0);
             }

@@ -57,15 +57,12 @@ pub const EPILOGUE_WARPS: u32 = 4;
 /// The warp that runs `tcgen05.alloc` and `tcgen05.dealloc` (a whole warp must).
 pub const TMEM_ALLOC_WARP: u32 = 0;
 
-pub use crate::launch::{MAX_DYNAMIC_SMEM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
+pub use crate::launch::{MAX_DYNAMIC_SMEM, MBARRIER_BYTES, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 
 /// Alignment of every stage and of the dynamic shared memory base: one 128-byte-swizzle atom
 /// (8 rows x 128 B), so that descriptors keep base offset 0 (docs/sm100.md §5). The kernel
 /// traps if the dynamic shared memory base is not aligned to it.
 pub const STAGE_ALIGN: u32 = crate::launch::DYNAMIC_SMEM_ALIGN;
-
-/// Bytes of one mbarrier.
-pub const MBARRIER_BYTES: u32 = 8;
 
 /// Bytes reserved after the barriers for the TMEM base address `tcgen05.alloc` writes (4 used).
 /// The seed lets alloc write into stage 0 and never reads it (it assumes base 0); this slot lets

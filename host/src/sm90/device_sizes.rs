@@ -19,6 +19,7 @@
 //! heights a host-sized plan's own maps have (`block_m`, `tail_rows`), so every tile loads the
 //! same rows as there.
 
+use super::cost::stage_cost;
 use crate::device::Gpu;
 use crate::device_sizes::{
     kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables, MoeKernels, MoeOptions,
@@ -112,12 +113,13 @@ impl Sm90DeviceLayout {
             None => None,
             Some(tiles) => {
                 let max_items = to_u32(tiles * weight_tiles, "decode tiles")?;
-                let launch = sm90::gemm_launch(GemmConfig::M16, max_items, sm_count);
-                Some(Sm90DeviceGemm { config: GemmConfig::M16, max_items, max_list: max_items, launch })
+                let launch = sm90::gemm_launch(GemmConfig::DECODE, max_items, sm_count);
+                Some(Sm90DeviceGemm { config: GemmConfig::DECODE, max_items, max_list: max_items, launch })
             }
         };
         let config = general_config(general);
-        let costs = [config.stage_cost(config.block_m, 2), config.stage_cost(config.narrow, 2)];
+        let wgs = config.consumer_warpgroups();
+        let costs = [stage_cost(config, config.block_m, wgs), stage_cost(config, config.narrow, wgs)];
         let (mut lpt_grid, mut general_gemm) = (0, None);
         if kernels != KERNELS_DECODE {
             let max_items = to_u32(abi::max_m_tiles(&sizes) * weight_tiles, "output tiles")?;
@@ -368,23 +370,23 @@ mod tests {
         let p = |layout| MoeProblem::new(64, 256, 512, layout, OutputType::F16).unwrap();
         let kinds = |l: &Sm90DeviceLayout| l.gemms.map(|g| g.map(|g| g.config));
         let masked16 = layout(&p(TokenLayout::Masked { max_rows: 16 }), MoeKernels::General, false);
-        assert_eq!((masked16.kernels, kinds(&masked16)), (KERNELS_DECODE, [Some(GemmConfig::M16), None]));
+        assert_eq!((masked16.kernels, kinds(&masked16)), (KERNELS_DECODE, [Some(GemmConfig::DECODE), None]));
         let g = masked16.gemms[0].unwrap();
-        assert_eq!((g.max_items, g.launch), (64 * 2, sm90::gemm_launch(GemmConfig::M16, 128, 132)));
+        assert_eq!((g.max_items, g.launch), (64 * 2, sm90::gemm_launch(GemmConfig::DECODE, 128, 132)));
         assert_eq!(masked16.token_heights, 16);
         let contiguous = p(TokenLayout::Contiguous { max_tokens: 553 });
         let auto = layout(&contiguous, MoeKernels::Auto, false);
-        assert_eq!((auto.kernels, kinds(&auto)), (KERNELS_AUTO, [Some(GemmConfig::M16), Some(GemmConfig::M128)]));
+        assert_eq!((auto.kernels, kinds(&auto)), (KERNELS_AUTO, [Some(GemmConfig::DECODE), Some(GemmConfig::GENERAL)]));
         // Auto: the decode kernel runs only when every group has ≤ 16 rows: one tile per
         // non-empty group; forced, every group in 16-row tiles.
         assert_eq!(auto.gemms[0].unwrap().max_items, 64 * 2);
         let decode = layout(&contiguous, MoeKernels::Decode, false);
-        assert_eq!((decode.kernels, kinds(&decode)), (KERNELS_DECODE, [Some(GemmConfig::M16), None]));
+        assert_eq!((decode.kernels, kinds(&decode)), (KERNELS_DECODE, [Some(GemmConfig::DECODE), None]));
         assert_eq!(decode.gemms[0].unwrap().max_items, (64 + (553 - 64) / 16) * 2);
         let general = layout(&contiguous, MoeKernels::General, true);
-        assert_eq!((general.kernels, kinds(&general)), (KERNELS_GENERAL, [None, Some(GemmConfig::M128_64)]));
+        assert_eq!((general.kernels, kinds(&general)), (KERNELS_GENERAL, [None, Some(GemmConfig::T64)]));
         assert_eq!(general.token_heights, 128);
-        assert_eq!(GENERAL_CONFIGS[general.general as usize], GemmConfig::M128_64);
+        assert_eq!(GENERAL_CONFIGS[general.general as usize], GemmConfig::T64);
         assert_eq!(general.costs, [228, 164]);
         assert_eq!(auto.costs, [228, 116]);
     }
@@ -397,7 +399,7 @@ mod tests {
         let g = l.gemms[1].unwrap();
         assert_eq!((g.max_items, l.lpt_grid), (134, 132));
         assert_eq!(g.max_list as u64, lpt_list_capacity(134, 132, [228, 116]));
-        assert_eq!(g.launch, sm90::gemm_launch(GemmConfig::M128, g.max_list, 132));
+        assert_eq!(g.launch, sm90::gemm_launch(GemmConfig::GENERAL, g.max_list, 132));
         assert_eq!(l.table_sizes().work_items, g.max_list as usize);
         assert_eq!(l.table_sizes().ranks, 134);
         // Fewer items than CTAs: the plain order.

@@ -9,6 +9,7 @@
 //! [`Sm90Layout`] is public (through [`crate::layout`]) so that the CPU model of the device runs
 //! the kernels on exactly these tables.
 
+mod cost;
 mod device_sizes;
 mod plan;
 
@@ -16,6 +17,8 @@ pub(crate) use device_sizes::Sm90DevicePlan;
 pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
 pub(crate) use plan::Sm90Plan;
 pub use plan::KERNEL_OVERRIDE;
+
+use cost::item_cost;
 
 use crate::driver::launch::Start;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
@@ -55,10 +58,10 @@ impl Sm90Layout {
         // The decode variant when every group fits a 16-token tile; else whichever of the general
         // variants finishes its balanced list first (ties: the earlier in this order).
         let general = sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
-        let candidates: &[GemmConfig] = if general == GemmConfig::M16 {
-            &[GemmConfig::M16]
+        let candidates: &[GemmConfig] = if general == GemmConfig::DECODE {
+            &[GemmConfig::DECODE]
         } else {
-            &[GemmConfig::M128, GemmConfig::M128_64, GemmConfig::N192]
+            &[GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::N192]
         };
         let (config, work) = candidates
             .iter()
@@ -73,8 +76,8 @@ impl Sm90Layout {
     /// and measurements of one variant), or `None` where `config` cannot run it: the decode
     /// variant needs every group to fit a 16-token tile.
     pub fn with_config(problem: &Problem, sm_count: u32, config: GemmConfig) -> Option<Sm90Layout> {
-        let decode_only = sm90::config_for(problem.groups().iter().map(|s| s.m as u32)) == GemmConfig::M16;
-        if !GemmConfig::ALL.contains(&config) || (config == GemmConfig::M16 && !decode_only) {
+        let decode_only = sm90::config_for(problem.groups().iter().map(|s| s.m as u32)) == GemmConfig::DECODE;
+        if !GemmConfig::ALL.contains(&config) || (config == GemmConfig::DECODE && !decode_only) {
             return None;
         }
         let (work, _) = Self::work_list(problem, config, sm_count);
@@ -107,9 +110,9 @@ impl Sm90Layout {
     }
 
     /// The work list of `problem` under variant `config`, balanced over its persistent grid on
-    /// `sm_count` SMs, and the estimated time of its busiest CTA (in [`sm90::tile_cost`] units,
-    /// [`GemmConfig::stage_cost`] per stage). `N192` also chooses how each group's N is cut into
-    /// row spans ([`RowSpan::split`]): the number of 128-row spans per group whose list ends first.
+    /// `sm_count` SMs, and the estimated time of its busiest CTA ([`cost::item_cost`]). `N192`
+    /// also chooses how each group's N is cut into row spans ([`RowSpan::split`]): the number of
+    /// 128-row spans per group whose list ends first.
     fn work_list(problem: &Problem, config: GemmConfig, sm_count: u32) -> (Vec<WorkItem>, u64) {
         if config.block_n == sm90::BLOCK_N {
             return Self::work_list_with(problem, config, sm_count, |n| (0..sm90::n_tiles(n)).collect());
@@ -228,17 +231,6 @@ impl Sm90Layout {
     }
 }
 
-/// The estimated time of work item (`tile_m`, `tile_n`) of group `s` under `config` (in
-/// [`sm90::tile_cost`] units, [`GemmConfig::stage_cost`] per stage): every consumer warpgroup's
-/// rows for 128-row tiles, the [`RowSpan`]'s for `N192`.
-fn item_cost(config: GemmConfig, s: &crate::problem::GroupShape, tile_m: u32, tile_n: u32) -> u64 {
-    let warpgroups =
-        if config.block_n == sm90::BLOCK_N { config.consumer_warpgroups() } else { RowSpan::decode(tile_n).warpgroups };
-    let m = s.m as u32;
-    let width = config.tile_width(m, config.tile_rows(m), tile_m);
-    sm90::k_stages(s.k as u32) as u64 * config.stage_cost(width, warpgroups) as u64
-}
-
 /// How a GEMM launch that follows the token dequantization may start (`sm90::GEMM_STARTS_EARLY`).
 pub(crate) const GEMM_AFTER_DEQUANT: Start = if sm90::GEMM_STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
 
@@ -333,11 +325,11 @@ mod tests {
         // b0's token counts (K 1024 here: 8 stages): 8 tiles of 128 rows and 3 tails of ≤ 64 per
         // weight tile, against 11 of 128.
         let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
-        let l = Sm90Layout::with_config(&p, 132, GemmConfig::M128_64).unwrap();
+        let l = Sm90Layout::with_config(&p, 132, GemmConfig::T64).unwrap();
         // The cost model's own choice (the 192-row variant, `n192_spans_cover_every_row_once`),
         // and a variant that cannot run these groups.
         assert_eq!(Sm90Layout::new(&p, 132).config, GemmConfig::N192);
-        assert!(Sm90Layout::with_config(&p, 132, GemmConfig::M16).is_none());
+        assert!(Sm90Layout::with_config(&p, 132, GemmConfig::DECODE).is_none());
         let real: Vec<_> = l.work.iter().filter(|w| !w.is_hole()).collect();
         assert_eq!(real.len(), 32 * 11);
         let mut tiles: Vec<_> = real.iter().map(|w| (w.group, w.tile_n, w.tile_m)).collect();
@@ -347,7 +339,7 @@ mod tests {
         let loads = cta_loads(&l, &p);
         assert_eq!(loads.iter().sum::<u64>(), 32 * 8 * (8 * 228 + 3 * 164));
         // 256 long tiles and 96 tails on 132 CTAs: the busiest ends after two long tiles and a
-        // tail, where `M128` (352 long tiles) needs three long ones.
+        // tail, where `GENERAL` (352 long tiles) needs three long ones.
         assert_eq!(*loads.iter().max().unwrap(), 8 * (2 * 228 + 164));
         assert!(loads.iter().max().unwrap() < &(8 * 3 * 228));
     }
@@ -355,7 +347,7 @@ mod tests {
     #[test]
     fn n192_spans_cover_every_row_once() {
         // b0's token counts and N: 192- and 128-row spans (the split the cost model prefers),
-        // every 64-row block of every token tile once, and a busiest CTA below `M128_64`'s.
+        // every 64-row block of every token tile once, and a busiest CTA below `T64`'s.
         let p = same_nk(&[80, 176, 128, 72, 64, 248, 96, 160]);
         let l = Sm90Layout::new(&p, 132);
         assert_eq!(l.config, GemmConfig::N192);
@@ -374,21 +366,21 @@ mod tests {
             })
             .collect();
         assert_eq!(blocks, expected);
-        let t64 = Sm90Layout::with_config(&p, 132, GemmConfig::M128_64).unwrap();
+        let t64 = Sm90Layout::with_config(&p, 132, GemmConfig::T64).unwrap();
         assert!(cta_loads(&l, &p).iter().max() < cta_loads(&t64, &p).iter().max());
     }
 
     #[test]
     fn bench_shapes_take_the_variant_measured_fastest() {
-        // The default bench set's b-shapes on the H200's 132 SMs: b0 and b1 run `N192` (PERF.md
-        // #45: forced on b1, 66.1 µs against `M128_64`'s 68.3 and `M128`'s 77.7), b2 and b3
-        // `M128` (`N192` 30% / 22% slower there). A change of the cost model that flips one of
+        // The default bench set's b-shapes on the H200's 132 SMs: b0 and b1 run `N192` (forced
+        // on b1: 66.1 µs against `T64`'s 68.3 and `GENERAL`'s 77.7), b2 and b3
+        // `GENERAL` (`N192` 30% / 22% slower there). A change of the cost model that flips one of
         // these must come with new measurements.
         let shapes: [(&[usize], usize, usize, GemmConfig); 4] = [
             (&[80, 176, 128, 72, 64, 248, 96, 160], 4096, 7168, GemmConfig::N192),
             (&[40, 76, 168, 72, 164, 148, 196, 160], 7168, 2048, GemmConfig::N192),
-            (&[192, 320], 3072, 4096, GemmConfig::M128),
-            (&[128, 384], 4096, 1536, GemmConfig::M128),
+            (&[192, 320], 3072, 4096, GemmConfig::GENERAL),
+            (&[128, 384], 4096, 1536, GemmConfig::GENERAL),
         ];
         for (m, n, k, expected) in shapes {
             let p =
@@ -402,7 +394,7 @@ mod tests {
         // Four groups of ≤ 16 tokens beside one of 200: 16-row tiles (116) beat 64-row tails (164).
         let p = same_nk(&[4, 9, 16, 3, 200]);
         let l = Sm90Layout::new(&p, 132);
-        assert_eq!(l.config, GemmConfig::M128);
+        assert_eq!(l.config, GemmConfig::GENERAL);
         let params = l.group_params(&p, &vec![crate::problem::fake_buffers(&p.groups()[0], 0, 1.0); 5], 0);
         assert_eq!(params.iter().map(|g| g.block_m).collect::<Vec<_>>(), [16, 16, 16, 16, 128]);
         // Per weight tile 2 long tiles, 4 short ones: 64 long + 128 short on 132 CTAs.

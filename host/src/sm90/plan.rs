@@ -14,7 +14,7 @@ use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
 
-const DEQUANT: &str = "sm90_dequant_tokens";
+const DEQUANT: &str = sm90::DEQUANT_KERNEL;
 
 /// Environment variable naming the sm_90a GEMM kernel a new plan uses instead of the cost model's
 /// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
@@ -160,7 +160,7 @@ mod tests {
         let p =
             Problem::new(vec![GroupShape::new(200, 512, 256), GroupShape::new(3, 512, 256)], OutputType::F16).unwrap();
         assert_eq!(layout_for(&p, 132, None).unwrap().config, Sm90Layout::new(&p, 132).config);
-        for c in [GemmConfig::M128, GemmConfig::M128_64, GemmConfig::N192] {
+        for c in [GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::N192] {
             assert_eq!(layout_for(&p, 132, Some(c.kernel_name())).unwrap().config, c);
         }
         let err = |name| layout_for(&p, 132, Some(name)).unwrap_err().to_string();
@@ -171,6 +171,6 @@ mod tests {
         );
         assert!(err("sm100_gemm_n128_deep").contains("not an sm_90a GEMM kernel"));
         let decode = Problem::new(vec![GroupShape::new(16, 512, 256)], OutputType::F16).unwrap();
-        assert_eq!(layout_for(&decode, 132, Some("sm90_grouped_gemm_decode")).unwrap().config, GemmConfig::M16);
+        assert_eq!(layout_for(&decode, 132, Some("sm90_grouped_gemm_decode")).unwrap().config, GemmConfig::DECODE);
     }
 }

@@ -7,9 +7,11 @@
 use super::model::convert as model;
 #[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
+use nvfp4_gemm_abi::sm90::DECODE_EXPONENT;
 
 /// Decodes eight e2m1 values (the nibbles of `q`, element 0 in the low nibble) to four f16x2 words
-/// scaled by 2⁻¹⁴: word `k` holds elements `k` (low half) and `k + 4` (high half).
+/// scaled by 2⁻¹⁴ (`nvfp4_gemm_abi::sm90::DECODE_EXPONENT`): word `k` holds elements `k` (low
+/// half) and `k + 4` (high half).
 ///
 /// An e2m1 magnitude `eem` placed at f16 bits 11..9 is an f16 with exponent field `ee` and top
 /// mantissa bit `m`: exactly the e2m1 value times 2⁻¹⁴ (also for `ee = 0`, where both formats are
@@ -68,16 +70,17 @@ pub fn select_bits(mask: u32, if_set: u32, if_clear: u32) -> u32 {
 /// or 12, which may vary between threads): nibbles `shift / 4` and `shift / 4 + 4`, moved down to
 /// nibbles 0 and 4 and placed as there.
 #[inline(always)]
-pub fn e2m1x2_pair_to_f16x2_scaled(q: u32, shift: u32) -> u32 {
+pub const fn e2m1x2_pair_to_f16x2_scaled(q: u32, shift: u32) -> u32 {
     const MAGNITUDE: u32 = 0x0E00_0E00;
     const SIGN: u32 = 0x8000_8000;
     let x = q >> shift;
     ((x << 9) & MAGNITUDE) | ((x << 12) & SIGN)
 }
 
-/// 16384.0 (2¹⁴) in both halves of an f16x2: what turns [`e2m1x8_to_f16x2_scaled`]'s values
-/// (×2⁻¹⁴) times a block scale back into value · scale (exact: at most 6 · 448 = 2688).
-pub const F16X2_2_14: u32 = 0x7400_7400;
+// The decoders' 1.0 (code 0b0010) is f16's 1.0 (0x3C00) less `DECODE_EXPONENT` in the exponent
+// field: their values are the e2m1 values times 2^-DECODE_EXPONENT, which the kernels multiply
+// back in with `DECODE_UNSCALE` and `DECODE_UNSCALE_F16X2` (exact: at most 6 · 448 = 2688).
+const _: () = assert!(e2m1x2_pair_to_f16x2_scaled(0x2, 0) + (DECODE_EXPONENT << 10) == 0x3C00);
 
 /// The e4m3 scale bytes `q` (0..4) of `w0` and of `w1` in one f16x2 (`w0`'s in the low half):
 /// two rows' block scales for [`mul_f16x2_by_half`], with one `prmt` and one

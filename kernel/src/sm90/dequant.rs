@@ -14,8 +14,8 @@ use crate::ptx::{barrier, convert, sreg, warp};
 use crate::scan;
 use nvfp4_gemm_abi::scale_layout::{blocked_word_offset, rest_k};
 use nvfp4_gemm_abi::sm90::{
-    dequant_slot_words, GroupParams, KernelParams, CHUNK_K, DEQUANT_ITEMS_PER_CTA, DEQUANT_ITEMS_PER_THREAD,
-    DEQUANT_THREADS, DEQUANT_THREADS_PER_ITEM,
+    dequant_slot_words, GroupParams, KernelParams, CHUNK_K, DECODE_UNSCALE_F16X2, DEQUANT_ITEMS_PER_CTA,
+    DEQUANT_ITEMS_PER_THREAD, DEQUANT_THREADS, DEQUANT_THREADS_PER_ITEM,
 };
 
 /// See the module docs. Launch: `nvfp4_gemm_abi::sm90::dequant_launch` (`DEQUANT_THREADS`
@@ -84,7 +84,7 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
                 for q in 0..4 {
                     let pair = convert::e2m1x2_pair_to_f16x2_scaled(v[u as usize][q], shift);
                     let scale = convert::e4m3_byte_to_f16x2(sw[u as usize], q as u32);
-                    out[q] = convert::mul_f16x2(convert::mul_f16x2(pair, scale), convert::F16X2_2_14);
+                    out[q] = convert::mul_f16x2(convert::mul_f16x2(pair, scale), DECODE_UNSCALE_F16X2);
                 }
                 // Items follow each other in the group's workspace, 128 bytes each.
                 // SAFETY: item < m · k/64: inside the group's workspace (the plan's).

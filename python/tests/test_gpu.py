@@ -1,0 +1,331 @@
+"""GPU tests (torch + an sm_90a/sm_100a GPU): every function against an fp64 reference computed
+here, from the operands' bits (not through the library). Skipped, with the reason, without torch
+or a supported GPU; `gpu-check.sh` requires them to run."""
+
+import math
+import os
+
+import pytest
+
+
+def _unavailable(reason):
+    # gpu-check.sh sets NVFP4_REQUIRE_GPU: there a missing GPU is a failure, not a skip.
+    if os.environ.get("NVFP4_REQUIRE_GPU"):
+        raise RuntimeError(f"NVFP4_REQUIRE_GPU is set but {reason}")
+    pytest.skip(reason, allow_module_level=True)
+
+
+try:
+    import torch
+except ImportError:
+    _unavailable("the GPU tests need torch")
+if not torch.cuda.is_available():
+    _unavailable("the GPU tests need a CUDA device")
+
+import nvfp4_gemm  # noqa: E402
+
+try:
+    DEV = nvfp4_gemm.device(0)
+except (nvfp4_gemm.UnsupportedError, nvfp4_gemm.CudaError, nvfp4_gemm.NoDriverError) as e:
+    _unavailable(f"no supported GPU: {e}")
+
+from nvfp4_ref import (  # noqa: E402
+    CUDA,
+    TASK_BENCH,
+    TASK_TESTS,
+    assert_close,
+    blocked_index,
+    decode_e4m3,
+    dequant,
+    exact_activations,
+    make_blocked,
+    poisoned,
+    random_operand,
+    reference,
+    rest,
+    task_input,
+    task_reference,
+)
+
+
+# ---- grouped GEMM --------------------------------------------------------------------------
+
+SHAPES = [
+    [(0, 128, 256), (7, 8, 64), (130, 136, 192), (1, 256, 512)],
+    [(33, 64, 128), (255, 8, 64), (0, 16, 64)],
+    [(64, 4096, 7168 // 7 // 64 * 64)],
+]
+
+
+@pytest.mark.parametrize("shapes", SHAPES, ids=["mixed", "odd", "one"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_grouped_gemm_against_fp64(shapes, dtype):
+    gen = torch.Generator(device=CUDA).manual_seed(len(shapes))
+    a, sa, b, sb, refs, alphas = [], [], [], [], [], []
+    for g, (m, n, k) in enumerate(shapes):
+        av, asc = random_operand(m, k, gen)
+        bv, bsc = random_operand(n, k, gen)
+        alpha = 0.5 + g / 4
+        a.append(av.view(torch.float4_e2m1fn_x2) if g % 2 else av)
+        b.append(bv)
+        sa.append(make_blocked(asc, m, k).view(torch.float8_e4m3fn))
+        sb.append(make_blocked(bsc, n, k))
+        refs.append(reference(av, asc, bv, bsc, m, n, k, alpha))
+        alphas.append(alpha)
+    out = [poisoned((m, n), dtype) for m, n, _ in shapes]
+    got = nvfp4_gemm.grouped_gemm(a, b, sa, sb, alphas, out=out)
+    assert got == out
+    for g, (o, r) in enumerate(zip(got, refs)):
+        assert_close(o, r, dtype, f"group {g}")
+    # A new output, and the plain scale layout.
+    plain_a = [random_operand(m, k, gen)[1] for m, _, k in shapes]
+    sa2 = [make_blocked(p, m, k) for p, (m, _, k) in zip(plain_a, shapes)]
+    got_blocked = nvfp4_gemm.grouped_gemm(a, b, sa2, sb, alphas, out_dtype=dtype)
+    got_plain = nvfp4_gemm.grouped_gemm(
+        a, b, plain_a, [bsc_plain(s, n, k) for s, (_, n, k) in zip(sb, shapes)], alphas, out_dtype=dtype, scale_layout="plain"
+    )
+    for x, y in zip(got_blocked, got_plain):
+        assert x.dtype == dtype and torch.equal(x.view(torch.int16), y.view(torch.int16))
+
+
+def bsc_plain(blocked, rows, k):
+    return blocked.view(torch.uint8)[blocked_index(rows, k)]
+
+
+def test_64_groups_and_stacked_equals_lists():
+    gen = torch.Generator(device=CUDA).manual_seed(64)
+    n, k, groups = 256, 512, 64
+    ms = [int(x) for x in torch.randint(0, 40, (groups,), generator=gen, device=CUDA).tolist()]
+    ms[3] = 0
+    ops = [random_operand(m, k, gen) for m in ms]
+    ws = [random_operand(n, k, gen) for _ in range(groups)]
+    alphas = [1.0 + (g % 5) / 8 for g in range(groups)]
+    a = [v for v, _ in ops]
+    sa = [make_blocked(s, m, k) for (_, s), m in zip(ops, ms)]
+    b = [v for v, _ in ws]
+    sb = [make_blocked(s, n, k) for _, s in ws]
+    lists = nvfp4_gemm.grouped_gemm(a, b, sa, sb, alphas, out_dtype=torch.bfloat16)
+    for g in range(groups):
+        assert_close(lists[g], reference(a[g], ops[g][1], b[g], ws[g][1], ms[g], n, k, alphas[g]), torch.bfloat16, f"group {g}")
+    out = poisoned((sum(ms), n), torch.bfloat16)
+    stacked = nvfp4_gemm.grouped_gemm_stacked(torch.cat(a), torch.stack(b), torch.cat(sa), torch.stack(sb), ms, alphas, out=out)
+    assert torch.equal(stacked.view(torch.int16), torch.cat(lists).view(torch.int16)), "stacked differs from lists"
+    # prepare(): bound once, launched twice.
+    outs = [poisoned((m, n), torch.bfloat16) for m in ms]
+    call = nvfp4_gemm.prepare(a, b, sa, sb, alphas, out=outs)
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        call()
+        assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(outs, lists))
+
+
+def test_non_default_stream_and_graph_capture():
+    gen = torch.Generator(device=CUDA).manual_seed(5)
+    shapes = [(40, 128, 256), (96, 64, 128)]
+    ops = [(random_operand(m, k, gen), random_operand(n, k, gen)) for m, n, k in shapes]
+    a = [x[0][0] for x in ops]
+    b = [x[1][0] for x in ops]
+    sa = [make_blocked(x[0][1], m, k) for x, (m, _, k) in zip(ops, shapes)]
+    sb = [make_blocked(x[1][1], n, k) for x, (_, n, k) in zip(ops, shapes)]
+    out = [poisoned((m, n), torch.float16) for m, n, _ in shapes]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        nvfp4_gemm.grouped_gemm(a, b, sa, sb, out=out)  # warm-up on a side stream (also plans)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    for g, (m, n, k) in enumerate(shapes):
+        assert_close(out[g], reference(a[g], ops[g][0][1], b[g], ops[g][1][1], m, n, k), torch.float16, f"stream group {g}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nvfp4_gemm.grouped_gemm(a, b, sa, sb, out=out)
+    for step in range(3):
+        new = [random_operand(m, k, gen) for m, _, k in shapes]
+        for g, (v, p) in enumerate(new):
+            a[g].copy_(v)
+            sa[g].copy_(make_blocked(p, shapes[g][0], shapes[g][2]))
+            out[g].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for g, (m, n, k) in enumerate(shapes):
+            assert_close(out[g], reference(a[g], new[g][1], b[g], ops[g][1][1], m, n, k), torch.float16, f"replay {step} group {g}")
+    # A call inside capture with tensors the plan has not seen is refused before anything runs.
+    other = [poisoned((m, n), torch.float16) for m, n, _ in shapes]
+    g2 = torch.cuda.CUDAGraph()
+    with pytest.raises(nvfp4_gemm.CaptureError):
+        with torch.cuda.graph(g2):
+            nvfp4_gemm.grouped_gemm(a, b, sa, sb, out=other)
+
+
+# ---- the GPU MODE task ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", range(14), ids=[f"test{i}" for i in range(10)] + [f"b{i}" for i in range(4)])
+def test_custom_kernel_task_shapes(case):
+    ms, ns, ks = (TASK_TESTS + TASK_BENCH)[case]
+    data = task_input(ms, ns, ks, 1111 + case)
+    refs = task_reference(data)
+    for call in range(2):  # the first call plans, the second only launches
+        for _, _, c in data[0]:
+            c.fill_(float("nan"))
+        outs = nvfp4_gemm.custom_kernel(data)
+        torch.cuda.synchronize()
+        assert [o.data_ptr() for o in outs] == [c.data_ptr() for _, _, c in data[0]]
+        for g, (o, r) in enumerate(zip(outs, refs)):
+            got = o[:, :, 0].to(torch.float64)
+            bad = (got - r).abs() > 1e-3 + 1e-3 * r.abs()
+            assert not bool(bad.any()), f"call {call} group {g}: {int(bad.sum())} elements beyond rtol=atol=1e-3"
+
+
+# ---- quantize / dequantize -----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_quantize_dequantize(dtype):
+    gen = torch.Generator(device=CUDA).manual_seed(9)
+    rows, k = 300, 256
+    x = (torch.randn((rows, k), generator=gen, device=CUDA, dtype=torch.float32) * 3).to(dtype)
+    amax = float(x.abs().max())
+    g = amax / (6 * 448)
+    values, scales = nvfp4_gemm.quantize(x, g)
+    assert values.shape == (rows, k // 2) and scales.numel() == nvfp4_gemm.blocked_bytes(rows, k)
+    plain = scales[blocked_index(rows, k)]
+    # dequantize: exact in f64, one rounding, against the test's own decode.
+    deq = nvfp4_gemm.dequantize(values, scales, g, out_dtype=dtype)
+    want = (dequant(values, plain, rows, k) * g).to(dtype)
+    assert torch.equal(deq.view(torch.int16), want.view(torch.int16))
+    # quantize: each block's scale is e4m3(amax_block / 6 / g) up to one e4m3 step, and every value
+    # within the e2m1 rounding of its block (half the largest step, 1, times the block scale).
+    blk = x.to(torch.float64).reshape(rows, k // 16, 16)
+    s = decode_e4m3(plain) * g
+    ideal = blk.abs().amax(dim=2) / 6
+    assert bool(((s - ideal).abs() <= ideal * 2.0**-3 + g * 2.0**-9).all()), "block scales"
+    err = (blk - dequant(values, plain, rows, k).reshape(rows, k // 16, 16) * g).abs()
+    assert bool((err <= s[:, :, None] * 1.0 + blk.abs() * 2.0**-3).all()), "values"
+    # Plain layout round trip of the library's layout helpers.
+    assert torch.equal(nvfp4_gemm.layout.from_blocked(scales, rows, k), plain)
+    assert torch.equal(nvfp4_gemm.layout.to_blocked(plain)[: scales.numel()][plain_rows_mask(rows, k)], scales[plain_rows_mask(rows, k)])
+
+
+def plain_rows_mask(rows, k):
+    m = torch.zeros((rest(rows, 128) * rest(k, 64) * 512,), dtype=torch.bool, device=CUDA)
+    m[blocked_index(rows, k).reshape(-1)] = True
+    return m
+
+
+# ---- MoE -----------------------------------------------------------------------------------
+
+def moe_weights(e, n, k, gen):
+    w, s = zip(*(random_operand(n, k, gen, competition=True) for _ in range(e)))
+    return torch.stack(w), torch.stack([make_blocked(p, n, k) for p in s]), s
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_moe_layer_capture_and_replay_with_changing_routing(layout):
+    gen = torch.Generator(device=CUDA).manual_seed(77)
+    e, n, k, bound = 8, 256, 512, 96
+    w, ws, plain = moe_weights(e, n, k, gen)
+    alphas = [0.5 + i / 8 for i in range(e)]
+    layer = nvfp4_gemm.MoE(w, ws, alphas, layout=layout, max_tokens=bound, max_rows=bound, out_dtype=torch.bfloat16)
+    masked = layout == "masked"
+    x = exact_activations(e * bound if masked else bound, k, gen, torch.bfloat16).reshape(layer._x_shape())
+    sizes = torch.zeros((layer.sizes_len,), dtype=torch.int32, device=CUDA)
+    out = poisoned(layer._out_shape(), torch.bfloat16)
+    routings = [[12, 0, 30, 1, 0, 40, 7, 6], [0] * 7 + [96], [0] * 8, [96, 0, 0, 0, 0, 0, 0, 0]]
+
+    def set_routing(counts):
+        if masked:
+            sizes.copy_(torch.tensor(counts, dtype=torch.int32))
+        else:
+            c = [min(x, bound) for x in counts]
+            offs = [0]
+            for x in c:
+                offs.append(min(offs[-1] + x, bound))
+            sizes.copy_(torch.tensor(offs, dtype=torch.int32))
+
+    set_routing(routings[0])
+    layer(x, sizes, out=out)  # outside capture first (uploads the weights' tables)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer(x, sizes, out=out)
+    for counts in routings:
+        set_routing(counts)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        flat_out = out.reshape(-1, n)
+        xs = x.reshape(-1, k).to(torch.float64)
+        start = 0
+        for i in range(e):
+            rows = (range(i * bound, i * bound + counts[i]) if masked else range(start, start + counts[i]))
+            start += counts[i]
+            if not rows:
+                continue
+            rows = torch.tensor(list(rows), device=CUDA)
+            ref = alphas[i] * xs[rows] @ dequant(w[i], plain[i], n, k).T
+            assert_close(flat_out[rows], ref, torch.bfloat16, f"{layout} routing {counts} expert {i}")
+    assert layer.status()[0] == 0
+    # Sizes beyond the bound are clamped and flagged.
+    if masked:
+        sizes.copy_(torch.tensor([bound + 1] + [0] * (e - 1), dtype=torch.int32))
+    else:
+        sizes.copy_(torch.tensor([0] + [bound + 5] * e, dtype=torch.int32))
+    graph.replay()
+    assert layer.status()[0] != 0
+    layer.clear_status()
+    assert layer.status()[0] == 0
+
+
+def test_moe_gemm_on_prequantized_tokens_and_vllm_scales():
+    gen = torch.Generator(device=CUDA).manual_seed(3)
+    e, n, k, t = 4, 128, 256, 200
+    w, ws, plain = moe_weights(e, n, k, gen)
+    layer = nvfp4_gemm.MoE(w, ws, max_tokens=t, out_dtype=torch.float16)
+    counts = [50, 0, 129, 21]
+    offs = torch.tensor([0, 50, 50, 179, 200], dtype=torch.int32, device=CUDA)
+    x = exact_activations(t, k, gen, torch.float16)
+    y = layer(x, offs)
+    # vLLM's layout: expert i's blocked scales from row sum(round_up(m_j, 128), j < i).
+    block = 128 * rest(k, 64) * 4
+    bso, vllm = [0], []
+    for i, m in enumerate(counts):
+        start = (int(offs[i]) + 127) // 128 + i
+        nblk = rest(m, 128)
+        vllm.append(layer.a_scales[start * block:(start + nblk) * block])
+        bso.append(bso[-1] + nblk * 128)
+    vllm = torch.cat(vllm)
+    ours = nvfp4_gemm.layout.vllm_scales_to_moe(vllm, offs, torch.tensor(bso, dtype=torch.int32, device=CUDA), k, t)
+    out = poisoned((t, n), torch.float16)
+    layer.gemm(layer.a_values, ours, offs, out=out)
+    assert torch.equal(out.view(torch.int16), y.view(torch.int16))
+
+
+# ---- bad inputs on the GPU -----------------------------------------------------------------
+
+def test_bad_inputs_raise_and_write_nothing():
+    gen = torch.Generator(device=CUDA).manual_seed(1)
+    m, n, k = 64, 128, 256
+    (av, asc), (bv, bsc) = random_operand(m, k, gen), random_operand(n, k, gen)
+    sa, sb = make_blocked(asc, m, k), make_blocked(bsc, n, k)
+    out = [poisoned((m, n), torch.float16), poisoned((m, n), torch.float16)]
+    good = (av, bv, sa, sb)
+
+    def attempt(kind, text, **over):
+        args = dict(zip(("a", "b", "a_scales", "b_scales"), good))
+        per = {name: [args[name], over.get(name, args[name])] for name in args}
+        with pytest.raises(kind) as ex:
+            nvfp4_gemm.grouped_gemm(per["a"], per["b"], per["a_scales"], per["b_scales"], over.get("alpha"), out=over.get("out", out))
+        assert text in str(ex.value), str(ex.value)
+
+    attempt(TypeError, "group 1: `a`: dtype float16", a=torch.zeros((m, k // 2), dtype=torch.float16, device=CUDA))
+    attempt(TypeError, "group 1: `b`: is on cpu", b=bv.cpu())
+    attempt(ValueError, "group 1: `b`: N = 100", b=torch.zeros((100, k // 2), dtype=torch.uint8, device=CUDA))
+    attempt(ValueError, "group 1: `a`: K = 2·40 = 80", a=torch.zeros((m, 40), dtype=torch.uint8, device=CUDA))
+    attempt(ValueError, "group 1: `a`: is not contiguous", a=torch.zeros((k // 2, m), dtype=torch.uint8, device=CUDA).T)
+    attempt(ValueError, "group 1: `a`: address", a=torch.zeros((m * k // 2 + 8,), dtype=torch.uint8, device=CUDA)[8:].view(m, k // 2))
+    attempt(ValueError, "group 1: `a_scales`: has", a_scales=sa[:-512])
+    attempt(ValueError, "group 1: `alpha`: nan", alpha=[1.0, math.nan])
+    attempt(ValueError, "group 1: `out`: shape", out=[out[0], poisoned((m, n - 8), torch.float16)])
+    if torch.cuda.device_count() > 1:
+        attempt(ValueError, "group 1: `b`: is on cuda:1", b=bv.to("cuda:1"))
+    torch.cuda.synchronize()
+    assert all(bool(o.isnan().all()) for o in out), "an output was written by a call that failed"
