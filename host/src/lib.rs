@@ -50,6 +50,7 @@ mod sm100;
 mod sm90;
 pub mod smoke;
 pub mod upload;
+pub mod w4a16;
 
 /// The pure half of each architecture's plan: work lists, group tables, tensor-map descriptions
 /// and launch geometry, without driver calls ([`GemmPlan`] uploads what these compute). Public so
