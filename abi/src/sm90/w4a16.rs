@@ -61,7 +61,7 @@ pub const fn prepacked_scale(e4m3: u8) -> u8 {
         (e as i32, m)
     } else {
         // m · 2⁻² with m in 1..8: its leading bit at `lead`, renormalized to 3 mantissa bits.
-        let lead = if m >= 4 {
+        let lead: u32 = if m >= 4 {
             2
         } else if m >= 2 {
             1
