@@ -391,6 +391,54 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
     Ok(launched)
 }
 
+/// Runs the sm_90a W4A16 GEMM (f16 activations, `nvfp4_gemm::w4a16`) on `ops` as its layout
+/// plans it for `sm_count` SMs: each group's activations are its A with the block scales applied
+/// (exact in f16; A's global scale stays in the group's alpha), its weights B prepacked. The
+/// result compares with the same reference as W4A4's ([`Outputs::check`]).
+pub fn run_sm90_w4a16(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    use nvfp4_format::Nvfp4Matrix;
+    use nvfp4_gemm::w4a16::{prepack, tables_with, Activations};
+    let problem = &ops.problem;
+    let layout = nvfp4_gemm::w4a16::layout(problem, sm_count);
+    let matrix = |rows: usize, k: usize, v: &DeviceBuf, s: &DeviceBuf| {
+        Nvfp4Matrix::new(rows, k, v.bytes()[..rows * k / 2].to_vec(), s.bytes().to_vec(), 1.0).expect("an operand")
+    };
+    let (mut activations, mut b_values, mut b_scales) = (vec![], vec![], vec![]);
+    for (g, s) in problem.groups().iter().enumerate() {
+        let act: Vec<u8> = if s.m == 0 {
+            vec![]
+        } else {
+            let a = matrix(s.m, s.k, &ops.a_values[g], &ops.a_scales[g]);
+            a.dequantize_block_scaled_f16().iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+        };
+        activations.push(if act.is_empty() { DeviceBuf::zeroed(16) } else { DeviceBuf::from_bytes(&act) });
+        let w = prepack(&matrix(s.n, s.k, &ops.b_values[g], &ops.b_scales[g]), Activations::F16).expect("prepack");
+        b_values.push(DeviceBuf::from_bytes(&w.values));
+        b_scales.push(DeviceBuf::from_bytes(&w.scales));
+    }
+    let mut buffers = ops.buffers();
+    for (g, b) in buffers.iter_mut().enumerate() {
+        b.b_values = b_values[g].view(b_values[g].bytes);
+        b.b_scales = b_scales[g].view(b_scales[g].bytes);
+    }
+    let tokens: Vec<u64> = activations.iter().map(DeviceBuf::addr).collect();
+    let (params, maps) = tables_with(&layout, &ModelEncoder, problem, &buffers, &tokens).expect("w4a16 tables");
+    let work = layout.work.clone();
+    let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
+    let mut launched = vec![];
+    if !work.is_empty() {
+        use nvfp4_gemm_kernel::sm90::gemm::{sm90_w4a16_gemm, sm90_w4a16_gemm_decode};
+        let name = nvfp4_gemm::w4a16::kernel_name(&layout);
+        let entry: unsafe fn(KernelParams) =
+            if layout.config.ctas_per_sm() == 2 { sm90_w4a16_gemm_decode } else { sm90_w4a16_gemm };
+        let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+        cfg.registers = sm90_registers(name);
+        launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
+    }
+    drop((activations, b_values, b_scales));
+    Ok(launched)
+}
+
 /// The entry point of an sm_100a variant.
 pub fn sm100_entry(kernel: KernelLayout) -> unsafe fn(KernelParams) {
     use nvfp4_gemm_kernel::sm100::gemm::*;

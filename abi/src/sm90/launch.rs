@@ -34,12 +34,14 @@ pub const DEQUANT_KERNEL: &str = "sm90_dequant_tokens";
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`, which fails on a name that is no entry of the PTX): each kernel is
 /// sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 5] = [
+pub const REGISTER_CAPS: [(&str, u32); 7] = [
     gemm_cap(GemmConfig::GENERAL),
     gemm_cap(GemmConfig::T64),
     gemm_cap(GemmConfig::DECODE),
     gemm_cap(GemmConfig::N192),
     (DEQUANT_KERNEL, DEQUANT_MAX_REGISTERS),
+    (super::w4a16::kernel_name(GemmConfig::GENERAL), GemmConfig::GENERAL.max_registers()),
+    (super::w4a16::kernel_name(GemmConfig::DECODE), GemmConfig::DECODE.max_registers()),
 ];
 
 /// A GEMM variant's kernel name and register cap.

@@ -3,8 +3,10 @@
 //! permutation that W4A4 applies to the tokens ([`super::token_k_position`]) is applied to the
 //! weights instead, once: each consumer thread still loads 8 bytes per row and chunk
 //! ([`super::weight_fragment_offset`]) and decodes them with the same decoder, and the pairs it gets
-//! are its A-fragment registers for the natural columns. The scales keep the blocked layout, each
-//! byte re-encoded so that it converts to f16 or bf16 with one instruction, and every block's
+//! are its A-fragment registers for the natural columns. The scales keep the blocked layout: for
+//! f16 activations they are the e4m3 bytes as given (the kernel converts the four of a chunk with
+//! `cvt.rn.f16x2.e4m3x2`, as W4A4 converts one); for bf16 activations each byte is re-encoded
+//! ([`prepacked_scale`]) so that it converts to bf16 with integer operations, and every block's
 //! scale made non-negative (its sign moved into its codes).
 
 use super::config::CHUNK_K;
@@ -38,10 +40,34 @@ pub const fn packed_position(c: u32) -> (u32, u32) {
 /// Columns per chunk row, and bytes.
 const CHUNK_BYTES: u32 = CHUNK_K / 2;
 
-/// The exponent the consumers' products lack: a prepacked weight times its prepacked scale is
-/// `value · |scale| · 2⁻⁷` in both decodes (f16: `value·2⁻¹⁴ × |scale|·2⁷`; bf16: `value·2⁻¹²⁶ ×
-/// |scale|·2¹¹⁹`), which the epilogue multiplies back.
-pub const PRODUCT_EXPONENT: u32 = 7;
+/// The exponent the bf16 consumers' products lack: a decoded value (`value · 2⁻¹²⁶`) times its
+/// re-encoded scale as bf16 (`|scale| · 2¹¹⁹`) is `value · |scale| · 2⁻⁷`, which the epilogue
+/// multiplies back (the f16 decode's products lack `DECODE_EXPONENT`, as in W4A4).
+pub const BF16_PRODUCT_EXPONENT: u32 = 7;
+
+/// The activations' type of a W4A16 kernel (and of its prepacked weights).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activations {
+    /// f16 activations: values permuted, e4m3 scales as given.
+    F16,
+    /// bf16 activations: values permuted with each block's scale sign folded in, scales
+    /// re-encoded ([`prepacked_scale`]).
+    Bf16,
+}
+
+/// The W4A16 GEMM variants: the configurations of the W4A4 kernels they share everything with
+/// but the token source and the decode.
+pub const CONFIGS: [super::GemmConfig; 2] = [super::GemmConfig::GENERAL, super::GemmConfig::DECODE];
+
+/// The exported name of the W4A16 kernel of configuration `cfg` (one of [`CONFIGS`]) for f16
+/// activations.
+pub const fn kernel_name(cfg: super::GemmConfig) -> &'static str {
+    if cfg.block_m == super::SMALL_TILE_M {
+        "sm90_w4a16_gemm_decode"
+    } else {
+        "sm90_w4a16_gemm"
+    }
+}
 
 /// The prepacked scale byte of an e4m3 scale byte, sign ignored (the prepack moves a negative
 /// scale's sign into its block's codes): bits 14–7 of the f16 value `|scale| · 2⁷` — an unsigned

@@ -83,6 +83,25 @@ impl Variant for Decode {
     const EAGER_LOADS: bool = false;
 }
 
+/// W4A16 (f16 activations, prepacked weights) on `General`'s tiles.
+struct W4a16General;
+impl Variant for W4a16General {
+    const CFG: GemmConfig = GemmConfig::GENERAL;
+    type Narrow = wgmma::N16;
+    type Wide = wgmma::N128;
+    const W4A16: bool = true;
+}
+
+/// W4A16 (f16 activations, prepacked weights) on `Decode`'s tiles.
+struct W4a16Decode;
+impl Variant for W4a16Decode {
+    const CFG: GemmConfig = GemmConfig::DECODE;
+    type Narrow = wgmma::N16;
+    type Wide = wgmma::N16;
+    const EAGER_LOADS: bool = false;
+    const W4A16: bool = true;
+}
+
 const _: () = assert!(GemmConfig::GENERAL.narrow == 16 && GemmConfig::T64.narrow == 64);
 const _: () = assert!(GemmConfig::DECODE.narrow == 16 && GemmConfig::DECODE.block_m == 16);
 const _: () = {
@@ -137,6 +156,30 @@ pub unsafe fn sm90_grouped_gemm_n192(p: KernelParams) {
 pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<Decode, { GemmConfig::DECODE.stages }>(&p) }
+}
+
+/// W4A16 on `GENERAL`'s tiles: as [`sm90_grouped_gemm`], with each group's tokens the caller's
+/// f16 activations `[m, K]` in natural order (`GroupParams::workspace` and the token maps point at
+/// them) and its weights prepacked (`nvfp4_gemm_abi::sm90::w4a16`, f16). No dequantization
+/// precedes it. Launch: `gemm_launch(GemmConfig::GENERAL, ..)`.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16General, { GemmConfig::GENERAL.stages }>(&p) }
+}
+
+/// W4A16 on `DECODE`'s tiles: as [`sm90_w4a16_gemm`] for groups of at most `SMALL_TILE_M` tokens.
+/// Launch: `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_decode`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm_decode(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16Decode, { GemmConfig::DECODE.stages }>(&p) }
 }
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
