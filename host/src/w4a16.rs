@@ -7,18 +7,24 @@
 //!
 //! The f16 kernels (`sm90_w4a16_gemm`, `sm90_w4a16_gemm_decode`) run the W4A4 kernels' tiles and
 //! work lists ([`layout`]) on tables whose token maps point at the caller's activations
-//! ([`tables_with`]); they run in the device model (`model-tests`). No plan launches them on a GPU
-//! yet, and the bf16 kernels are not built (docs/w4a16.md).
+//! ([`tables_with`]); [`W4a16Plan`] launches them (one launch per call, no dequantization). The
+//! bf16 kernels are not built (docs/w4a16.md): asking for them is [`Error::Unsupported`], as is
+//! W4A16 on sm_100a, which multiplies NVFP4 operands natively.
 
-use crate::driver::tensor_map::TiledMapEncoder;
+use crate::device::{Arch, Gpu};
+use crate::driver::launch::{launch, set_max_dynamic_smem};
+use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
-use crate::problem::{GroupBuffers, Problem};
+use crate::plan::{upload_tables, Nvfp4Operand, Output};
+use crate::problem::{BufferView, CallBuffers, GroupBuffers, OutputType, Problem, BUFFER_ALIGN};
 use crate::sm90::Sm90Layout;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use nvfp4_format::Nvfp4Matrix;
 pub use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use nvfp4_gemm_abi::sm90::w4a16::{prepack_chunk_row, prepacked_scale};
 use nvfp4_gemm_abi::sm90::{GemmConfig, GroupParams, CHUNK_K};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
+use std::sync::Arc;
 
 /// A weight matrix prepacked for W4A16: values `rows × K/2` bytes (each 64-wide chunk row
 /// permuted), scales in the 128x4 blocked layout (each byte re-encoded), and the matrix's global
@@ -100,6 +106,175 @@ pub fn tables_with(
     }
     let maps = layout.maps_with(encoder, problem, buffers, &params)?;
     Ok((params, maps))
+}
+
+/// One group's buffers of a [`W4a16Plan::run`]. Borrowed for the call, never copied.
+pub struct W4a16Args<'a> {
+    /// The activations A, `m × K` f16, row-major in natural order (16-byte aligned).
+    pub activations: &'a dyn DevicePtr<half::f16>,
+    /// The weights B, prepacked by [`prepack`] for f16 and uploaded: values `n · K/2` bytes,
+    /// scales in the blocked layout (the sizes of the NVFP4 matrix).
+    pub weights: Nvfp4Operand<'a>,
+    /// C, `m × n` elements of the problem's output type.
+    pub c: Output<'a>,
+    /// Multiplier of the fp32 accumulator: the weights' global scale times the caller's factor.
+    pub alpha: f32,
+}
+
+/// A W4A16 problem planned for one sm_90a GPU (f16 activations): the layout (the W4A4 tiles and
+/// work list), the kernel, and the device tables, allocated once. A call validates every buffer,
+/// uploads the tables when an address or alpha changed since the previous call, and launches the
+/// GEMM — no dequantization, no host synchronization.
+pub struct W4a16Plan {
+    problem: Problem,
+    layout: Sm90Layout,
+    gemm: CudaFunction,
+    groups: CudaSlice<u8>,
+    maps: CudaSlice<u8>,
+    work: CudaSlice<u8>,
+    /// Activation, weight and C addresses and alphas of the last upload.
+    signature: Vec<u64>,
+}
+
+impl W4a16Plan {
+    /// Plans `problem` for `gpu` with `activations` of that type. Errors: sm_100a (W4A16 is an
+    /// sm_90a path: Blackwell multiplies NVFP4 operands natively) and bf16 activations (not built
+    /// yet), both [`Error::Unsupported`], before any allocation.
+    pub fn new(gpu: &Gpu, problem: Problem, activations: Activations) -> Result<W4a16Plan> {
+        if gpu.arch() != Arch::Sm90a {
+            return Err(Error::Unsupported(format!(
+                "W4A16 runs on sm_90a; this GPU is {:?}, which multiplies NVFP4 operands natively (GemmPlan)",
+                gpu.arch()
+            )));
+        }
+        if activations == Activations::Bf16 {
+            return Err(Error::Unsupported("W4A16 with bf16 activations is not built yet (docs/w4a16.md)".into()));
+        }
+        let layout = layout(&problem, gpu.sm_count());
+        let stream = gpu.context().default_stream();
+        let d = |e| Error::driver("allocating the plan's device tables", e);
+        let gemm = gpu.function(kernel_name(&layout))?;
+        set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
+        let g = problem.groups().len().max(1);
+        let work = if layout.work.is_empty() {
+            stream.alloc_zeros::<u8>(16).map_err(d)?
+        } else {
+            stream.clone_htod(bytemuck::cast_slice::<_, u8>(&layout.work)).map_err(d)?
+        };
+        let plan = W4a16Plan {
+            groups: stream.alloc_zeros::<u8>(g * size_of::<GroupParams>()).map_err(d)?,
+            maps: stream
+                .alloc_zeros::<u8>(nvfp4_gemm_abi::sm90::map_count(g as u32) * size_of::<TensorMap>())
+                .map_err(d)?,
+            work,
+            layout,
+            gemm,
+            problem,
+            signature: vec![],
+        };
+        // The allocations above are on the default stream; a caller's stream must see them done.
+        stream.synchronize().map_err(d)?;
+        Ok(plan)
+    }
+
+    /// The problem.
+    pub fn problem(&self) -> &Problem {
+        &self.problem
+    }
+
+    /// The kernel a call launches.
+    pub fn kernel(&self) -> &'static str {
+        kernel_name(&self.layout)
+    }
+
+    /// Runs the GEMM on `stream`. Every buffer is validated first (typed errors naming the group
+    /// and field); on any error nothing is launched.
+    pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut [W4a16Args<'_>]) -> Result<()> {
+        let stream: &CudaStream = stream_arc;
+        let groups = self.problem.groups();
+        if args.len() != groups.len() {
+            return Err(Error::InvalidArgument {
+                call: "w4a16 run",
+                field: "args",
+                reason: format!("{} groups given for {}", args.len(), groups.len()),
+            });
+        }
+        let mut call = CallBuffers::new(stream);
+        let mut buffers = Vec::with_capacity(args.len());
+        let mut tokens = Vec::with_capacity(args.len());
+        for (g, (a, s)) in args.iter_mut().zip(groups).enumerate() {
+            let act = call.read(a.activations);
+            let (b_values, b_scales) = (call.read(a.weights.values), call.read(a.weights.scales));
+            let (c, c_type) = match &mut a.c {
+                Output::F16(c) => (call.write(&mut **c), OutputType::F16),
+                Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
+            };
+            let w = nvfp4_gemm_abi::scale_layout::blocked_bytes(s.n as u32, s.k as u32);
+            let checks = [
+                ("activations", act, s.m * s.k),
+                ("b.values", b_values, s.n * s.k / 2),
+                ("b.scales", b_scales, w),
+                ("c", c, s.m * s.n),
+            ];
+            for (field, view, len) in checks {
+                if view.len != len {
+                    return Err(Error::group(
+                        g,
+                        field,
+                        format!("has {} elements; the group needs exactly {len}", view.len),
+                    ));
+                }
+                if view.ptr % BUFFER_ALIGN != 0 {
+                    return Err(Error::group(
+                        g,
+                        field,
+                        format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
+                    ));
+                }
+            }
+            if c_type != self.problem.output() {
+                return Err(Error::group(
+                    g,
+                    "c",
+                    format!("is {c_type:?}; the problem's output is {:?}", self.problem.output()),
+                ));
+            }
+            if !a.alpha.is_finite() {
+                return Err(Error::group(g, "alpha", format!("{} is not finite", a.alpha)));
+            }
+            tokens.push(act.ptr);
+            let none = BufferView { ptr: 0, len: 0 };
+            buffers.push(GroupBuffers {
+                a_values: none,
+                a_scales: none,
+                b_values,
+                b_scales,
+                c,
+                c_type,
+                alpha: a.alpha,
+            });
+        }
+        let signature: Vec<u64> = buffers
+            .iter()
+            .zip(&tokens)
+            .flat_map(|(b, &t)| [t, b.b_values.ptr, b.b_scales.ptr, b.c.ptr, u64::from(b.alpha.to_bits())])
+            .collect();
+        if signature != self.signature {
+            let (params, maps) = tables_with(&self.layout, &DriverEncoder, &self.problem, &buffers, &tokens)?;
+            upload_tables(stream_arc, &params, &mut self.groups, &maps, &mut self.maps)?;
+            self.signature = signature;
+        }
+        if self.layout.work.is_empty() {
+            return Ok(());
+        }
+        let (groups, _g1) = self.groups.device_ptr(stream);
+        let (maps, _g2) = self.maps.device_ptr(stream);
+        let (work, _g3) = self.work.device_ptr(stream);
+        let params = self.layout.kernel_params(groups, maps, work, &self.problem);
+        // SAFETY: the kernel takes one `KernelParams`; its tables hold these validated buffers
+        // (uploaded now or by a call with the same addresses), the work list the plan's own.
+        unsafe { launch(&self.gemm, stream, self.layout.gemm, &params) }
+    }
 }
 
 #[cfg(test)]
