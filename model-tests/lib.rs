@@ -47,17 +47,7 @@ pub struct ModelEncoder;
 
 impl TiledMapEncoder for ModelEncoder {
     fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> nvfp4_gemm::Result<TensorMap> {
-        let element = match map.element {
-            TensorMapDataType::U8 => ElementType::U8,
-            TensorMapDataType::F16 => ElementType::F16,
-            TensorMapDataType::U4x16Align8B => ElementType::U4x16Align8,
-        };
-        let swizzle = match map.swizzle {
-            TensorMapSwizzle::None => Swizzle::None,
-            TensorMapSwizzle::B32 => Swizzle::B32,
-            TensorMapSwizzle::B64 => Swizzle::B64,
-            TensorMapSwizzle::B128 => Swizzle::B128,
-        };
+        let (element, swizzle) = model_element_and_swizzle(map);
         encode_tiled(
             element,
             R,
@@ -73,6 +63,22 @@ impl TiledMapEncoder for ModelEncoder {
         .map(TensorMap)
         .map_err(|e| nvfp4_gemm::Error::InvalidProblem(format!("model tensor map {map:?}: {e}")))
     }
+}
+
+/// The model's names for a map's element type and swizzle (cuda.h's enums).
+fn model_element_and_swizzle<const R: usize>(map: &TiledMap<R>) -> (ElementType, Swizzle) {
+    let element = match map.element {
+        TensorMapDataType::U8 => ElementType::U8,
+        TensorMapDataType::F16 => ElementType::F16,
+        TensorMapDataType::U4x16Align8B => ElementType::U4x16Align8,
+    };
+    let swizzle = match map.swizzle {
+        TensorMapSwizzle::None => Swizzle::None,
+        TensorMapSwizzle::B32 => Swizzle::B32,
+        TensorMapSwizzle::B64 => Swizzle::B64,
+        TensorMapSwizzle::B128 => Swizzle::B128,
+    };
+    (element, swizzle)
 }
 
 /// A 16-byte aligned host allocation standing in for a device buffer. Its address is taken once,
@@ -955,7 +961,9 @@ struct Block128([u8; 128]);
 
 /// The device model as a [`ProbeTarget`](nvfp4_gemm::probe::ProbeTarget): "device" buffers are
 /// host allocations, maps are the model's encoding ([`ModelEncoder`]), launches run the probe
-/// kernels (`nvfp4_gemm_kernel::probe`, built for the host) as sm_90a.
+/// kernels (`nvfp4_gemm_kernel::probe` for sm_90a, `probe_sm100` for sm_100a, built for the host)
+/// on their architecture, under the case's rules (strict mode unless the case tries, for the
+/// hardware, a value strict mode rejects).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ModelTarget {
     /// The model's choices.
@@ -983,7 +991,7 @@ impl nvfp4_gemm::probe::ProbeTarget for ModelTarget {
         Ok(unsafe { std::slice::from_raw_parts(buf.addr as *const u8, buf.len) }.to_vec())
     }
 
-    fn encode(&self, map: &TiledMap<2>, base: u64) -> Result<TensorMap, String> {
+    fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap, String> {
         ModelEncoder.encode(map, base).map_err(|e| e.to_string())
     }
 
@@ -992,20 +1000,67 @@ impl nvfp4_gemm::probe::ProbeTarget for ModelTarget {
         kernel: nvfp4_gemm::probe::ProbeKernel,
         geometry: LaunchGeometry,
         params: nvfp4_gemm::probe::ProbeParams,
+        rules: nvfp4_gemm::probe::ModelRules,
     ) -> Result<(), String> {
         use nvfp4_gemm::probe::ProbeKernel;
         use nvfp4_gemm_kernel::probe::*;
+        use nvfp4_gemm_kernel::probe_sm100::*;
         let entry: unsafe fn(nvfp4_gemm::probe::ProbeParams) = match kernel {
             ProbeKernel::Tma => tma_probe,
             ProbeKernel::Sync => sync_probe,
             ProbeKernel::WgmmaN16 => wgmma_probe_n16,
             ProbeKernel::WgmmaN128 => wgmma_probe_n128,
+            ProbeKernel::Tmem => tmem_probe,
+            ProbeKernel::Umma => umma_probe,
+            ProbeKernel::Tma4Multicast => tma4_multicast_probe,
         };
-        let cfg = launch_config(Arch::Sm90a, geometry, 1, &self.run);
+        let arch = match kernel.arch() {
+            nvfp4_gemm::Arch::Sm90a => Arch::Sm90a,
+            nvfp4_gemm::Arch::Sm100a => Arch::Sm100a,
+        };
+        let mut cfg = launch_config(arch, geometry, 1, &self.run);
+        cfg.strict = rules == nvfp4_gemm::probe::ModelRules::Strict;
         // SAFETY: the probe runners (`nvfp4_gemm::probe`) allocate what each kernel's contract
         // asks for; the model checks every shared-memory and asynchronous access.
         nvfp4_gemm_model::launch(&cfg, || unsafe { entry(params) })
             .map(|_| ())
             .map_err(|e| format!("{} failed in the model: {e}", kernel.name()))
+    }
+}
+
+/// What the device model reads from an sm_100a operand map the plans build: the map encoded by
+/// [`ModelEncoder`] over the tensor at `base` and decoded as the model's TMA decodes it, checked
+/// field by field against the parameters the host hands `cuTensorMapEncodeTiled` (the driver's
+/// 128 bytes are opaque, so this is how the model learns every field: from the same
+/// [`TiledMap`] through the library's one `TiledMapEncoder` call). Out-of-bounds fill: the model's
+/// format holds only zero fill (`OOB_FILL_NONE`, the only fill the host encodes).
+pub fn model_reading(
+    map: &nvfp4_gemm::layout::Fp4Map,
+    base: u64,
+) -> Result<nvfp4_gemm_model::tensor_map::TensorMapDesc, String> {
+    use nvfp4_gemm::layout::Fp4Map;
+    fn check<const R: usize>(
+        m: &TiledMap<R>,
+        base: u64,
+    ) -> Result<nvfp4_gemm_model::tensor_map::TensorMapDesc, String> {
+        let encoded = ModelEncoder.encode(m, base).map_err(|e| e.to_string())?;
+        let d = nvfp4_gemm_model::tensor_map::decode(&encoded.0)?;
+        let (element, swizzle) = model_element_and_swizzle(m);
+        let same = d.element == element
+            && d.rank == R
+            && d.base == base
+            && d.dims[..R] == m.dims[..]
+            && (1..R).all(|i| d.strides[i] == m.strides_bytes[i - 1])
+            && d.box_dims[..R] == m.box_dims[..]
+            && d.swizzle == swizzle;
+        if same {
+            Ok(d)
+        } else {
+            Err(format!("the model reads {d:?} from a map of {m:?} at {base:#x}"))
+        }
+    }
+    match map {
+        Fp4Map::Rank2(m) => check(m, base),
+        Fp4Map::Rank3(m) => check(m, base),
     }
 }

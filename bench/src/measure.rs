@@ -13,7 +13,7 @@ use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DriverError};
 use half::{bf16, f16};
 use nvfp4_format::{compare, reference_grouped_gemm_f64, GroupOutput, InputDistribution, Tolerance};
 use nvfp4_gemm::ceiling::{TmaBandwidth, TmaBandwidthCase, TmaBox};
-use nvfp4_gemm::{GemmPlan, Gpu, OutputType, Problem};
+use nvfp4_gemm::{GemmPlan, Gpu, OutputType, PlanOptions, Problem};
 use nvfp4_gemm_cli::spec::NamedShapes;
 use std::sync::Arc;
 use std::time::Instant;
@@ -250,7 +250,10 @@ impl Bench {
         let stream = self.stream();
         let problem = Problem::new(named.shapes.clone(), OutputType::F16).map_err(|e| e.to_string())?;
         let (flops, bytes) = (problem.flops(), problem.bytes());
-        let mut plan = GemmPlan::new(&self.gpu, problem).map_err(|e| format!("planning: {e}"))?;
+        // `NVFP4_GEMM_SM90_KERNEL` names the sm_90a GEMM kernel every plan of the run uses.
+        let options = std::env::var("NVFP4_GEMM_SM90_KERNEL")
+            .map_or_else(|_| PlanOptions::default(), |k| PlanOptions::default().with_sm90_kernel(k));
+        let mut plan = GemmPlan::with_options(&self.gpu, problem, options).map_err(|e| format!("planning: {e}"))?;
         let kernel = plan.summary().kernel.clone();
 
         step("generating and uploading inputs");

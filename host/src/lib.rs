@@ -6,9 +6,10 @@
 //! On Hopper the result is exact up to fp32 summation order (operands are dequantized to f16
 //! exactly and multiplied with f16 wgmma).
 //!
-//! Three types: a [`Problem`] (shapes, validated), a [`GemmPlan`] (the problem bound to a [`Gpu`]:
-//! configuration, work list, device tables; build once, reuse), and the per-call [`GroupArgs`]
-//! (borrowed device buffers).
+//! Three types: a [`Problem`] (shapes, validated against [`rules`]), a [`GemmPlan`] (the problem
+//! bound to a [`Gpu`]: configuration, work list, device tables; build once, reuse), and the
+//! per-call [`GroupArgs`] (borrowed device buffers, and alpha: for quantized operands their global
+//! scales' product, which [`GroupArgs::new`] takes from each [`DeviceNvfp4`]).
 //!
 //! ```no_run
 //! use nvfp4_gemm::format::{random_groups, GroupShape, InputDistribution};
@@ -22,50 +23,67 @@
 //! let dev = groups
 //!     .iter()
 //!     .map(|g| Ok((DeviceNvfp4::upload(&stream, &g.a)?, DeviceNvfp4::upload(&stream, &g.b)?)))
-//!     .collect::<nvfp4_gemm::Result<Vec<_>>>()?;
+//!     .collect::<nvfp4_gemm::Result<Vec<_>>>()?; // values, scales and global scale of each
 //! let mut cs = shapes.iter().map(|s| stream.alloc_zeros::<half::f16>(s.m * s.n)).collect::<Result<Vec<_>, _>>()?;
 //! let mut args: Vec<GroupArgs> = dev
 //!     .iter()
 //!     .zip(cs.iter_mut())
-//!     .map(|((a, b), c)| GroupArgs { a: a.operand(), b: b.operand(), c: Output::F16(c), alpha: 1.0 })
+//!     .map(|((a, b), c)| GroupArgs::new(a, b, Output::F16(c))) // alpha = g_a · g_b
 //!     .collect();
 //! plan.run(&stream, &mut args)?; // validates every buffer first; no allocation, no host sync
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
 
-#[doc(hidden)]
-pub mod ceiling;
 pub mod device;
 mod device_sizes;
-pub mod driver;
 pub mod error;
 pub mod moe;
+mod overlap;
 pub mod plan;
-pub mod probe;
 pub mod problem;
 pub mod quantize;
 pub mod raw;
+pub mod rules;
 mod sm100;
 mod sm90;
-pub mod smoke;
 pub mod upload;
 pub mod w4a16;
 
+// Internals that this workspace's own tests, device-model tests and benchmark reach into, behind
+// the doc-hidden `testing` feature: not part of the library's API.
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod ceiling;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod driver;
+#[cfg(not(any(test, feature = "testing")))]
+mod driver;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod probe;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod smoke;
+
 /// The pure half of each architecture's plan: work lists, group tables, tensor-map descriptions
-/// and launch geometry, without driver calls ([`GemmPlan`] uploads what these compute). Public so
-/// that the CPU model of the device (`model-tests/`) runs the kernels on exactly these tables,
-/// with the maps encoded by the model ([`driver::tensor_map::TiledMapEncoder`]).
+/// and launch geometry, without driver calls ([`GemmPlan`] uploads what these compute), so that
+/// the CPU model of the device (`model-tests/`) runs the kernels on exactly these tables, with
+/// the maps encoded by the model (`driver::tensor_map::TiledMapEncoder`).
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod layout {
     pub use crate::device_sizes::{kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedTables, TableSizes};
     pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100DeviceTables, Sm100Launch, Sm100Layout};
-    pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout, KERNEL_OVERRIDE as SM90_KERNEL_OVERRIDE};
+    pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout};
 }
 
 pub use device::{driver_present, Arch, Gpu};
-pub use error::{Error, Result};
+pub use error::{BufferName, Error, Result};
 pub use moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 pub use nvfp4_format as format;
-pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanSummary, StackedArgs};
+pub use nvfp4_gemm_abi::launch::LaunchGeometry;
+pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanOptions, PlanSummary, StackedArgs};
 pub use problem::{GroupShape, OutputType, Problem};
 pub use upload::{DeviceGroup, DeviceNvfp4};

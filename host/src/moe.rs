@@ -64,13 +64,14 @@
 
 use crate::device::{Arch, Gpu};
 pub use crate::device_sizes::{MoeKernels, MoeOptions};
-use crate::error::{Error, Result};
+use crate::error::{BufferName, Error, Result};
+use crate::overlap::{self, Span};
 use crate::plan::{Nvfp4Operand, Output, PlanSummary};
-use crate::problem::{BufferView, CallBuffers, OutputType, BUFFER_ALIGN, MAX_DIM};
+use crate::problem::{BufferView, CallBuffers, OutputType, BUFFER_ALIGN};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
+use crate::rules::{self, Limit};
 use crate::sm100::Sm100DevicePlan;
 use crate::sm90::Sm90DevicePlan;
-use crate::upload::DeviceNvfp4;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupedConvertParams};
@@ -80,7 +81,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Most groups of a [`MoeProblem`].
-pub const MAX_GROUPS: usize = abi::MAX_GROUPS as usize;
+pub use crate::rules::MAX_GROUPS;
 
 /// Where the groups' tokens are in the token tensor A (and their outputs in C).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,9 +104,11 @@ pub enum TokenLayout {
 /// A grouped GEMM with device-resident group sizes: `G` groups of `N` weights and reduction
 /// length `K` (the same for every group), tokens in a [`TokenLayout`].
 ///
-/// Rules (checked by [`MoeProblem::new`]): `1 ≤ G ≤` [`MAX_GROUPS`]; `K` a positive multiple of
-/// 64; `N` a positive multiple of 8; the layout's bound at least 1; A small enough for the
-/// kernels' 32-bit indexing (`token_rows · K < 2^31`, `scale rows · K < 2^31`).
+/// Rules ([`crate::rules`], checked by [`MoeProblem::new`]): `1 ≤ G ≤` [`MAX_GROUPS`]; `K` a
+/// positive multiple of 64; `N` a positive multiple of 8; the layout's bound at least 1; `K`, `N` and the bound at
+/// most [`crate::rules::MAX_DIM`]; A, C and the work list's capacity small enough for the
+/// kernels' 32-bit indexing (`token_rows · K`, `scale_rows · K`, `token_rows · N` and the most
+/// output tiles below `2^31`); every buffer together within [`crate::rules::MAX_DEVICE_BYTES`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MoeProblem {
     groups: usize,
@@ -120,38 +123,56 @@ fn problem_error(reason: String) -> Error {
 }
 
 impl MoeProblem {
-    /// Validates the shape.
+    /// Validates the shape, in constant time. Errors: [`Error::InvalidProblem`] for a shape
+    /// against the rules, [`Error::TooLarge`] for a limit exceeded ([`crate::rules`]).
     pub fn new(groups: usize, n: usize, k: usize, layout: TokenLayout, output: OutputType) -> Result<MoeProblem> {
-        if groups == 0 || groups > MAX_GROUPS {
-            return Err(problem_error(format!("{groups} groups; 1 to {MAX_GROUPS} are supported")));
+        if groups == 0 {
+            return Err(problem_error("0 groups; a device-sized problem needs at least 1".into()));
         }
-        if k == 0 || k % 64 != 0 || k > MAX_DIM {
-            return Err(problem_error(format!("k = {k} is not a positive multiple of 64 up to {MAX_DIM}")));
+        rules::within(None, "groups", groups as u64, Limit::Groups)?;
+        if let Some(reason) = rules::k_rule(k) {
+            return Err(problem_error(format!("k: {reason}")));
         }
-        if n == 0 || n % 8 != 0 || n > MAX_DIM {
-            return Err(problem_error(format!("n = {n} is not a positive multiple of 8 up to {MAX_DIM}")));
+        if let Some(reason) = rules::n_rule(n) {
+            return Err(problem_error(format!("n: {reason}")));
         }
-        let bound = match layout {
-            TokenLayout::Contiguous { max_tokens } => max_tokens,
-            TokenLayout::Masked { max_rows } => max_rows,
+        let (bound_field, bound) = match layout {
+            TokenLayout::Contiguous { max_tokens } => ("max_tokens", max_tokens),
+            TokenLayout::Masked { max_rows } => ("max_rows", max_rows),
         };
-        if bound == 0 || bound > MAX_DIM {
-            return Err(problem_error(format!("the token bound {bound} is not in 1..={MAX_DIM}")));
+        if bound == 0 {
+            return Err(problem_error(format!("{bound_field} = 0; the token bound must be at least 1")));
         }
+        for (field, v) in [("k", k), ("n", n), (bound_field, bound)] {
+            rules::within(None, field, v as u64, Limit::Dim)?;
+        }
+        // Token rows in 64 bits (`G · M_max` may not fit the abi's `u32` until checked).
+        let rows = match layout {
+            TokenLayout::Contiguous { max_tokens } => max_tokens as u64,
+            TokenLayout::Masked { max_rows } => groups as u64 * max_rows as u64,
+        };
+        let (k64, n64) = (k as u64, n as u64);
+        rules::within(None, "a.values", rows * k64, Limit::Index32)?;
+        rules::within(None, "c", rows * n64, Limit::Index32)?;
+        // From here every row count fits the abi's `u32` formulas (rows < 2^25, G ≤ 2^12).
         let p = MoeProblem { groups, n, k, layout, output };
-        let rows = p.token_rows() as u64;
-        let scale_rows = match layout {
-            TokenLayout::Contiguous { max_tokens } => 128 * ((max_tokens as u64).div_ceil(128) + groups as u64),
-            TokenLayout::Masked { max_rows } => groups as u64 * (max_rows as u64).div_ceil(128) * 128,
-        };
-        let limit = 1u64 << 31;
-        if rows * k as u64 >= limit || scale_rows * k as u64 >= limit || rows * n as u64 >= limit {
-            return Err(problem_error(format!(
-                "{rows} token rows ({scale_rows} scale rows) × k = {k} / n = {n} exceed the kernels' 32-bit indexing"
-            )));
-        }
-        if abi::max_m_tiles(&p.device_sizes(0)) * nvfp4_gemm_abi::sm90::n_tiles(n as u32) as u64 >= limit {
-            return Err(problem_error("too many output tiles".into()));
+        let scale_rows = p.scale_rows() as u64;
+        rules::within(None, "a.scales", scale_rows * k64, Limit::Index32)?;
+        let tiles = abi::max_m_tiles(&p.device_sizes(0)) * nvfp4_gemm_abi::sm90::n_tiles(n as u32) as u64;
+        rules::within(None, "tiles", tiles, Limit::Index32)?;
+        let b = p.b_sizes();
+        let parts = [
+            ("sizes", 4 * p.sizes_len() as u64),
+            ("a.values", rows * k64 / 2),
+            ("a.scales", scale_rows * k64 / 16),
+            ("c", 2 * rows * n64),
+            ("weights", groups as u64 * (b.values + b.scales) as u64),
+            ("workspace", 2 * rows * k64),
+        ];
+        let mut bytes = 0;
+        for (field, part) in parts {
+            bytes += part;
+            rules::within(None, field, bytes, Limit::DeviceBytes)?;
         }
         Ok(p)
     }
@@ -368,7 +389,20 @@ pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
             return Err(Error::group(g, "alpha", format!("{alpha} is not finite")));
         }
     }
-    Ok(())
+    // C is the only output: it overlaps none of the inputs (which may share memory). Ids: 0..4
+    // the call's buffers, then each group's weight values and scales.
+    const FIELDS: [&str; 4] = ["c", "sizes", "a.values", "a.scales"];
+    let inputs =
+        [Span::new(1, b.sizes, 4, false), Span::new(2, b.a_values, 1, false), Span::new(3, b.a_scales, 1, false)];
+    let weights = b.weights.iter().enumerate().flat_map(|(g, (values, scales))| {
+        let id = 4 + 2 * g as u32;
+        [Span::new(id, *values, 1, false), Span::new(id + 1, *scales, 1, false)]
+    });
+    let name = |id: u32| match id {
+        0..4 => BufferName { group: None, field: FIELDS[id as usize] },
+        _ => BufferName { group: Some((id as usize - 4) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
+    };
+    overlap::check_one_output(CALL, Span::new(0, b.c, 2, true), inputs.into_iter().chain(weights), name)
 }
 
 /// One architecture's device-sized plan.
@@ -523,18 +557,6 @@ impl MoePlan {
     }
 }
 
-impl DeviceNvfp4 {
-    /// Zeroed device buffers of the given sizes (e.g. [`MoeProblem::a_sizes`]); empty buffers get
-    /// 16-byte placeholders.
-    pub fn alloc_zeros_sized(stream: &Arc<CudaStream>, sizes: Nvfp4Sizes) -> Result<DeviceNvfp4> {
-        let d = |e| Error::driver("allocating an NVFP4 tensor", e);
-        Ok(DeviceNvfp4 {
-            values: stream.alloc_zeros::<u8>(sizes.values.max(16)).map_err(d)?,
-            scales: stream.alloc_zeros::<u8>(sizes.scales.max(16)).map_err(d)?,
-        })
-    }
-}
-
 impl Quantizer {
     /// Quantizes the token tensor of `problem` (`input`: [`MoeProblem::token_rows`] `x K`
     /// row-major f16/bf16) with the global scale `global_scale` into `out`
@@ -545,9 +567,9 @@ impl Quantizer {
     /// Bit for bit the CPU quantizer's result on each group's rows. No allocation, no host
     /// synchronisation: capturable.
     ///
-    /// Errors ([`Error::InvalidArgument`], before any launch): a buffer of the wrong length, not
-    /// aligned (16 bytes; `sizes` 4), or overlapping another; `global_scale` not finite and
-    /// positive.
+    /// Errors (before any launch): [`Error::InvalidArgument`] for a buffer of the wrong length or
+    /// not aligned (16 bytes; `sizes` 4), or `global_scale` not finite and positive;
+    /// [`Error::Overlap`] for an output overlapping another buffer (the inputs may share memory).
     pub fn quantize_grouped<T: DenseFloat>(
         &self,
         stream: &Arc<CudaStream>,
@@ -599,18 +621,13 @@ fn validate_grouped_quantize(
             return Err(invalid(CALL, field, format!("address {:#x} is not {align}-byte aligned", view.ptr)));
         }
     }
-    // The outputs overlap nothing (the inputs may share memory with each other).
-    let outputs = [("values", values), ("scales", scales)];
-    let all = [("input", dense, 2u64), ("sizes", sizes, 4), ("values", values, 1)];
-    for (fo, vo) in outputs {
-        for (fi, vi, si) in all {
-            let (a0, a1) = (vo.ptr, vo.ptr + vo.len as u64);
-            let (b0, b1) = (vi.ptr, vi.ptr + vi.len as u64 * si);
-            if fo != fi && a0 < b1 && b0 < a1 {
-                return Err(invalid(CALL, fo, format!("overlaps `{fi}`")));
-            }
-        }
-    }
+    let mut spans = [
+        Span::new(0, dense, 2, false),
+        Span::new(1, sizes, 4, false),
+        Span::new(2, values, 1, true),
+        Span::new(3, scales, 1, true),
+    ];
+    overlap::check(CALL, &mut spans, overlap::fields(&["input", "sizes", "values", "scales"]))?;
     Ok(GroupedConvertParams {
         convert: ConvertParams {
             dense: dense.ptr,
@@ -728,6 +745,64 @@ mod tests {
         }
     }
 
+    /// C (the only output) overlapping any input is refused, naming both; the inputs may share
+    /// memory (every expert the same weights, A's values and scales in one allocation).
+    #[test]
+    fn run_buffers_do_not_overlap_c() {
+        let p = contiguous(3, 300);
+        let good = good_buffers(&p);
+        let c_bytes = 2 * good.c.len as u64;
+        type Edit = fn(&mut MoeBuffers, u64);
+        let cases: [(Edit, (Option<usize>, &str)); 4] = [
+            (|b, _| b.c.ptr = b.a_values.ptr, (None, "a.values")),
+            (|b, n| b.c.ptr = b.a_scales.ptr - n + 16, (None, "a.scales")),
+            (|b, _| b.c.ptr = b.sizes.ptr - 16, (None, "sizes")),
+            (|b, _| b.weights[2].1.ptr = b.c.ptr + 32, (Some(2), "b.scales")),
+        ];
+        for (i, (edit, other)) in cases.into_iter().enumerate() {
+            let mut b = good.clone();
+            edit(&mut b, c_bytes);
+            match validate_moe_buffers(&p, &b).unwrap_err() {
+                Error::Overlap { call: "moe run", output, other: o } => {
+                    assert_eq!((output.group, output.field), (None, "c"), "case {i}");
+                    assert_eq!((o.group, o.field), other, "case {i}");
+                }
+                e => panic!("case {i}: {e:?}"),
+            }
+        }
+        let mut shared = good.clone();
+        shared.weights = vec![good.weights[0]; 3];
+        shared.a_scales.ptr = shared.a_values.ptr;
+        shared.sizes.ptr = shared.a_values.ptr + 64;
+        shared.c.ptr = good.weights[0].1.ptr + (p.b_sizes().scales as u64).next_multiple_of(16);
+        assert!(validate_moe_buffers(&p, &shared).is_ok());
+    }
+
+    /// Shapes beyond the kernels' indexing or any device's memory are refused in constant time,
+    /// naming the field and the limit.
+    #[test]
+    fn problem_limits() {
+        let too_large = |g, n, k, layout| match MoeProblem::new(g, n, k, layout, OutputType::F16).unwrap_err() {
+            Error::TooLarge { group: None, field, limit, .. } => (field, limit),
+            other => panic!("{other:?}"),
+        };
+        let c = |t| TokenLayout::Contiguous { max_tokens: t };
+        assert_eq!(too_large(MAX_GROUPS + 1, 8, 64, c(8)), ("groups", Limit::Groups));
+        assert_eq!(too_large(1, 8, rules::MAX_DIM + 64, c(8)), ("k", Limit::Dim));
+        assert_eq!(too_large(1, rules::MAX_DIM + 8, 64, c(8)), ("n", Limit::Dim));
+        assert_eq!(too_large(1, 8, 64, c(rules::MAX_DIM + 1)), ("max_tokens", Limit::Dim));
+        assert_eq!(too_large(1, 8, 1 << 20, c(4096)), ("a.values", Limit::Index32));
+        assert_eq!(too_large(1, 1 << 20, 64, c(4096)), ("c", Limit::Index32));
+        // G · M_max beyond 32 bits: refused before the abi's u32 formulas see it.
+        let masked = TokenLayout::Masked { max_rows: rules::MAX_DIM };
+        assert_eq!(too_large(MAX_GROUPS, 8, 64, masked), ("a.values", Limit::Index32));
+        // Every expert's weights together beyond any device.
+        assert_eq!(too_large(512, 1 << 17, 1 << 14, c(16)), ("weights", Limit::DeviceBytes));
+        assert!(MoeProblem::new(256, 4096, 7168, c(1 << 16), OutputType::Bf16).is_ok());
+        let e = MoeProblem::new(512, 1 << 17, 1 << 14, c(16), OutputType::F16).unwrap_err().to_string();
+        assert!(e.contains("`weights`") && e.contains("274877906944"), "{e}");
+    }
+
     #[test]
     fn grouped_quantize_arguments() {
         let p = MoeProblem::new(2, 8, 128, TokenLayout::Masked { max_rows: 10 }, OutputType::F16).unwrap();
@@ -749,10 +824,25 @@ mod tests {
         assert_eq!(field(validate_grouped_quantize(&p, short, sizes, values, scales, 1.0, true)), "input");
         let odd = BufferView { ptr: 0x20_0002, ..sizes };
         assert_eq!(field(validate_grouped_quantize(&p, dense, odd, values, scales, 1.0, true)), "sizes");
+        let overlap = |r: Result<GroupedConvertParams>| match r.unwrap_err() {
+            Error::Overlap { call: "quantize_grouped", output, other } => (output.field, other.field),
+            other => panic!("{other:?}"),
+        };
         let on_input = BufferView { ptr: dense.ptr + 64, ..values };
-        assert_eq!(field(validate_grouped_quantize(&p, dense, sizes, on_input, scales, 1.0, true)), "values");
+        assert_eq!(
+            overlap(validate_grouped_quantize(&p, dense, sizes, on_input, scales, 1.0, true)),
+            ("values", "input")
+        );
         let on_values = BufferView { ptr: values.ptr + 16, ..scales };
-        assert_eq!(field(validate_grouped_quantize(&p, dense, sizes, values, on_values, 1.0, true)), "scales");
+        assert_eq!(
+            overlap(validate_grouped_quantize(&p, dense, sizes, values, on_values, 1.0, true)),
+            ("scales", "values")
+        );
+        let on_sizes = BufferView { ptr: sizes.ptr - 4, ..scales };
+        assert_eq!(
+            overlap(validate_grouped_quantize(&p, dense, sizes, values, on_sizes, 1.0, true)),
+            ("scales", "sizes")
+        );
         // The inputs may share memory (e.g. sizes inside the activations' allocation).
         let shared = BufferView { ptr: dense.ptr + 64, ..sizes };
         assert!(validate_grouped_quantize(&p, dense, shared, values, scales, 1.0, true).is_ok());

@@ -2,15 +2,15 @@
 //! tables and workspace; and the launch.
 
 use crate::device::{Arch, Gpu};
-use crate::driver::launch::LaunchGeometry;
 use crate::error::{Error, Result};
 use crate::problem::{
-    BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType, Problem, TablesState,
+    stacked_parts, BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType, Problem, TablesState,
 };
 use crate::sm100::Sm100Plan;
 use crate::sm90::Sm90Plan;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
+use nvfp4_gemm_abi::launch::LaunchGeometry;
 use std::sync::Arc;
 
 /// One NVFP4 operand on the device: packed e2m1 values (two per byte, low nibble first; a row of K
@@ -41,6 +41,27 @@ pub struct GroupArgs<'a> {
     pub c: Output<'a>,
     /// Multiplier applied to the fp32 accumulator (NVFP4's global scale); 1.0 for none.
     pub alpha: f32,
+}
+
+/// Choices a plan makes that a caller may take over (the default: the library's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanOptions {
+    /// The sm_90a GEMM kernel to run instead of the cost model's choice, by its exported name
+    /// (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
+    /// `sm90_grouped_gemm_decode` where every group has at most 16 tokens), for measuring one
+    /// variant against another on the same problem. A name that is no sm_90a GEMM kernel, or a
+    /// variant that cannot run the problem, is an error of [`GemmPlan::with_options`]. Ignored
+    /// on sm_100a.
+    pub sm90_kernel: Option<String>,
+}
+
+impl PlanOptions {
+    /// These options with [`PlanOptions::sm90_kernel`] set to `kernel`.
+    pub fn with_sm90_kernel(mut self, kernel: impl Into<String>) -> PlanOptions {
+        self.sm90_kernel = Some(kernel.into());
+        self
+    }
 }
 
 /// Every group's buffers in one allocation per operand (*stacked*), for
@@ -158,8 +179,13 @@ impl GemmPlan {
     /// Plans `problem` for `gpu`: chooses the kernel configuration, builds the work list, and
     /// allocates the parameter tables and the workspace (once).
     pub fn new(gpu: &Gpu, problem: Problem) -> Result<GemmPlan> {
+        GemmPlan::with_options(gpu, problem, PlanOptions::default())
+    }
+
+    /// [`GemmPlan::new`] with the choices `options` takes over.
+    pub fn with_options(gpu: &Gpu, problem: Problem, options: PlanOptions) -> Result<GemmPlan> {
         let plan: Box<dyn ArchPlan> = match gpu.arch() {
-            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem)?),
+            Arch::Sm90a => Box::new(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
             // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
             // never run: there is no B200 here.
             Arch::Sm100a => Box::new(Sm100Plan::new(gpu, &problem)?),
@@ -181,7 +207,9 @@ impl GemmPlan {
     }
 
     /// Runs the grouped GEMM on `stream` with the given buffers (one entry per group, in order).
-    /// Every buffer is validated against the problem first; on any error nothing is launched.
+    /// Every buffer is validated against the problem first (lengths, alignment, types, alphas,
+    /// and no C overlapping any other buffer of the call, [`Error::Overlap`]; the operands may
+    /// share memory); on any error nothing is launched.
     ///
     /// A call with exactly the previous valid call's buffers (addresses, lengths, output types and
     /// alphas) costs one comparison per group on the host: those buffers were validated and the
@@ -195,15 +223,16 @@ impl GemmPlan {
             let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
             buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha: args.alpha });
         }
-        self.launch_checked(stream_arc)
+        self.launch_checked(stream_arc, "run")
     }
 
     /// Runs the grouped GEMM on `stream` with every group's buffers stacked ([`StackedArgs`]):
     /// the same computation and checks as [`GemmPlan::run`] on each group's part, with five buffer
     /// accesses per call instead of five per group (PERF.md: the host time of a call of 64 groups
     /// is mostly those accesses). A buffer whose length is not the sum of its parts, or an alpha
-    /// count other than the groups', is an error (`Error::InvalidArgument`); on any error
-    /// nothing is launched.
+    /// count other than the groups', is an error (`Error::InvalidArgument`), and so is C
+    /// overlapping an operand buffer (`Error::Overlap`, naming the groups' parts that share
+    /// bytes); on any error nothing is launched.
     ///
     /// ```no_run
     /// use nvfp4_gemm::format::{random_groups, Group, GroupShape, InputDistribution};
@@ -257,32 +286,16 @@ impl GemmPlan {
             let reason = format!("{} alphas for {groups} groups", args.alphas.len());
             return Err(Error::InvalidArgument { call: "run_stacked", field: "alphas", reason });
         }
-        let buffers = self.cache.start();
-        for (w, &alpha) in self.stacked.windows(2).zip(args.alphas) {
-            // Group g's part: from its offset to the next group's (C in 2-byte elements).
-            let (at, next) = (w[0], w[1]);
-            let part = |base: BufferView, from: usize, to: usize, bytes: u64| BufferView {
-                ptr: base.ptr + from as u64 * bytes,
-                len: to - from,
-            };
-            buffers.push(GroupBuffers {
-                a_values: part(a_values, at.a_values, next.a_values, 1),
-                a_scales: part(a_scales, at.a_scales, next.a_scales, 1),
-                b_values: part(b_values, at.b_values, next.b_values, 1),
-                b_scales: part(b_scales, at.b_scales, next.b_scales, 1),
-                c: part(c, at.c_elements, next.c_elements, 2),
-                c_type,
-                alpha,
-            });
-        }
-        self.launch_checked(stream_arc)
+        let whole = [a_values, a_scales, b_values, b_scales];
+        stacked_parts(&self.stacked, whole, c, c_type, args.alphas, self.cache.start());
+        self.launch_checked(stream_arc, "run_stacked")
     }
 
-    /// The common end of a call whose buffers are in `self.cache`'s current list: validation (or
-    /// the cache's shortcut), the table upload when they changed, the launches.
-    fn launch_checked(&mut self, stream_arc: &Arc<CudaStream>) -> Result<()> {
+    /// The common end of a call (`call`) whose buffers are in `self.cache`'s current list:
+    /// validation (or the cache's shortcut), the table upload when they changed, the launches.
+    fn launch_checked(&mut self, stream_arc: &Arc<CudaStream>, call: &'static str) -> Result<()> {
         let stream: &CudaStream = stream_arc;
-        let tables = self.cache.check(&self.problem)?;
+        let tables = self.cache.check(&self.problem, call)?;
         if !self.plan.has_work() {
             return Ok(());
         }

@@ -1,8 +1,10 @@
-//! The hardware probes (`kernel/src/probe.rs`, sm_90a): their cases, inputs and outputs, run on
-//! any [`ProbeTarget`] — the GPU ([`GpuTarget`]) or the CPU model of the device (`model-tests`'
-//! `ModelTarget`) — so that the same probe, with the same inputs, runs on both and the outputs
-//! can be compared bit for bit (`tests/tests/gpu_probe_sm90.rs`), and the model's outputs can be
-//! compared with expectations written from the ISA text (`model-tests/tests/model_probe.rs`).
+//! The hardware probes (`kernel/src/probe.rs`, sm_90a; [`sm100`] for `kernel/src/probe_sm100.rs`):
+//! their cases, inputs and outputs, run on any [`ProbeTarget`] — the GPU ([`GpuTarget`]) or the
+//! CPU model of the device (`model-tests`' `ModelTarget`) — so that the same probe, with the same
+//! inputs, runs on both and the outputs can be compared bit for bit
+//! (`tests/tests/gpu_probe_sm90.rs`, `gpu_probe_sm100.rs`), and the model's outputs can be
+//! compared with expectations written from the ISA text (`model-tests/tests/model_probe.rs`,
+//! `model_probe_sm100.rs`).
 //!
 //! Every probe returns the raw bytes its kernel wrote, status word included
 //! ([`PROBE_OK`] when every wait completed).
@@ -18,6 +20,8 @@ use nvfp4_gemm_abi::sm90::{token_map_with_box, weight_map, CHUNK_K, K_STEPS_PER_
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TensorMapSwizzle, TiledMap, L2_PROMOTION};
 use std::sync::Arc;
 
+pub mod sm100;
+
 /// The probe kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeKernel {
@@ -29,6 +33,12 @@ pub enum ProbeKernel {
     WgmmaN16,
     /// `wgmma_probe_n128`.
     WgmmaN128,
+    /// `tmem_probe` (sm_100a).
+    Tmem,
+    /// `umma_probe` (sm_100a).
+    Umma,
+    /// `tma4_multicast_probe` (sm_100a).
+    Tma4Multicast,
 }
 
 impl ProbeKernel {
@@ -39,8 +49,29 @@ impl ProbeKernel {
             ProbeKernel::Sync => "sync_probe",
             ProbeKernel::WgmmaN16 => "wgmma_probe_n16",
             ProbeKernel::WgmmaN128 => "wgmma_probe_n128",
+            ProbeKernel::Tmem => "tmem_probe",
+            ProbeKernel::Umma => "umma_probe",
+            ProbeKernel::Tma4Multicast => "tma4_multicast_probe",
         }
     }
+
+    /// The architecture it is compiled for.
+    pub const fn arch(self) -> crate::Arch {
+        match self {
+            ProbeKernel::Tma | ProbeKernel::Sync | ProbeKernel::WgmmaN16 | ProbeKernel::WgmmaN128 => crate::Arch::Sm90a,
+            ProbeKernel::Tmem | ProbeKernel::Umma | ProbeKernel::Tma4Multicast => crate::Arch::Sm100a,
+        }
+    }
+}
+
+/// Which of the device model's rules a probe case is held to (the GPU ignores it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelRules {
+    /// The model's strict mode (its default): values no hardware-proven kernel uses are errors.
+    Strict,
+    /// The PTX ISA's rules only: for the cases that try, on hardware, exactly the values strict
+    /// mode rejects.
+    Isa,
 }
 
 /// Where a probe runs: buffers, tensor maps, launches. Errors are messages (a driver error, or
@@ -55,9 +86,15 @@ pub trait ProbeTarget {
     /// The buffer's contents (as many bytes as were uploaded).
     fn download(&self, buf: &Self::Buf) -> Result<Vec<u8>, String>;
     /// The tensor map of `map` over the tensor at `base`.
-    fn encode(&self, map: &TiledMap<2>, base: u64) -> Result<TensorMap, String>;
-    /// Launches `kernel` and waits for it.
-    fn launch(&self, kernel: ProbeKernel, geometry: LaunchGeometry, params: ProbeParams) -> Result<(), String>;
+    fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap, String>;
+    /// Launches `kernel` and waits for it; the model applies `rules`.
+    fn launch(
+        &self,
+        kernel: ProbeKernel,
+        geometry: LaunchGeometry,
+        params: ProbeParams,
+        rules: ModelRules,
+    ) -> Result<(), String>;
 }
 
 /// The bytes of a test pattern that never contains 0 (so a zero-filled byte is never mistaken
@@ -202,7 +239,7 @@ pub fn run_tma<T: ProbeTarget>(t: &T, case: &TmaCase) -> Result<Vec<u8>, String>
     args[TMA_ARG_BULK_BYTES] = case.bulk_bytes;
     args[TMA_ARG_COPIES_FIRST] = case.copies_first as u32;
     let params = ProbeParams { map: t.addr(&maps), input: t.addr(&bulk), input2: 0, out: t.addr(&out), args };
-    t.launch(ProbeKernel::Tma, tma_probe_launch(), params)?;
+    t.launch(ProbeKernel::Tma, tma_probe_launch(), params, ModelRules::Strict)?;
     t.download(&out)
 }
 
@@ -218,7 +255,7 @@ pub fn run_sync<T: ProbeTarget>(t: &T) -> Result<Vec<u8>, String> {
     let out = t.upload(&vec![0xEE; (4 * SYNC_LOG_WORDS * SYNC_PROBE_CTAS) as usize])?;
     let params =
         ProbeParams { map: 0, input: t.addr(&ring), input2: t.addr(&mailbox), out: t.addr(&out), args: [0; 8] };
-    t.launch(ProbeKernel::Sync, sync_probe_launch(), params)?;
+    t.launch(ProbeKernel::Sync, sync_probe_launch(), params, ModelRules::Strict)?;
     t.download(&out)
 }
 
@@ -337,7 +374,7 @@ pub fn run_wgmma<T: ProbeTarget>(t: &T, case: &WgmmaCase) -> Result<Vec<u8>, Str
     args[WGMMA_ARG_CHUNKS] = case.chunks;
     args[WGMMA_ARG_SCALE_D_FIRST] = case.scale_d_first as u32;
     let params = ProbeParams { map: t.addr(&maps), input: t.addr(&a), input2: t.addr(&init), out: t.addr(&out), args };
-    t.launch(case.kernel(), wgmma_probe_launch(case.n), params)?;
+    t.launch(case.kernel(), wgmma_probe_launch(case.n), params, ModelRules::Strict)?;
     t.download(&out)
 }
 
@@ -399,11 +436,17 @@ impl ProbeTarget for GpuTarget<'_> {
         Ok(v)
     }
 
-    fn encode(&self, map: &TiledMap<2>, base: u64) -> Result<TensorMap, String> {
+    fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap, String> {
         tensor_map::encode(map, base).map_err(|e| e.to_string())
     }
 
-    fn launch(&self, kernel: ProbeKernel, geometry: LaunchGeometry, params: ProbeParams) -> Result<(), String> {
+    fn launch(
+        &self,
+        kernel: ProbeKernel,
+        geometry: LaunchGeometry,
+        params: ProbeParams,
+        _: ModelRules,
+    ) -> Result<(), String> {
         let f = self.gpu.function(kernel.name()).map_err(|e| e.to_string())?;
         set_max_dynamic_smem(&f, geometry.smem_bytes).map_err(|e| e.to_string())?;
         // SAFETY: every probe kernel takes one `ProbeParams`; the runners above allocate the

@@ -1,16 +1,11 @@
 //! The problem: group shapes and output type, validated before anything touches a GPU.
 
 use crate::error::{Error, Result};
+use crate::overlap::{self, Span};
+use crate::rules::{self, Limit};
+pub use crate::rules::{MAX_DIM, MAX_GROUPS};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 pub use nvfp4_format::GroupShape;
-
-/// Most groups one call may have. The limit comes from the 16-bit group index of the work list
-/// and the size of the per-call parameter tables; MoE layers have at most a few hundred experts.
-pub const MAX_GROUPS: usize = 4096;
-
-/// Largest M, N or K accepted: per-dimension indices are 32-bit in the kernels, and tile indices
-/// 16-bit (65535 tiles of 64 rows).
-pub const MAX_DIM: usize = 1 << 22;
 
 /// Element type of C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,9 +20,10 @@ pub enum OutputType {
 /// A grouped GEMM problem: `C_g[m, n] = alpha_g · A_g[m, k] · B_g[n, k]ᵀ` for each group, both
 /// operands NVFP4 (K-major), C row-major.
 ///
-/// Rules (checked by [`Problem::new`]): `k` is a positive multiple of 64; `n` a positive multiple
-/// of 8; `m` may be 0 (the group is skipped); at most [`MAX_GROUPS`] groups; no dimension above
-/// [`MAX_DIM`]. Zero groups is a valid problem that does nothing.
+/// Rules ([`crate::rules`], checked by [`Problem::new`]): `k` is a positive multiple of
+/// [`rules::K_MULTIPLE`] (64); `n` a positive multiple of [`rules::N_MULTIPLE`] (8); `m` may be 0 (the group is skipped); at most [`MAX_GROUPS`] groups; no dimension above
+/// [`MAX_DIM`]; the call's buffers within [`rules::MAX_DEVICE_BYTES`] and its output tiles within
+/// [`rules::MAX_TILES`] ([`crate::rules`]). Zero groups is a valid problem that does nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     groups: Vec<GroupShape>,
@@ -35,25 +31,21 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// Validates the shapes.
+    /// Validates the shapes: the rules above, in time proportional to the number of groups.
+    /// Errors: [`Error::InvalidGroup`] for a `k` or `n` against the rules, [`Error::TooLarge`]
+    /// for a limit exceeded.
     pub fn new(groups: impl Into<Vec<GroupShape>>, output: OutputType) -> Result<Problem> {
         let groups = groups.into();
-        if groups.len() > MAX_GROUPS {
-            return Err(Error::InvalidProblem(format!("{} groups; at most {MAX_GROUPS} are supported", groups.len())));
-        }
+        rules::within(None, "groups", groups.len() as u64, Limit::Groups)?;
         for (g, s) in groups.iter().enumerate() {
-            if s.k == 0 || s.k % 64 != 0 {
-                return Err(Error::group(g, "k", format!("{} is not a positive multiple of 64", s.k)));
+            if let Some(reason) = rules::k_rule(s.k) {
+                return Err(Error::group(g, "k", reason));
             }
-            if s.n == 0 || s.n % 8 != 0 {
-                return Err(Error::group(g, "n", format!("{} is not a positive multiple of 8", s.n)));
-            }
-            for (field, v) in [("m", s.m), ("n", s.n), ("k", s.k)] {
-                if v > MAX_DIM {
-                    return Err(Error::group(g, field, format!("{v} exceeds the largest supported size {MAX_DIM}")));
-                }
+            if let Some(reason) = rules::n_rule(s.n) {
+                return Err(Error::group(g, "n", reason));
             }
         }
+        rules::check_groups(&groups)?;
         Ok(Problem { groups, output })
     }
 
@@ -87,8 +79,8 @@ impl Problem {
     /// Where each group's parts lie in *stacked* buffers ([`crate::plan::StackedArgs`]: one
     /// allocation per operand, the groups' parts back to back in group order): entry `g` is group
     /// `g`'s offset in each buffer (bytes; elements for C), entry `G` the buffers' total sizes.
-    /// Every part is a multiple of 16 bytes (K a multiple of 64, N of 8, scales in 512-byte
-    /// blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
+    /// Every part is a multiple of 16 bytes (the shape rules of [`crate::rules`]: K a multiple
+    /// of 64, N of 8; scales in 512-byte blocks), so a 16-byte aligned buffer keeps every group's part aligned. A group with
     /// `m = 0` has empty A and C parts; its B part is there (a layer's every expert has weights).
     pub fn stacked_offsets(&self) -> Vec<BufferSizes> {
         let mut at = BufferSizes::ZERO;
@@ -173,12 +165,55 @@ pub struct GroupBuffers {
     pub alpha: f32,
 }
 
+/// Appends to `out` each group's parts of stacked buffers ([`Problem::stacked_offsets`] `at`):
+/// `whole` holds the A values, A scales, B values and B scales buffers, `c` the C buffer (of type
+/// `c_type`), each as long as all the groups' parts; group `g`'s part runs from its offset to the
+/// next group's (C in 2-byte elements), so the parts of one buffer are adjacent and disjoint.
+pub(crate) fn stacked_parts(
+    at: &[BufferSizes],
+    whole: [BufferView; 4],
+    c: BufferView,
+    c_type: OutputType,
+    alphas: &[f32],
+    out: &mut Vec<GroupBuffers>,
+) {
+    let [a_values, a_scales, b_values, b_scales] = whole;
+    let part = |base: BufferView, from: usize, to: usize, bytes: u64| BufferView {
+        ptr: base.ptr + from as u64 * bytes,
+        len: to - from,
+    };
+    for (w, &alpha) in at.windows(2).zip(alphas) {
+        let (at, next) = (w[0], w[1]);
+        out.push(GroupBuffers {
+            a_values: part(a_values, at.a_values, next.a_values, 1),
+            a_scales: part(a_scales, at.a_scales, next.a_scales, 1),
+            b_values: part(b_values, at.b_values, next.b_values, 1),
+            b_scales: part(b_scales, at.b_scales, next.b_scales, 1),
+            c: part(c, at.c_elements, next.c_elements, 2),
+            c_type,
+            alpha,
+        });
+    }
+}
+
 /// Every device buffer must start on this many bytes (TMA and bulk copies need 16).
 pub const BUFFER_ALIGN: u64 = 16;
 
 /// Checks the buffers of every group against the problem: counts, exact lengths, alignment,
-/// output type, finite alpha. Pure: runs on the CPU.
+/// output type, finite alpha, and no output overlapping another buffer of the call
+/// ([`Error::Overlap`]; a group with `m = 0` reads and writes nothing). Pure: runs on the CPU.
 pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
+    validate_buffers_in("run", problem, buffers, &mut Vec::new())
+}
+
+/// [`validate_buffers`] for the call `call`, with `spans` as the overlap check's list (kept by
+/// the caller so that a call allocates nothing).
+pub(crate) fn validate_buffers_in(
+    call: &'static str,
+    problem: &Problem,
+    buffers: &[GroupBuffers],
+    spans: &mut Vec<Span>,
+) -> Result<()> {
     if buffers.len() != problem.groups.len() {
         return Err(Error::InvalidProblem(format!(
             "the plan has {} groups but {} were passed",
@@ -226,7 +261,29 @@ pub fn validate_buffers(problem: &Problem, buffers: &[GroupBuffers]) -> Result<(
             return Err(Error::group(g, "alpha", format!("{} is not finite", b.alpha)));
         }
     }
-    Ok(())
+    spans.clear();
+    for (g, (s, b)) in problem.groups.iter().zip(buffers).enumerate() {
+        if s.m != 0 {
+            push_spans(spans, g, b);
+        }
+    }
+    overlap::check(call, spans, overlap::group_fields(&GROUP_FIELDS))
+}
+
+/// The fields of a group's buffers, in the order of [`push_spans`].
+const GROUP_FIELDS: [&str; 5] = ["a.values", "a.scales", "b.values", "b.scales", "c"];
+
+/// Appends group `g`'s buffers to the overlap check's list (ids `5g ..`, [`GROUP_FIELDS`]).
+#[inline]
+fn push_spans(spans: &mut Vec<Span>, g: usize, b: &GroupBuffers) {
+    let id = 5 * g as u32;
+    spans.extend([
+        Span::new(id, b.a_values, 1, false),
+        Span::new(id + 1, b.a_scales, 1, false),
+        Span::new(id + 2, b.b_values, 1, false),
+        Span::new(id + 3, b.b_scales, 1, false),
+        Span::new(id + 4, b.c, 2, true),
+    ]);
 }
 
 /// The views of one call's buffers and cudarc's stream-ordering guards for them ([`SyncOnDrop`]).
@@ -336,6 +393,8 @@ pub(crate) struct BufferCache {
     validated: bool,
     /// Whether the device tables were encoded from `last`'s addresses and alphas.
     uploaded: bool,
+    /// The overlap check's list, kept so that validation allocates nothing.
+    spans: Vec<Span>,
 }
 
 impl BufferCache {
@@ -346,6 +405,7 @@ impl BufferCache {
             last: Vec::with_capacity(groups),
             validated: false,
             uploaded: false,
+            spans: Vec::with_capacity(5 * groups),
         }
     }
 
@@ -356,10 +416,11 @@ impl BufferCache {
     }
 
     /// Checks the current call's buffers: validated against `problem` ([`validate_buffers`],
-    /// same errors) unless equal to the last validated call's in every field validation reads.
-    /// On success they become [`Self::buffers`]; on error the cache is unchanged (the last valid
-    /// call's buffers and what the tables hold).
-    pub fn check(&mut self, problem: &Problem) -> Result<TablesState> {
+    /// same errors, for the call `call`) unless equal to the last validated call's in every field
+    /// validation reads (addresses, lengths, types, alphas: the overlap rule too depends on
+    /// nothing else). On success they become [`Self::buffers`]; on error the cache is unchanged
+    /// (the last valid call's buffers and what the tables hold).
+    pub fn check(&mut self, problem: &Problem, call: &'static str) -> Result<TablesState> {
         let (mut same, mut same_tables) = (false, false);
         if self.validated && self.last.len() == self.current.len() {
             (same, same_tables) = (true, true);
@@ -372,7 +433,7 @@ impl BufferCache {
             }
         }
         if !same {
-            validate_buffers(problem, &self.current)?;
+            validate_buffers_in(call, problem, &self.current, &mut self.spans)?;
             std::mem::swap(&mut self.last, &mut self.current);
             self.validated = true;
         }
@@ -396,12 +457,16 @@ impl BufferCache {
     }
 }
 
-/// Well-formed fake buffers for a shape (16-byte aligned addresses from `base`, exact lengths),
-/// for CPU tests of validation and planning.
+/// Well-formed fake buffers for a shape (exact lengths; field `i` of A values, A scales, B
+/// values, B scales, C at `base + i · stride`, `i` from 1, where `stride` is 1 MiB or the largest
+/// buffer rounded up to it), for CPU tests of validation and planning. They overlap nothing for
+/// shapes whose largest buffer is below 40 MiB, at bases 256 MiB apart.
 #[cfg(test)]
 pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffers {
     let z = BufferSizes::of(s);
-    let v = |i: u64, len| BufferView { ptr: base + 0x10_0000 * i, len };
+    let largest = [z.a_values, z.a_scales, z.b_values, z.b_scales, 2 * z.c_elements].into_iter().max().unwrap_or(0);
+    let stride = (largest as u64).next_multiple_of(0x10_0000).max(0x10_0000);
+    let v = |i: u64, len| BufferView { ptr: base + stride * i, len };
     GroupBuffers {
         a_values: v(1, z.a_values),
         a_scales: v(2, z.a_scales),
@@ -435,9 +500,16 @@ mod tests {
         assert_eq!(bad(GroupShape::new(8, 256, 0)), (1, "k"));
         assert_eq!(bad(GroupShape::new(8, 250, 512)), (1, "n"));
         assert_eq!(bad(GroupShape::new(8, 0, 512)), (1, "n"));
-        assert_eq!(bad(GroupShape::new(MAX_DIM + 1, 256, 512)), (1, "m"));
+        let too_large = |s: GroupShape| match Problem::new(vec![ok, s], OutputType::F16).unwrap_err() {
+            Error::TooLarge { group, field, limit, .. } => (group, field, limit),
+            other => panic!("expected TooLarge, got {other:?}"),
+        };
+        assert_eq!(too_large(GroupShape::new(MAX_DIM + 1, 256, 512)), (Some(1), "m", Limit::Dim));
         let too_many = vec![ok; MAX_GROUPS + 1];
-        assert!(matches!(Problem::new(too_many, OutputType::F16), Err(Error::InvalidProblem(_))));
+        assert!(matches!(
+            Problem::new(too_many, OutputType::F16),
+            Err(Error::TooLarge { group: None, field: "groups", limit: Limit::Groups, .. })
+        ));
     }
 
     /// Stacked buffers: each group's part starts where the previous one ends, has exactly the
@@ -476,8 +548,8 @@ mod tests {
     fn buffer_rules_name_the_group_and_field() {
         let s = GroupShape::new(72, 384, 256);
         let p = Problem::new(vec![s, s], OutputType::F16).unwrap();
-        let good = good_buffers(&s);
-        assert!(validate_buffers(&p, &[good, good]).is_ok());
+        let (first, good) = (good_buffers(&s), fake_buffers(&s, 0x1000_0000, 1.0));
+        assert!(validate_buffers(&p, &[first, good]).is_ok());
         assert!(matches!(validate_buffers(&p, &[good]), Err(Error::InvalidProblem(_))));
         type Breaker = fn(&mut GroupBuffers);
         let cases: [(&str, Breaker); 10] = [
@@ -495,7 +567,158 @@ mod tests {
         for (field, break_it) in cases {
             let mut bad = good;
             break_it(&mut bad);
-            assert_eq!(field_of(validate_buffers(&p, &[good, bad]).unwrap_err()), (1, field));
+            assert_eq!(field_of(validate_buffers(&p, &[first, bad]).unwrap_err()), (1, field));
+        }
+    }
+
+    /// A buffer's group and field.
+    type Named = (Option<usize>, &'static str);
+
+    fn overlap_of(e: Error) -> (&'static str, Named, Named) {
+        match e {
+            Error::Overlap { call, output, other } => (call, (output.group, output.field), (other.group, other.field)),
+            other => panic!("expected Overlap, got {other:?}"),
+        }
+    }
+
+    /// Outputs overlapping inputs or each other, within a group and across groups, are refused
+    /// naming both buffers; inputs may share memory; groups with `m = 0` and touching buffers
+    /// overlap nothing.
+    #[test]
+    fn outputs_overlap_nothing() {
+        let s = GroupShape::new(72, 384, 256);
+        let p = Problem::new(vec![s, s, GroupShape::new(0, 384, 256)], OutputType::F16).unwrap();
+        let bufs = [fake_buffers(&s, 0, 1.0), fake_buffers(&s, 0x1000_0000, 1.0), fake_buffers(&s, 0x2000_0000, 1.0)];
+        assert!(validate_buffers(&p, &bufs).is_ok());
+        let c_bytes = 2 * bufs[0].c.len as u64;
+        type Edit = fn(&mut [GroupBuffers; 3], u64);
+        let cases: [(Edit, Named, Named); 6] = [
+            // The case: C laid over the group's own B values.
+            (|b, _| b[0].c.ptr = b[0].b_values.ptr, (Some(0), "c"), (Some(0), "b.values")),
+            // Eight elements into another group's A scales (from below).
+            (|b, n| b[1].c.ptr = b[0].a_scales.ptr - n + 16, (Some(1), "c"), (Some(0), "a.scales")),
+            // Containing another group's B scales.
+            (|b, _| b[0].c.ptr = b[1].b_scales.ptr - 16, (Some(0), "c"), (Some(1), "b.scales")),
+            // Two outputs: overlapping by eight elements (the one that starts inside the other
+            // is named as the output), and the same C for both groups (either order).
+            (|b, n| b[1].c.ptr = b[0].c.ptr + n - 16, (Some(1), "c"), (Some(0), "c")),
+            (|b, _| b[1].c.ptr = b[0].c.ptr, (None, "c"), (None, "c")),
+            // An input starting inside C.
+            (|b, n| b[1].a_values.ptr = b[0].c.ptr + n - 16, (Some(0), "c"), (Some(1), "a.values")),
+        ];
+        for (i, (edit, output, other)) in cases.into_iter().enumerate() {
+            let mut b = bufs;
+            edit(&mut b, c_bytes);
+            let got = overlap_of(validate_buffers(&p, &b).unwrap_err());
+            if output.0.is_none() {
+                assert!(
+                    got == ("run", (Some(0), "c"), (Some(1), "c")) || got == ("run", (Some(1), "c"), (Some(0), "c"))
+                );
+            } else {
+                assert_eq!(got, ("run", output, other), "case {i}");
+            }
+            // The cache validates it the same way, and keeps the last valid call.
+            let mut cache = BufferCache::new(3);
+            assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Upload));
+            assert_eq!(call(&mut cache, &p, &b), Err(validate_buffers(&p, &b).unwrap_err()), "case {i}");
+            assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current), "case {i}");
+        }
+        // Allowed: touching buffers, inputs shared between groups and fields, an empty group's
+        // buffers anywhere (it reads and writes nothing).
+        let mut b = bufs;
+        b[1].c.ptr = b[0].c.ptr + c_bytes;
+        b[1].a_values.ptr = b[1].c.ptr + c_bytes;
+        b[1].b_values = b[0].b_values;
+        b[1].b_scales = b[0].b_scales;
+        b[0].a_scales.ptr = b[0].a_values.ptr;
+        b[2].c = b[0].c;
+        b[2].b_values.ptr = b[0].c.ptr;
+        assert!(validate_buffers(&p, &b).is_ok());
+    }
+
+    /// Stacked buffers: the groups' parts of one buffer are adjacent, not overlapping; C over
+    /// part of A's stacked buffer is refused, naming the groups' parts that share bytes.
+    #[test]
+    fn stacked_parts_are_adjacent() {
+        let shapes = vec![GroupShape::new(24, 136, 192), GroupShape::new(0, 256, 512), GroupShape::new(130, 264, 448)];
+        let p = Problem::new(shapes, OutputType::F16).unwrap();
+        let at = p.stacked_offsets();
+        let total = at[3];
+        let v = |i: u64, len| BufferView { ptr: 0x1000_0000 * i, len };
+        let whole = [v(1, total.a_values), v(2, total.a_scales), v(3, total.b_values), v(4, total.b_scales)];
+        let parts = |whole: [BufferView; 4], c: BufferView| {
+            let mut out = vec![];
+            stacked_parts(&at, whole, c, OutputType::F16, &[1.0; 3], &mut out);
+            out
+        };
+        let good = parts(whole, v(5, total.c_elements));
+        assert_eq!(good[2].a_values.ptr, good[0].a_values.ptr + good[0].a_values.len as u64);
+        assert!(validate_buffers(&p, &good).is_ok());
+        // C starting in the middle of A's values: group 0's C overlaps group 2's A values.
+        let c = BufferView { ptr: whole[0].ptr + at[2].a_values as u64 + 32, len: total.c_elements };
+        assert_eq!(
+            overlap_of(validate_buffers(&p, &parts(whole, c)).unwrap_err()),
+            ("run", (Some(0), "c"), (Some(2), "a.values"))
+        );
+        // C right after B's scales: touching, fine; one element earlier: group 2's C overlaps.
+        let end = whole[3].ptr + total.b_scales as u64;
+        assert!(validate_buffers(&p, &parts(whole, BufferView { ptr: end, len: total.c_elements })).is_ok());
+        let c = BufferView { ptr: end - 16, len: total.c_elements };
+        let err = overlap_of(validate_buffers(&p, &parts(whole, c)).unwrap_err());
+        assert_eq!((err.1 .1, err.2), ("c", (Some(2), "b.scales")));
+        // The operands in one allocation, back to back: inputs, fine.
+        let one = [v(1, total.a_values), v(1, total.a_scales), v(1, total.b_values), v(1, total.b_scales)];
+        assert!(validate_buffers(&p, &parts(one, v(5, total.c_elements))).is_ok());
+    }
+
+    /// Host time of a full validation (lengths, alignment, types, alphas, the overlap rule) and of
+    /// its overlap part alone, for the bench's shapes, d0's 64 groups and 4096 groups (printed;
+    /// only correctness is asserted). The cached path ([`BufferCache::check`] with the previous
+    /// call's buffers) skips both.
+    #[test]
+    fn validation_time() {
+        use nvfp4_format::generate::shapes;
+        let d0 = vec![GroupShape::new(4, 7168, 2048); 64];
+        let many = vec![GroupShape::new(4, 512, 256); MAX_GROUPS];
+        let sets: [(&str, Vec<GroupShape>); 6] = [
+            ("b0", shapes::B0.to_vec()),
+            ("b1", shapes::B1.to_vec()),
+            ("b2", shapes::B2.to_vec()),
+            ("b3", shapes::B3.to_vec()),
+            ("d0", d0),
+            ("4096 groups", many),
+        ];
+        for (name, shapes) in sets {
+            let p = Problem::new(shapes.clone(), OutputType::F16).unwrap();
+            // Groups at descending addresses (the sort has work to do).
+            let n = shapes.len() as u64;
+            let bufs: Vec<GroupBuffers> =
+                shapes.iter().enumerate().map(|(g, s)| fake_buffers(s, 0x1000_0000 * (n - g as u64), 0.5)).collect();
+            let mut spans = Vec::with_capacity(5 * shapes.len());
+            let best = |f: &mut dyn FnMut()| {
+                let reps = (20_000 / shapes.len()).max(10);
+                let mut best = f64::INFINITY;
+                for _ in 0..10 {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        f();
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+                }
+                best
+            };
+            let full = best(&mut || validate_buffers_in("run", &p, std::hint::black_box(&bufs), &mut spans).unwrap());
+            let overlap = best(&mut || {
+                spans.clear();
+                for (g, b) in std::hint::black_box(&bufs).iter().enumerate() {
+                    push_spans(&mut spans, g, b);
+                }
+                overlap::check("run", &mut spans, overlap::group_fields(&GROUP_FIELDS)).unwrap();
+            });
+            println!(
+                "validate_buffers, {name} ({} groups): {full:.3} us per call, of which the overlap rule {overlap:.3} us",
+                shapes.len()
+            );
         }
     }
 
@@ -511,7 +734,7 @@ mod tests {
     /// Fills the cache with `bufs` as a call would and checks it.
     fn call(cache: &mut BufferCache, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
         cache.start().extend_from_slice(bufs);
-        cache.check(p)
+        cache.check(p, "run")
     }
 
     /// A call of a plan with work: check, then upload when asked.

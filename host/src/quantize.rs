@@ -6,7 +6,8 @@
 //! `e2m1(x / (scale * g))`), including the padding rows of the scale layout, written as zero.
 //! The global scale is an argument (serving code calibrates it; for one tensor
 //! [`nvfp4_format::global_scale_for_amax`] gives the recipe's `amax / (6 * 448)`); pass
-//! `g_a * g_b` as the GEMM's alpha. NaN and infinities in the input cannot be reported without a
+//! `g_a * g_b` as the GEMM's alpha (record `g` in [`DeviceNvfp4::global_scale`] and
+//! [`crate::GroupArgs::new`] does). NaN and infinities in the input cannot be reported without a
 //! host synchronisation, so they have defined results: a block holding a NaN gets the NaN scale
 //! `0x7F` (it dequantizes to NaN, and so do the GEMM rows that read it); `±inf` saturates (scale
 //! 448, value `±6`). See `nvfp4_gemm_abi::quantize` for the arithmetic.
@@ -21,13 +22,16 @@
 //! let (rows, k) = (300, 2048);
 //! let x = stream.alloc_zeros::<half::bf16>(rows * k)?; // activations on the device
 //! let mut a = DeviceNvfp4::alloc_zeros(&stream, rows, k)?; // once, reused
-//! quantizer.quantize(&stream, &x, rows, k, 0.01, a.operand_mut())?; // no allocation, no sync
+//! let g = 0.01; // the global scale (calibrated)
+//! quantizer.quantize(&stream, &x, rows, k, g, a.operand_mut())?; // no allocation, no sync
+//! a.global_scale = g; // for `GroupArgs::new`, which multiplies the operands' global scales
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use crate::device::Gpu;
 use crate::driver::launch::launch;
 use crate::error::{Error, Result};
+use crate::overlap::{self, Span};
 use crate::plan::Nvfp4Operand;
 use crate::problem::{BufferView, CallBuffers, BUFFER_ALIGN};
 use crate::upload::DeviceNvfp4;
@@ -86,16 +90,24 @@ impl Nvfp4Sizes {
 impl DeviceNvfp4 {
     /// Zeroed device buffers for an NVFP4 tensor of `rows x k` (`k` a positive multiple of 64),
     /// e.g. for [`Quantizer::quantize`]'s output; an empty tensor gets 16-byte placeholders.
+    /// Global scale 1.
     pub fn alloc_zeros(stream: &Arc<CudaStream>, rows: usize, k: usize) -> Result<DeviceNvfp4> {
-        let sizes = Nvfp4Sizes::of(rows, k)?;
+        DeviceNvfp4::alloc_zeros_sized(stream, Nvfp4Sizes::of(rows, k)?)
+    }
+
+    /// Zeroed device buffers of the given sizes (e.g. [`crate::MoeProblem::a_sizes`]); empty
+    /// buffers get 16-byte placeholders. Global scale 1.
+    pub fn alloc_zeros_sized(stream: &Arc<CudaStream>, sizes: Nvfp4Sizes) -> Result<DeviceNvfp4> {
         let d = |e| Error::driver("allocating an NVFP4 tensor", e);
         Ok(DeviceNvfp4 {
             values: stream.alloc_zeros::<u8>(sizes.values.max(16)).map_err(d)?,
             scales: stream.alloc_zeros::<u8>(sizes.scales.max(16)).map_err(d)?,
+            global_scale: 1.0,
         })
     }
 
-    /// The output view [`Quantizer::quantize`] takes.
+    /// The output view [`Quantizer::quantize`] takes (it writes the values and scales; record
+    /// the global scale it quantized with in [`DeviceNvfp4::global_scale`]).
     pub fn operand_mut(&mut self) -> Nvfp4OperandMut<'_> {
         Nvfp4OperandMut { values: &mut self.values, scales: &mut self.scales }
     }
@@ -131,10 +143,11 @@ impl Quantizer {
     /// global scale `global_scale` into `out` (exactly [`Nvfp4Sizes::of`]`(rows, k)` bytes each),
     /// on `stream`. Every byte of both outputs is written (scale padding rows as zero).
     ///
-    /// Errors ([`Error::InvalidArgument`], before any launch): `k` not a positive multiple of 64,
-    /// a size too large for the kernels' 32-bit indexing, `global_scale` not finite and positive,
-    /// a buffer of the wrong length, not 16-byte aligned, or overlapping another. `rows = 0`
-    /// launches nothing (the buffers are not checked).
+    /// Errors (before any launch): [`Error::InvalidArgument`] for `k` not a positive multiple of
+    /// 64, a size too large for the kernels' 32-bit indexing, `global_scale` not finite and
+    /// positive, a buffer of the wrong length or not 16-byte aligned; [`Error::Overlap`] for an
+    /// output overlapping another buffer (the inputs may share memory). `rows = 0` launches
+    /// nothing (the buffers are not checked).
     pub fn quantize<T: DenseFloat>(
         &self,
         stream: &Arc<CudaStream>,
@@ -230,8 +243,8 @@ fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -
 /// `k` a positive multiple of 64; `rows`, `k` in `u32`; the quantizer's item count (the larger)
 /// under the kernels' 32-bit limit.
 fn check_shape(call: &'static str, rows: usize, k: usize) -> Result<(u32, u32)> {
-    if k == 0 || k % abi::K_MULTIPLE as usize != 0 {
-        return Err(invalid(call, "k", format!("{k} is not a positive multiple of {}", abi::K_MULTIPLE)));
+    if let Some(reason) = crate::rules::k_rule(k) {
+        return Err(invalid(call, "k", reason));
     }
     let k32 = u32::try_from(k).map_err(|_| invalid(call, "k", format!("{k} is too large")))?;
     let r32 = u32::try_from(rows).map_err(|_| invalid(call, "rows", format!("{rows} is too large")))?;
@@ -261,12 +274,9 @@ fn validate(
     }
     let dense_name = if dir == Direction::Quantize { "input" } else { "output" };
     let sizes = Nvfp4Sizes { values: rows * k / 2, scales: blocked_bytes(r32, k32) };
-    let checks = [
-        (dense_name, b.dense, rows * k, 2),
-        ("values", b.values, sizes.values, 1),
-        ("scales", b.scales, sizes.scales, 1),
-    ];
-    for (field, view, len, _) in checks {
+    let checks =
+        [(dense_name, b.dense, rows * k), ("values", b.values, sizes.values), ("scales", b.scales, sizes.scales)];
+    for (field, view, len) in checks {
         if view.len != len {
             return Err(invalid(
                 call,
@@ -278,16 +288,13 @@ fn validate(
             return Err(invalid(call, field, format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr)));
         }
     }
-    // Byte ranges must be disjoint (an output overlapping an input or the other output).
-    for (i, &(fa, va, _, sa)) in checks.iter().enumerate() {
-        for &(fb, vb, _, sb) in &checks[i + 1..] {
-            let (a0, a1) = (va.ptr, va.ptr + (va.len * sa) as u64);
-            let (b0, b1) = (vb.ptr, vb.ptr + (vb.len * sb) as u64);
-            if a0 < b1 && b0 < a1 {
-                return Err(invalid(call, fb, format!("overlaps `{fa}`")));
-            }
-        }
-    }
+    let dense_out = dir == Direction::Dequantize;
+    let mut spans = [
+        Span::new(0, b.dense, 2, dense_out),
+        Span::new(1, b.values, 1, !dense_out),
+        Span::new(2, b.scales, 1, !dense_out),
+    ];
+    overlap::check(call, &mut spans, overlap::fields(&[dense_name, "values", "scales"]))?;
     let items = match dir {
         Direction::Quantize => abi::quantize_items(r32, k32),
         Direction::Dequantize => abi::dequantize_items(r32, k32),
@@ -307,6 +314,7 @@ fn validate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::BufferName;
 
     fn good(rows: usize, k: usize) -> Buffers {
         let s = Nvfp4Sizes::of(rows, k).unwrap();
@@ -359,17 +367,13 @@ mod tests {
     fn bad_arguments_are_typed_errors() {
         let (rows, k) = (72, 192);
         type Breaker = fn(&mut Buffers);
-        let cases: [(&str, Breaker); 10] = [
+        let cases: [(&str, Breaker); 6] = [
             ("input", |b| b.dense.len -= 1),
             ("values", |b| b.values.len += 1),
             ("scales", |b| b.scales.len = 72 * 12), // the plain layout's size, not padded to 128 rows
             ("input", |b| b.dense.ptr += 2),
             ("values", |b| b.values.ptr += 8),
             ("scales", |b| b.scales.ptr += 4),
-            ("values", |b| b.values.ptr = b.dense.ptr + 64), // overlaps the input
-            ("scales", |b| b.scales.ptr = b.values.ptr + 16), // overlaps the values
-            ("scales", |b| b.scales.ptr = b.dense.ptr - 16), // overlaps the input from below
-            ("values", |b| b.values.ptr = b.dense.ptr),
         ];
         for (field, break_it) in cases {
             let mut b = good(rows, k);
@@ -377,6 +381,33 @@ mod tests {
             let e = validate(Direction::Quantize, rows, k, 1.0, false, &b).unwrap_err();
             assert_eq!(field_of(e), ("quantize", field), "{field}");
         }
+        // Outputs overlapping an input or each other (named output first).
+        let overlaps: [((&str, &str), Breaker); 4] = [
+            (("values", "input"), |b| b.values.ptr = b.dense.ptr + 64),
+            (("scales", "values"), |b| b.scales.ptr = b.values.ptr + 16),
+            (("scales", "input"), |b| b.scales.ptr = b.dense.ptr - 16),
+            (("values", "input"), |b| b.values.ptr = b.dense.ptr),
+        ];
+        for (names, break_it) in overlaps {
+            let mut b = good(rows, k);
+            break_it(&mut b);
+            match validate(Direction::Quantize, rows, k, 1.0, false, &b).unwrap_err() {
+                Error::Overlap { call: "quantize", output, other } => {
+                    assert_eq!((output.field, other.field), names);
+                    assert_eq!((output.group, other.group), (None, None));
+                }
+                other => panic!("{names:?}: {other:?}"),
+            }
+        }
+        // Dequantizing: the output is the dense tensor; the NVFP4 inputs may share memory.
+        let mut b = good(rows, k);
+        b.scales.ptr = b.values.ptr + 16;
+        assert!(validate(Direction::Dequantize, rows, k, 1.0, false, &b).is_ok());
+        b.dense.ptr = b.values.ptr - 16;
+        assert!(matches!(
+            validate(Direction::Dequantize, rows, k, 1.0, false, &b),
+            Err(Error::Overlap { call: "dequantize", output: BufferName { field: "output", .. }, .. })
+        ));
         let mut b = good(rows, k);
         b.dense.len += 16;
         assert_eq!(

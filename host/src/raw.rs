@@ -142,7 +142,7 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool> {
     // SAFETY: an out-pointer to a local; a live stream.
     unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
         .result()
-        .map_err(|e| Error::Driver { during: "querying the stream's capture status", error: e.to_string() })?;
+        .map_err(|e| Error::driver("querying the stream's capture status", e))?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
@@ -600,10 +600,7 @@ pub unsafe extern "C" fn nvfp4_gemm_plan_create(
 
 /// Waits for the device's null stream (where plans allocate and zero their memory).
 fn synchronize(gpu: &Gpu) -> Result<()> {
-    gpu.context()
-        .default_stream()
-        .synchronize()
-        .map_err(|e| Error::Driver { during: "waiting for the new plan's memory", error: e.to_string() })
+    gpu.context().default_stream().synchronize().map_err(|e| Error::driver("waiting for the new plan's memory", e))
 }
 
 /// Destroys a plan (null: nothing). The work enqueued with it must have finished.

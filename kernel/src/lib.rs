@@ -18,8 +18,6 @@
     feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
-// `#[ptx::kernel]`: a `macro_rules!` attribute (the entry points' ABI differs between targets).
-#![feature(macro_attr)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod moe;
@@ -42,6 +40,10 @@ pub mod sm100;
 // The hardware probes run on the H200 (and in the model): sm_90a only.
 #[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
 pub mod probe;
+
+// The Blackwell probes, for the first B200 (and the model).
+#[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
+pub mod probe_sm100;
 
 // The TMA bandwidth kernel of the bench's ceilings (sm_90a, and in the model).
 #[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]

@@ -114,6 +114,12 @@ pub struct LaunchConfig {
     pub smem_fill: u8,
     /// TMEM allocation policy.
     pub tmem_placement: TmemPlacement,
+    /// Strict mode (on by default): besides what the PTX ISA forbids, reject values it allows but
+    /// that no hardware-proven kernel uses — descriptor fields the ISA calls unused, TMEM columns
+    /// placed unlike the seed's and CUTLASS's, TMEM read before anything wrote it (each rule and
+    /// its source: docs/model.md §3, `model/README.md` "Strict mode"). The hardware probes turn it
+    /// off for the cases that try exactly those values on a GPU.
+    pub strict: bool,
     /// The seeded choices.
     pub schedule: Schedule,
     /// Registers per thread the kernel is launched with (its `.maxnreg`), or 0 when unknown. When
@@ -143,6 +149,7 @@ impl LaunchConfig {
             stack_size: 1 << 20,
             smem_fill: 0xA5,
             tmem_placement: TmemPlacement::Highest,
+            strict: true,
             schedule: Schedule::default(),
             registers: 0,
             predecessor_writes: Vec::new(),

@@ -21,12 +21,15 @@
 //!   N, f32, lane m / column n: Layout D, §9.7.16.10.5.4) (+)= Σ over K = 64 of (A·SFA)(B·SFB).
 //!   Instruction descriptor: Table 44 (§9.7.16.4.2); operands: shared-memory descriptors (Table
 //!   40, §9.7.16.4.1) over K-major tiles of e2m1 packed two per byte (§9.7.16.10.4.6; element `2i`
-//!   in the low nibble) in the canonical layouts of §9.7.16.3.3
-//!   under `Swizzle<B,4,3>` of the absolute address (base offset 0). Scale factors
-//!   (§9.7.16.10.7, 4X: SFA_ID = SFB_ID = 0): the scale of row `32g + r`, K block `s` is byte `s`
-//!   of the cell at lane `r` of every 32-lane quarter (they must be duplicated to all four,
-//!   §9.7.16.10.7), column `c + g` (not yet cross-checked with CuTe `tmem_sf_frg`); the model reads row
-//!   `m`'s copy from the quarter of D's lane `m` and checks that all four copies agree.
+//!   in the low nibble) in the canonical layouts of §9.7.16.3.3, evaluated from that table
+//!   (`canonical_k_major_unit`: the layout's strides, then CuTe's `Swizzle<B,4,3>` of the
+//!   absolute address, base offset 0) independently of the TMA's [`Swizzle::apply`]; a unit test
+//!   checks that the two agree for every swizzle mode. Scale factors (§9.7.16.10.7, 4X: SFA_ID =
+//!   SFB_ID = 0): the scale of row `32g + r`, K block `s` is byte `s` of the cell at lane `r` of
+//!   every 32-lane quarter (they must be duplicated to all four, §9.7.16.10.7), column `c + g` —
+//!   CuTe's `tmem_sf_frg` in its 4×1 duplicated mode gives the same cells, N = 256 included
+//!   (checked by `model-tests/tests/model_probe_sm100.rs` against an image built from its
+//!   strides). The model checks that the four copies of every row agree and reads quarter 0's.
 //!   Computed when it completes; the sum of 64 exact products and the accumulator is rounded once
 //!   to f32.
 //! - Ordering (§9.7.16.6.2): operations complete in any order except `cp → mma`, `mma → mma`
@@ -36,9 +39,14 @@
 //!   after all of the thread's earlier `mma`/`cp` have completed, on the barrier at `bar`'s offset
 //!   in each CTA of the mask (or at `bar`).
 //!
+//! Strict mode ([`crate::LaunchConfig::strict`], on by default) also rejects what the ISA allows
+//! but no hardware-proven kernel uses (`strict_operand`, `strict_scale_source`, `strict_columns`,
+//! `strict_written`; docs/model.md §3).
+//!
 //! Not modelled (a loud error): `cta_group::2`, other shapes and kinds, M ≠ 128, K = 96, sparse,
-//! transpose, SF IDs ≠ 0, UE8M0 scales, the 128B-with-32B-atom swizzle, non-zero base offsets,
-//! the absolute LBO mode, `tcgen05.st`, `tcgen05.shift`, `32x32b` loads.
+//! transpose, SF IDs ≠ 0, UE8M0 scales (legal with `scale_vec::4X`, Table 55), the
+//! 128B-with-32B-atom swizzle, non-zero base offsets, the absolute LBO mode, `tcgen05.st`,
+//! `tcgen05.shift`, `32x32b` loads.
 
 use crate::error::{ErrorKind, ModelError};
 use crate::exec::{check_published, instr, tc_issue, Block, Flow, TcOrder, TmemPlacement, World};
@@ -59,6 +67,9 @@ pub(crate) struct Tmem {
     pub cells: Vec<u32>,
     pub writer: Vec<u32>,
     pub readers: Vec<u16>,
+    /// Whether a `tcgen05.cp` or MMA wrote the cell since its columns were last allocated (a
+    /// fresh allocation holds whatever the previous owner left).
+    pub written: Vec<bool>,
     /// Owner CTA of each 32-column unit.
     pub owner: [Option<usize>; 16],
 }
@@ -69,6 +80,7 @@ impl Tmem {
             cells: vec![TMEM_UNWRITTEN; LANES * COLS],
             writer: vec![0; LANES * COLS],
             readers: vec![0; LANES * COLS],
+            written: vec![false; LANES * COLS],
             owner: [None; 16],
         }
     }
@@ -149,6 +161,11 @@ fn try_alloc(w: &mut World, cta: usize, ncols: u32) -> Option<u32> {
     };
     for o in &mut w.sms[sm].owner[base..base + units] {
         *o = Some(cta);
+    }
+    for lane in 0..LANES as u32 {
+        for c in (base * 32) as u32..((base + units) * 32) as u32 {
+            w.sms[sm].written[cell(lane, c)] = false;
+        }
     }
     w.ctas[cta].tmem_allocs.push((base as u32 * 32, ncols));
     Some(base as u32 * 32)
@@ -282,6 +299,10 @@ pub(crate) fn complete_collective(
                     }
                 }
             }
+            if w.cfg.strict {
+                strict_written(w, sm, l0..l0 + 16, c0..c0 + 8 * num)
+                    .map_err(|m| strict_error(w, me, "tcgen05.ld.16x256b", m))?;
+            }
             let cells = &w.sms[sm].cells;
             let outs = mem
                 .iter()
@@ -389,12 +410,138 @@ fn decode_desc(d: u64) -> Result<Desc, (ErrorKind, String)> {
     Ok(Desc { start: field(0), lbo: field(16), sbo: field(32), swizzle })
 }
 
-/// Shared address of 16-byte unit `u` (along K) of row `r` of a K-major operand.
-fn unit_addr(d: &Desc, r: u32, u: u32) -> u32 {
-    match d.swizzle {
-        Swizzle::None => d.start + (r / 8) * d.sbo + (r % 8) * 16 + u * d.lbo,
-        s => s.apply(d.start + (r / 8) * d.sbo + (r % 8) * s.span() + 16 * u),
+/// A K-major canonical layout of PTX ISA 9.0 §9.7.16.3.3 ("Canonical Layouts"), in 16-byte units
+/// `T`: `Swizzle<B,4,3> o ((8,m),(T,2k)):((rT,SBO),(1,U))`. `r` (the row stride of one 8-row core
+/// matrix) and `B` are 1 and 0 without swizzle, 2/1, 4/2 and 8/3 for the 32, 64 and 128-byte
+/// swizzles; `U`, the step between the two 16-byte units of a row's K = 64 slice, is LBO without
+/// swizzle and one unit (`T`) with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CanonicalKMajor {
+    /// Row stride inside an 8-row group, in 16-byte units.
+    row_units: u32,
+    /// `B` of `Swizzle<B,4,3>`.
+    swizzle_bits: u32,
+}
+
+/// The table row of §9.7.16.3.3 for a descriptor's swizzle mode (K-major).
+fn canonical_k_major(s: Swizzle) -> CanonicalKMajor {
+    match s {
+        Swizzle::None => CanonicalKMajor { row_units: 1, swizzle_bits: 0 },
+        Swizzle::B32 => CanonicalKMajor { row_units: 2, swizzle_bits: 1 },
+        Swizzle::B64 => CanonicalKMajor { row_units: 4, swizzle_bits: 2 },
+        Swizzle::B128 => CanonicalKMajor { row_units: 8, swizzle_bits: 3 },
     }
+}
+
+/// CuTe's `Swizzle<B, M, S>` (the functor §9.7.16.3.3 names) applied to a byte address: the `B`
+/// bits at `M + S` are XORed into the `B` bits at `M`.
+const fn cute_swizzle(b: u32, m: u32, s: u32, x: u32) -> u32 {
+    let yyy = ((1 << b) - 1) << (m + s);
+    x ^ ((x & yyy) >> s)
+}
+
+/// Shared address of 16-byte unit `u` (along K) of row `r` of a K-major operand: the canonical
+/// layout of §9.7.16.3.3 evaluated at `(r, u)` from the descriptor's start, SBO and LBO, then
+/// swizzled as an absolute address (base offset 0, which the descriptor decode requires). Written
+/// from the ISA's table, not from the TMA's [`Swizzle::apply`]; `tests::canonical_layout_reads_what_the_tma_wrote`
+/// checks that the two agree.
+fn canonical_k_major_unit(d: &Desc, r: u32, u: u32) -> u32 {
+    let c = canonical_k_major(d.swizzle);
+    let unit_step = if d.swizzle == Swizzle::None { d.lbo } else { 16 };
+    let offset = (r % 8) * c.row_units * 16 + (r / 8) * d.sbo + u * unit_step;
+    cute_swizzle(c.swizzle_bits, 4, 3, d.start + offset)
+}
+
+/// A rule of strict mode: why a value the ISA allows is rejected, with its source.
+fn strict_error(w: &World, me: usize, what: &str, rule: String) -> ModelError {
+    w.err_at(
+        me,
+        ErrorKind::InvalidOperand,
+        format!(
+            "{what}: {rule} (strict mode: a value no hardware-proven kernel uses; LaunchConfig::strict = false \
+             applies the PTX ISA's rules only)"
+        ),
+    )
+}
+
+/// Strict mode, a swizzled K-major MMA operand descriptor:
+/// - LBO 0 (the seed, which ran on a B200) or 16 bytes (field 1: CUTLASS `make_umma_desc<K>`; PTX
+///   ISA 9.0 §9.7.16.3.3: "1 (assumed)"); the ISA says the field is not used for these layouts,
+///   so any value would pass unnoticed otherwise;
+/// - SBO = 8 rows × the swizzle span (1024 bytes for 128B: 8-row groups packed densely, the seed's
+///   and CUTLASS's `Layout_K_SW128_Atom` tiles);
+/// - the start address inside the first row of a pattern-aligned atom, at a multiple of 32 bytes
+///   (the atom start plus `32·k` for K step `k`: the seed's and CUTLASS's `DescriptorIterator`).
+fn strict_operand(d: &Desc) -> Result<(), String> {
+    if d.swizzle == Swizzle::None {
+        return Ok(());
+    }
+    if d.lbo != 0 && d.lbo != 16 {
+        return Err(format!(
+            "LBO {} bytes in a swizzled K-major descriptor: hardware-proven kernels write 0 (the seed) or 16 (CUTLASS)",
+            d.lbo
+        ));
+    }
+    let span = d.swizzle.span();
+    if d.sbo != 8 * span {
+        return Err(format!(
+            "SBO {} bytes: {:?} tiles of hardware-proven kernels use 8 × {span} = {}",
+            d.sbo,
+            d.swizzle,
+            8 * span
+        ));
+    }
+    let inside = d.start % d.swizzle.repeat();
+    if inside >= span || inside % 32 != 0 {
+        return Err(format!(
+            "start address {:#x} is {inside} bytes into its {}-byte swizzle atom: hardware-proven kernels start at the \
+             atom plus 32·k (k < {})",
+            d.start,
+            d.swizzle.repeat(),
+            span / 32
+        ));
+    }
+    Ok(())
+}
+
+/// Strict mode, the source descriptor of `tcgen05.cp.32x128b.warpx4`: LBO 0 and SBO 128 (32 rows of
+/// 16 bytes packed densely: the seed's and GN's scale descriptor; CUTLASS's 512-byte scale-factor
+/// atom has the same rows). With one 16-byte column the ISA gives LBO no meaning.
+fn strict_scale_source(d: &Desc) -> Result<(), String> {
+    if d.lbo != 0 {
+        return Err(format!("LBO {} bytes in the scale-copy descriptor: the seed writes 0", d.lbo));
+    }
+    if d.sbo != 128 {
+        return Err(format!("SBO {} bytes in the scale-copy descriptor: 32 dense 16-byte rows have SBO 128", d.sbo));
+    }
+    Ok(())
+}
+
+/// Strict mode, TMEM contents: every cell of `lanes × cols` was written (by `tcgen05.cp` or an
+/// MMA) since its columns were allocated. Unwritten TMEM holds whatever its previous owner left;
+/// the seed and CUTLASS read only the scales they copied and the accumulator their MMAs wrote
+/// (and an MMA with `enable-input-d` only an accumulator an earlier MMA wrote).
+fn strict_written(w: &World, sm: usize, lanes: std::ops::Range<u32>, cols: std::ops::Range<u32>) -> Result<(), String> {
+    for l in lanes {
+        for c in cols.clone() {
+            if !w.sms[sm].written[cell(l, c)] {
+                return Err(format!("TMEM lane {l} column {c} was not written since its allocation"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Strict mode, TMEM columns: scale factors (a `tcgen05.cp` destination, the MMA's `[sfa]`,
+/// `[sfb]`) at a multiple of 4 columns (the seed's plan, BLOCK_N + 4k and SFA + 16 + 4k or + 8k;
+/// CUTLASS's SFA right after the accumulators and SFB right after SFA, one group of 4 or 8 columns
+/// per MMA's K block, `tmem_sf_frg`), and the accumulator at a multiple of 32 (an allocation
+/// granule, §9.7.16.7.1: the seed and CUTLASS place it at the allocation base).
+fn strict_columns(what: &str, col: u32, multiple: u32) -> Result<(), String> {
+    if col % multiple != 0 {
+        return Err(format!("{what} at TMEM column {col}, not a multiple of {multiple}"));
+    }
+    Ok(())
 }
 
 /// Resolves, checks and marks the shared-memory units of a K-major operand of `rows` rows and
@@ -416,7 +563,7 @@ fn operand_units(
     let mut offs = Vec::with_capacity((rows * units) as usize);
     for r in 0..rows {
         for u in 0..units {
-            let addr = unit_addr(d, r, u);
+            let addr = canonical_k_major_unit(d, r, u);
             let off = cta_offset(w, addr, 16, 16)
                 .map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, format!("{what} row {r}: {m}")))?;
             check_async_read(w, cta, off, 16).map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("{what}: {m}")))?;
@@ -477,6 +624,10 @@ pub unsafe fn cp_32x128b_warpx4(taddr: u32, s_desc: u64) {
             ));
         }
         check_owned(w, cta, col, 4).map_err(|m| w.err_at(me, ErrorKind::InvalidOperand, m))?;
+        if w.cfg.strict {
+            strict_scale_source(&d).map_err(|m| strict_error(w, me, "tcgen05.cp source", m))?;
+            strict_columns("scale factors", col, 4).map_err(|m| strict_error(w, me, "tcgen05.cp", m))?;
+        }
         let mut reads = Vec::new();
         let offs = operand_units(w, me, cta, &d, 32, 1, "tcgen05.cp source", &mut reads)?;
         for l in 0..LANES as u32 {
@@ -586,8 +737,8 @@ pub unsafe fn mma_mxf4nvf4_4x(d: u32, a_desc: u64, b_desc: u64, idesc: u32, sfa:
         if bits(23, 1) != 0 {
             return Err(bad(
                 w,
-                ErrorKind::InvalidOperand,
-                "UE8M0 scales cannot be used with scale_vec::4X (Table 55)".into(),
+                ErrorKind::Unimplemented,
+                "UE8M0 scales with scale_vec::4X (allowed by Table 55) are not modelled".into(),
             ));
         }
         if bits(31, 1) != 0 {
@@ -615,6 +766,14 @@ pub unsafe fn mma_mxf4nvf4_4x(d: u32, a_desc: u64, b_desc: u64, idesc: u32, sfa:
         check_owned(w, cta, sfb_col, sfb_cols).map_err(|e| inv(w, format!("[sfb]: {e}")))?;
         let ad = decode_desc(a_desc).map_err(|(k, e)| w.err_at(me, k, format!("a_desc: {e}")))?;
         let bd = decode_desc(b_desc).map_err(|(k, e)| w.err_at(me, k, format!("b_desc: {e}")))?;
+        if w.cfg.strict {
+            let mma = "tcgen05.mma";
+            strict_operand(&ad).map_err(|m| strict_error(w, me, &format!("{mma} a_desc {a_desc:#x}"), m))?;
+            strict_operand(&bd).map_err(|m| strict_error(w, me, &format!("{mma} b_desc {b_desc:#x}"), m))?;
+            strict_columns("the accumulator [d]", d_col, 32).map_err(|m| strict_error(w, me, mma, m))?;
+            strict_columns("SFA [sfa]", sfa_col, 4).map_err(|m| strict_error(w, me, mma, m))?;
+            strict_columns("SFB [sfb]", sfb_col, 4).map_err(|m| strict_error(w, me, mma, m))?;
+        }
         let mut reads = Vec::new();
         let a_units = operand_units(w, me, cta, &ad, 128, 2, "A operand", &mut reads)?;
         let b_units = operand_units(w, me, cta, &bd, n, 2, "B operand", &mut reads)?;
@@ -733,6 +892,7 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
                     for (k, &v) in words.iter().enumerate() {
                         let i = cell(lane, col + k as u32);
                         w.sms[sm].cells[i] = v;
+                        w.sms[sm].written[i] = true;
                         if w.sms[sm].writer[i] == id {
                             w.sms[sm].writer[i] = 0;
                         }
@@ -755,6 +915,24 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
             let fail =
                 |w: &World, msg: String| w.err(ErrorKind::InvalidOperand, format!("completing #{id} {what}: {msg}"));
             let sfb_cols = m.n.div_ceil(32);
+            if w.cfg.strict {
+                let read = |col, n| strict_written(w, m.sm, 0..LANES as u32, col..col + n);
+                let mut checks = vec![("SFA", read(m.sfa_col, 4)), ("SFB", read(m.sfb_col, sfb_cols))];
+                if m.accumulate {
+                    checks.push(("the accumulator (enable-input-d)", read(m.d_col, m.n)));
+                }
+                for (part, r) in checks {
+                    if let Err(e) = r {
+                        return Err(w.err(
+                            ErrorKind::InvalidOperand,
+                            format!(
+                                "completing #{id} {what}: {part}: {e} (strict mode: a value no hardware-proven kernel \
+                                 uses; LaunchConfig::strict = false applies the PTX ISA's rules only)"
+                            ),
+                        ));
+                    }
+                }
+            }
             let tm = &w.sms[m.sm];
             // Scale factors: row r's copy in quarter p is the cell (32p + r % 32, col + r / 32).
             let scale = |col: u32, row: u32, quarter: u32| tm.cells[cell(32 * quarter + row % 32, col + row / 32)];
@@ -826,6 +1004,7 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
                 for col in 0..m.n {
                     let i = cell(row, m.d_col + col);
                     tm.cells[i] = out[(row * m.n + col) as usize];
+                    tm.written[i] = true;
                     if tm.writer[i] == id {
                         tm.writer[i] = 0;
                     }
@@ -836,5 +1015,109 @@ pub(crate) fn complete_op(w: &mut World, id: u32, what: &str, op: Op) -> Result<
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor_map::{decode, encode_tiled, gather_box, ElementType, Interleave, OobFill};
+
+    /// For every swizzle mode: a box the TMA placed in shared memory (`gather_box`, which moves
+    /// 16-byte chunks with [`Swizzle::apply`]) read back through the MMA's canonical layout
+    /// (`canonical_k_major_unit`, from the §9.7.16.3.3 table) at every K = 64 step of the row, at
+    /// several pattern-aligned destinations: every 16-byte unit must be the global bytes of its
+    /// row and K position. Without swizzle the box is one 16-byte unit wide (the scale blocks
+    /// `tcgen05.cp` reads); the 128-byte mode runs with both byte and packed 4-bit elements.
+    #[test]
+    fn canonical_layout_reads_what_the_tma_wrote() {
+        let modes = [
+            (Swizzle::None, ElementType::U8, 16u32),
+            (Swizzle::B32, ElementType::U8, 32),
+            (Swizzle::B64, ElementType::U8, 64),
+            (Swizzle::B128, ElementType::U8, 128),
+            (Swizzle::B128, ElementType::U4x16Align8, 128),
+        ];
+        for (swizzle, element, row_bytes) in modes {
+            let rows = 24u32;
+            let stride = row_bytes as u64 + 48;
+            let mut backing = vec![0u128; (rows as usize * stride as usize).div_ceil(16)];
+            let base = backing.as_mut_ptr() as u64;
+            // SAFETY: `backing` holds `rows · stride` bytes.
+            let global = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, rows as usize * stride as usize) };
+            for (i, b) in global.iter_mut().enumerate() {
+                *b = ((i * 131 + i / 251) % 253) as u8 + 1;
+            }
+            let elems = row_bytes * 8 / element.bits();
+            let map = encode_tiled(
+                element,
+                2,
+                base,
+                &[elems as u64, rows as u64],
+                &[stride],
+                &[elems, rows],
+                &[1, 1],
+                Interleave::None,
+                swizzle,
+                OobFill::Zero,
+            )
+            .expect("a valid map");
+            let desc = decode(&map).expect("the model's map");
+            let repeat = swizzle.repeat().max(16);
+            for dst in [0x400, 0x400 + repeat, 0x8000 + 3 * repeat] {
+                // SAFETY: the map describes `backing`.
+                let img = unsafe { gather_box(&desc, &[0, 0], dst) }.expect("box");
+                let (steps, units) = if swizzle == Swizzle::None { (1, 1) } else { (row_bytes / 32, 2) };
+                for k in 0..steps {
+                    let lbo = if swizzle == Swizzle::None { 0 } else { 16 };
+                    let d = Desc { start: dst + 32 * k, lbo, sbo: 8 * row_bytes, swizzle };
+                    for r in 0..rows {
+                        for u in 0..units {
+                            let at = (canonical_k_major_unit(&d, r, u) - dst) as usize;
+                            let logical = (r as u64 * stride) as usize + (32 * k + 16 * u) as usize;
+                            assert_eq!(
+                                img[at..at + 16],
+                                global[logical..logical + 16],
+                                "{swizzle:?} {element:?} destination {dst:#x}, K step {k}, row {r}, unit {u}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The table's `Swizzle<B,4,3>` is the TMA's address-bit swizzle for every address of a
+    /// pattern repeat (the two are written separately; this is where they meet bit for bit).
+    #[test]
+    fn cute_swizzle_matches_the_tma_swizzle() {
+        for s in [Swizzle::None, Swizzle::B32, Swizzle::B64, Swizzle::B128] {
+            let b = canonical_k_major(s).swizzle_bits;
+            for addr in (0..4 * 1024).step_by(16) {
+                assert_eq!(cute_swizzle(b, 4, 3, addr), s.apply(addr), "{s:?} {addr:#x}");
+            }
+        }
+    }
+
+    /// Strict mode's descriptor rules accept exactly the seed's and CUTLASS's values.
+    #[test]
+    fn strict_operand_rules() {
+        let d = |start, lbo, sbo, swizzle| Desc { start, lbo, sbo, swizzle };
+        for k in 0..4 {
+            assert_eq!(strict_operand(&d(0x8000 + 32 * k, 0, 1024, Swizzle::B128)), Ok(()));
+            assert_eq!(strict_operand(&d(0x8000 + 32 * k, 16, 1024, Swizzle::B128)), Ok(()));
+        }
+        assert!(strict_operand(&d(0x8000, 4096, 1024, Swizzle::B128)).is_err());
+        assert!(strict_operand(&d(0x8000, 0, 1040, Swizzle::B128)).is_err());
+        assert!(strict_operand(&d(0x8080, 0, 1024, Swizzle::B128)).is_err());
+        assert!(strict_operand(&d(0x8010, 0, 1024, Swizzle::B128)).is_err());
+        assert_eq!(strict_operand(&d(0x8000 + 32, 0, 512, Swizzle::B64)), Ok(()));
+        assert!(strict_operand(&d(0x8000 + 64, 0, 512, Swizzle::B64)).is_err());
+        assert_eq!(strict_scale_source(&d(0x8000, 0, 128, Swizzle::None)), Ok(()));
+        assert!(strict_scale_source(&d(0x8000, 16, 128, Swizzle::None)).is_err());
+        assert!(strict_scale_source(&d(0x8000, 0, 144, Swizzle::None)).is_err());
+        assert_eq!(strict_columns("x", 148, 4), Ok(()));
+        assert!(strict_columns("x", 149, 4).is_err());
+        assert!(strict_columns("x", 16, 32).is_err());
     }
 }

@@ -266,3 +266,24 @@ fn tmem_leak_and_lane_quarters_are_checked() {
     .unwrap_err();
     assert!(e.message.contains("outside warp 1's TMEM lanes 32..64"), "{e}");
 }
+
+/// Strict mode: a TMEM load of cells no `tcgen05.cp` or MMA wrote since the allocation is an
+/// error (what a previous owner left is not data); under the ISA's rules only it reads them.
+#[test]
+fn strict_mode_rejects_reading_unwritten_tmem() {
+    let body = || {
+        let slot = smem::dynamic_base();
+        if sreg::tid_x() / 32 == 0 {
+            tcgen05::alloc(slot, 32);
+            let t = smem::ld_u32(slot);
+            let _ = tcgen05::ld_16x256b(t, 1);
+            tcgen05::dealloc(t, 32);
+        }
+    };
+    let e = launch(&cfg(Schedule::default()), body).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidOperand, "{e}");
+    assert!(e.message.contains("was not written since its allocation") && e.message.contains("strict mode"), "{e}");
+    let mut isa_only = cfg(Schedule::default());
+    isa_only.strict = false;
+    launch(&isa_only, body).unwrap();
+}

@@ -1,5 +1,7 @@
 """A mixture-of-experts layer's grouped GEMM with the routing on the GPU (``nvfp4_gemm::moe``)."""
 
+import operator
+
 from . import _native
 from ._core import _out_dtype, device
 from ._tensors import DENSE, SCALES, SIZES, VALUES, blocked_bytes, describe, finite_alphas, same_device, stream_handle, torch_module
@@ -26,6 +28,11 @@ class MoE:
       ``layout="masked"`` with ``max_rows``: ``x`` ``[E, max_rows, K]``, ``sizes`` = counts ``[E]``,
       out ``[E, max_rows, N]``.
     - ``input_global_scale``: the activations' global scale for the quantizer.
+    - ``group_experts``: the expert whose weights and alpha each group runs (``G`` ints in
+      ``0 .. E-1``; None: one group per expert, ``G = E``). Several groups may run one expert:
+      e.g. expert parallelism's received block ``[W, E_local, C, K]`` is ``W · E_local`` masked
+      groups over ``E_local`` experts (``group_experts = list(range(E_local)) * W``). The token
+      layout, ``sizes`` and ``out`` count groups (``E`` above reads ``G``).
 
     Sizes beyond the bounds are clamped (nothing outside the tensors is touched) and raise bits of
     a sticky status word (:meth:`status`, :meth:`clear_status`). Rows of no expert in ``out`` are
@@ -47,6 +54,7 @@ class MoE:
         out_dtype=None,
         input_global_scale=1.0,
         scale_layout="blocked",
+        group_experts=None,
     ):
         tw = describe(weights, "`weights`")
         tw.require_dtype(VALUES)
@@ -76,7 +84,10 @@ class MoE:
         if ts.numel != experts * per_expert:
             raise ts.error(f"has {ts.numel} bytes; {experts} experts of N={n}, K={k} need {experts * per_expert} (blocked)")
         ts.require_aligned()
-        self._alphas = finite_alphas(alphas, experts, "alphas")
+        expert_alphas = finite_alphas(alphas, experts, "alphas")
+        self.group_experts = _group_experts(group_experts, experts)
+        groups = len(self.group_experts)
+        self._alphas = [expert_alphas[e] for e in self.group_experts]
         if layout == "contiguous":
             masked, bound, name = False, max_tokens, "max_tokens"
         elif layout == "masked":
@@ -90,16 +101,17 @@ class MoE:
             raise ValueError(f"input_global_scale: {g} is not finite and positive")
         self.input_global_scale = g
         self.dtype = _out_dtype(out_dtype, "bfloat16")
-        sizes = _native.moe_sizes(experts, n, k, masked, bound)
+        sizes = _native.moe_sizes(groups, n, k, masked, bound)
         (self.token_rows, self.scale_rows, self.sizes_len, a_values, a_scales, _, _, self.c_elements) = sizes
-        self.experts, self.n, self.k, self.layout, self.masked, self.bound = experts, n, k, layout, masked, bound
+        self.experts, self.groups, self.n, self.k = experts, groups, n, k
+        self.layout, self.masked, self.bound = layout, masked, bound
         self._ordinal = same_device([tw, ts])
         self._device = device(self._ordinal)
         flat = []
         wbytes = n * k // 2
-        for e in range(experts):
+        for e in self.group_experts:
             flat += [tw.ptr + e * wbytes, wbytes, ts.ptr + e * per_expert, per_expert]
-        self._plan = _native.MoePlan(self._device, experts, n, k, masked, bound, self.dtype == "bfloat16", flat, self._alphas)
+        self._plan = _native.MoePlan(self._device, groups, n, k, masked, bound, self.dtype == "bfloat16", flat, self._alphas)
         torch = torch_module()
         dev = f"cuda:{self._ordinal}"
         # The quantized tokens: owned by the layer, so their address never changes.
@@ -114,12 +126,12 @@ class MoE:
 
     def _x_shape(self):
         if self.masked:
-            return (self.experts, self.bound, self.k)
+            return (self.groups, self.bound, self.k)
         return (self.bound, self.k)
 
     def _out_shape(self):
         if self.masked:
-            return (self.experts, self.bound, self.n)
+            return (self.groups, self.bound, self.n)
         return (self.bound, self.n)
 
     def _sizes(self, sizes):
@@ -196,6 +208,22 @@ class MoE:
     def clear_status(self, stream=None):
         """Zeroes the status word on the stream (capturable)."""
         self._plan.clear_status(stream_handle(stream, self._ordinal))
+
+
+def _group_experts(group_experts, experts):
+    """The expert index of each group as a list of ints; ``ValueError`` for an index out of range."""
+    if group_experts is None:
+        return list(range(experts))
+    try:
+        out = [operator.index(e) for e in group_experts]
+    except TypeError:
+        raise TypeError(f"group_experts: {group_experts!r} is not a sequence of ints") from None
+    if not out:
+        raise ValueError("group_experts: empty; at least one group is needed")
+    for g, e in enumerate(out):
+        if not 0 <= e < experts:
+            raise ValueError(f"group_experts: group {g} runs expert {e}; the weights hold experts 0..{experts - 1}")
+    return out
 
 
 def offsets_from_counts(counts):

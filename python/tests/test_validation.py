@@ -197,7 +197,7 @@ def test_library_rules_are_checked_without_a_gpu():
     # The library's own problem check (pure Rust, no device): its text, as a ValueError.
     with pytest.raises(ValueError, match=r"group 0: `n`: 100 is not a positive multiple of 8"):
         _native.check_problem([(4, 100, 64)], False)
-    with pytest.raises(ValueError, match="groups; at most"):
+    with pytest.raises(ValueError, match=r"`groups` is 5000; at most \d+ groups"):
         _native.check_problem([(1, 8, 64)] * 5000, False)
     offsets = _native.check_problem([(96, 128, 256), (0, 256, 512), (130, 136, 64)], True)
     assert offsets[0] == (0, 0, 0, 0, 0)
@@ -269,6 +269,9 @@ def test_moe_constructor_arguments():
         nvfp4_gemm.MoE(w, ws, 0.5, max_tokens=100)
     with pytest.raises(Reached):
         nvfp4_gemm.MoE(w, ws, [1.0] * e, layout="masked", max_rows=16)
+    # Groups sharing experts (expert parallelism's [W, E_local] blocks): 3 x 8 groups over 8 experts.
+    with pytest.raises(Reached):
+        nvfp4_gemm.MoE(w, ws, [1.0] * e, layout="masked", max_rows=16, group_experts=list(range(e)) * 3)
     cases = [
         ((FakeTorch((e, n, 100), "uint8"), ws), {"max_tokens": 4}, ValueError, "`weights`: K = 2·100"),
         ((FakeTorch((e, 100, k // 2), "uint8"), ws), {"max_tokens": 4}, ValueError, "`weights`: N = 100"),
@@ -281,6 +284,10 @@ def test_moe_constructor_arguments():
         ((w, ws, float("nan")), {"max_tokens": 4}, ValueError, "`alphas`: nan"),
         ((w, ws), {"max_tokens": 4, "input_global_scale": 0.0}, ValueError, "input_global_scale"),
         ((w, ws), {"max_tokens": 4, "out_dtype": "float32"}, TypeError, "out_dtype"),
+        ((w, ws), {"max_tokens": 4, "group_experts": [0, 8]}, ValueError, "group_experts: group 1 runs expert 8"),
+        ((w, ws), {"max_tokens": 4, "group_experts": [0, -1]}, ValueError, "group_experts: group 1 runs expert -1"),
+        ((w, ws), {"max_tokens": 4, "group_experts": []}, ValueError, "group_experts: empty"),
+        ((w, ws), {"max_tokens": 4, "group_experts": [0, 1.0]}, TypeError, "group_experts"),
     ]
     for args, kw, kind, text in cases:
         with pytest.raises(kind) as ex:

@@ -1,9 +1,9 @@
 //! `cargo xtask build-ptx [--check] [--bless]`: device crate → PTX → cubin, for every architecture.
 
+use crate::toolchain::Pin;
 use crate::util::{repo_root, run_inherit, Error, Result};
 use crate::{collectives, link, ptxas};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// One build of the device crate.
 pub struct Arch {
@@ -45,7 +45,7 @@ pub fn run(args: &[&str]) -> Result<()> {
     if let Some(bad) = args
         .iter()
         .enumerate()
-        .find(|(i, a)| !matches!(**a, "--check" | "--bless" | "--arch") && !(*i > 0 && args[i - 1] == "--arch"))
+        .find(|(i, a)| !(matches!(**a, "--check" | "--bless" | "--arch") || *i > 0 && args[i - 1] == "--arch"))
     {
         return Err(Error::msg(format!("build-ptx: unknown option {}", bad.1)));
     }
@@ -53,6 +53,8 @@ pub fn run(args: &[&str]) -> Result<()> {
         return Err(Error::msg("build-ptx: --arch takes sm_90a or sm_100a"));
     }
     let root = repo_root();
+    let pin = Pin::read()?;
+    pin.ensure_installed()?;
     let ptxas = ptxas::locate_or_install()?;
     println!("ptxas: {} ({})", ptxas.display(), ptxas::version(&ptxas)?);
     let table_path = root.join("kernel/collectives.txt");
@@ -72,7 +74,7 @@ pub fn run(args: &[&str]) -> Result<()> {
         }
         // The link step's output stays as it is (cargo may not relink next time); the capped PTX
         // is a file of its own, so the caps are inserted exactly once.
-        let linked = build_arch(&root, arch)?;
+        let linked = build_arch(&root, &pin, arch)?;
         let ptx_text =
             with_register_caps(&std::fs::read_to_string(&linked)?, arch.register_caps.iter().copied().flatten())?;
         let ptx = linked.with_extension("capped.ptx");
@@ -170,8 +172,9 @@ fn register_caps_go_after_the_parameters() {
     assert!(with_register_caps(ptx, [("gone", 80)].iter()).is_err());
 }
 
-/// Builds the kernel crate for one architecture and returns the path of the linked PTX.
-fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
+/// Builds the kernel crate for one architecture with the pinned toolchain and returns the path of
+/// the linked PTX.
+fn build_arch(root: &Path, pin: &Pin, arch: &Arch) -> Result<PathBuf> {
     let target_dir = root.join("kernel/target").join(arch.name);
     let mut rustflags = format!(
         "-C target-cpu={} -C no-prepopulate-passes --cfg {} -C link-arg={}{:016x}",
@@ -183,11 +186,10 @@ fn build_arch(root: &Path, arch: &Arch) -> Result<PathBuf> {
     if !arch.features.is_empty() {
         rustflags.push_str(&format!(" -C target-feature={}", arch.features));
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let exe = std::env::current_exe()?;
-    println!("building kernel crate for {} ...", arch.name);
+    println!("building kernel crate for {} with {} ...", arch.name, pin.channel);
     run_inherit(
-        Command::new(cargo)
+        pin.cargo()
             .current_dir(root)
             .args(["build", "--release", "--quiet", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
             .arg("--manifest-path")

@@ -1,7 +1,8 @@
 //! `cargo xtask bundle`: everything the GPU machine (which has a driver but no Rust) needs to run
 //! the GPU tests and the demo, in one ignored folder `bundle/` (kept well under 64 MiB):
 //! release test executables under `bundle/tests/`, other binaries under `bundle/bin/`, and
-//! `bundle/run-gpu-tests.sh`, which runs them all and ends with a one-line-per-binary summary.
+//! `bundle/run-gpu-tests.sh`, which runs them all and ends with a one-line-per-binary summary, and
+//! `bundle/run-b200-probes.sh`, the sm_100a probe suite to run first on a B200.
 //! The kernels are embedded in the binaries, so nothing else travels.
 
 use crate::util::{repo_root, Error, Result};
@@ -74,17 +75,38 @@ pub fn run(args: &[&str]) -> Result<()> {
         return Err(Error::msg("building the demo failed"));
     }
     std::fs::copy(root.join("target/release/examples/demo"), out.join("bin/demo"))?;
-    let script = out.join("run-gpu-tests.sh");
-    std::fs::write(&script, RUNNER)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    }
+    write_script(&out.join("run-gpu-tests.sh"), RUNNER)?;
+    write_script(&out.join("run-b200-probes.sh"), B200_PROBES)?;
     let size: u64 = walk_size(&out)?;
     println!("bundle: {n} test binaries, {:.1} MiB in {}", size as f64 / (1 << 20) as f64, out.display());
     if size > 60 << 20 {
         return Err(Error::msg("bundle is over 60 MiB; the device tool carries at most 64 MiB"));
+    }
+    Ok(())
+}
+
+/// `bundle/run-b200-probes.sh`: the first thing to run on a B200 (docs/sm100.md): the sm_100a
+/// hardware probes against the device model, then the driver's encoding of every sm_100a tensor
+/// map, each case's verdict printed.
+const B200_PROBES: &str = r#"#!/usr/bin/env bash
+# The sm_100a probe suite (docs/sm100.md: run it first on a B200). Usage: bundle/run-b200-probes.sh
+cd "$(dirname "$0")" || exit 2
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+rc=0
+for t in gpu_probe_sm100 gpu_tensor_maps_sm100; do
+  ./tests/"$t" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "logs/$t.log"
+  [ "${PIPESTATUS[0]}" -ne 0 ] && rc=1
+done
+exit $rc
+"#;
+
+/// Writes an executable script.
+fn write_script(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! Developer commands for this repository. Run as `cargo xtask <command>`.
 //!
-//! - `build-ptx [--check] [--bless]`: builds the device crate for sm_90a and sm_100a, links it to PTX
+//! - `build-ptx [--check] [--bless]`: installs the device toolchain pinned in
+//!   `kernel/rust-toolchain.toml` when missing (see [`toolchain`]), builds the device crate with it
+//!   for sm_90a and sm_100a, links it to PTX
 //!   (see [`link`]), lints the collective instructions, assembles cubins with ptxas, prints the
 //!   resource report and writes `host/kernels/`. `--check` compares with the committed files instead
 //!   of writing them; `--bless` rewrites `kernel/collectives.txt` from the fresh PTX.
@@ -19,6 +21,7 @@ mod bundle;
 mod collectives;
 mod link;
 mod ptxas;
+mod toolchain;
 mod util;
 
 use std::process::ExitCode;

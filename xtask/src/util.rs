@@ -57,19 +57,7 @@ pub fn run_inherit(cmd: &mut Command) -> Result<()> {
     }
 }
 
-/// The `bin` folder of the llvm-tools component of the active (pinned) toolchain.
+/// The `bin` folder of the llvm-tools component of the device code's pinned toolchain.
 pub fn llvm_bin() -> Result<PathBuf> {
-    let sysroot = run(Command::new("rustc").arg("--print").arg("sysroot"))?;
-    let host = run(Command::new("rustc").arg("-vV"))?
-        .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
-        .ok_or_else(|| Error::msg("rustc -vV printed no host line"))?;
-    let bin = Path::new(sysroot.trim()).join("lib/rustlib").join(host).join("bin");
-    if !bin.join("llc").exists() {
-        return Err(Error(format!(
-            "{} has no llc: install the llvm-tools component (rust-toolchain.toml lists it)",
-            bin.display()
-        )));
-    }
-    Ok(bin)
+    crate::toolchain::Pin::read()?.llvm_bin()
 }

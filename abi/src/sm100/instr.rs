@@ -231,6 +231,30 @@ mod tests {
         assert_eq!(d.to_bits(), 0x0820_0480 | 1 << 13 | 1 << 14);
     }
 
+    /// CUTLASS's `make_instr_desc_block_scaled<float_e2m1_t, float_e2m1_t, float, float_ue4m3_t,
+    /// 128, N, UMMA::Major::K, UMMA::Major::K>()` (`include/cute/arch/mma_sm100_desc.hpp`), as its
+    /// union `InstrDescriptorBlockScaled` lays out the bits: `a_format_` [7,10) and `b_format_`
+    /// [10,13) = `MXF4Format::E2M1` = 1, `n_dim_` [17,23) = N >> 3, `scale_format_` bit 23 =
+    /// `ScaleFormat::UE4M3` = 0, `m_dim_` [24,29) = M >> 4 (not M >> 7: for M = 128 the same bit,
+    /// 27), SF IDs, majors (`K` = 0), negates, sparsity and `k_size_` all 0; the accumulator type
+    /// does not enter the block-scaled descriptor. Packed here from those positions, independently
+    /// of [`InstrDescriptor::nvfp4_shape`].
+    fn cutlass_block_scaled(a_format: u32, b_format: u32, scale_format: u32, m: u32, n: u32) -> u32 {
+        (a_format << 7) | (b_format << 10) | ((n >> 3) << 17) | (scale_format << 23) | ((m >> 4) << 24)
+    }
+
+    /// The literal descriptors CUTLASS produces for e2m1/e2m1/f32/ue4m3, M = 128, N = 128 and
+    /// 256, beside ours.
+    #[test]
+    fn matches_cutlass_make_instr_desc_block_scaled() {
+        const CUTLASS_M128_N128: u32 = 0x0820_0480;
+        const CUTLASS_M128_N256: u32 = 0x0840_0480;
+        assert_eq!(cutlass_block_scaled(1, 1, 0, 128, 128), CUTLASS_M128_N128);
+        assert_eq!(cutlass_block_scaled(1, 1, 0, 128, 256), CUTLASS_M128_N256);
+        assert_eq!(InstrDescriptor::nvfp4(128, 128).unwrap().to_bits(), CUTLASS_M128_N128);
+        assert_eq!(InstrDescriptor::nvfp4(128, 256).unwrap().to_bits(), CUTLASS_M128_N256);
+    }
+
     /// Usable in constant context, so a kernel can bake the descriptor in.
     #[test]
     fn const_construction() {

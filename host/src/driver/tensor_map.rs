@@ -70,7 +70,7 @@ pub fn encode<const R: usize>(map: &TiledMap<R>, base: u64) -> Result<TensorMap>
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
-    r.result().map_err(|e| Error::driver("encoding a tensor map", format!("{e} for {map:?} at {base:#x}")))?;
+    r.result().map_err(|e| Error::driver_detail("encoding a tensor map", e, format!("{map:?} at {base:#x}")))?;
     // SAFETY: CUtensorMap is 128 plain bytes, initialised by the driver.
     Ok(TensorMap(unsafe { std::mem::transmute::<sys::CUtensorMap, [u8; 128]>(out.assume_init()) }))
 }

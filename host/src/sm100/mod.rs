@@ -21,6 +21,8 @@ mod device_sizes;
 mod plan;
 
 pub(crate) use device_sizes::Sm100DevicePlan;
+// Reached through `crate::layout` (the `testing` feature).
+#[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::{Sm100DeviceLayout, Sm100DeviceTables};
 pub(crate) use plan::Sm100Plan;
 
@@ -198,7 +200,7 @@ pub enum Fp4Map {
 
 impl Fp4Map {
     /// Converts the abi's map description; errors name the group and operand.
-    fn new(
+    pub(crate) fn new(
         map: core::result::Result<Fp4TensorMap, nvfp4_gemm_abi::sm100::TensorMapError>,
         g: usize,
         op: &'static str,

@@ -14,9 +14,10 @@ mod device_sizes;
 mod plan;
 
 pub(crate) use device_sizes::Sm90DevicePlan;
+// Reached through `crate::layout` (the `testing` feature).
+#[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
 pub(crate) use plan::Sm90Plan;
-pub use plan::KERNEL_OVERRIDE;
 
 use cost::item_cost;
 

@@ -16,23 +16,17 @@ use std::sync::Arc;
 
 const DEQUANT: &str = sm90::DEQUANT_KERNEL;
 
-/// Environment variable naming the sm_90a GEMM kernel a new plan uses instead of the cost model's
-/// choice (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
-/// `sm90_grouped_gemm_decode` where every group has at most 16 tokens): for measuring one variant
-/// against another on the same problem. Unset in normal use.
-pub const KERNEL_OVERRIDE: &str = "NVFP4_GEMM_SM90_KERNEL";
-
 /// The layout of `problem` on `sm_count` SMs: the cost model's choice, or the GEMM kernel named
-/// `kernel` (the value of [`KERNEL_OVERRIDE`]); a name that is no sm_90a GEMM kernel, or a variant
-/// that cannot run the problem, is an error.
+/// `kernel` ([`crate::PlanOptions::sm90_kernel`]); a name that is no sm_90a GEMM kernel, or a
+/// variant that cannot run the problem, is an error.
 fn layout_for(problem: &Problem, sm_count: u32, kernel: Option<&str>) -> Result<Sm90Layout> {
     let Some(name) = kernel else { return Ok(Sm90Layout::new(problem, sm_count)) };
     let config = GemmConfig::ALL
         .into_iter()
         .find(|c| c.kernel_name() == name)
-        .ok_or_else(|| Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: not an sm_90a GEMM kernel")))?;
+        .ok_or_else(|| Error::InvalidProblem(format!("sm90_kernel {name}: not an sm_90a GEMM kernel")))?;
     Sm90Layout::with_config(problem, sm_count, config)
-        .ok_or_else(|| Error::InvalidProblem(format!("{KERNEL_OVERRIDE}={name}: that variant cannot run this problem")))
+        .ok_or_else(|| Error::InvalidProblem(format!("sm90_kernel {name}: that variant cannot run this problem")))
 }
 
 /// An sm_90a plan on a device: the layout, both functions, the device tables (group parameters,
@@ -52,9 +46,10 @@ pub(crate) struct Sm90Plan {
 }
 
 impl Sm90Plan {
-    /// Plans `problem` for `gpu` and allocates the tables and the workspace.
-    pub fn new(gpu: &Gpu, problem: &Problem) -> Result<Sm90Plan> {
-        let layout = layout_for(problem, gpu.sm_count(), std::env::var(KERNEL_OVERRIDE).ok().as_deref())?;
+    /// Plans `problem` for `gpu` (with the GEMM kernel `kernel`, if named) and allocates the
+    /// tables and the workspace.
+    pub fn new(gpu: &Gpu, problem: &Problem, kernel: Option<&str>) -> Result<Sm90Plan> {
+        let layout = layout_for(problem, gpu.sm_count(), kernel)?;
         let stream = gpu.context().default_stream();
         let d = |e| Error::driver("allocating the plan's device tables", e);
         let g = problem.groups().len().max(1);

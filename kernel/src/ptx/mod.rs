@@ -42,23 +42,27 @@ use nvfp4_gemm_model as model;
 /// Marks a kernel entry point: `#[ptx::kernel] pub unsafe fn name(p: Params) { .. }` is the
 /// exported `#[no_mangle] extern "ptx-kernel"` function on nvptx64, and a plain Rust function on
 /// the host, where the model launches it (a failing launch stops its threads by unwinding, which
-/// an `extern "C"` frame would turn into an abort).
+/// an `extern "C"` frame would turn into an abort). The attribute (a proc-macro, stable Rust) hands
+/// the function to [`entry_point!`], whose definition is chosen by the target.
+pub(crate) use nvfp4_gemm_kernel_macros::kernel;
+
+/// The expansion of [`kernel`] on nvptx64.
 #[cfg(target_arch = "nvptx64")]
-macro_rules! kernel {
-    attr() ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+macro_rules! entry_point {
+    ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) $body
     };
 }
 
-/// See the nvptx64 definition: on the host, the entry point stays a Rust function.
+/// The expansion of [`kernel`] on the host: the entry point stays a Rust function.
 #[cfg(not(target_arch = "nvptx64"))]
-macro_rules! kernel {
-    attr() ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+macro_rules! entry_point {
+    ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
         pub unsafe fn $name($($arg: $ty),*) $body
     };
 }
 
-pub(crate) use kernel;
+pub(crate) use entry_point;
