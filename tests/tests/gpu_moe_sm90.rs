@@ -617,6 +617,7 @@ fn gpu_moe_masked_graph_replays_counts() {
 /// against `GemmPlan`, whose kernel for the same sizes may differ: every kernel issues the same
 /// k16 steps in the same order for an output element).
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_kernel_options_match_cpu() {
     let test = "gpu_moe_kernel_options_match_cpu";
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
@@ -653,6 +654,7 @@ fn gpu_moe_kernel_options_match_cpu() {
 /// larger groups as several 16-token tiles), and one of the automatic choice with 64-wide tails
 /// switches between the decode and the general kernel from one replay to the next.
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_options_graph_replays_routings() {
     let test = "gpu_moe_options_graph_replays_routings";
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };

@@ -86,6 +86,7 @@ fn run_cases<T: OutputElement>(test: &str, cases: &[(Vec<GroupShape>, InputDistr
 }
 
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_competition_shapes() {
     run_cases::<f16>(
         "gpu_w4a16_competition_shapes",
@@ -97,6 +98,7 @@ fn gpu_w4a16_competition_shapes() {
 
 /// 60 random problems with tails, half full-range; and the decode shapes scaled down in K.
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_random_and_decode_shapes() {
     let mut all = cases::random(&RandomShapes {
         seed: 0x4A16_0001,
@@ -122,6 +124,7 @@ fn gpu_w4a16_random_and_decode_shapes() {
 }
 
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_bf16_output() {
     let cases: Vec<_> = cases::competition()[..4].iter().map(|s| (s.clone(), InputDistribution::Competition)).collect();
     run_cases::<bf16>("gpu_w4a16_bf16_output", &cases, 0x4A3, BF16_TOLERANCE);
@@ -131,6 +134,7 @@ fn gpu_w4a16_bf16_output() {
 /// wrong output type or a non-finite alpha is a typed error naming the group, with nothing
 /// launched.
 #[test]
+#[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_errors() {
     let test = "gpu_w4a16_errors";
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
