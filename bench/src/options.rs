@@ -64,6 +64,9 @@ OPTIONS
   --seed N          input seed (default 2222)
   --no-check        skip the comparison with the CPU reference
   --no-baseline     skip cuBLAS (baseline and tensor-rate floor)
+  --w4a16           also time W4A16 on each shape (f16 activations: the checked set's A with its
+                    block scales applied; B prepacked), checked against the same reference; one
+                    line per shape after the table
   --out DIR         where the results go (default: bench-results): nvfp4-bench.json and
                     nvfp4-bench.svg for a run with shapes, nvfp4-bench-moe.json for MoE rows
                     only (--shapes none), nvfp4-bench-ceilings.json for --ceilings
@@ -165,6 +168,8 @@ pub struct Options {
     pub check: bool,
     /// Run cuBLAS.
     pub baseline: bool,
+    /// Also time W4A16 on each shape.
+    pub w4a16: bool,
     /// Output folder.
     pub out: PathBuf,
     /// MoE rows to run after the problems (none unless asked for).
@@ -244,6 +249,7 @@ impl Default for Options {
             seed: 2222,
             check: true,
             baseline: true,
+            w4a16: false,
             out: PathBuf::from("bench-results"),
             moe: vec![],
             moe_kernels: vec![("auto".into(), MoeOptions::default())],
@@ -382,13 +388,14 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                 }
             }
             "--write-moe-routing" => o.write_routing = Some(PathBuf::from(value()?)),
-            "--no-check" | "--no-baseline" | "--moe" | "--ceilings" if inline.is_some() => {
+            "--no-check" | "--no-baseline" | "--moe" | "--ceilings" | "--w4a16" if inline.is_some() => {
                 return Err(format!("{name} takes no value"))
             }
             "--moe" => moe_flag = true,
             "--ceilings" => o.ceilings_only = true,
             "--no-check" => o.check = false,
             "--no-baseline" => o.baseline = false,
+            "--w4a16" => o.w4a16 = true,
             other => return Err(format!("unknown argument `{other}` (see --help)")),
         }
     }
@@ -556,9 +563,11 @@ mod tests {
                 "out",
                 "reps",
                 "seed",
-                "sets"
+                "sets",
+                "w4a16"
             ]
         );
+        assert!(!o.w4a16 && run("--w4a16").w4a16);
     }
 
     #[test]
