@@ -402,10 +402,24 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
 /// (exact in f16; A's global scale stays in the group's alpha), its weights B prepacked. The
 /// result compares with the same reference as W4A4's ([`Outputs::check`]).
 pub fn run_sm90_w4a16(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    run_sm90_w4a16_layout(ops, nvfp4_gemm::w4a16::layout(&ops.problem, sm_count), run)
+}
+
+/// [`run_sm90_w4a16`] with the variant `config` whatever the cost model prefers.
+pub fn run_sm90_w4a16_with(
+    ops: &Operands,
+    sm_count: u32,
+    config: nvfp4_gemm_abi::sm90::GemmConfig,
+    run: &ModelRun,
+) -> Result<Vec<Launched>, Failure> {
+    let layout = nvfp4_gemm::w4a16::layout_with(&ops.problem, sm_count, config).expect("the variant runs the problem");
+    run_sm90_w4a16_layout(ops, layout, run)
+}
+
+fn run_sm90_w4a16_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_format::Nvfp4Matrix;
     use nvfp4_gemm::w4a16::{prepack, tables_with, Activations};
     let problem = &ops.problem;
-    let layout = nvfp4_gemm::w4a16::layout(problem, sm_count);
     let matrix = |rows: usize, k: usize, v: &DeviceBuf, s: &DeviceBuf| {
         Nvfp4Matrix::new(rows, k, v.bytes()[..rows * k / 2].to_vec(), s.bytes().to_vec(), 1.0).expect("an operand")
     };
@@ -433,10 +447,15 @@ pub fn run_sm90_w4a16(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<V
     let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
     let mut launched = vec![];
     if !work.is_empty() {
-        use nvfp4_gemm_kernel::sm90::gemm::{sm90_w4a16_gemm, sm90_w4a16_gemm_decode};
+        use nvfp4_gemm_kernel::sm90::gemm::*;
         let name = nvfp4_gemm::w4a16::kernel_name(&layout);
-        let entry: unsafe fn(KernelParams) =
-            if layout.config.ctas_per_sm() == 2 { sm90_w4a16_gemm_decode } else { sm90_w4a16_gemm };
+        let entry: unsafe fn(KernelParams) = match name {
+            "sm90_w4a16_gemm_decode" => sm90_w4a16_gemm_decode,
+            "sm90_w4a16_gemm_t64" => sm90_w4a16_gemm_t64,
+            "sm90_w4a16_gemm_n192" => sm90_w4a16_gemm_n192,
+            "sm90_w4a16_gemm" => sm90_w4a16_gemm,
+            other => panic!("no entry point for {other}"),
+        };
         let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         cfg.registers = sm90_registers(name);
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);

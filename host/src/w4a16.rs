@@ -5,7 +5,7 @@
 //! one instruction (`nvfp4_gemm_abi::sm90::w4a16`). The result has the sizes and the blocked scale
 //! layout of the matrix it came from, so it uploads like any NVFP4 operand.
 //!
-//! The f16 kernels (`sm90_w4a16_gemm`, `sm90_w4a16_gemm_decode`) run the W4A4 kernels' tiles and
+//! The f16 kernels (`sm90_w4a16_gemm{,_t64,_n192,_decode}`) run the W4A4 kernels' tiles and
 //! work lists ([`layout`]) on tables whose token maps point at the caller's activations
 //! ([`tables_with`]); [`W4a16Plan`] launches them (one launch per call, no dequantization). The
 //! bf16 kernels are not built (docs/w4a16.md): asking for them is [`Error::Unsupported`], as is
@@ -74,18 +74,20 @@ pub fn prepack(m: &Nvfp4Matrix, activations: Activations) -> Result<W4a16Weights
     Ok(W4a16Weights { rows, k, values, scales, global_scale: m.global_scale() })
 }
 
-/// The layout of a W4A16 problem on `sm_count` SMs: the W4A4 layout (work list, tiles, grid) of
-/// the configuration the W4A16 kernels compile — the decode one when every group has at most 16
-/// tokens, else `GENERAL`.
+/// The layout of a W4A16 problem on `sm_count` SMs: the W4A4 layout (variant, work list, tiles,
+/// grid) of the same shapes — every W4A4 variant has its W4A16 twin.
 pub fn layout(problem: &Problem, sm_count: u32) -> Sm90Layout {
-    let config = nvfp4_gemm_abi::sm90::config_for(problem.groups().iter().map(|s| s.m as u32));
+    Sm90Layout::new(problem, sm_count)
+}
+
+/// [`layout`] with the variant `config` (`None` where it cannot run the problem: the decode
+/// variant needs every group at 16 tokens or fewer).
+pub fn layout_with(problem: &Problem, sm_count: u32, config: GemmConfig) -> Option<Sm90Layout> {
     Sm90Layout::with_config(problem, sm_count, config)
-        .expect("both configurations run every problem they are chosen for")
 }
 
 /// The W4A16 kernel (f16 activations) of a [`layout`].
 pub fn kernel_name(layout: &Sm90Layout) -> &'static str {
-    debug_assert!(layout.config == GemmConfig::GENERAL || layout.config == GemmConfig::DECODE);
     nvfp4_gemm_abi::sm90::w4a16::kernel_name(layout.config)
 }
 

@@ -5,6 +5,7 @@
 
 use nvfp4_format::InputDistribution;
 use nvfp4_gemm::OutputType::{Bf16, F16};
+use nvfp4_gemm_abi::sm90::GemmConfig;
 use nvfp4_gemm_model_tests::*;
 
 /// Tails everywhere: M = 0, M not a multiple of 16 or 128, N = 8 and 8·odd, K = 64 and a K tail
@@ -15,7 +16,7 @@ fn model_sm90_w4a16_general_with_tails() {
     let groups = groups(&shapes, InputDistribution::Competition, 1);
     for out in [F16, Bf16] {
         let ran = run_and_check(&format!("w4a16 general {out:?}"), &groups, out, &ModelRun::default(), |ops, run| {
-            run_sm90_w4a16(ops, 3, run)
+            run_sm90_w4a16_with(ops, 3, GemmConfig::GENERAL, run)
         });
         assert_eq!(ran[0].kernel, "sm90_w4a16_gemm");
     }
@@ -40,5 +41,20 @@ fn model_sm90_w4a16_random_shapes() {
         let order = [Completion::InOrder, Completion::Reversed, Completion::Random, Completion::InOrder][seed as usize];
         let run = ModelRun::ordered(order, seed);
         run_and_check(&format!("w4a16 random {seed}"), &groups, F16, &run, |ops, run| run_sm90_w4a16(ops, 2, run));
+    }
+}
+
+/// The 64/128 and 192-row variants (what the cost model picks for the prefill bench shapes):
+/// groups whose last tile fits 64 rows, spans of 192 and 128 rows with N a multiple of 64 and
+/// not, K tails.
+#[test]
+fn model_sm90_w4a16_t64_and_n192() {
+    let shapes = z(&[130, 64, 1, 200], &[328, 192, 64, 136], &[320, 128, 64, 192]);
+    let groups = groups(&shapes, InputDistribution::Competition, 5);
+    for (config, name) in [(GemmConfig::T64, "sm90_w4a16_gemm_t64"), (GemmConfig::N192, "sm90_w4a16_gemm_n192")] {
+        let ran = run_and_check(&format!("w4a16 {name}"), &groups, F16, &ModelRun::default(), |ops, run| {
+            run_sm90_w4a16_with(ops, 2, config, run)
+        });
+        assert_eq!(ran[0].kernel, name);
     }
 }

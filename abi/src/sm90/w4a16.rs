@@ -55,15 +55,16 @@ pub enum Activations {
     Bf16,
 }
 
-/// The W4A16 GEMM variants: the configurations of the W4A4 kernels they share everything with
-/// but the token source and the decode.
-pub const CONFIGS: [super::GemmConfig; 2] = [super::GemmConfig::GENERAL, super::GemmConfig::DECODE];
-
-/// The exported name of the W4A16 kernel of configuration `cfg` (one of [`CONFIGS`]) for f16
-/// activations.
+/// The exported name of the W4A16 kernel (f16 activations) of configuration `cfg`: each W4A4
+/// variant has its W4A16 twin, which shares everything with it but the token source and the
+/// decode's scales.
 pub const fn kernel_name(cfg: super::GemmConfig) -> &'static str {
     if cfg.block_m == super::SMALL_TILE_M {
         "sm90_w4a16_gemm_decode"
+    } else if cfg.block_n > super::BLOCK_N {
+        "sm90_w4a16_gemm_n192"
+    } else if cfg.narrow == super::TAIL_TILE_M {
+        "sm90_w4a16_gemm_t64"
     } else {
         "sm90_w4a16_gemm"
     }

@@ -102,6 +102,31 @@ impl Variant for W4a16Decode {
     const W4A16: bool = true;
 }
 
+/// W4A16 (f16 activations, prepacked weights) on `T64`'s tiles.
+struct W4a16T64;
+impl Variant for W4a16T64 {
+    const CFG: GemmConfig = GemmConfig::T64;
+    type Narrow = wgmma::N64;
+    type Wide = wgmma::N128;
+    const W4A16: bool = true;
+}
+
+/// W4A16 (f16 activations, prepacked weights) on `N192`'s tiles.
+struct W4a16N192;
+impl Variant for W4a16N192 {
+    const CFG: GemmConfig = GemmConfig::N192;
+    type Narrow = wgmma::N64;
+    type Wide = wgmma::N128;
+    fn grow_registers() {
+        warp::setmaxnreg_inc::<{ GemmConfig::N192.consumer_registers() }>();
+    }
+    fn shrink_registers() {
+        warp::setmaxnreg_dec::<{ GemmConfig::N192.producer_registers() }>();
+    }
+    const EAGER_LOADS: bool = false;
+    const W4A16: bool = true;
+}
+
 const _: () = assert!(GemmConfig::GENERAL.narrow == 16 && GemmConfig::T64.narrow == 64);
 const _: () = assert!(GemmConfig::DECODE.narrow == 16 && GemmConfig::DECODE.block_m == 16);
 const _: () = {
@@ -180,6 +205,26 @@ pub unsafe fn sm90_w4a16_gemm(p: KernelParams) {
 pub unsafe fn sm90_w4a16_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<W4a16Decode, { GemmConfig::DECODE.stages }>(&p) }
+}
+
+/// W4A16 on `T64`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_t64`]'s tiles.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_t64`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm_t64(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16T64, { GemmConfig::T64.stages }>(&p) }
+}
+
+/// W4A16 on `N192`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_n192`]'s tiles.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_n192`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm_n192(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16N192, { GemmConfig::N192.stages }>(&p) }
 }
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
