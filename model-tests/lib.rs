@@ -363,7 +363,6 @@ pub fn run_sm90_with(
 
 fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::*;
     let problem = &ops.problem;
     let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
     let buffers = ops.buffers();
@@ -378,13 +377,7 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
     if !work.is_empty() {
         // The variant the layout chose (the decode one when every group has at most 16 tokens).
         let name = layout.config.kernel_name();
-        let entry: unsafe fn(KernelParams) = match name {
-            "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
-            "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
-            "sm90_grouped_gemm_n192" => sm90_grouped_gemm_n192,
-            "sm90_grouped_gemm" => sm90_grouped_gemm,
-            other => panic!("no entry point for {other}"),
-        };
+        let entry = sm90_entry(name);
         let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         cfg.registers = sm90_registers(name);
         if layout.dequant_grid > 0 && nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
@@ -447,15 +440,8 @@ fn run_sm90_w4a16_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> 
     let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
     let mut launched = vec![];
     if !work.is_empty() {
-        use nvfp4_gemm_kernel::sm90::gemm::*;
         let name = nvfp4_gemm::w4a16::kernel_name(&layout);
-        let entry: unsafe fn(KernelParams) = match name {
-            "sm90_w4a16_gemm_decode" => sm90_w4a16_gemm_decode,
-            "sm90_w4a16_gemm_t64" => sm90_w4a16_gemm_t64,
-            "sm90_w4a16_gemm_n192" => sm90_w4a16_gemm_n192,
-            "sm90_w4a16_gemm" => sm90_w4a16_gemm,
-            other => panic!("no entry point for {other}"),
-        };
+        let entry = sm90_entry(name);
         let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         cfg.registers = sm90_registers(name);
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
@@ -915,8 +901,32 @@ pub fn sm90_entry(kernel: &str) -> unsafe fn(KernelParams) {
         "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
         "sm90_grouped_gemm_n192" => sm90_grouped_gemm_n192,
         "sm90_grouped_gemm" => sm90_grouped_gemm,
+        "sm90_w4a16_gemm_decode" => sm90_w4a16_gemm_decode,
+        "sm90_w4a16_gemm_t64" => sm90_w4a16_gemm_t64,
+        "sm90_w4a16_gemm_n192" => sm90_w4a16_gemm_n192,
+        "sm90_w4a16_gemm" => sm90_w4a16_gemm,
         other => panic!("no sm_90a entry point {other}"),
     }
+}
+
+/// The sizes array `sizes` in "device" memory and every other buffer of a device-sized call as
+/// addresses that only a scheduler computes with (nothing reads them), validated as a call's
+/// buffers: for running a scheduler alone.
+pub fn schedule_only_buffers(problem: &MoeProblem, sizes: &[u32]) -> (DeviceBuf, MoeBuffers) {
+    let sizes_buf = DeviceBuf::from_bytes(&sizes.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let (a, w) = (problem.a_sizes(), problem.b_sizes());
+    let fake = |i: u64, len| BufferView { ptr: 0x1000_0000_0000 * i, len };
+    let buffers = MoeBuffers {
+        sizes: sizes_buf.view(sizes.len()),
+        a_values: fake(1, a.values),
+        a_scales: fake(2, a.scales),
+        weights: (0..problem.groups() as u64).map(|g| (fake(10 + g, w.values), fake(5000 + g, w.scales))).collect(),
+        alphas: vec![1.0; problem.groups()],
+        c: fake(3, problem.c_elements()),
+        c_type: problem.output(),
+    };
+    validate_moe_buffers(problem, &buffers).expect("valid buffers");
+    (sizes_buf, buffers)
 }
 
 /// Runs `sm90_schedule` in the model for `ops`' sizes, as `layout` plans it.

@@ -13,7 +13,7 @@ use crate::moe::{MoeBuffers, MoeProblem};
 use crate::plan::{upload_tables, KernelLaunch, PlanSummary};
 use crate::problem::OutputType;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtrMut};
-use nvfp4_gemm_abi::moe::schedule::{smem, SCHEDULE_THREADS};
+use nvfp4_gemm_abi::moe::schedule::{smem, ScheduleCommon, SCHEDULE_THREADS};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use nvfp4_gemm_abi::work::{KernelParams, WorkItem};
 use std::sync::Arc;
@@ -137,6 +137,20 @@ pub trait DeviceSizedLayout {
     /// The scheduler's launch for `groups` groups: one CTA, its shared memory for them.
     fn schedule_geometry(groups: u32) -> LaunchGeometry {
         LaunchGeometry { grid: 1, block: SCHEDULE_THREADS, cluster: 1, smem_bytes: smem::bytes(groups) }
+    }
+}
+
+/// The scheduler parameters both architectures share, for these buffers and tables.
+pub fn schedule_common(problem: &MoeProblem, buffers: &MoeBuffers, tables: &DeviceSizedTables) -> ScheduleCommon {
+    ScheduleCommon {
+        sizes: problem.device_sizes(buffers.sizes.ptr),
+        groups: tables.groups,
+        work: tables.work,
+        status: tables.status,
+        a_scales: buffers.a_scales.ptr,
+        c: buffers.c.ptr,
+        k: problem.k() as u32,
+        n: problem.n() as u32,
     }
 }
 

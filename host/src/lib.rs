@@ -75,8 +75,8 @@ pub mod smoke;
 #[doc(hidden)]
 pub mod layout {
     pub use crate::device_sizes::{kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedTables, TableSizes};
-    pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100DeviceTables, Sm100Launch, Sm100Layout};
-    pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout};
+    pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100Launch, Sm100Layout};
+    pub use crate::sm90::{Sm90DeviceLayout, Sm90Layout};
 }
 
 pub use device::{driver_present, Arch, Gpu};

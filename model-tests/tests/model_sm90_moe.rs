@@ -9,8 +9,7 @@
 //! heights and dequantization CTAs. The same path runs on the H200 in `gpu_moe_sm90`.
 
 use nvfp4_gemm::layout::Sm90Layout;
-use nvfp4_gemm::moe::{GroupRows, MoeBuffers, MoeKernels, MoeOptions, MoeProblem, TokenLayout};
-use nvfp4_gemm::problem::BufferView;
+use nvfp4_gemm::moe::{GroupRows, MoeKernels, MoeOptions, MoeProblem, TokenLayout};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm::{GroupShape, Problem};
 use nvfp4_gemm_abi::moe::sm90::{chosen_config, runs_decode, GroupTiles};
@@ -222,20 +221,7 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
         let (rows, status) = problem.group_rows(&sizes).unwrap();
         let t = std::time::Instant::now();
         let layout = nvfp4_gemm::layout::Sm90DeviceLayout::new(&problem, sm_count, &options).unwrap();
-        let sizes_buf = DeviceBuf::from_bytes(&sizes.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-        let a = problem.a_sizes();
-        let w = problem.b_sizes();
-        let fake = |i: u64, len| BufferView { ptr: 0x1000_0000_0000 * i, len };
-        let buffers = MoeBuffers {
-            sizes: sizes_buf.view(sizes.len()),
-            a_values: fake(1, a.values),
-            a_scales: fake(2, a.scales),
-            weights: (0..problem.groups() as u64).map(|g| (fake(10 + g, w.values), fake(5000 + g, w.scales))).collect(),
-            alphas: vec![1.0; problem.groups()],
-            c: fake(3, problem.c_elements()),
-            c_type: problem.output(),
-        };
-        nvfp4_gemm::moe::validate_moe_buffers(&problem, &buffers).unwrap();
+        let (_sizes_buf, buffers) = schedule_only_buffers(&problem, &sizes);
         let tables = MoeTables::new(&layout, &problem, &buffers);
         run_sm90_schedule(&layout, &problem, &buffers, &tables, &ModelRun::default()).unwrap();
         let outcome = tables.outcome();

@@ -178,10 +178,14 @@ mod tests {
         }
     }
 
-    fn f16_bits(bits: u16) -> f64 {
-        let (e, m) = (((bits >> 10) & 0x1F) as i32, (bits & 0x3FF) as f64);
-        assert!(e < 31, "not finite: {bits:#x}");
-        let mag = if e == 0 { m * 2f64.powi(-24) } else { (1.0 + m / 1024.0) * 2f64.powi(e - 15) };
+    /// The value of a finite 16-bit float with `e` exponent bits (bias `2^(e−1) − 1`), the rest
+    /// mantissa.
+    fn float16(bits: u16, e: u32) -> f64 {
+        let (m_bits, bias) = (15 - e, (1i32 << (e - 1)) - 1);
+        let exp = ((bits >> m_bits) & ((1 << e) - 1)) as i32;
+        assert!(exp < (1 << e) - 1, "not finite: {bits:#x}");
+        let m = (bits & ((1 << m_bits) - 1)) as f64 / (1u32 << m_bits) as f64;
+        let mag = if exp == 0 { m * 2f64.powi(1 - bias) } else { (1.0 + m) * 2f64.powi(exp - bias) };
         if bits & 0x8000 != 0 {
             -mag
         } else {
@@ -189,15 +193,12 @@ mod tests {
         }
     }
 
+    fn f16_bits(bits: u16) -> f64 {
+        float16(bits, 5)
+    }
+
     fn bf16_bits(bits: u16) -> f64 {
-        let (e, m) = (((bits >> 7) & 0xFF) as i32, (bits & 0x7F) as f64);
-        assert!(e < 255, "not finite: {bits:#x}");
-        let mag = if e == 0 { m * 2f64.powi(-133) } else { (1.0 + m / 128.0) * 2f64.powi(e - 127) };
-        if bits & 0x8000 != 0 {
-            -mag
-        } else {
-            mag
-        }
+        float16(bits, 8)
     }
 
     /// Every e4m3 byte: the prepacked byte is `|scale| · 2⁷` as f16 and `|scale| · 2¹¹⁹` as bf16,

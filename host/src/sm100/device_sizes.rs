@@ -24,7 +24,8 @@
 use super::Fp4Map;
 use crate::device::Gpu;
 use crate::device_sizes::{
-    kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables, MoeOptions, TableSizes,
+    kernel_params, schedule_common, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables,
+    MoeOptions, TableSizes,
 };
 use crate::driver::launch::Start;
 use crate::driver::tensor_map::TiledMapEncoder;
@@ -33,7 +34,7 @@ use crate::moe::{MoeBuffers, MoeProblem};
 use crate::problem::OutputType;
 use crate::Arch;
 use nvfp4_gemm_abi::launch::LaunchGeometry;
-use nvfp4_gemm_abi::moe::schedule::{ScheduleCommon, Sm100ScheduleParams};
+use nvfp4_gemm_abi::moe::schedule::Sm100ScheduleParams;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
 use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout};
@@ -158,16 +159,7 @@ impl DeviceSizedLayout for Sm100DeviceLayout {
         tables: &DeviceSizedTables,
     ) -> Sm100ScheduleParams {
         Sm100ScheduleParams {
-            common: ScheduleCommon {
-                sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
-                groups: tables.groups,
-                work: tables.work,
-                status: tables.status,
-                a_scales: buffers.a_scales.ptr,
-                c: buffers.c.ptr,
-                k: problem.k() as u32,
-                n: problem.n() as u32,
-            },
+            common: schedule_common(problem, buffers, tables),
             work_len: tables.work_len[0],
             max_work: self.max_work,
             block_n: self.block_n.get(),
@@ -200,9 +192,6 @@ impl DeviceSizedLayout for Sm100DeviceLayout {
 
 /// A device-sized sm_100a plan on a device.
 pub(crate) type Sm100DevicePlan = DeviceSizedPlan<Sm100DeviceLayout>;
-
-/// The addresses of a device-sized plan's tables (the same for both architectures).
-pub type Sm100DeviceTables = DeviceSizedTables;
 
 impl DeviceSizedPlan<Sm100DeviceLayout> {
     /// Plans `problem` for `gpu` (its kernels' residency from the driver) and allocates its tables.

@@ -22,8 +22,8 @@
 use super::cost::stage_cost;
 use crate::device::Gpu;
 use crate::device_sizes::{
-    kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables, MoeKernels, MoeOptions,
-    TableSizes,
+    kernel_params, schedule_common, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables,
+    MoeKernels, MoeOptions, TableSizes,
 };
 use crate::driver::launch::{LaunchGeometry, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::moe::{MoeBuffers, MoeProblem};
 use crate::problem::OutputType;
 use crate::Arch;
-use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, smem, ScheduleCommon};
+use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, smem};
 use nvfp4_gemm_abi::moe::sm90::{
     general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
@@ -233,16 +233,7 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
     ) -> Sm90ScheduleParams {
         let per_kernel = |f: &dyn Fn(&Sm90DeviceGemm) -> u32| self.gemms.map(|g| g.as_ref().map_or(0, f));
         Sm90ScheduleParams {
-            common: ScheduleCommon {
-                sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
-                groups: tables.groups,
-                work: tables.work,
-                status: tables.status,
-                a_scales: buffers.a_scales.ptr,
-                c: buffers.c.ptr,
-                k: problem.k() as u32,
-                n: problem.n() as u32,
-            },
+            common: schedule_common(problem, buffers, tables),
             a_values: buffers.a_values.ptr,
             workspace: tables.workspace,
             work_len: [0, 1].map(|slot| if self.gemms[slot].is_some() { tables.work_len[slot] } else { 0 }),
@@ -307,9 +298,6 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
 
 /// A device-sized sm_90a plan on a device.
 pub(crate) type Sm90DevicePlan = DeviceSizedPlan<Sm90DeviceLayout>;
-
-/// The addresses of a device-sized plan's tables (the same for both architectures).
-pub type Sm90DeviceTables = DeviceSizedTables;
 
 impl DeviceSizedPlan<Sm90DeviceLayout> {
     /// Plans `problem` for `gpu` with `options` and allocates its tables.

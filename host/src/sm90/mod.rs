@@ -16,7 +16,7 @@ mod plan;
 pub(crate) use device_sizes::Sm90DevicePlan;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
-pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
+pub use device_sizes::Sm90DeviceLayout;
 pub(crate) use plan::Sm90Plan;
 
 use cost::item_cost;

@@ -83,47 +83,20 @@ impl Variant for Decode {
     const EAGER_LOADS: bool = false;
 }
 
-/// W4A16 (f16 activations, prepacked weights) on `General`'s tiles.
-struct W4a16General;
-impl Variant for W4a16General {
-    const CFG: GemmConfig = GemmConfig::GENERAL;
-    type Narrow = wgmma::N16;
-    type Wide = wgmma::N128;
-    const W4A16: bool = true;
-}
-
-/// W4A16 (f16 activations, prepacked weights) on `Decode`'s tiles.
-struct W4a16Decode;
-impl Variant for W4a16Decode {
-    const CFG: GemmConfig = GemmConfig::DECODE;
-    type Narrow = wgmma::N16;
-    type Wide = wgmma::N16;
-    const EAGER_LOADS: bool = false;
-    const W4A16: bool = true;
-}
-
-/// W4A16 (f16 activations, prepacked weights) on `T64`'s tiles.
-struct W4a16T64;
-impl Variant for W4a16T64 {
-    const CFG: GemmConfig = GemmConfig::T64;
-    type Narrow = wgmma::N64;
-    type Wide = wgmma::N128;
-    const W4A16: bool = true;
-}
-
-/// W4A16 (f16 activations, prepacked weights) on `N192`'s tiles.
-struct W4a16N192;
-impl Variant for W4a16N192 {
-    const CFG: GemmConfig = GemmConfig::N192;
-    type Narrow = wgmma::N64;
-    type Wide = wgmma::N128;
+/// The W4A16 twin of variant `V` (f16 activations, prepacked weights): `V`'s tiles, stages and
+/// registers, with `Variant::W4A16`.
+struct W4a16<V>(core::marker::PhantomData<V>);
+impl<V: Variant> Variant for W4a16<V> {
+    const CFG: GemmConfig = V::CFG;
+    type Narrow = V::Narrow;
+    type Wide = V::Wide;
     fn grow_registers() {
-        warp::setmaxnreg_inc::<{ GemmConfig::N192.consumer_registers() }>();
+        V::grow_registers()
     }
     fn shrink_registers() {
-        warp::setmaxnreg_dec::<{ GemmConfig::N192.producer_registers() }>();
+        V::shrink_registers()
     }
-    const EAGER_LOADS: bool = false;
+    const EAGER_LOADS: bool = V::EAGER_LOADS;
     const W4A16: bool = true;
 }
 
@@ -193,7 +166,7 @@ pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
 #[crate::ptx::kernel]
 pub unsafe fn sm90_w4a16_gemm(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<W4a16General, { GemmConfig::GENERAL.stages }>(&p) }
+    unsafe { run::<W4a16<General>, { GemmConfig::GENERAL.stages }>(&p) }
 }
 
 /// W4A16 on `DECODE`'s tiles: as [`sm90_w4a16_gemm`] for groups of at most `SMALL_TILE_M` tokens.
@@ -204,7 +177,7 @@ pub unsafe fn sm90_w4a16_gemm(p: KernelParams) {
 #[crate::ptx::kernel]
 pub unsafe fn sm90_w4a16_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<W4a16Decode, { GemmConfig::DECODE.stages }>(&p) }
+    unsafe { run::<W4a16<Decode>, { GemmConfig::DECODE.stages }>(&p) }
 }
 
 /// W4A16 on `T64`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_t64`]'s tiles.
@@ -214,7 +187,7 @@ pub unsafe fn sm90_w4a16_gemm_decode(p: KernelParams) {
 #[crate::ptx::kernel]
 pub unsafe fn sm90_w4a16_gemm_t64(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<W4a16T64, { GemmConfig::T64.stages }>(&p) }
+    unsafe { run::<W4a16<T64>, { GemmConfig::T64.stages }>(&p) }
 }
 
 /// W4A16 on `N192`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_n192`]'s tiles.
@@ -224,7 +197,7 @@ pub unsafe fn sm90_w4a16_gemm_t64(p: KernelParams) {
 #[crate::ptx::kernel]
 pub unsafe fn sm90_w4a16_gemm_n192(p: KernelParams) {
     // SAFETY: the caller's contract.
-    unsafe { run::<W4a16N192, { GemmConfig::N192.stages }>(&p) }
+    unsafe { run::<W4a16<N192>, { GemmConfig::N192.stages }>(&p) }
 }
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
