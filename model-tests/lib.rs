@@ -16,9 +16,9 @@ use half::{bf16, f16};
 use nvfp4_format::{compare, Group, GroupOutput, GroupShape, HostFloat, InputDistribution, Tolerance};
 use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
 use nvfp4_gemm::layout::{
-    Sm100DeviceLayout, Sm100DeviceTables, Sm100Layout, Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout,
+    DeviceSizedLayout, DeviceSizedTables, Sm100DeviceLayout, Sm100Layout, Sm90DeviceLayout, Sm90Layout,
 };
-use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers};
+use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers, MoeOptions};
 use nvfp4_gemm::problem::{BufferView, GroupBuffers};
 use nvfp4_gemm::{MoeProblem, SizeStatus};
 use nvfp4_gemm::{OutputType, Problem};
@@ -363,7 +363,6 @@ pub fn run_sm90_with(
 
 fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::*;
     let problem = &ops.problem;
     let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
     let buffers = ops.buffers();
@@ -378,13 +377,7 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
     if !work.is_empty() {
         // The variant the layout chose (the decode one when every group has at most 16 tokens).
         let name = layout.config.kernel_name();
-        let entry: unsafe fn(KernelParams) = match name {
-            "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
-            "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
-            "sm90_grouped_gemm_n192" => sm90_grouped_gemm_n192,
-            "sm90_grouped_gemm" => sm90_grouped_gemm,
-            other => panic!("no entry point for {other}"),
-        };
+        let entry = sm90_entry(name);
         let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         cfg.registers = sm90_registers(name);
         if layout.dequant_grid > 0 && nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
@@ -394,6 +387,66 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
     }
     drop(workspace);
+    Ok(launched)
+}
+
+/// Runs the sm_90a W4A16 GEMM (f16 activations, `nvfp4_gemm::w4a16`) on `ops` as its layout
+/// plans it for `sm_count` SMs: each group's activations are its A with the block scales applied
+/// (exact in f16; A's global scale stays in the group's alpha), its weights B prepacked. The
+/// result compares with the same reference as W4A4's ([`Outputs::check`]).
+pub fn run_sm90_w4a16(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    run_sm90_w4a16_layout(ops, nvfp4_gemm::w4a16::layout(&ops.problem, sm_count), run)
+}
+
+/// [`run_sm90_w4a16`] with the variant `config` whatever the cost model prefers.
+pub fn run_sm90_w4a16_with(
+    ops: &Operands,
+    sm_count: u32,
+    config: nvfp4_gemm_abi::sm90::GemmConfig,
+    run: &ModelRun,
+) -> Result<Vec<Launched>, Failure> {
+    let layout = nvfp4_gemm::w4a16::layout_with(&ops.problem, sm_count, config).expect("the variant runs the problem");
+    run_sm90_w4a16_layout(ops, layout, run)
+}
+
+fn run_sm90_w4a16_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+    use nvfp4_format::Nvfp4Matrix;
+    use nvfp4_gemm::w4a16::{prepack, tables_with, Activations};
+    let problem = &ops.problem;
+    let matrix = |rows: usize, k: usize, v: &DeviceBuf, s: &DeviceBuf| {
+        Nvfp4Matrix::new(rows, k, v.bytes()[..rows * k / 2].to_vec(), s.bytes().to_vec(), 1.0).expect("an operand")
+    };
+    let (mut activations, mut b_values, mut b_scales) = (vec![], vec![], vec![]);
+    for (g, s) in problem.groups().iter().enumerate() {
+        let act: Vec<u8> = if s.m == 0 {
+            vec![]
+        } else {
+            let a = matrix(s.m, s.k, &ops.a_values[g], &ops.a_scales[g]);
+            a.dequantize_block_scaled_f16().iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+        };
+        activations.push(if act.is_empty() { DeviceBuf::zeroed(16) } else { DeviceBuf::from_bytes(&act) });
+        let w = prepack(&matrix(s.n, s.k, &ops.b_values[g], &ops.b_scales[g]), Activations::F16).expect("prepack");
+        b_values.push(DeviceBuf::from_bytes(&w.values));
+        b_scales.push(DeviceBuf::from_bytes(&w.scales));
+    }
+    let mut buffers = ops.buffers();
+    for (g, b) in buffers.iter_mut().enumerate() {
+        b.b_values = b_values[g].view(b_values[g].bytes);
+        b.b_scales = b_scales[g].view(b_scales[g].bytes);
+    }
+    let tokens: Vec<u64> = activations.iter().map(DeviceBuf::addr).collect();
+    let (params, maps) = tables_with(&layout, &ModelEncoder, problem, &buffers, &tokens).expect("w4a16 tables");
+    let work = layout.work.clone();
+    let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
+    let mut launched = vec![];
+    if !work.is_empty() {
+        let name = nvfp4_gemm::w4a16::kernel_name(&layout);
+        let entry = sm90_entry(name);
+        let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
+        cfg.registers = sm90_registers(name);
+        launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
+    }
+    drop((activations, b_values, b_scales));
     Ok(launched)
 }
 
@@ -672,70 +725,94 @@ impl MoeOperands {
     }
 }
 
-/// What `sm100_schedule` wrote, read back after its launch.
+/// What a scheduler wrote, read back after its launch.
 #[derive(Clone, Debug)]
-pub struct ScheduleOutcome {
+pub struct ScheduleOutcome<G> {
     /// The group table (host fields and the scheduler's).
-    pub groups: Vec<Sm100GroupParams>,
-    /// The work list, `work_len` items.
+    pub groups: Vec<G>,
+    /// The work list of the launch that got the call, `work_len` items.
     pub work: Vec<WorkItem>,
-    /// The work length it wrote.
+    /// The work length of the launch that got the call (the other's is 0).
     pub work_len: u32,
+    /// The work-length words of both launches (sm_90a: `[decode, general]`; sm_100a: the first).
+    pub work_lens: [u32; 2],
     /// The status word (it was 0 before).
     pub status: u32,
 }
 
-/// Device tables of a device-sized sm_100a plan, in "device" memory.
-pub struct Sm100MoeTables {
+/// The tables of a device-sized plan (either architecture) in "device" memory: the group table
+/// and maps as the library's layout encodes them (with the model's encoder), and the words the
+/// scheduler writes (the list filled with `u32::MAX` so that unwritten items show).
+pub struct MoeTables<G> {
     /// The group table.
-    pub groups: Vec<Sm100GroupParams>,
+    pub groups: Vec<G>,
     /// The tensor maps.
     pub maps: Vec<TensorMap>,
     work: DeviceBuf,
     work_len: DeviceBuf,
     status: DeviceBuf,
+    ranks: DeviceBuf,
+    /// sm_90a: the f16 token workspace.
+    pub workspace: DeviceBuf,
 }
 
-impl Sm100MoeTables {
-    /// The host's tables for `layout` (maps encoded by the model), the work list filled with
-    /// `u32::MAX` so that unwritten items show.
-    pub fn new(layout: &Sm100DeviceLayout, problem: &MoeProblem, buffers: &MoeBuffers) -> Self {
-        let (groups, maps) = layout.encode_with(&ModelEncoder, problem, buffers).expect("sm100 device tables");
-        let mut work = DeviceBuf::zeroed(layout.max_work as usize * std::mem::size_of::<WorkItem>());
+impl<G: Copy> MoeTables<G> {
+    /// The tables `layout` asks for, encoded for `buffers`.
+    pub fn new<L: DeviceSizedLayout<Group = G>>(layout: &L, problem: &MoeProblem, buffers: &MoeBuffers) -> Self {
+        let sizes = layout.table_sizes();
+        let mut work = DeviceBuf::zeroed(sizes.work_items.max(1) * std::mem::size_of::<WorkItem>());
         work.bytes_mut().fill(0xff);
-        Sm100MoeTables { groups, maps, work, work_len: DeviceBuf::zeroed(4), status: DeviceBuf::zeroed(4) }
+        let mut tables = MoeTables {
+            groups: vec![],
+            maps: vec![],
+            work,
+            work_len: DeviceBuf::zeroed(8),
+            status: DeviceBuf::zeroed(4),
+            ranks: DeviceBuf::zeroed(4 * sizes.ranks.max(1)),
+            workspace: DeviceBuf::zeroed(sizes.workspace_bytes.max(16)),
+        };
+        let (groups, maps) =
+            layout.encode_with(&ModelEncoder, problem, buffers, &tables.addresses()).expect("device-sized tables");
+        (tables.groups, tables.maps) = (groups, maps);
+        tables
     }
 
     /// Their addresses.
-    pub fn addresses(&self) -> Sm100DeviceTables {
-        Sm100DeviceTables {
+    pub fn addresses(&self) -> DeviceSizedTables {
+        DeviceSizedTables {
             groups: self.groups.as_ptr() as u64,
             maps: self.maps.as_ptr() as u64,
             work: self.work.addr(),
-            work_len: self.work_len.addr(),
+            work_len: [self.work_len.addr(), self.work_len.addr() + 4],
             status: self.status.addr(),
+            ranks: self.ranks.addr(),
+            workspace: self.workspace.addr(),
         }
     }
 
     /// What the scheduler wrote.
-    pub fn outcome(&self) -> ScheduleOutcome {
-        let word = |b: &DeviceBuf| u32::from_le_bytes(b.bytes()[..4].try_into().unwrap());
-        let work_len = word(&self.work_len);
+    pub fn outcome(&self) -> ScheduleOutcome<G> {
+        let word = |b: &[u8], i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+        let work_lens = [word(self.work_len.bytes(), 0), word(self.work_len.bytes(), 1)];
+        let work_len = work_lens[0].max(work_lens[1]);
         let items: Vec<WorkItem> = self
             .work
             .bytes()
             .chunks_exact(12)
             .take(work_len as usize)
-            .map(|c| {
-                let w = |i: usize| u32::from_le_bytes(c[4 * i..4 * i + 4].try_into().unwrap());
-                WorkItem { group: w(0), tile_m: w(1), tile_n: w(2) }
-            })
+            .map(|c| WorkItem { group: word(c, 0), tile_m: word(c, 1), tile_n: word(c, 2) })
             .collect();
-        ScheduleOutcome { groups: self.groups.clone(), work: items, work_len, status: word(&self.status) }
+        ScheduleOutcome {
+            groups: self.groups.clone(),
+            work: items,
+            work_len,
+            work_lens,
+            status: word(self.status.bytes(), 0),
+        }
     }
 }
 
-/// The list the device must build for `ops`' clamped sizes: the host-built list of the same
+/// The list `sm100_schedule` must build for `ops`' clamped sizes: the host-built list of the same
 /// groups (`build_work_list`), restricted to the first `capacity / slots` M tiles (all of them
 /// unless the list overflowed).
 pub fn expected_device_list(layout: &Sm100DeviceLayout, problem: &MoeProblem, rows: &[GroupRows]) -> Vec<WorkItem> {
@@ -754,23 +831,37 @@ pub fn expected_device_list(layout: &Sm100DeviceLayout, problem: &MoeProblem, ro
     list
 }
 
+/// Runs `layout`'s scheduler (`entry`) in the model on `tables`.
+pub fn run_schedule<L: DeviceSizedLayout>(
+    layout: &L,
+    problem: &MoeProblem,
+    buffers: &MoeBuffers,
+    tables: &MoeTables<L::Group>,
+    run: &ModelRun,
+    entry: unsafe fn(L::Schedule),
+) -> Result<Launched, Failure>
+where
+    L::Schedule: Sync,
+{
+    let sp = layout.schedule_params(problem, buffers, &tables.addresses());
+    let geometry = L::schedule_geometry(problem.groups() as u32);
+    let cfg = launch_config(model_arch(L::ARCH), geometry, 1, run);
+    // SAFETY: the parameters point at live tables sized by the layout, and at the validated
+    // buffers; the model checks every device access.
+    nvfp4_gemm_model::launch(&cfg, || unsafe { entry(sp) })
+        .map(|stats| Launched { kernel: L::SCHEDULE, geometry, stats })
+        .map_err(|error| Failure { kernel: L::SCHEDULE, error })
+}
+
 /// Runs `sm100_schedule` in the model for `ops`' sizes, as [`Sm100DeviceLayout`] plans it.
 pub fn run_sm100_schedule(
     layout: &Sm100DeviceLayout,
     problem: &MoeProblem,
     buffers: &MoeBuffers,
-    tables: &Sm100MoeTables,
+    tables: &MoeTables<Sm100GroupParams>,
     run: &ModelRun,
 ) -> Result<Launched, Failure> {
-    use nvfp4_gemm_kernel::sm100::schedule::sm100_schedule;
-    let sp = layout.schedule_params(problem, buffers, &tables.addresses());
-    let cfg = launch_config(Arch::Sm100a, layout.schedule, 1, run);
-    let kernel = "sm100_schedule";
-    // SAFETY: the parameters point at live tables sized by the layout, and at the validated
-    // buffers; the model checks every device access.
-    nvfp4_gemm_model::launch(&cfg, || unsafe { sm100_schedule(sp) })
-        .map(|stats| Launched { kernel, geometry: layout.schedule, stats })
-        .map_err(|error| Failure { kernel, error })
+    run_schedule(layout, problem, buffers, tables, run, nvfp4_gemm_kernel::sm100::schedule::sm100_schedule)
 }
 
 /// Runs a device-sized sm_100a call in the model: the scheduler, then the GEMM variant the layout
@@ -779,84 +870,111 @@ pub fn run_sm100_moe(
     ops: &MoeOperands,
     residency: Residency,
     run: &ModelRun,
-) -> Result<(Vec<Launched>, ScheduleOutcome, Sm100DeviceLayout), Failure> {
+) -> Result<(Vec<Launched>, ScheduleOutcome<Sm100GroupParams>, Sm100DeviceLayout), Failure> {
     let problem = &ops.problem;
     let layout = Sm100DeviceLayout::new(problem, |k| residency.of(k)).expect("sm100 device layout");
     let buffers = ops.buffers();
-    let tables = Sm100MoeTables::new(&layout, problem, &buffers);
+    let tables = MoeTables::new(&layout, problem, &buffers);
     let mut launched = vec![run_sm100_schedule(&layout, problem, &buffers, &tables, run)?];
-    let kp = layout.kernel_params(&tables.addresses(), problem.output());
-    let cfg = launch_config(Arch::Sm100a, layout.gemm, layout.kernel.config().max_ctas_per_sm(), run);
-    launched.push(launch_one(layout.kernel.kernel_name(), &cfg, layout.gemm, kp, sm100_entry(layout.kernel))?);
+    for l in layout.launches(&tables.addresses(), problem.output()) {
+        let cfg = launch_config(Arch::Sm100a, l.geometry, layout.kernel.config().max_ctas_per_sm(), run);
+        launched.push(launch_one(l.kernel, &cfg, l.geometry, l.params, sm100_entry(layout.kernel))?);
+    }
     Ok((launched, tables.outcome(), layout))
 }
 
-/// What a device-sized sm_90a call left in its tables: the status word, the work length and the
-/// group table (host fields and the scheduler's).
-#[derive(Clone, Debug)]
-pub struct Sm90MoeOutcome {
-    /// The status word (it was 0 before).
-    pub status: u32,
-    /// The work length the scheduler wrote.
-    pub work_len: u32,
-    /// The group table after the call.
-    pub groups: Vec<nvfp4_gemm_abi::sm90::GroupParams>,
-    /// The variant that ran.
-    pub kernel: &'static str,
+/// The architecture the model runs a library architecture's kernels as.
+pub fn model_arch(arch: nvfp4_gemm::Arch) -> Arch {
+    match arch {
+        nvfp4_gemm::Arch::Sm90a => Arch::Sm90a,
+        nvfp4_gemm::Arch::Sm100a => Arch::Sm100a,
+    }
+}
+
+/// The entry point of an sm_90a kernel a device-sized plan launches after its scheduler.
+pub fn sm90_entry(kernel: &str) -> unsafe fn(KernelParams) {
+    use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
+    use nvfp4_gemm_kernel::sm90::gemm::*;
+    match kernel {
+        "sm90_dequant_tokens" => sm90_dequant_tokens,
+        "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
+        "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
+        "sm90_grouped_gemm_n192" => sm90_grouped_gemm_n192,
+        "sm90_grouped_gemm" => sm90_grouped_gemm,
+        "sm90_w4a16_gemm_decode" => sm90_w4a16_gemm_decode,
+        "sm90_w4a16_gemm_t64" => sm90_w4a16_gemm_t64,
+        "sm90_w4a16_gemm_n192" => sm90_w4a16_gemm_n192,
+        "sm90_w4a16_gemm" => sm90_w4a16_gemm,
+        other => panic!("no sm_90a entry point {other}"),
+    }
+}
+
+/// The sizes array `sizes` in "device" memory and every other buffer of a device-sized call as
+/// addresses that only a scheduler computes with (nothing reads them), validated as a call's
+/// buffers: for running a scheduler alone.
+pub fn schedule_only_buffers(problem: &MoeProblem, sizes: &[u32]) -> (DeviceBuf, MoeBuffers) {
+    let sizes_buf = DeviceBuf::from_bytes(&sizes.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let (a, w) = (problem.a_sizes(), problem.b_sizes());
+    let fake = |i: u64, len| BufferView { ptr: 0x1000_0000_0000 * i, len };
+    let buffers = MoeBuffers {
+        sizes: sizes_buf.view(sizes.len()),
+        a_values: fake(1, a.values),
+        a_scales: fake(2, a.scales),
+        weights: (0..problem.groups() as u64).map(|g| (fake(10 + g, w.values), fake(5000 + g, w.scales))).collect(),
+        alphas: vec![1.0; problem.groups()],
+        c: fake(3, problem.c_elements()),
+        c_type: problem.output(),
+    };
+    validate_moe_buffers(problem, &buffers).expect("valid buffers");
+    (sizes_buf, buffers)
+}
+
+/// Runs `sm90_schedule` in the model for `ops`' sizes, as `layout` plans it.
+pub fn run_sm90_schedule(
+    layout: &Sm90DeviceLayout,
+    problem: &MoeProblem,
+    buffers: &MoeBuffers,
+    tables: &MoeTables<nvfp4_gemm_abi::sm90::GroupParams>,
+    run: &ModelRun,
+) -> Result<Launched, Failure> {
+    run_schedule(layout, problem, buffers, tables, run, nvfp4_gemm_kernel::sm90::schedule::sm90_schedule)
 }
 
 /// Runs a device-sized sm_90a call in the model, as [`Sm90DeviceLayout`] plans it for `sm_count`
-/// SMs: `sm90_schedule`, `sm90_dequant_tokens`, then the GEMM variant the layout chose.
+/// SMs and `options`: `sm90_schedule`, `sm90_dequant_tokens`, then every GEMM the layout
+/// launches (the one the scheduler did not choose finds a length of 0). Returns what ran, what
+/// the scheduler wrote and the layout.
 pub fn run_sm90_moe(
     ops: &MoeOperands,
     sm_count: u32,
+    options: &MoeOptions,
     run: &ModelRun,
-) -> Result<(Vec<Launched>, Sm90MoeOutcome), Failure> {
-    use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::{sm90_grouped_gemm, sm90_grouped_gemm_decode};
-    use nvfp4_gemm_kernel::sm90::schedule::sm90_schedule;
+) -> Result<(Vec<Launched>, ScheduleOutcome<nvfp4_gemm_abi::sm90::GroupParams>, Sm90DeviceLayout), Failure> {
     let problem = &ops.problem;
-    let layout = Sm90DeviceLayout::new(problem, sm_count);
+    let layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
     let buffers = ops.buffers();
-    let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
-    let (groups, maps) =
-        layout.encode_with(&ModelEncoder, problem, &buffers, workspace.addr()).expect("sm90 device tables");
-    let mut work = DeviceBuf::zeroed((layout.max_work as usize).max(1) * std::mem::size_of::<WorkItem>());
-    work.bytes_mut().fill(0xff);
-    let (work_len, status) = (DeviceBuf::zeroed(4), DeviceBuf::zeroed(4));
-    let tables = Sm90DeviceTables {
-        groups: groups.as_ptr() as u64,
-        maps: maps.as_ptr() as u64,
-        work: work.addr(),
-        work_len: work_len.addr(),
-        status: status.addr(),
-        workspace: workspace.addr(),
-    };
-    let sp = layout.schedule_params(problem, &buffers, &tables);
-    let cfg = launch_config(Arch::Sm90a, layout.schedule, 1, run);
-    // SAFETY: the parameters point at live tables sized by the layout and at the validated
-    // buffers; the model checks every device access.
-    let schedule = nvfp4_gemm_model::launch(&cfg, || unsafe { sm90_schedule(sp) })
-        .map(|stats| Launched { kernel: "sm90_schedule", geometry: layout.schedule, stats })
-        .map_err(|error| Failure { kernel: "sm90_schedule", error })?;
-    let mut launched = vec![schedule];
-    let kp = layout.kernel_params(&tables, problem.output());
-    let cfg = launch_config(Arch::Sm90a, layout.dequant, 1, run);
-    launched.push(launch_one("sm90_dequant_tokens", &cfg, layout.dequant, kp, sm90_dequant_tokens)?);
-    let kernel = layout.config.kernel_name();
-    let entry: unsafe fn(KernelParams) =
-        if kernel == "sm90_grouped_gemm_decode" { sm90_grouped_gemm_decode } else { sm90_grouped_gemm };
-    let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
-    cfg.registers = sm90_registers(kernel);
-    if nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
-        // As the library launches it: while the token dequantization may still write the workspace.
-        cfg.predecessor_writes = vec![(workspace.addr(), layout.workspace_bytes as u64)];
+    let tables = MoeTables::new(&layout, problem, &buffers);
+    let mut launched = vec![run_sm90_schedule(&layout, problem, &buffers, &tables, run)?];
+    // The schedule as it was before the other kernels ran (the dequantization writes nothing the
+    // scheduler wrote; the outcome is read now so that a fault later still shows it).
+    let outcome = tables.outcome();
+    let workspace = (tables.workspace.addr(), layout.workspace_bytes as u64);
+    for l in layout.launches(&tables.addresses(), problem.output()) {
+        let gemm = l.kernel != "sm90_dequant_tokens";
+        let ctas_per_sm = if l.kernel == "sm90_grouped_gemm_decode" { 2 } else { 1 };
+        let mut cfg = launch_config(Arch::Sm90a, l.geometry, ctas_per_sm, run);
+        if gemm {
+            cfg.registers = sm90_registers(l.kernel);
+            if nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
+                // As the library launches it: while the launch before may still write the
+                // workspace (the dequantization, or for the second GEMM the chain through the
+                // first).
+                cfg.predecessor_writes = vec![workspace];
+            }
+        }
+        launched.push(launch_one(l.kernel, &cfg, l.geometry, l.params, sm90_entry(l.kernel))?);
     }
-    launched.push(launch_one(kernel, &cfg, layout.gemm, kp, entry)?);
-    let word = |b: &DeviceBuf| u32::from_le_bytes(b.bytes()[..4].try_into().unwrap());
-    let outcome = Sm90MoeOutcome { status: word(&status), work_len: word(&work_len), groups, kernel };
-    drop(workspace);
-    Ok((launched, outcome))
+    Ok((launched, outcome, layout))
 }
 
 /// A 128-byte aligned host allocation for the probes (tensor maps need 64-byte alignment).

@@ -27,7 +27,9 @@
 pub mod cases;
 mod run;
 
-pub use run::{abs_reference, accumulation_allowance, run_case, CaseReport, Mismatch, OutputElement, GUARD, POISON};
+pub use run::{
+    abs_reference, accumulation_allowance, run_case, run_case_with, CaseReport, Mismatch, OutputElement, GUARD, POISON,
+};
 
 use nvfp4_format::{Group, GroupShape, InputDistribution};
 use nvfp4_gemm::{Arch, Error, Gpu};

@@ -1,7 +1,7 @@
 //! One end-to-end case: upload, two poisoned runs, guards, determinism, and the comparison with the
 //! CPU reference, for either output type.
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use nvfp4_format::{compare, Comparison, Element, Group, GroupOutput, GroupShape, HostFloat, Tolerance};
 use nvfp4_gemm::{DeviceGroup, GemmPlan, GroupArgs, Output, OutputType, Problem};
@@ -171,6 +171,21 @@ pub fn run_case<T: OutputElement>(
     let problem = Problem::new(shapes, T::TYPE).expect("valid problem");
     let mut plan = GemmPlan::new(gpu, problem).expect("plan");
     let inputs: Vec<DeviceGroup> = groups.iter().map(|g| DeviceGroup::upload(stream, g).expect("upload")).collect();
+    run_case_with::<T>(stream, groups, tol, fp32_allowance, &mut |cs| {
+        let mut args: Vec<GroupArgs> = inputs.iter().zip(cs.iter_mut()).map(|(d, c)| d.args(T::output(c))).collect();
+        plan.run(stream, &mut args).expect("run");
+    })
+}
+
+/// [`run_case`] with the GEMM given by `run`, which gets each group's C (`m · n` elements of `T`)
+/// and launches on `stream` whatever computes `groups` into them.
+pub fn run_case_with<T: OutputElement>(
+    stream: &Arc<CudaStream>,
+    groups: &[Group],
+    tol: Tolerance,
+    fp32_allowance: bool,
+    run: &mut dyn FnMut(&mut [CudaViewMut<'_, T>]),
+) -> CaseReport {
     let mut cs: Vec<CudaSlice<T>> =
         groups.iter().map(|g| stream.alloc_zeros::<T>(g.m() * g.n() + 2 * GUARD).expect("alloc C")).collect();
     let mut outputs: Vec<Vec<Vec<u16>>> = vec![];
@@ -188,9 +203,7 @@ pub fn run_case<T: OutputElement>(
                     c.slice_mut(GUARD..GUARD + len)
                 })
                 .collect();
-            let mut args: Vec<GroupArgs> =
-                inputs.iter().zip(views.iter_mut()).map(|(d, c)| d.args(T::output(c))).collect();
-            plan.run(stream, &mut args).expect("run");
+            run(&mut views);
         }
         stream.synchronize().expect("synchronize");
         let mut run = vec![];

@@ -42,6 +42,12 @@
 //!   [`contiguous_scale_rows`]. Decreasing offsets can make groups overlap: the results of the
 //!   overlapping rows are then unspecified (but nothing outside the tensors is touched);
 //! - masked: each count is clamped to `M_max`.
+//!
+//! The schedulers' shared contract is [`schedule`]; the sm_90a kernel choice and tile numbering
+//! [`sm90`].
+
+pub mod schedule;
+pub mod sm90;
 
 /// Group `g` owns rows `offsets[g] .. offsets[g + 1]` of one `[T, K]` token tensor.
 pub const LAYOUT_CONTIGUOUS: u32 = 0;
@@ -58,25 +64,8 @@ pub const STATUS_COUNT_OVER_BOUND: u32 = 4;
 /// happen for sizes within the bounds of [`max_m_tiles`]; checked anyway.
 pub const STATUS_WORK_OVERFLOW: u32 = 8;
 
-/// Threads of a scheduling kernel's single CTA: 256, so that any register count ptxas picks
-/// (at most 255) fits the CTA.
-pub const SCHEDULE_THREADS: u32 = 256;
 /// Most groups of a device-sized plan.
 pub const MAX_GROUPS: u32 = 4096;
-
-/// Groups each scheduling thread handles (consecutive groups, for the prefix sums): thread `t`
-/// takes groups `t · per .. (t + 1) · per`.
-pub const fn groups_per_thread(groups: u32) -> u32 {
-    groups.div_ceil(SCHEDULE_THREADS)
-}
-
-/// The groups scheduling thread `tid` handles: `first .. end` (empty, possibly with
-/// `first > end`, for the threads past the last group).
-pub const fn thread_groups(groups: u32, tid: u32) -> (u32, u32) {
-    let per = groups_per_thread(groups);
-    let first = tid * per;
-    (first, if first + per < groups { first + per } else { groups })
-}
 
 /// Scale rows per blocked-layout row block.
 const BLOCK_ROWS: u32 = crate::scale_layout::BLOCK_ROWS;
@@ -252,17 +241,32 @@ pub const fn sm90_m_tiles(m: u32) -> u32 {
     crate::sm90::m_tiles(m, crate::sm90::token_tile_rows(m))
 }
 
-/// Most token tiles over all groups, for tiles of at most 128 rows where a group of 1..=16 rows
-/// takes one tile: contiguous, `min(G, T) + ⌊(T − min(G, T)) / 128⌋` (each non-empty group
-/// `m` takes at most `1 + ⌊(m − 1) / 128⌋`, and the sum grows with the number of non-empty
-/// groups); masked, `G · tiles(M_max)`.
+/// Most token tiles over all groups for tiles of at most 128 rows where a group of 1..=16 rows
+/// takes one tile: [`max_tiles`] of 128 rows.
 pub const fn max_m_tiles(s: &DeviceSizes) -> u64 {
+    max_tiles(s, BLOCK_ROWS)
+}
+
+/// Most tiles of `rows` rows (a group of `m` rows takes `⌈m / rows⌉`) over all groups:
+/// contiguous, `min(G, T) + ⌊(T − min(G, T)) / rows⌋` (each non-empty group of `m` rows takes at
+/// most `1 + ⌊(m − 1) / rows⌋`, and the sum grows with the number of non-empty groups); masked,
+/// `G · ⌈M_max / rows⌉`.
+pub const fn max_tiles(s: &DeviceSizes, rows: u32) -> u64 {
     if s.layout == LAYOUT_MASKED {
-        s.groups as u64 * sm90_m_tiles(s.rows) as u64
+        s.groups as u64 * s.rows.div_ceil(rows) as u64
     } else {
         let t = s.rows as u64;
         let k = if (s.groups as u64) < t { s.groups as u64 } else { t };
-        k + (t - k) / BLOCK_ROWS as u64
+        k + (t - k) / rows as u64
+    }
+}
+
+/// Most non-empty groups: `min(G, T)` (contiguous, offsets within the bound) or `G` (masked).
+pub const fn max_busy_groups(s: &DeviceSizes) -> u64 {
+    if s.layout == LAYOUT_MASKED || s.groups < s.rows {
+        s.groups as u64
+    } else {
+        s.rows as u64
     }
 }
 
@@ -280,73 +284,6 @@ pub struct GroupedConvertParams {
 }
 
 const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 64);
-
-/// Parameters of a scheduling kernel (`sm90_schedule`, `sm100_schedule`): from the device sizes,
-/// it writes each group's size-dependent parameters into the architecture's group table (whose
-/// other fields the host wrote), the work list and its length, and ORs the status bits of any
-/// clamping into the status word. Fields marked with one architecture are zero for the other.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct ScheduleParams {
-    /// The device sizes.
-    pub sizes: DeviceSizes,
-    /// Device address of the architecture's `GroupParams[G]` (read and written).
-    pub groups: u64,
-    /// Device address of the `WorkItem[max_work]` list (written).
-    pub work: u64,
-    /// Device address of the `u32` work length the GEMM reads (written).
-    pub work_len: u64,
-    /// Device address of the `u32` sticky status word (bits ORed in).
-    pub status: u64,
-    /// sm_90a: packed values of the token tensor A (row `r` at `r · K/2`); sm_100a reads A
-    /// through its tensor map.
-    pub a_values: u64,
-    /// Blocked scales of A (scale row `s` of a block-aligned group at `s · K/16`).
-    pub a_scales: u64,
-    /// C, `[token_rows, n]` 16-bit elements.
-    pub c: u64,
-    /// sm_90a: the f16 token workspace, `[token_rows, K]`.
-    pub workspace: u64,
-    /// Capacity of the work list (sm_100a 256-wide: a multiple of 4).
-    pub max_work: u32,
-    /// K of every group.
-    pub k: u32,
-    /// N of every group (the row length of C).
-    pub n: u32,
-    /// sm_90a: tensor-map index of the workspace map with 16-row boxes.
-    pub token_map_small: u32,
-    /// sm_90a: tensor-map index of the workspace map with 128-row boxes.
-    pub token_map_large: u32,
-    /// sm_100a: the GEMM's tile width, 128 or 256, which fixes the list's order
-    /// (`crate::sm100::schedule::device_item_index`).
-    pub block_n: u32,
-}
-
-const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 112);
-
-/// Byte offsets in a scheduling kernel's dynamic shared memory: the per-warp totals, then the
-/// exclusive prefix of the groups' tiles (`G + 1` entries; sm_100a: of their M tiles), then each
-/// group's token tiles (`G`).
-pub mod schedule_smem {
-    /// Warps of the scheduling CTA.
-    pub const WARPS: u32 = super::SCHEDULE_THREADS / 32;
-    /// Per-warp tile totals.
-    pub const WARP_TILES: u32 = 0;
-    /// Per-warp dequantization-CTA totals (sm_90a; unused by sm_100a).
-    pub const WARP_CTAS: u32 = 4 * WARPS;
-    /// Per-warp status bits.
-    pub const WARP_STATUS: u32 = 8 * WARPS;
-    /// `tile_prefix[G + 1]`.
-    pub const TILE_PREFIX: u32 = 12 * WARPS;
-    /// `m_tiles[G]`, after the prefix.
-    pub const fn m_tiles(groups: u32) -> u32 {
-        TILE_PREFIX + 4 * (groups + 1)
-    }
-    /// Bytes of dynamic shared memory for `groups` groups.
-    pub const fn bytes(groups: u32) -> u32 {
-        m_tiles(groups) + 4 * groups
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -472,40 +409,35 @@ mod tests {
 
     /// The tile bound is the maximum over every way to split `T` tokens into `G` groups.
     #[test]
-    fn max_m_tiles_is_the_maximum() {
-        fn best(groups: u32, left: u32, memo: &mut std::collections::BTreeMap<(u32, u32), u64>) -> u64 {
+    fn max_tiles_is_the_maximum() {
+        type Memo = std::collections::BTreeMap<(u32, u32), u64>;
+        fn best(groups: u32, left: u32, tiles: &dyn Fn(u32) -> u32, memo: &mut Memo) -> u64 {
             if groups == 0 {
                 return 0;
             }
             if let Some(&v) = memo.get(&(groups, left)) {
                 return v;
             }
-            let v = (0..=left).map(|m| sm90_m_tiles(m) as u64 + best(groups - 1, left - m, memo)).max().unwrap();
+            let v = (0..=left).map(|m| tiles(m) as u64 + best(groups - 1, left - m, tiles, memo)).max().unwrap();
             memo.insert((groups, left), v);
             v
         }
         for groups in 1..5 {
-            let mut memo = std::collections::BTreeMap::new();
+            let (mut memo, mut memo16, mut busy) = (Memo::new(), Memo::new(), Memo::new());
             for t in (0..400).step_by(7) {
-                assert_eq!(max_m_tiles(&contiguous(groups, t)), best(groups, t, &mut memo), "G={groups} T={t}");
+                let s = contiguous(groups, t);
+                assert_eq!(max_m_tiles(&s), best(groups, t, &sm90_m_tiles, &mut memo), "G={groups} T={t}");
+                assert_eq!(max_tiles(&s, 16), best(groups, t, &|m| m.div_ceil(16), &mut memo16), "G={groups} T={t}");
+                assert_eq!(max_busy_groups(&s), best(groups, t, &|m| (m > 0) as u32, &mut busy), "G={groups} T={t}");
             }
         }
         assert_eq!(max_m_tiles(&masked(5, 16)), 5);
         assert_eq!(max_m_tiles(&masked(5, 300)), 15);
+        assert_eq!((max_tiles(&masked(5, 40), 16), max_busy_groups(&masked(5, 40))), (15, 5));
         assert_eq!(sm90_m_tiles(0), 0);
         // The sm_90a token tiles are the sm_100a M tiles (128 rows).
         for m in 0..2000 {
             assert_eq!(sm90_m_tiles(m), m.div_ceil(crate::sm100::config::BLOCK_M), "m {m}");
         }
-    }
-
-    #[test]
-    fn shared_memory_of_the_scheduler() {
-        assert_eq!(schedule_smem::bytes(1), 96 + 8 + 4);
-        assert_eq!((groups_per_thread(1), groups_per_thread(256), groups_per_thread(257)), (1, 1, 2));
-        assert_eq!(groups_per_thread(MAX_GROUPS), 16);
-        assert_eq!([0, 1, 255].map(|t| thread_groups(300, t)), [(0, 2), (2, 4), (510, 300)]);
-        assert_eq!([0, 99, 100].map(|t| thread_groups(100, t)), [(0, 1), (99, 100), (100, 100)]);
-        assert!(schedule_smem::bytes(MAX_GROUPS) <= 48 * 1024, "no opt-in needed");
     }
 }

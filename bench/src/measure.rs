@@ -6,7 +6,7 @@
 use crate::cublas::{baseline, gemm_bf16, load_cublas};
 use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set, run_stacked_set, stacked_set};
 use crate::options::{Flush, Options};
-use crate::report::{Environment, ShapeResult};
+use crate::report::{Environment, ShapeResult, W4a16Result};
 use crate::stats::Stats;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DriverError};
@@ -239,6 +239,95 @@ impl Bench {
         Ok(Some(2.0 * (n as f64).powi(3) / (stats(&t, "tensor rate")?.median * 1e-6) / 1e12))
     }
 
+    /// W4A16 on `groups` (`--w4a16`): each group's A with its block scales applied as f16
+    /// activations (exact), its B prepacked for them; checked once against `reference` (the
+    /// same as the W4A4 row's), then timed kernel-only.
+    fn w4a16(
+        &mut self,
+        groups: &[nvfp4_format::Group],
+        reference: Option<&[GroupOutput<f64>]>,
+        o: &Options,
+        env: &Environment,
+    ) -> Result<W4a16Result> {
+        use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16Plan};
+        use nvfp4_gemm::{Nvfp4Operand, Output};
+        let stream = self.stream();
+        let lib = |during: &'static str| move |e: nvfp4_gemm::Error| format!("W4A16 {during}: {e}");
+        let shapes: Vec<nvfp4_gemm::GroupShape> =
+            groups.iter().map(|g| nvfp4_gemm::GroupShape::new(g.m(), g.n(), g.k())).collect();
+        let problem = Problem::new(shapes, OutputType::F16).map_err(lib("problem"))?;
+        let mut plan = W4a16Plan::new(&self.gpu, problem, Activations::F16).map_err(lib("planning"))?;
+        let up = |b: &[u8]| if b.is_empty() { stream.alloc_zeros::<u8>(16) } else { stream.clone_htod(b) };
+        let mut ops = vec![];
+        for g in groups {
+            let act = g.a.dequantize_block_scaled_f16();
+            let w = prepack(&g.b, Activations::F16).map_err(lib("prepack"))?;
+            let act = if act.is_empty() { stream.alloc_zeros::<f16>(8) } else { stream.clone_htod(&act) };
+            ops.push((
+                act.map_err(drv("uploading"))?,
+                up(&w.values).map_err(drv("uploading"))?,
+                up(&w.scales).map_err(drv("uploading"))?,
+            ));
+        }
+        let mut cs: Vec<CudaSlice<f16>> = groups
+            .iter()
+            .map(|g| stream.alloc_zeros::<f16>((g.m() * g.n()).max(16)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(drv("allocating C"))?;
+        let alphas: Vec<f32> = groups.iter().map(nvfp4_format::Group::effective_alpha_f32).collect();
+        let mut run = |cs: &mut Vec<CudaSlice<f16>>| {
+            let mut views: Vec<_> = cs.iter_mut().zip(groups).map(|(c, g)| c.slice_mut(0..g.m() * g.n())).collect();
+            let mut args: Vec<W4a16Args> = ops
+                .iter()
+                .zip(views.iter_mut())
+                .zip(&alphas)
+                .map(|(((a, v, s), c), &alpha)| W4a16Args {
+                    activations: a,
+                    weights: Nvfp4Operand { values: v, scales: s },
+                    c: Output::F16(c),
+                    alpha,
+                })
+                .collect();
+            plan.run(&stream, &mut args).map_err(lib("run"))
+        };
+        let check = match reference {
+            None => None,
+            Some(reference) => {
+                for c in cs.iter_mut() {
+                    stream.memcpy_htod(&vec![f16::from_bits(POISON); c.len()], c).map_err(drv("poisoning C"))?;
+                }
+                run(&mut cs)?;
+                stream.synchronize().map_err(drv("running W4A16"))?;
+                let got: Vec<Vec<f16>> = cs
+                    .iter()
+                    .zip(groups)
+                    .map(|(c, g)| {
+                        let mut h = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
+                        h.truncate(g.m() * g.n());
+                        Ok(h)
+                    })
+                    .collect::<Result<_>>()?;
+                let expected: Vec<GroupOutput<f16>> = reference.iter().map(GroupOutput::rounded).collect();
+                Some(compare(&got, &expected, Tolerance::COMPETITION).map_err(|e| e.to_string())?.to_string())
+            }
+        };
+        let t = self.timer.each(3, o.iters, true, &mut || run(&mut cs))?;
+        let bytes: f64 = groups
+            .iter()
+            .map(|g| {
+                let (m, n, k) = (g.m(), g.n(), g.k());
+                let scales = nvfp4_format::layout::blocked_len(n, k).unwrap_or(0);
+                (2 * m * k + n * k / 2 + scales + 2 * m * n) as f64
+            })
+            .sum();
+        Ok(W4a16Result {
+            kernel: plan.kernel().to_owned(),
+            check,
+            kernel_us: stats(&t, "W4A16 kernel-only")?,
+            floor_bytes_us: bytes / (env.copy_tb_s * 1e12) * 1e6,
+        })
+    }
+
     /// Everything for one problem. `step` is called before each phase with its name.
     pub fn shape(
         &mut self,
@@ -315,6 +404,13 @@ impl Bench {
         let t = self.timer.each(3, o.iters, true, &mut || run_set(&mut plan, &stream, &mut sets[0]))?;
         let kernel_us = stats(&t, "kernel-only")?;
 
+        let w4a16 = if o.w4a16 {
+            step("W4A16");
+            Some(self.w4a16(&groups, reference.as_deref(), o, env)?)
+        } else {
+            None
+        };
+
         step("host overhead");
         let cached =
             host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| run_set(&mut plan, &stream, &mut sets[0]))?;
@@ -351,6 +447,9 @@ impl Bench {
 
         let floor_bytes_us = bytes / (env.copy_tb_s * 1e12) * 1e6;
         let floor_flops_us = env.tensor_tflops.map(|r| flops / (r * 1e12) * 1e6);
+        // A failed W4A16 check fails the shape.
+        let check_passed =
+            check_passed && w4a16.as_ref().is_none_or(|w| w.check.as_ref().is_none_or(|c| c.starts_with("PASS")));
         Ok(ShapeResult {
             name: named.name.clone(),
             spec: named.to_spec(),
@@ -369,6 +468,7 @@ impl Bench {
             cublas_note,
             floor_bytes_us,
             floor_flops_us,
+            w4a16,
         })
     }
 }

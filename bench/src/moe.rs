@@ -21,6 +21,11 @@ pub const MOE_SHAPES: [(&str, &str); 4] = [
     ("m3", "e=256,t=1-8,n=4096,k=7168"),
 ];
 
+/// The decode shapes d0..d2 as MoE rows (`--moe-shapes d0,d1,d2`): the same experts, N and K,
+/// the tokens routed as a MoE row routes them (d1: 1 to 8 tokens per expert, drawn).
+pub const DECODE_MOE_SHAPES: [(&str, &str); 3] =
+    [("d0", "e=64,t=4,n=7168,k=2048"), ("d1", "e=8,t=1-8,n=7168,k=2048"), ("d2", "e=32,t=16,n=4096,k=7168")];
+
 /// Most experts of a MoE shape (the library's `moe::MAX_GROUPS`).
 pub const MAX_EXPERTS: usize = 4096;
 
@@ -41,9 +46,9 @@ pub struct MoeShape {
 }
 
 impl MoeShape {
-    /// A shape of the default set by name (`m0`..`m3`).
+    /// A shape of the default set by name (`m0`..`m3`), or a decode shape (`d0`..`d2`).
     pub fn named(name: &str) -> Option<MoeShape> {
-        let (name, text) = MOE_SHAPES.iter().find(|(n, _)| *n == name)?;
+        let (name, text) = MOE_SHAPES.iter().chain(&DECODE_MOE_SHAPES).find(|(n, _)| *n == name)?;
         let mut s = MoeShape::parse(text).expect("the default MoE specs are valid");
         s.name = (*name).to_owned();
         Some(s)
@@ -309,7 +314,7 @@ pub struct MoeResult {
     pub flops: f64,
     /// The host-sized plan's kernel.
     pub plan_kernel: String,
-    /// The MoE plan's kernel.
+    /// The MoE plan's kernel (the first of `variants`).
     pub moe_kernel: String,
     /// The three checks against the CPU reference and the MoE plan's status word; `None` when
     /// skipped.
@@ -318,10 +323,13 @@ pub struct MoeResult {
     pub check_passed: bool,
     /// (a) `quantize_grouped` + `GemmPlan::run` (sizes known on the host).
     pub plan_us: Stats,
-    /// (b) `quantize_grouped` + `MoePlan::run` (sizes read on the device).
+    /// (b) `quantize_grouped` + `MoePlan::run` (sizes read on the device), the first of
+    /// `variants`.
     pub moe_us: Stats,
-    /// (c) replay of a CUDA graph holding (b).
+    /// (c) replay of a CUDA graph holding (b), the first of `variants`.
     pub graph_us: Stats,
+    /// (b) and (c) for every `MoePlan` option timed (`--moe-kernels`), in order.
+    pub variants: Vec<MoeVariant>,
     /// Host time per call of (a), (b), (c): CPU clock, no synchronisation inside a batch.
     pub host_us: [Stats; 3],
     /// PyTorch's best option for the same routing, when there is one.
@@ -352,6 +360,19 @@ impl MoeResult {
     pub fn x_torch(&self, us: f64) -> Option<f64> {
         self.torch.as_ref().map(|t| t.us / us)
     }
+}
+
+/// One `MoePlan` option of a MoE row (`--moe-kernels`).
+#[derive(Debug, Clone, Serialize)]
+pub struct MoeVariant {
+    /// The option's name (`auto`, `decode`, ...).
+    pub name: String,
+    /// The plan's kernels.
+    pub kernel: String,
+    /// (b) with this option.
+    pub moe_us: Stats,
+    /// (c) with this option.
+    pub graph_us: Stats,
 }
 
 /// The MoE part of the report (only present with `--moe`).
@@ -424,6 +445,17 @@ pub fn table(moe: &MoeReport) -> String {
             "{}: {} ({} tokens) | host per call: plan {:.2} us, moe {:.2} us, graph {:.2} us | {torch}",
             s.name, s.spec, s.tokens, s.host_us[0].median, s.host_us[1].median, s.host_us[2].median
         );
+        for v in &s.variants {
+            let (b, c) = (v.moe_us.median, v.graph_us.median);
+            let _ = writeln!(
+                out,
+                "{} --moe-kernels {}: moe {b:.2} us ({:.3} x plan), graph {c:.2} us ({:.3} x plan)",
+                s.name,
+                v.name,
+                b / s.plan_us.median,
+                c / s.plan_us.median
+            );
+        }
     }
     out
 }
@@ -447,6 +479,9 @@ mod tests {
             assert_eq!(&back, s);
         }
         assert_eq!(MoeShape::named("m4"), None);
+        let d0 = MoeShape::named("d0").unwrap();
+        assert_eq!((d0.name.as_str(), d0.experts, d0.tokens, d0.n, d0.k), ("d0", 64, (4, 4), 7168, 2048));
+        assert_eq!(MoeShape::named("d2").unwrap().to_spec(), "e=32,t=16,n=4096,k=7168");
         // 64 experts of 7168 x 2048: values 7168 * 1024 bytes, scales 7168 * 128.
         assert_eq!(d[0].weight_bytes(), (64 * (7168 * 1024 + 7168 * 128)) as f64);
     }
@@ -539,6 +574,12 @@ mod tests {
             plan_us: stats(20.0),
             moe_us: stats(10.0),
             graph_us: stats(8.0),
+            variants: vec![MoeVariant {
+                name: "auto".into(),
+                kernel: "sm90 device sizes".into(),
+                moe_us: stats(10.0),
+                graph_us: stats(8.0),
+            }],
             host_us: [stats(5.0), stats(3.0), stats(2.0)],
             torch,
             torch_note: String::new(),
@@ -585,7 +626,8 @@ mod tests {
         assert!(lines[3].ends_with("n/a"));
         assert_eq!(lines[1].len(), lines[2].len());
         assert!(lines[4].contains("PyTorch grouped_mm 16.00 us") && lines[4].contains("graph 2.00 us"));
-        assert!(lines[5].contains("PyTorch: unavailable: no torch"));
+        assert_eq!(lines[5], "tiny --moe-kernels auto: moe 10.00 us (0.500 x plan), graph 8.00 us (0.400 x plan)");
+        assert!(lines[6].contains("PyTorch: unavailable: no torch"));
         let v = serde_json::to_value(&report).unwrap();
         assert_eq!(v["shapes"][0]["graph_us"]["median"], 8.0);
         assert_eq!(v["shapes"][0]["torch"]["us"], 16.0);

@@ -5,15 +5,16 @@
 //!
 //! - (a) `GemmPlan::run`, the sizes known on the host (each group's A and C are slices of the
 //!   grouped tensors / its own C);
-//! - (b) `MoePlan::run`, the sizes read on the device;
-//! - (c) a CUDA graph holding (b), captured once and replayed.
+//! - (b) `MoePlan::run`, the sizes read on the device, for each `--moe-kernels` option (its own
+//!   plan);
+//! - (c) a CUDA graph holding (b), captured once per option and replayed.
 //!
 //! All of it runs on one stream of its own (capture needs one), with cudarc's cross-stream event
 //! tracking off (as `nvfp4_gemm::moe` documents), after the other rows.
 
 use crate::inputs::fast_operand;
 use crate::measure::{drv, host_overhead, stats, Bench, Result, POISON};
-use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, Routing, TorchBaseline};
+use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, MoeVariant, Routing, TorchBaseline};
 use crate::options::Options;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
@@ -210,10 +211,15 @@ impl Bench {
         let shapes: Vec<GroupShape> = counts.iter().map(|&m| GroupShape::new(m as usize, n, k)).collect();
         let mut gemm = GemmPlan::new(&self.gpu, Problem::new(shapes, OutputType::F16).map_err(lib("Problem"))?)
             .map_err(lib("planning (GemmPlan)"))?;
-        let mut moe = MoePlan::new(&self.gpu, problem.clone()).map_err(lib("planning (MoePlan)"))?;
+        let mut moes: Vec<MoePlan> = o
+            .moe_kernels
+            .iter()
+            .map(|(_, options)| MoePlan::with_options(&self.gpu, problem.clone(), options))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(lib("planning (MoePlan)"))?;
         // The plans allocate and fill their tables on the default stream.
         ctx.synchronize().map_err(drv("planning"))?;
-        let (plan_kernel, moe_kernel) = (gemm.summary().kernel.clone(), moe.summary().kernel.clone());
+        let plan_kernel = gemm.summary().kernel.clone();
         let calls = Calls {
             stream: stream.clone(),
             quantizer: &quantizer,
@@ -235,9 +241,8 @@ impl Bench {
             for c in bufs.c_plan.iter_mut() {
                 poison(&stream, c)?;
             }
-            poison(&stream, &mut bufs.c_moe)?;
         }
-        // (a) and (b) once each (the first MoePlan call uploads its tables: needed before capture).
+        // (a) once.
         calls.host_sized(&mut gemm, &mut bufs)?;
         stream.synchronize().map_err(drv("running GemmPlan"))?;
         let got_plan: Vec<Vec<f16>> = bufs
@@ -250,55 +255,87 @@ impl Bench {
                 Ok(h)
             })
             .collect::<Result<_>>()?;
-        moe.clear_status(&stream).map_err(lib("clearing the status"))?;
-        calls.device_sized(&mut moe, &mut bufs)?;
-        let got_moe = grouped_output(&stream, &bufs.c_moe, &rows, n)?;
-        // (c): capture (b) once.
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(drv("beginning the capture"))?;
-        let captured = calls.device_sized(&mut moe, &mut bufs);
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("ending the capture"));
-        captured?;
-        let graph = graph?.ok_or("the capture made no graph")?;
-        if reference.is_some() {
-            poison(&stream, &mut bufs.c_moe)?;
+        let mut texts = vec![];
+        let mut check_passed = true;
+        if let Some(r) = &reference {
+            let a = compared(&got_plan, r)?;
+            check_passed &= a.passed();
+            texts.push(format!("GemmPlan {a}"));
         }
-        graph.launch().map_err(drv("launching the graph"))?;
-        let got_graph = grouped_output(&stream, &bufs.c_moe, &rows, n)?;
-        let status = moe.read_status(&stream).map_err(lib("reading the status"))?;
-        let (check, check_passed) = match &reference {
-            None => (None, true),
-            Some(r) => {
-                let (a, b, c) = (compared(&got_plan, r)?, compared(&got_moe, r)?, compared(&got_graph, r)?);
-                let passed = a.passed() && b.passed() && c.passed() && status.is_ok();
-                let text = format!("GemmPlan {a} | MoePlan {b} | graph replay {c} | MoePlan status {status}");
-                (Some(text), passed)
+        drop(got_plan);
+        // (b) once per option (the first call uploads the plan's tables: needed before capture),
+        // then (c): capture (b) once and replay it.
+        let mut graphs = vec![];
+        for ((name, _), moe) in o.moe_kernels.iter().zip(moes.iter_mut()) {
+            if reference.is_some() {
+                poison(&stream, &mut bufs.c_moe)?;
             }
-        };
-        drop((got_plan, got_moe, got_graph));
+            moe.clear_status(&stream).map_err(lib("clearing the status"))?;
+            calls.device_sized(moe, &mut bufs)?;
+            let got_moe = grouped_output(&stream, &bufs.c_moe, &rows, n)?;
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(drv("beginning the capture"))?;
+            let captured = calls.device_sized(moe, &mut bufs);
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("ending the capture"));
+            captured?;
+            let graph = graph?.ok_or("the capture made no graph")?;
+            if reference.is_some() {
+                poison(&stream, &mut bufs.c_moe)?;
+            }
+            graph.launch().map_err(drv("launching the graph"))?;
+            let got_graph = grouped_output(&stream, &bufs.c_moe, &rows, n)?;
+            let status = moe.read_status(&stream).map_err(lib("reading the status"))?;
+            if let Some(r) = &reference {
+                let (b, c) = (compared(&got_moe, r)?, compared(&got_graph, r)?);
+                check_passed &= b.passed() && c.passed() && status.is_ok();
+                texts.push(format!("MoePlan[{name}] {b} | graph replay {c} | status {status}"));
+            }
+            graphs.push(graph);
+        }
+        let check = reference.as_ref().map(|_| texts.join(" | "));
 
         step("timing (a) GemmPlan");
         let t = self.timer.each(3, o.iters, true, &mut || calls.host_sized(&mut gemm, &mut bufs))?;
         let plan_us = stats(&t, "GemmPlan")?;
         step("timing (b) MoePlan");
-        let t = self.timer.each(3, o.iters, true, &mut || calls.device_sized(&mut moe, &mut bufs))?;
-        let moe_us = stats(&t, "MoePlan")?;
+        let mut moe_times = vec![];
+        for moe in moes.iter_mut() {
+            let t = self.timer.each(3, o.iters, true, &mut || calls.device_sized(moe, &mut bufs))?;
+            moe_times.push(stats(&t, "MoePlan")?);
+        }
         step("timing (c) graph replay");
-        let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
-        let graph_us = stats(&t, "graph replay")?;
+        let mut graph_times = vec![];
+        for graph in &graphs {
+            let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
+            graph_times.push(stats(&t, "graph replay")?);
+        }
 
         step("host overhead");
         let (batches, per) = (o.host_batches, o.host_calls);
         let ha = host_overhead(&stream, batches, per, &mut |_| calls.host_sized(&mut gemm, &mut bufs))?;
-        let hb = host_overhead(&stream, batches, per, &mut |_| calls.device_sized(&mut moe, &mut bufs))?;
-        let hc = host_overhead(&stream, batches, per, &mut |_| graph.launch().map_err(drv("launching the graph")))?;
+        let hb = host_overhead(&stream, batches, per, &mut |_| calls.device_sized(&mut moes[0], &mut bufs))?;
+        let hc = host_overhead(&stream, batches, per, &mut |_| graphs[0].launch().map_err(drv("launching the graph")))?;
         stream.synchronize().map_err(drv("synchronizing"))?;
-        let after = moe.read_status(&stream).map_err(lib("reading the status"))?;
-        if !after.is_ok() {
-            return Err(format!("the MoePlan status word after the timed calls: {after}"));
+        for moe in &moes {
+            let after = moe.read_status(&stream).map_err(lib("reading the status"))?;
+            if !after.is_ok() {
+                return Err(format!("the MoePlan status word after the timed calls: {after}"));
+            }
         }
-        drop(graph);
+        drop(graphs);
+        let variants: Vec<MoeVariant> = o
+            .moe_kernels
+            .iter()
+            .zip(&moes)
+            .zip(moe_times.iter().zip(&graph_times))
+            .map(|(((name, _), moe), (b, c))| MoeVariant {
+                name: name.clone(),
+                kernel: moe.summary().kernel.clone(),
+                moe_us: *b,
+                graph_us: *c,
+            })
+            .collect();
 
         let routing =
             Routing { name: shape.name.clone(), spec: shape.to_spec(), experts, n, k, counts: counts.clone() };
@@ -317,12 +354,13 @@ impl Bench {
             weight_bytes: shape.weight_bytes(),
             flops: 2.0 * (tokens * n * k) as f64,
             plan_kernel,
-            moe_kernel,
+            moe_kernel: variants[0].kernel.clone(),
             check,
             check_passed,
             plan_us,
-            moe_us,
-            graph_us,
+            moe_us: variants[0].moe_us,
+            graph_us: variants[0].graph_us,
+            variants,
             host_us: [stats(&ha, "host (a)")?, stats(&hb, "host (b)")?, stats(&hc, "host (c)")?],
             torch,
             torch_note,

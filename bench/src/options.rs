@@ -3,6 +3,7 @@
 use crate::moe::MoeShape;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
+use nvfp4_gemm::moe::{MoeKernels, MoeOptions};
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -111,6 +112,11 @@ struct Args {
     /// Skip cuBLAS (baseline and tensor-rate floor)
     #[arg(long = "no-baseline")]
     no_baseline: bool,
+    /// Also time W4A16 on each shape (f16 activations: the checked set's A with its block
+    /// scales applied; B prepacked), checked against the same reference; one line per shape
+    /// after the table
+    #[arg(long, verbatim_doc_comment)]
+    w4a16: bool,
     /// Where the results go: nvfp4-bench.json and nvfp4-bench.svg for a run with
     /// shapes, nvfp4-bench-moe.json for MoE rows only (--shapes none),
     /// nvfp4-bench-ceilings.json for --ceilings
@@ -123,12 +129,21 @@ struct Args {
     /// Add the MoE rows m0..m3 (below)
     #[arg(long)]
     moe: bool,
-    /// Which of m0..m3 (comma-separated, `all` or `none`); implies --moe
+    /// Which of m0..m3 (comma-separated, `all` or `none`); implies --moe; also the decode
+    /// shapes as MoE rows: d0 = e=64,t=4,n=7168,k=2048, d1 = e=8,t=1-8,n=7168,k=2048,
+    /// d2 = e=32,t=16,n=4096,k=7168
     #[arg(long = "moe-shapes", value_name = "LIST", value_parser = moe_list)]
     moe_shapes: Option<MoeList>,
     /// An extra MoE problem (repeatable), e.g. e=128,t=0-4,n=2048,k=1024,name=mine
     #[arg(long = "moe-shape", value_name = "SPEC", value_parser = moe_shape)]
     moe_extra: Vec<MoeShape>,
+    /// The MoePlan options each MoE row times (comma-separated; default `auto`), on
+    /// sm_90a: `auto` (decode and general kernels, the scheduler picks per call),
+    /// `decode` (the decode kernel only), `general` (the general kernel only), and
+    /// `auto-t64`, `general-t64` (the general kernel with 64-wide last tiles); the
+    /// first fills moe_us and graph_us, every one gets a line after the table
+    #[arg(long = "moe-kernels", value_name = "LIST", value_parser = moe_kernels, verbatim_doc_comment)]
+    moe_kernels: Option<MoeKernelList>,
     /// The PyTorch baseline of the MoE rows: `auto` (run torch_moe.py beside this
     /// binary with python3, or $NVFP4_BENCH_PYTHON, before opening the GPU; it writes
     /// DIR/torch-moe.json), `off`, or the path of a torch-moe.json to read
@@ -146,6 +161,35 @@ struct ShapeList(Vec<NamedShapes>);
 /// `--moe-shapes`: the listed MoE rows.
 #[derive(Debug, Clone)]
 struct MoeList(Vec<MoeShape>);
+
+/// `--moe-kernels`: the listed `MoePlan` options, by name.
+#[derive(Debug, Clone)]
+struct MoeKernelList(Vec<(String, MoeOptions)>);
+
+fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
+    v.split(',')
+        .map(|name| {
+            let name = name.trim();
+            moe_options(name)
+                .map(|opt| (name.to_owned(), opt))
+                .ok_or_else(|| format!("unknown `{name}` (auto, decode, general, auto-t64, general-t64)"))
+        })
+        .collect::<Result<_, _>>()
+        .map(MoeKernelList)
+}
+
+/// The `MoePlan` options of a `--moe-kernels` name.
+pub fn moe_options(name: &str) -> Option<MoeOptions> {
+    let (kernels, tail64) = match name {
+        "auto" => (MoeKernels::Auto, false),
+        "auto-t64" => (MoeKernels::Auto, true),
+        "decode" => (MoeKernels::Decode, false),
+        "general" => (MoeKernels::General, false),
+        "general-t64" => (MoeKernels::General, true),
+        _ => return None,
+    };
+    Some(MoeOptions { kernels, tail64 })
+}
 
 fn at_least<const MIN: usize>(v: &str) -> Result<usize, String> {
     let n: usize = v.parse().map_err(|_| "not a whole number".to_owned())?;
@@ -179,7 +223,7 @@ fn moe_list(v: &str) -> Result<MoeList, String> {
         "none" => vec![],
         _ => v
             .split(',')
-            .map(|s| MoeShape::named(s.trim()).ok_or_else(|| format!("unknown shape `{s}` (m0..m3)")))
+            .map(|s| MoeShape::named(s.trim()).ok_or_else(|| format!("unknown shape `{s}` (m0..m3, d0..d2)")))
             .collect::<Result<_, _>>()?,
     }))
 }
@@ -250,11 +294,16 @@ pub struct Options {
     pub check: bool,
     /// Run cuBLAS.
     pub baseline: bool,
+    /// Also time W4A16 on each shape.
+    pub w4a16: bool,
     /// Output folder.
     pub out: PathBuf,
     /// MoE rows to run after the problems (none unless asked for).
     #[serde(skip)]
     pub moe: Vec<MoeShape>,
+    /// The `MoePlan` options each MoE row times (`--moe-kernels`), by name.
+    #[serde(skip)]
+    pub moe_kernels: Vec<(String, MoeOptions)>,
     /// Where the MoE rows' PyTorch baseline comes from.
     #[serde(skip)]
     pub torch: Torch,
@@ -326,8 +375,10 @@ impl Default for Options {
             seed: 2222,
             check: true,
             baseline: true,
+            w4a16: false,
             out: PathBuf::from("bench-results"),
             moe: vec![],
+            moe_kernels: vec![("auto".into(), MoeOptions::default())],
             torch: Torch::Auto,
             write_routing: None,
             ceilings_only: false,
@@ -376,8 +427,10 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
         seed: a.seed,
         check: !a.no_check,
         baseline: !a.no_baseline,
+        w4a16: a.w4a16,
         out: a.out,
         moe: vec![],
+        moe_kernels: a.moe_kernels.map_or_else(|| vec![("auto".into(), MoeOptions::default())], |l| l.0),
         torch: a.torch,
         write_routing: a.write_moe_routing,
         ceilings_only: a.ceilings,
@@ -541,9 +594,11 @@ mod tests {
                 "out",
                 "reps",
                 "seed",
-                "sets"
+                "sets",
+                "w4a16"
             ]
         );
+        assert!(!o.w4a16 && run("--w4a16").w4a16);
     }
 
     #[test]
@@ -568,7 +623,15 @@ mod tests {
         let o = run("--write-moe-routing /tmp/r.json --moe-shape e=2,t=1,n=8,k=64,name=only");
         assert_eq!(moe_names(&o), ["only"]);
         let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
-        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3)"));
+        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3, d0..d2)"));
+        assert_eq!(moe_names(&run("--shapes none --moe-shapes d0,m1,d2")), ["d0", "m1", "d2"]);
+        assert_eq!(run("--moe").moe_kernels, vec![("auto".to_owned(), MoeOptions::default())]);
+        let o = run("--moe --moe-kernels auto,decode,general-t64");
+        let names: Vec<&str> = o.moe_kernels.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["auto", "decode", "general-t64"]);
+        assert_eq!(o.moe_kernels[1].1, MoeOptions { kernels: MoeKernels::Decode, tail64: false });
+        assert_eq!(o.moe_kernels[2].1, MoeOptions { kernels: MoeKernels::General, tail64: true });
+        assert!(err("--moe --moe-kernels auto,fast").contains("unknown `fast`"));
         assert!(err("--moe-shape e=1,t=1,n=8").contains("missing k"));
         assert!(err("--moe=1").contains("unexpected value '1' for '--moe'"));
         assert!(err("--shapes none --moe-shapes none").contains("no shapes"));

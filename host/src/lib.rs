@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod device;
+mod device_sizes;
 pub mod error;
 pub mod moe;
 mod moe_problem;
@@ -51,6 +52,7 @@ mod sm90;
 mod summary;
 mod tables;
 pub mod upload;
+pub mod w4a16;
 
 // Internals that this workspace's own tests, device-model tests and benchmark reach into, behind
 // the doc-hidden `testing` feature: not part of the library's API.
@@ -76,8 +78,9 @@ pub mod smoke;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod layout {
-    pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100DeviceTables, Sm100Launch, Sm100Layout};
-    pub use crate::sm90::{Sm90DeviceLayout, Sm90DeviceTables, Sm90Layout};
+    pub use crate::device_sizes::{kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedTables, TableSizes};
+    pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100Launch, Sm100Layout};
+    pub use crate::sm90::{Sm90DeviceLayout, Sm90Layout};
 }
 
 pub use device::{driver_present, Arch, Gpu};

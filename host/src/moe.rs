@@ -63,6 +63,7 @@
 //! ```
 
 use crate::device::{Arch, Gpu};
+pub use crate::device_sizes::{MoeKernels, MoeOptions};
 use crate::error::{Error, Result};
 use crate::moe_problem::invalid;
 use crate::overlap::{self, Span};
@@ -105,10 +106,10 @@ enum DevicePlan {
 }
 
 impl DevicePlan {
-    fn summary(&self) -> PlanSummary {
+    fn summary(&self, output: OutputType) -> PlanSummary {
         match self {
-            DevicePlan::Sm90(p) => p.summary(),
-            DevicePlan::Sm100(p) => p.summary(),
+            DevicePlan::Sm90(p) => p.summary(output),
+            DevicePlan::Sm100(p) => p.summary(output),
         }
     }
 
@@ -170,11 +171,16 @@ pub struct MoePlan {
 impl MoePlan {
     /// Plans `problem` for `gpu` and allocates everything a call needs.
     pub fn new(gpu: &Gpu, problem: MoeProblem) -> Result<MoePlan> {
+        Self::with_options(gpu, problem, &MoeOptions::default())
+    }
+
+    /// [`MoePlan::new`] with `options` (on sm_90a: which GEMM kernels a call may run).
+    pub fn with_options(gpu: &Gpu, problem: MoeProblem, options: &MoeOptions) -> Result<MoePlan> {
         let plan = match gpu.arch() {
-            Arch::Sm90a => DevicePlan::Sm90(Sm90DevicePlan::new(gpu, &problem)?),
-            Arch::Sm100a => DevicePlan::Sm100(Sm100DevicePlan::new(gpu, &problem)?),
+            Arch::Sm90a => DevicePlan::Sm90(Sm90DevicePlan::with_options(gpu, &problem, options)?),
+            Arch::Sm100a => DevicePlan::Sm100(Sm100DevicePlan::with_options(gpu, &problem, options)?),
         };
-        let summary = plan.summary();
+        let summary = plan.summary(problem.output());
         Ok(MoePlan { problem, plan, summary, signature: vec![] })
     }
 

@@ -1,11 +1,11 @@
 //! The device tables a plan owns and fills on the stream: the upload of a group table and its
-//! tensor maps (every plan), the tables of a device-sized plan ([`ScheduledTables`]), and the copy
-//! of device-resident alphas into a group table ([`AlphaField`]). Below the architectures'
-//! plans (`sm90/`, `sm100/`), which use it, and the public plans (`plan.rs`, `moe.rs`).
+//! tensor maps (every plan), and the copy of device-resident alphas into a group table
+//! ([`AlphaField`]). Below the architectures' plans (`sm90/`, `sm100/`, `device_sizes.rs`), which
+//! use it, and the public plans (`plan.rs`, `moe.rs`).
 
 use crate::driver::copy::{copy_strided, StridedCopy};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
 
 /// Copies a plan's parameter tables to the device on `stream`: the group table and the tensor
@@ -63,70 +63,5 @@ impl AlphaField {
         // SAFETY: the caller's contract for `alphas`; each destination row is one f32 inside one
         // of the table's entries (checked above), and the table is plain device memory.
         unsafe { copy_strided(stream, copy) }
-    }
-}
-
-/// The device tables of a device-sized plan (`crate::moe`), allocated once: the group table and
-/// tensor maps the host uploads, and the work list, its length and the status word that the
-/// scheduling kernel writes on the device.
-pub(crate) struct ScheduledTables {
-    groups: CudaSlice<u8>,
-    maps: CudaSlice<u8>,
-    work: CudaSlice<u8>,
-    work_len: CudaSlice<u32>,
-    status: CudaSlice<u32>,
-}
-
-/// The device addresses of a plan's [`ScheduledTables`] on one stream.
-pub(crate) struct ScheduledAddresses {
-    pub groups: u64,
-    pub maps: u64,
-    pub work: u64,
-    pub work_len: u64,
-    pub status: u64,
-}
-
-impl ScheduledTables {
-    /// Zeroed tables of `group_bytes`, `map_bytes` and `work_bytes` on `stream`.
-    pub fn new(stream: &Arc<CudaStream>, group_bytes: usize, map_bytes: usize, work_bytes: usize) -> Result<Self> {
-        let d = |e| Error::driver("allocating the plan's device tables", e);
-        Ok(ScheduledTables {
-            groups: stream.alloc_zeros::<u8>(group_bytes).map_err(d)?,
-            maps: stream.alloc_zeros::<u8>(map_bytes).map_err(d)?,
-            work: stream.alloc_zeros::<u8>(work_bytes).map_err(d)?,
-            work_len: stream.alloc_zeros::<u32>(1).map_err(d)?,
-            status: stream.alloc_zeros::<u32>(1).map_err(d)?,
-        })
-    }
-
-    /// Their addresses for work on `stream`.
-    pub fn addresses(&mut self, stream: &CudaStream) -> ScheduledAddresses {
-        ScheduledAddresses {
-            groups: self.groups.device_ptr_mut(stream).0,
-            maps: self.maps.device_ptr(stream).0,
-            work: self.work.device_ptr_mut(stream).0,
-            work_len: self.work_len.device_ptr_mut(stream).0,
-            status: self.status.device_ptr_mut(stream).0,
-        }
-    }
-
-    /// Uploads the group table's size-independent fields and the tensor maps on `stream`.
-    pub fn upload<G: bytemuck::Pod, M: bytemuck::Pod>(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        groups: &[G],
-        maps: &[M],
-    ) -> Result<()> {
-        upload_tables(stream, groups, &mut self.groups, maps, &mut self.maps)
-    }
-
-    /// The status word (sticky bits the scheduler ORs in).
-    pub fn status(&self) -> &CudaSlice<u32> {
-        &self.status
-    }
-
-    /// Zeroes the status word on `stream`.
-    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.memset_zeros(&mut self.status).map_err(|e| Error::driver("clearing the plan's status word", e))
     }
 }

@@ -26,6 +26,7 @@ pub mod ptx;
 pub mod quantize;
 pub mod quantize_grouped;
 pub mod scan;
+pub mod schedule;
 pub mod smoke;
 pub mod work;
 

@@ -1,9 +1,5 @@
-//! Warp-wide prefix sums and reductions on `shfl.sync.bfly`, and a CTA-wide prefix sum on top
-//! of them (the scheduling kernels). Every lane of a converged warp must call them.
-//!
-//! `sm100_schedule` uses [`cta_exclusive_sums`]; `sm90_schedule` spells out the same steps
-//! inline, with the same shared-memory layout: moving it onto the helper compiles to different
-//! PTX (block order, register numbering), and the sm_90a kernels' PTX is kept as it was.
+//! Warp-wide prefix sums and reductions on `shfl.sync.bfly`, and CTA-wide ones on top of them
+//! (the scheduling kernels, `crate::schedule`). Every lane of a converged warp must call them.
 
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{barrier, warp};
@@ -23,6 +19,19 @@ pub fn warp_exclusive_sum(x: u32, lane: u32) -> (u32, u32) {
         total += other;
     }
     (before, total)
+}
+
+/// The largest `x` over the warp.
+#[inline(always)]
+pub fn warp_max(x: u32) -> u32 {
+    let mut v = x;
+    for bit in 0..5 {
+        let other = warp::shfl_xor(v, 1 << bit);
+        if other > v {
+            v = other;
+        }
+    }
+    v
 }
 
 /// The bitwise OR of `x` over the warp.
@@ -94,4 +103,32 @@ pub unsafe fn cta_exclusive_sums<const N: usize>(
         all_status |= s;
     }
     (before, total, all_status)
+}
+
+/// The largest `x` over every thread of a CTA of `warps` warps, through `table` (one word per
+/// warp).
+///
+/// # Safety
+/// Every thread of the CTA calls it, each warp converged (it holds two CTA barriers); `table` is
+/// `4 · warps` bytes of shared memory that nobody else uses during the call.
+#[inline(always)]
+pub unsafe fn cta_max(x: u32, warp: u32, lane: u32, warps: u32, table: SmemAddr) -> u32 {
+    let m = warp_max(x);
+    // SAFETY: one lane per warp writes its word; every thread reaches both barriers (the
+    // caller's contract), the second one before anybody may reuse the table.
+    unsafe {
+        if lane == 0 {
+            smem::st_u32(table.add(4 * warp), m);
+        }
+        barrier::sync_all();
+        let mut all = 0;
+        for w in 0..warps {
+            let v = smem::ld_u32(table.add(4 * w));
+            if v > all {
+                all = v;
+            }
+        }
+        barrier::sync_all();
+        all
+    }
 }

@@ -10,13 +10,14 @@
 //! Nothing of this has run on a B200 (none is available): the model's reading of the PTX ISA is
 //! the only check of these kernels beyond ptxas.
 
-use nvfp4_gemm::moe::{GroupRows, MoeBuffers, MoeProblem, TokenLayout};
-use nvfp4_gemm::problem::BufferView;
+use nvfp4_gemm::moe::{GroupRows, MoeProblem, TokenLayout};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm_abi::moe::{
     STATUS_COUNT_OVER_BOUND, STATUS_OFFSETS_DECREASING, STATUS_ROWS_OVER_BOUND, STATUS_WORK_OVERFLOW,
 };
-use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+use nvfp4_gemm_abi::sm100::params::{
+    GroupParams as Sm100GroupParams, N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL,
+};
 use nvfp4_gemm_abi::sm100::BlockN;
 use nvfp4_gemm_model_tests::*;
 
@@ -160,24 +161,11 @@ fn model_sm100_moe_device_sizes_schedule_many_groups() {
 
 /// Runs only `sm100_schedule` on `sizes` (the other buffers are addresses the scheduler only
 /// computes with) and checks the table fields and the list; returns what it wrote.
-fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> ScheduleOutcome {
+fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> ScheduleOutcome<Sm100GroupParams> {
     let t = std::time::Instant::now();
     let layout = nvfp4_gemm::layout::Sm100DeviceLayout::new(problem, |k| Residency::deep(148).of(k)).unwrap();
-    let sizes_buf = DeviceBuf::from_bytes(&sizes.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-    let a = problem.a_sizes();
-    let w = problem.b_sizes();
-    let fake = |i: u64, len| BufferView { ptr: 0x1000_0000_0000 * i, len };
-    let buffers = MoeBuffers {
-        sizes: sizes_buf.view(sizes.len()),
-        a_values: fake(1, a.values),
-        a_scales: fake(2, a.scales),
-        weights: (0..problem.groups() as u64).map(|g| (fake(10 + g, w.values), fake(5000 + g, w.scales))).collect(),
-        alphas: vec![1.0; problem.groups()],
-        c: fake(3, problem.c_elements()),
-        c_type: problem.output(),
-    };
-    nvfp4_gemm::moe::validate_moe_buffers(problem, &buffers).unwrap();
-    let tables = Sm100MoeTables::new(&layout, problem, &buffers);
+    let (_sizes_buf, buffers) = schedule_only_buffers(problem, sizes);
+    let tables = MoeTables::new(&layout, problem, &buffers);
     run_sm100_schedule(&layout, problem, &buffers, &tables, &ModelRun::default()).unwrap();
     let outcome = tables.outcome();
     let k = problem.k() as u64;

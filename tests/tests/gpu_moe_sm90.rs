@@ -27,7 +27,7 @@ use nvfp4_format::{
     quantize_with_global_scale, random_matrix, reference_grouped_gemm_f64, Group, GroupOutput, GroupShape,
     InputDistribution, Nvfp4Matrix, SplitMix64, Tolerance,
 };
-use nvfp4_gemm::moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
+use nvfp4_gemm::moe::{MoeArgs, MoeKernels, MoeOptions, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::{Arch, DeviceNvfp4, Error, GemmPlan, Gpu, GroupArgs, Output, OutputType, Problem};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
@@ -298,9 +298,21 @@ fn host_sized_gemm(
 
 /// Runs every routing through the layer (outside any graph) and checks each call.
 fn run_routings(test: &str, gpu: &Gpu, layer: &Layer, routings: &[(String, Vec<u32>)], seed: u64) {
+    run_routings_with(test, gpu, layer, routings, seed, &MoeOptions::default());
+}
+
+/// [`run_routings`] with a plan made with `options`.
+fn run_routings_with(
+    test: &str,
+    gpu: &Gpu,
+    layer: &Layer,
+    routings: &[(String, Vec<u32>)],
+    seed: u64,
+    options: &MoeOptions,
+) {
     let stream = gpu.context().default_stream();
     let q = Quantizer::new(gpu).unwrap();
-    let mut plan = MoePlan::new(gpu, layer.problem.clone()).unwrap();
+    let mut plan = MoePlan::with_options(gpu, layer.problem.clone(), options).unwrap();
     let mut bufs = Buffers::new(&stream, &layer.problem);
     let mut rng = SplitMix64::new(seed);
     let mut failures = vec![];
@@ -520,6 +532,18 @@ fn capture(
 /// Captures once, replays every routing (written to the staging buffer between replays, with new
 /// activations and poisoned outputs), and checks every replay.
 fn replay_routings(test: &str, gpu: &Gpu, problem: MoeProblem, routings: &[(String, Vec<u32>)], seed: u64) {
+    replay_routings_with(test, gpu, problem, routings, seed, &MoeOptions::default());
+}
+
+/// [`replay_routings`] with a plan made with `options`.
+fn replay_routings_with(
+    test: &str,
+    gpu: &Gpu,
+    problem: MoeProblem,
+    routings: &[(String, Vec<u32>)],
+    seed: u64,
+    options: &MoeOptions,
+) {
     // One stream of our own (the legacy default stream cannot be captured) and no cross-stream
     // events (an event recorded outside the capture cannot be waited on inside it).
     // SAFETY: every buffer of this test is used on this one stream only.
@@ -527,7 +551,7 @@ fn replay_routings(test: &str, gpu: &Gpu, problem: MoeProblem, routings: &[(Stri
     let stream = gpu.context().new_stream().unwrap();
     let layer = Layer::new(&stream, problem, seed);
     let q = Quantizer::new(gpu).unwrap();
-    let mut plan = MoePlan::new(gpu, layer.problem.clone()).unwrap();
+    let mut plan = MoePlan::with_options(gpu, layer.problem.clone(), options).unwrap();
     let mut bufs = Buffers::new(&stream, &layer.problem);
     let mut rng = SplitMix64::new(seed + 1);
     // A first call outside the capture uploads the weights' tables.
@@ -591,4 +615,65 @@ fn gpu_moe_masked_graph_replays_counts() {
     routings.push(("one expert".into(), one));
     routings.push(("counts beyond M_max (clamped, flagged)".into(), vec![m as u32 + 1, 0, 7, u32::MAX, 24, 25, 1, 2]));
     replay_routings(test, &gpu, p, &routings, 0x3A6);
+}
+
+/// Every plan option on the same routings: the decode kernel alone (groups of more than 16 tokens
+/// as several 16-token tiles), the general kernel alone (16- and 128-token tiles, or 64-wide last
+/// tiles), and the automatic choice with 64-wide last tiles; contiguous and masked, K tail, N not a
+/// multiple of 128. Each call is checked as in the tests above (against the CPU and bit for bit
+/// against `GemmPlan`, whose kernel for the same sizes may differ: every kernel issues the same
+/// k16 steps in the same order for an output element).
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_kernel_options_match_cpu() {
+    let test = "gpu_moe_kernel_options_match_cpu";
+    let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
+    let stream = gpu.context().default_stream();
+    let mut rng = SplitMix64::new(0x0B7);
+    let options = [
+        MoeOptions { kernels: MoeKernels::Decode, tail64: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: true },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: true },
+    ];
+    let (g, n, k, t) = (16usize, 136usize, 576usize, 400usize);
+    let contiguous = MoeProblem::new(g, n, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
+    let layer = Layer::new(&stream, contiguous, rng.next_u64());
+    let mut routings = contiguous_routings(&mut rng, g, t);
+    routings.push(("at most 16 each".into(), offsets_of(&(0..g).map(|e| (e % 17) as u32).collect::<Vec<_>>(), 3)));
+    for o in &options {
+        run_routings_with(&format!("{test} {o:?}"), &gpu, &layer, &routings, rng.next_u64(), o);
+    }
+    let (g, m) = (6usize, 150usize);
+    let masked = MoeProblem::new(g, 256, 320, TokenLayout::Masked { max_rows: m }, OutputType::Bf16).unwrap();
+    let layer = Layer::new(&stream, masked, rng.next_u64());
+    let routings = vec![
+        ("random".to_string(), (0..g).map(|_| rng.below(m as u64 + 1) as u32).collect()),
+        ("small".to_string(), vec![1, 16, 0, 5, 16, 9]),
+        ("one of 17, one of 65, one of 150".to_string(), vec![17, 0, 65, 0, 150, 3]),
+    ];
+    for o in &options {
+        run_routings_with(&format!("{test} {o:?}"), &gpu, &layer, &routings, rng.next_u64(), o);
+    }
+}
+
+/// One captured graph of a plan of the decode kernel alone replays routings of every size (the
+/// larger groups as several 16-token tiles), and one of the automatic choice with 64-wide tails
+/// switches between the decode and the general kernel from one replay to the next.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_options_graph_replays_routings() {
+    let test = "gpu_moe_options_graph_replays_routings";
+    let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
+    let (g, n, k, t) = (12usize, 128usize, 512usize, 300usize);
+    let p = MoeProblem::new(g, n, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
+    let mut rng = SplitMix64::new(0x6C1);
+    let mut routings = contiguous_routings(&mut rng, g, t);
+    routings.insert(1, ("at most 16 each".into(), offsets_of(&vec![16; g], 0)));
+    for o in [
+        MoeOptions { kernels: MoeKernels::Decode, tail64: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: true },
+    ] {
+        replay_routings_with(&format!("{test} {o:?}"), &gpu, p.clone(), &routings, 0x6C2, &o);
+    }
 }

@@ -34,13 +34,22 @@ pub const DEQUANT_KERNEL: &str = "sm90_dequant_tokens";
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`, which fails on a name that is no entry of the PTX): each kernel is
 /// sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 5] = [
+pub const REGISTER_CAPS: [(&str, u32); 9] = [
     gemm_cap(GemmConfig::GENERAL),
     gemm_cap(GemmConfig::T64),
     gemm_cap(GemmConfig::DECODE),
     gemm_cap(GemmConfig::N192),
     (DEQUANT_KERNEL, DEQUANT_MAX_REGISTERS),
+    w4a16_cap(GemmConfig::GENERAL),
+    w4a16_cap(GemmConfig::T64),
+    w4a16_cap(GemmConfig::DECODE),
+    w4a16_cap(GemmConfig::N192),
 ];
+
+/// A W4A16 variant's kernel name and register cap (its W4A4 twin's).
+const fn w4a16_cap(cfg: GemmConfig) -> (&'static str, u32) {
+    (super::w4a16::kernel_name(cfg), cfg.max_registers())
+}
 
 /// A GEMM variant's kernel name and register cap.
 const fn gemm_cap(cfg: GemmConfig) -> (&'static str, u32) {

@@ -28,7 +28,8 @@
 //! - [`epilogue`]: the epilogue buffer's swizzle;
 //! - [`desc`]: the wgmma shared-memory descriptor;
 //! - [`tma`]: the tensor maps and their places in the table;
-//! - [`launch`]: launch geometry and register caps.
+//! - [`launch`]: launch geometry and register caps;
+//! - [`w4a16`]: the prepacked weight format of W4A16 (f16/bf16 activations, docs/w4a16.md).
 
 pub mod config;
 pub mod decode;
@@ -39,6 +40,7 @@ pub mod launch;
 pub mod params;
 pub mod tma;
 pub mod tokens;
+pub mod w4a16;
 
 pub use config::*;
 pub use decode::*;

@@ -1,7 +1,5 @@
-//! The sm_100a plan for device-resident group sizes (`crate::moe`): a layout for the problem's
-//! bounds ([`Sm100DeviceLayout`], no driver calls; public through `crate::layout` so that the
-//! device model runs the kernels on exactly these tables) and its device half
-//! ([`Sm100DevicePlan`]).
+//! The sm_100a part of a plan for device-resident group sizes (`crate::moe`,
+//! `crate::device_sizes`): [`Sm100DeviceLayout`], no driver calls.
 //!
 //! Two launches per call, both with parameters fixed by the plan and the call's buffers:
 //! 1. `sm100_schedule` (one CTA) reads the sizes and writes the size-dependent fields of the group
@@ -24,28 +22,26 @@
 //! weights with the variant's box height, as in host-sized plans.
 
 use super::Fp4Map;
-use crate::device::{Arch, Gpu};
-use crate::driver::launch::{launch, set_max_dynamic_smem};
-use crate::driver::module::Kernel;
-use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
+use crate::device::Arch;
+use crate::device::Gpu;
+use crate::device_sizes::{
+    kernel_params, schedule_common, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables,
+    MoeOptions, TableSizes,
+};
+use crate::driver::launch::Start;
+use crate::driver::tensor_map::TiledMapEncoder;
 use crate::error::{Error, Result};
 use crate::moe_problem::{MoeBuffers, MoeProblem};
 use crate::problem::OutputType;
-use crate::summary::{KernelLaunch, PlanSummary};
-use crate::tables::ScheduledTables;
-use cudarc::driver::{CudaSlice, CudaStream};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
-use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
+use nvfp4_gemm_abi::moe::schedule::Sm100ScheduleParams;
+use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
-use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams};
+use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout};
 use nvfp4_gemm_abi::sm100::{
-    choose_block_n, for_block_n, select_n128, slots_per_m_tile, BlockN, Fp4TensorMap, WorkItem, N128_SHALLOW,
+    choose_block_n, for_block_n, select_n128, slots_per_m_tile, BlockN, Fp4TensorMap, N128_SHALLOW,
 };
 use nvfp4_gemm_abi::tensor_map::TensorMap;
-use std::sync::Arc;
-
-/// The scheduling kernel's exported name.
-pub const SCHEDULE: &str = "sm100_schedule";
 
 /// Everything about a device-sized problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,25 +55,8 @@ pub struct Sm100DeviceLayout {
     /// Capacity of the work list: the most items any sizes within the bounds give
     /// (`max_m_tiles · slots_per_m_tile`; a multiple of 4 for the cluster kernel).
     pub max_work: u32,
-    /// The scheduler's launch: one CTA.
-    pub schedule: LaunchGeometry,
     /// The GEMM's launch, for the capacity.
     pub gemm: LaunchGeometry,
-}
-
-/// Device addresses of a plan's tables, for the parameter structs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sm100DeviceTables {
-    /// `GroupParams[G]`.
-    pub groups: u64,
-    /// `TensorMap[2G]`.
-    pub maps: u64,
-    /// `WorkItem[max_work]`.
-    pub work: u64,
-    /// The `u32` work length.
-    pub work_len: u64,
-    /// The `u32` status word.
-    pub status: u64,
 }
 
 impl Sm100DeviceLayout {
@@ -107,19 +86,7 @@ impl Sm100DeviceLayout {
                 kernel.kernel_name()
             )));
         }
-        Ok(Sm100DeviceLayout {
-            kernel,
-            block_n,
-            sizes,
-            max_work,
-            schedule: LaunchGeometry {
-                grid: 1,
-                block: SCHEDULE_THREADS,
-                cluster: 1,
-                smem_bytes: schedule_smem::bytes(sizes.groups),
-            },
-            gemm,
-        })
+        Ok(Sm100DeviceLayout { kernel, block_n, sizes, max_work, gemm })
     }
 
     /// The map over the whole token tensor A (every group's `[2g]`) and the map of one group's
@@ -151,13 +118,28 @@ impl Sm100DeviceLayout {
             })
             .collect())
     }
+}
 
-    /// Group table and tensor-map table for these buffers, the maps encoded by `encoder`.
-    pub fn encode_with(
+impl DeviceSizedLayout for Sm100DeviceLayout {
+    type Group = GroupParams;
+    type Schedule = Sm100ScheduleParams;
+    const SCHEDULE: &'static str = "sm100_schedule";
+    const SCHEDULE_START: Start = Start::AfterPrevious;
+    const ARCH: Arch = Arch::Sm100a;
+
+    fn table_sizes(&self) -> TableSizes {
+        let groups = self.sizes.groups as usize;
+        TableSizes { groups, maps: 2 * groups, work_items: self.max_work as usize, ranks: 0, workspace_bytes: 0 }
+    }
+
+    /// The token map holds A's address: a call with another A uploads again (`MoePlan`'s
+    /// signature includes it).
+    fn encode_with<E: TiledMapEncoder>(
         &self,
-        encoder: &impl TiledMapEncoder,
+        encoder: &E,
         problem: &MoeProblem,
         buffers: &MoeBuffers,
+        _tables: &DeviceSizedTables,
     ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers)?;
         let (a, b) = self.maps(problem)?;
@@ -170,146 +152,61 @@ impl Sm100DeviceLayout {
         Ok((params, maps))
     }
 
-    /// The scheduler's parameters for these buffers and the plan's tables.
-    pub fn schedule_params(
+    fn schedule_params(
         &self,
         problem: &MoeProblem,
         buffers: &MoeBuffers,
-        tables: &Sm100DeviceTables,
-    ) -> ScheduleParams {
-        ScheduleParams {
-            sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
-            groups: tables.groups,
-            work: tables.work,
-            work_len: tables.work_len,
-            status: tables.status,
-            a_values: 0,
-            a_scales: buffers.a_scales.ptr,
-            c: buffers.c.ptr,
-            workspace: 0,
+        tables: &DeviceSizedTables,
+    ) -> Sm100ScheduleParams {
+        Sm100ScheduleParams {
+            common: schedule_common(problem, buffers, tables),
+            work_len: tables.work_len[0],
             max_work: self.max_work,
-            k: problem.k() as u32,
-            n: problem.n() as u32,
-            token_map_small: 0,
-            token_map_large: 0,
             block_n: self.block_n.get(),
         }
     }
 
-    /// The GEMM's parameters.
-    pub fn kernel_params(&self, tables: &Sm100DeviceTables, output: OutputType) -> KernelParams {
-        KernelParams {
-            groups: tables.groups,
-            tensor_maps: tables.maps,
-            work: tables.work,
-            work_len: self.max_work,
-            group_count: self.sizes.groups,
-            out_bf16: (output == OutputType::Bf16) as u32,
-            reserved: 0,
-            work_len_device: tables.work_len,
-        }
+    fn launches(&self, tables: &DeviceSizedTables, output: OutputType) -> Vec<DeviceSizedLaunch> {
+        vec![DeviceSizedLaunch {
+            kernel: self.kernel.kernel_name(),
+            geometry: self.gemm,
+            start: Start::AfterPrevious,
+            params: kernel_params(tables, self.max_work, tables.work_len[0], self.sizes.groups, output),
+        }]
+    }
+
+    fn describe(&self) -> (String, usize) {
+        let c = self.kernel.config();
+        let words = format!(
+            "{}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}",
+            self.kernel.kernel_name(),
+            c.block_m(),
+            c.block_n(),
+            c.stages(),
+            c.block_k(),
+            c.cluster_size()
+        );
+        (words, self.max_work as usize)
     }
 }
 
-/// A device-sized sm_100a plan on a device: the layout, the two functions, the tables and the
-/// work-length and status words, allocated once.
-pub(crate) struct Sm100DevicePlan {
-    pub layout: Sm100DeviceLayout,
-    schedule: Kernel,
-    gemm: Kernel,
-    tables: ScheduledTables,
-}
+/// A device-sized sm_100a plan on a device.
+pub(crate) type Sm100DevicePlan = DeviceSizedPlan<Sm100DeviceLayout>;
 
-impl Sm100DevicePlan {
-    pub fn new(gpu: &Gpu, problem: &MoeProblem) -> Result<Sm100DevicePlan> {
+impl DeviceSizedPlan<Sm100DeviceLayout> {
+    /// Plans `problem` for `gpu` (its kernels' residency from the driver) and allocates its tables.
+    pub fn with_options(gpu: &Gpu, problem: &MoeProblem, _options: &MoeOptions) -> Result<Self> {
         let resident = super::plan::resident_ctas(gpu)?;
         let layout =
             Sm100DeviceLayout::new(problem, |k| resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c))?;
-        let stream = gpu.context().default_stream();
-        let d = |e| Error::driver("allocating the plan's device tables", e);
-        let schedule = gpu.function(SCHEDULE)?;
-        let gemm = gpu.function(layout.kernel.kernel_name())?;
-        set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
-        let g = layout.sizes.groups as usize;
-        let tables = ScheduledTables::new(
-            &stream,
-            g * size_of::<GroupParams>(),
-            2 * g * size_of::<TensorMap>(),
-            (layout.max_work as usize).max(1) * size_of::<WorkItem>(),
-        )?;
-        let plan = Sm100DevicePlan { tables, layout, schedule, gemm };
-        // The allocations above are on the default stream; a caller's stream must see them done.
-        stream.synchronize().map_err(d)?;
-        Ok(plan)
-    }
-
-    fn tables(&mut self, stream: &CudaStream) -> Sm100DeviceTables {
-        let a = self.tables.addresses(stream);
-        Sm100DeviceTables { groups: a.groups, maps: a.maps, work: a.work, work_len: a.work_len, status: a.status }
-    }
-
-    /// Encodes the token map and the weights' maps, and uploads them and the group table's
-    /// size-independent fields on `stream`. The token map holds A's address: a call with another
-    /// A uploads again (the signature includes it).
-    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
-        let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers)?;
-        self.tables.upload(stream, &params, &maps)
-    }
-
-    /// Launches the scheduler and the GEMM on `stream`.
-    ///
-    /// # Safety
-    /// `upload` must have run for weights and an A that are still alive; `buffers` must be valid
-    /// for the problem (`validate_moe_buffers`) until the kernels complete.
-    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
-        let tables = self.tables(stream);
-        let l = &self.layout;
-        let schedule = l.schedule_params(problem, buffers, &tables);
-        let params = l.kernel_params(&tables, problem.output());
-        // SAFETY: each kernel takes its one parameter struct by value; every address in them (and
-        // in the tables they point to) was validated by the caller or is owned by this plan.
-        unsafe {
-            launch(&self.schedule, stream, l.schedule, &schedule)?;
-            launch(&self.gemm, stream, l.gemm, &params)
-        }
-    }
-
-    pub fn status(&self) -> &CudaSlice<u32> {
-        self.tables.status()
-    }
-
-    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.tables.clear_status(stream)
-    }
-
-    pub fn summary(&self) -> PlanSummary {
-        let l = &self.layout;
-        let c = l.kernel.config();
-        PlanSummary {
-            arch: Arch::Sm100a,
-            kernel: format!(
-                "{SCHEDULE} (device sizes → work list) + {}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}",
-                l.kernel.kernel_name(),
-                c.block_m(),
-                c.block_n(),
-                c.stages(),
-                c.block_k(),
-                c.cluster_size()
-            ),
-            tiles: l.max_work as usize,
-            launches: vec![
-                KernelLaunch { kernel: SCHEDULE, geometry: l.schedule },
-                KernelLaunch { kernel: l.kernel.kernel_name(), geometry: l.gemm },
-            ],
-            workspace_bytes: 0,
-        }
+        DeviceSizedPlan::new(gpu, problem, layout)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::moe::TokenLayout;
+    use crate::moe_problem::TokenLayout;
     use crate::problem::BufferView;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
 
@@ -329,7 +226,15 @@ mod tests {
         let (_, l) = layout(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 });
         assert_eq!((l.kernel, l.block_n, l.max_work), (N128_DEEP_KERNEL, BlockN::N128, 12));
         assert_eq!(l.gemm, N128_DEEP_KERNEL.launch(12, 148));
-        assert_eq!(l.schedule, LaunchGeometry { grid: 1, block: 256, cluster: 1, smem_bytes: schedule_smem::bytes(4) });
+        assert_eq!(
+            Sm100DeviceLayout::schedule_geometry(4),
+            LaunchGeometry {
+                grid: 1,
+                block: 256,
+                cluster: 1,
+                smem_bytes: nvfp4_gemm_abi::moe::schedule::smem::bytes(4)
+            }
+        );
         // A capacity past two deep waves: the 3-stage kernel, as host-sized plans choose.
         let (_, l) = layout(64, 4096, 1024, TokenLayout::Masked { max_rows: 16 });
         assert_eq!((l.kernel, l.max_work), (N128_SHALLOW_KERNEL, 64 * 32));
@@ -381,15 +286,19 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let tables = Sm100DeviceTables { groups: 1, maps: 2, work: 3, work_len: 4, status: 5 };
+        let tables =
+            DeviceSizedTables { groups: 1, maps: 2, work: 3, work_len: [4, 0], status: 5, ..Default::default() };
         let s = l.schedule_params(&p, &buffers, &tables);
         assert_eq!(
-            s.sizes,
+            s.common.sizes,
             DeviceSizes { sizes: 0x100, layout: abi::LAYOUT_CONTIGUOUS, groups: 3, rows: 300, reserved: 0 }
         );
-        assert_eq!((s.groups, s.work, s.work_len, s.status, s.a_scales, s.c), (1, 3, 4, 5, 0x2000, 0x3000));
-        assert_eq!((s.max_work, s.k, s.n, s.block_n), (l.max_work, 320, 136, 128));
-        let kp = l.kernel_params(&tables, OutputType::Bf16);
+        let c = &s.common;
+        assert_eq!((c.groups, c.work, s.work_len, c.status, c.a_scales, c.c), (1, 3, 4, 5, 0x2000, 0x3000));
+        assert_eq!((s.max_work, c.k, c.n, s.block_n), (l.max_work, 320, 136, 128));
+        let launches = l.launches(&tables, OutputType::Bf16);
+        let kp = launches[0].params;
+        assert_eq!((launches.len(), launches[0].kernel), (1, l.kernel.kernel_name()));
         assert_eq!((kp.work_len, kp.work_len_device, kp.group_count, kp.out_bf16), (l.max_work, 4, 3, 1));
     }
 }

@@ -23,7 +23,7 @@ mod plan;
 pub(crate) use device_sizes::Sm100DevicePlan;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
-pub use device_sizes::{Sm100DeviceLayout, Sm100DeviceTables};
+pub use device_sizes::Sm100DeviceLayout;
 pub(crate) use plan::{summary, Sm100Plan};
 
 use crate::driver::launch::LaunchGeometry;

@@ -1,68 +1,139 @@
-//! The sm_90a plan for device-resident group sizes (`crate::moe`): a layout for the problem's
-//! bounds ([`Sm90DeviceLayout`], no driver calls) and its device half ([`Sm90DevicePlan`]).
+//! The sm_90a part of a plan for device-resident group sizes (`crate::moe`,
+//! `crate::device_sizes`): [`Sm90DeviceLayout`], no driver calls.
 //!
-//! Three launches per call, all with parameters fixed by the plan and the call's buffers:
-//! 1. `sm90_schedule` (one CTA) reads the sizes and writes the size-dependent fields of the group
-//!    table, the work list, the work length and the status bits;
-//! 2. `sm90_dequant_tokens` over the bound's grid (CTAs beyond the scheduled ones return);
-//! 3. `sm90_grouped_gemm` over a persistent grid sized for the work list's capacity, walking the
-//!    length the scheduler wrote (`KernelParams::work_len_device`).
+//! A call launches `sm90_schedule` (one CTA), `sm90_dequant_tokens` over the bound's grid (CTAs
+//! beyond the scheduled ones return), then the plan's GEMM kernels: the decode kernel, the
+//! general one, or both ([`MoeKernels`]), each over a persistent grid sized for its list's
+//! capacity and walking the length the scheduler wrote (`KernelParams::work_len_device`). With
+//! both, the scheduler gives the call to the decode kernel when no group has more than 16 rows
+//! and to the general one otherwise (a length of 0 for the other) — the choice host-sized plans
+//! make for the same sizes — and builds the list host-sized plans build for that kernel: the
+//! plain order, or the general kernel's LPT order over its grid. Every launch after the scheduler
+//! may start early (programmatic dependent launch) and waits for the one before it where it reads
+//! what that one wrote.
 //!
-//! Tensor maps: `[2g + 1]` group `g`'s weights (as in host-sized plans; `[2g]` unused), and two
-//! maps over the whole f16 workspace `[token_rows, K]`, with 16-row boxes at `[2G]` and 128-row
-//! boxes at `[2G + 1]`. A group's token tiles start at its first row in those maps
-//! (`GroupParams::token_row`); rows of a tile past the group's end belong to other groups or to
-//! nothing, and only reach C columns the epilogue masks.
+//! Tensor maps: `[2g + 1]` group `g`'s weights (as in host-sized plans; `[2g]` unused), then maps
+//! over the whole f16 workspace `[token_rows, K]` with boxes of every height `h` from 1 to the
+//! launched kernels' tallest tile, at `[2G + h − 1]`. A group's token tiles start at its first row
+//! in those maps (`GroupParams::token_row`), and its full tiles and last tile take the maps of the
+//! heights a host-sized plan's own maps have (`block_m`, `tail_rows`), so every tile loads the
+//! same rows as there.
 
-use crate::device::{Arch, Gpu};
-use crate::driver::launch::{launch, launch_with, set_max_dynamic_smem};
-use crate::driver::module::Kernel;
-use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
+use super::cost::stage_cost;
+use crate::device::Arch;
+use crate::device::Gpu;
+use crate::device_sizes::{
+    kernel_params, schedule_common, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables,
+    MoeKernels, MoeOptions, TableSizes,
+};
+use crate::driver::launch::{LaunchGeometry, Start};
+use crate::driver::tensor_map::TiledMapEncoder;
 use crate::error::{Error, Result};
 use crate::moe_problem::{MoeBuffers, MoeProblem};
 use crate::problem::OutputType;
-use crate::summary::{KernelLaunch, PlanSummary};
-use crate::tables::ScheduledTables;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
-use nvfp4_gemm_abi::launch::LaunchGeometry;
-use nvfp4_gemm_abi::moe::{self as abi, schedule_smem, DeviceSizes, ScheduleParams, SCHEDULE_THREADS};
-use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, WorkItem};
+use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, smem};
+use nvfp4_gemm_abi::moe::sm90::{
+    general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
+};
+use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
+use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, SMALL_TILE_M};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
-use std::sync::Arc;
 
-const SCHEDULE: &str = "sm90_schedule";
 const DEQUANT: &str = "sm90_dequant_tokens";
+
+/// One GEMM launch of a device-sized sm_90a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sm90DeviceGemm {
+    /// Its configuration.
+    pub config: GemmConfig,
+    /// The most items any sizes within the bounds give it.
+    pub max_items: u32,
+    /// Its list's capacity (holes included): its `KernelParams::work_len`.
+    pub max_list: u32,
+    /// Its launch (a persistent grid for the capacity).
+    pub launch: LaunchGeometry,
+}
 
 /// Everything about a device-sized problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sm90DeviceLayout {
-    /// The GEMM variant (the decode one when no group can exceed 16 tokens).
-    pub config: GemmConfig,
+    /// The scheduler's kernel choice (`abi::moe::sm90::KERNELS_*`): the decode kernel alone when
+    /// the bounds keep every group at 16 rows or fewer.
+    pub kernels: u32,
+    /// The general configuration's index (`abi::moe::sm90::GENERAL_CONFIGS`).
+    pub general: u32,
     /// The sizes' layout (address 0).
     pub sizes: DeviceSizes,
-    /// Capacity of the work list: the most tiles any sizes within the bounds give.
-    pub max_work: u32,
+    /// The launched GEMMs, `[decode, general]`.
+    pub gemms: [Option<Sm90DeviceGemm>; 2],
+    /// CTAs the general list is balanced over (0: the plain order).
+    pub lpt_grid: u32,
+    /// The general configuration's class costs per stage, `[wide, narrow]`.
+    pub costs: [u32; 2],
+    /// Workspace maps of every box height from 1 to this.
+    pub token_heights: u32,
     /// Most dequantization CTAs any sizes within the bounds give.
     pub max_dequant_ctas: u32,
     /// Bytes of the f16 token workspace (`token_rows × K` f16).
     pub workspace_bytes: usize,
-    /// `sm90_schedule`'s launch.
-    pub schedule: LaunchGeometry,
     /// `sm90_dequant_tokens`' launch (sized for the bounds).
     pub dequant: LaunchGeometry,
-    /// The GEMM's launch (a persistent grid for the work list's capacity).
-    pub gemm: LaunchGeometry,
+}
+
+fn to_u32(items: u64, what: &str) -> Result<u32> {
+    u32::try_from(items).map_err(|_| Error::InvalidProblem(format!("{items} {what} exceed the work list's indexing")))
 }
 
 impl Sm90DeviceLayout {
     /// The layout of `problem`'s bounds on a device with `sm_count` SMs.
-    pub fn new(problem: &MoeProblem, sm_count: u32) -> Sm90DeviceLayout {
+    pub fn new(problem: &MoeProblem, sm_count: u32, options: &MoeOptions) -> Result<Sm90DeviceLayout> {
         let sizes = problem.device_sizes(0);
+        let (g, n, k) = (sizes.groups as u64, problem.n() as u32, problem.k() as u32);
+        let weight_tiles = sm90::n_tiles(n) as u64;
         // The most rows any group can have within the bounds (`M_max`, or all `T` tokens): when
-        // that fits a 16-token tile the decode variant serves every routing.
-        let config = sm90::config_for(std::iter::once(sizes.rows));
-        let (g, k) = (sizes.groups as u64, problem.k() as u32);
-        let max_work = (abi::max_m_tiles(&sizes) * sm90::n_tiles(problem.n() as u32) as u64) as u32;
+        // that fits a 16-token tile the decode kernel serves every routing.
+        let kernels = if sizes.rows <= SMALL_TILE_M {
+            KERNELS_DECODE
+        } else {
+            match options.kernels {
+                MoeKernels::Auto => KERNELS_AUTO,
+                MoeKernels::Decode => KERNELS_DECODE,
+                MoeKernels::General => KERNELS_GENERAL,
+            }
+        };
+        let general = options.tail64 as u32;
+        let decode = match kernels {
+            KERNELS_GENERAL => None,
+            // The decode kernel takes a call of the automatic choice only when every group has
+            // at most 16 rows: one tile per non-empty group.
+            KERNELS_AUTO => Some(abi::max_busy_groups(&sizes)),
+            _ => Some(abi::max_tiles(&sizes, SMALL_TILE_M)),
+        };
+        let decode = match decode {
+            None => None,
+            Some(tiles) => {
+                let max_items = to_u32(tiles * weight_tiles, "decode tiles")?;
+                let launch = sm90::gemm_launch(GemmConfig::DECODE, max_items, sm_count);
+                Some(Sm90DeviceGemm { config: GemmConfig::DECODE, max_items, max_list: max_items, launch })
+            }
+        };
+        let config = general_config(general);
+        let wgs = config.consumer_warpgroups();
+        let costs = [stage_cost(config, config.block_m, wgs), stage_cost(config, config.narrow, wgs)];
+        let (mut lpt_grid, mut general_gemm) = (0, None);
+        if kernels != KERNELS_DECODE {
+            let max_items = to_u32(abi::max_m_tiles(&sizes) * weight_tiles, "output tiles")?;
+            // Host-sized plans balance over the grid `gemm_launch` gives their items: this one for
+            // any list longer than it.
+            let grid = sm90::gemm_launch(config, max_items, sm_count).grid;
+            if grid <= smem::LPT_MAX_CTAS && lpt_fits_u32(max_items, grid, costs) {
+                lpt_grid = grid;
+            }
+            let max_list = to_u32(lpt_list_capacity(max_items, lpt_grid, costs), "list entries")?;
+            let launch = sm90::gemm_launch(config, max_list, sm_count);
+            debug_assert!(lpt_grid == 0 || launch.grid == lpt_grid);
+            general_gemm = Some(Sm90DeviceGemm { config, max_items, max_list, launch });
+        }
         let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
             g * sm90::dequant_ctas(sizes.rows, k) as u64
         } else {
@@ -75,31 +146,28 @@ impl Sm90DeviceLayout {
             let items = t * (k / sm90::CHUNK_K) as u64;
             (n + (items - n) / sm90::DEQUANT_ITEMS_PER_CTA as u64).min(sm90::MAX_DEQUANT_CTAS_PER_GROUP as u64 * n)
         } as u32;
-        Sm90DeviceLayout {
-            config,
+        Ok(Sm90DeviceLayout {
+            kernels,
+            general,
             sizes,
-            max_work,
+            token_heights: if general_gemm.is_some() { config.block_m } else { SMALL_TILE_M },
+            gemms: [decode, general_gemm],
+            lpt_grid,
+            costs,
             max_dequant_ctas,
             workspace_bytes: (problem.token_rows() * problem.k() * 2).max(16),
-            schedule: LaunchGeometry {
-                grid: 1,
-                block: SCHEDULE_THREADS,
-                cluster: 1,
-                smem_bytes: schedule_smem::bytes(sizes.groups),
-            },
             dequant: sm90::dequant_launch(max_dequant_ctas),
-            gemm: sm90::gemm_launch(config, max_work, sm_count),
-        }
+        })
     }
 
-    /// Tensor-map index of the workspace map with 16-row boxes (the 128-row one follows).
-    pub fn token_map_small(&self) -> u32 {
+    /// Tensor-map index of the workspace map with 1-row boxes (`h` rows: `+ h − 1`).
+    pub fn token_maps(&self) -> u32 {
         2 * self.sizes.groups
     }
 
     /// Maps in the table.
     pub fn map_count(&self) -> usize {
-        2 * self.sizes.groups as usize + 2
+        (self.token_maps() + self.token_heights) as usize
     }
 
     /// The group table as the host writes it: the size-independent fields (the scheduler writes
@@ -114,20 +182,35 @@ impl Sm90DeviceLayout {
                 k: problem.k() as u32,
                 alpha,
                 b_scales: scales.ptr,
-                token_map: self.token_map_small() + 1,
                 ..GroupParams::default()
             })
             .collect()
     }
+}
 
-    /// The group table's size-independent fields and the tensor maps (the weights', and the two
-    /// over the workspace at `workspace`), encoded by `encoder`.
-    pub fn encode_with(
+impl DeviceSizedLayout for Sm90DeviceLayout {
+    type Group = GroupParams;
+    type Schedule = Sm90ScheduleParams;
+    const SCHEDULE: &'static str = "sm90_schedule";
+    const SCHEDULE_START: Start = Start::Early;
+    const ARCH: Arch = Arch::Sm90a;
+
+    fn table_sizes(&self) -> TableSizes {
+        TableSizes {
+            groups: self.sizes.groups as usize,
+            maps: self.map_count(),
+            work_items: self.gemms.iter().flatten().map(|g| g.max_list as usize).max().unwrap_or(0),
+            ranks: if self.lpt_grid > 0 { self.gemms[1].map_or(0, |g| g.max_items as usize) } else { 0 },
+            workspace_bytes: self.workspace_bytes,
+        }
+    }
+
+    fn encode_with<E: TiledMapEncoder>(
         &self,
-        encoder: &impl TiledMapEncoder,
+        encoder: &E,
         problem: &MoeProblem,
         buffers: &MoeBuffers,
-        workspace: u64,
+        tables: &DeviceSizedTables,
     ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers);
         let (rows, n, k) = (problem.token_rows() as u32, problem.n() as u32, problem.k() as u32);
@@ -135,189 +218,105 @@ impl Sm90DeviceLayout {
         for (g, (values, _)) in buffers.weights.iter().enumerate() {
             maps[sm90::weight_map_index(g as u32)] = encoder.encode(&sm90::weight_map(n, k), values.ptr)?;
         }
-        let small = self.token_map_small() as usize;
-        for (i, block_m) in [(small, sm90::SMALL_TILE_M), (small + 1, self.config.block_m)] {
-            maps[i] = encoder.encode(&sm90::token_map_with_box(rows, k, block_m), workspace)?;
+        for h in 1..=self.token_heights {
+            maps[(self.token_maps() + h - 1) as usize] =
+                encoder.encode(&sm90::token_map_with_box(rows, k, h), tables.workspace)?;
         }
         Ok((params, maps))
     }
 
-    /// The scheduler's parameters for these buffers and the plan's tables.
-    pub fn schedule_params(
+    fn schedule_params(
         &self,
         problem: &MoeProblem,
         buffers: &MoeBuffers,
-        tables: &Sm90DeviceTables,
-    ) -> ScheduleParams {
-        ScheduleParams {
-            sizes: DeviceSizes { sizes: buffers.sizes.ptr, ..self.sizes },
-            groups: tables.groups,
-            work: tables.work,
-            work_len: tables.work_len,
-            status: tables.status,
+        tables: &DeviceSizedTables,
+    ) -> Sm90ScheduleParams {
+        let per_kernel = |f: &dyn Fn(&Sm90DeviceGemm) -> u32| self.gemms.map(|g| g.as_ref().map_or(0, f));
+        Sm90ScheduleParams {
+            common: schedule_common(problem, buffers, tables),
             a_values: buffers.a_values.ptr,
-            a_scales: buffers.a_scales.ptr,
-            c: buffers.c.ptr,
             workspace: tables.workspace,
-            max_work: self.max_work,
-            k: problem.k() as u32,
-            n: problem.n() as u32,
-            token_map_small: self.token_map_small(),
-            token_map_large: self.token_map_small() + 1,
-            block_n: 0,
+            work_len: [0, 1].map(|slot| if self.gemms[slot].is_some() { tables.work_len[slot] } else { 0 }),
+            ranks: tables.ranks,
+            kernels: self.kernels,
+            general: self.general,
+            token_maps: self.token_maps(),
+            lpt_grid: self.lpt_grid,
+            max_items: per_kernel(&|g| g.max_items),
+            max_list: per_kernel(&|g| g.max_list),
+            costs: self.costs,
         }
     }
 
-    /// The dequantization's and the GEMM's parameters.
-    pub fn kernel_params(&self, tables: &Sm90DeviceTables, output: OutputType) -> KernelParams {
-        KernelParams {
-            groups: tables.groups,
-            tensor_maps: tables.maps,
-            work: tables.work,
-            work_len: self.max_work,
-            group_count: self.sizes.groups,
-            out_bf16: (output == OutputType::Bf16) as u32,
-            reserved: 0,
-            work_len_device: tables.work_len,
+    fn launches(&self, tables: &DeviceSizedTables, output: OutputType) -> Vec<DeviceSizedLaunch> {
+        let groups = self.sizes.groups;
+        // The dequantization reads the scheduler's table after its `griddepcontrol.wait`.
+        let mut launches = vec![DeviceSizedLaunch {
+            kernel: DEQUANT,
+            geometry: self.dequant,
+            start: Start::Early,
+            params: kernel_params(tables, 0, 0, groups, output),
+        }];
+        for (slot, gemm) in self.gemms.iter().enumerate() {
+            if let Some(gemm) = gemm {
+                launches.push(DeviceSizedLaunch {
+                    kernel: gemm.config.kernel_name(),
+                    geometry: gemm.launch,
+                    // The GEMM may start while the launch before it runs: the scheduler's tables it
+                    // reads first were complete before the dequantization's wait returned, and it
+                    // waits before its first token load.
+                    start: super::GEMM_AFTER_DEQUANT,
+                    params: kernel_params(tables, gemm.max_list, tables.work_len[slot], groups, output),
+                });
+            }
         }
+        debug_assert_eq!(kernel_slot(true), 0);
+        launches
+    }
+
+    fn describe(&self) -> (String, usize) {
+        let words: Vec<String> = self
+            .gemms
+            .iter()
+            .flatten()
+            .map(|g| {
+                format!(
+                    "{}: swap-AB wgmma m64nNk16, tile Nx{} (N = {}), {} stages of K {}",
+                    g.config.kernel_name(),
+                    sm90::BLOCK_N,
+                    super::widths(g.config),
+                    g.config.stages,
+                    g.config.block_k()
+                )
+            })
+            .collect();
+        let choice = if words.len() > 1 { " (the decode one when no group has more than 16 tokens)" } else { "" };
+        let tiles = self.gemms.iter().flatten().map(|g| g.max_items as usize).max().unwrap_or(0);
+        (format!("{}{choice}", words.join(" or ")), tiles)
     }
 }
 
-/// Device addresses of a device-sized sm_90a plan's tables, for the parameter structs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sm90DeviceTables {
-    /// `GroupParams[G]`.
-    pub groups: u64,
-    /// `TensorMap[2G + 2]`.
-    pub maps: u64,
-    /// `WorkItem[max_work]`.
-    pub work: u64,
-    /// The `u32` work length.
-    pub work_len: u64,
-    /// The `u32` status word.
-    pub status: u64,
-    /// The f16 token workspace.
-    pub workspace: u64,
-}
+/// A device-sized sm_90a plan on a device.
+pub(crate) type Sm90DevicePlan = DeviceSizedPlan<Sm90DeviceLayout>;
 
-/// A device-sized sm_90a plan on a device: the layout, the three functions, the tables, the
-/// work-length and status words and the f16 token workspace, allocated once.
-pub(crate) struct Sm90DevicePlan {
-    pub layout: Sm90DeviceLayout,
-    schedule: Kernel,
-    dequant: Kernel,
-    gemm: Kernel,
-    workspace: CudaSlice<u8>,
-    tables: ScheduledTables,
-}
-
-impl Sm90DevicePlan {
-    pub fn new(gpu: &Gpu, problem: &MoeProblem) -> Result<Sm90DevicePlan> {
-        let layout = Sm90DeviceLayout::new(problem, gpu.sm_count());
-        let stream = gpu.context().default_stream();
-        let d = |e| Error::driver("allocating the plan's device tables", e);
-        let schedule = gpu.function(SCHEDULE)?;
-        let dequant = gpu.function(DEQUANT)?;
-        let gemm = gpu.function(layout.config.kernel_name())?;
-        set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
-        let g = layout.sizes.groups as usize;
-        let tables = ScheduledTables::new(
-            &stream,
-            g * size_of::<GroupParams>(),
-            layout.map_count() * size_of::<TensorMap>(),
-            (layout.max_work as usize).max(1) * size_of::<WorkItem>(),
-        )?;
-        let plan = Sm90DevicePlan {
-            workspace: stream.alloc_zeros::<u8>(layout.workspace_bytes).map_err(d)?,
-            tables,
-            layout,
-            schedule,
-            dequant,
-            gemm,
-        };
-        // The allocations above are on the default stream; a caller's stream must see them done.
-        stream.synchronize().map_err(d)?;
-        Ok(plan)
-    }
-
-    fn tables(&mut self, stream: &CudaStream) -> Sm90DeviceTables {
-        let a = self.tables.addresses(stream);
-        Sm90DeviceTables {
-            groups: a.groups,
-            maps: a.maps,
-            work: a.work,
-            work_len: a.work_len,
-            status: a.status,
-            workspace: self.workspace.device_ptr_mut(stream).0,
-        }
-    }
-
-    /// Encodes the weights' maps and the workspace maps, and uploads them and the group table's
-    /// size-independent fields on `stream`.
-    pub fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
-        let tables = self.tables(stream);
-        let (params, maps) = self.layout.encode_with(&DriverEncoder, problem, buffers, tables.workspace)?;
-        self.tables.upload(stream, &params, &maps)
-    }
-
-    /// Launches the scheduler, the token dequantization and the GEMM on `stream`.
-    ///
-    /// # Safety
-    /// `upload` must have run for weights that are still alive; `buffers` must be valid for the
-    /// problem (`validate_moe_buffers`) until the kernels complete.
-    pub unsafe fn launch(&mut self, stream: &CudaStream, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
-        let tables = self.tables(stream);
-        let l = &self.layout;
-        let schedule = l.schedule_params(problem, buffers, &tables);
-        let params = l.kernel_params(&tables, problem.output());
-        // SAFETY: each kernel takes its one parameter struct by value; every address in them (and
-        // in the tables they point to) was validated by the caller or is owned by this plan.
-        unsafe {
-            launch(&self.schedule, stream, l.schedule, &schedule)?;
-            launch(&self.dequant, stream, l.dequant, &params)?;
-            // The GEMM may start while the dequantization runs (it waits before its first token
-            // load); the scheduler's tables it reads at its start were complete before the
-            // dequantization began.
-            launch_with(&self.gemm, stream, l.gemm, super::GEMM_AFTER_DEQUANT, &params)
-        }
-    }
-
-    pub fn status(&self) -> &CudaSlice<u32> {
-        self.tables.status()
-    }
-
-    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.tables.clear_status(stream)
-    }
-
-    pub fn summary(&self) -> PlanSummary {
-        let l = &self.layout;
-        PlanSummary {
-            arch: Arch::Sm90a,
-            kernel: format!(
-                "{SCHEDULE} (device sizes → work list) + {}: swap-AB wgmma m64nNk16, tile Nx{} (N = {}), {} stages of K {}",
-                l.config.kernel_name(),
-                sm90::BLOCK_N,
-                super::widths(l.config),
-                l.config.stages,
-                l.config.block_k()
-            ),
-            tiles: l.max_work as usize,
-            launches: vec![
-                KernelLaunch { kernel: SCHEDULE, geometry: l.schedule },
-                KernelLaunch { kernel: DEQUANT, geometry: l.dequant },
-                KernelLaunch { kernel: l.config.kernel_name(), geometry: l.gemm },
-            ],
-            workspace_bytes: l.workspace_bytes,
-        }
+impl DeviceSizedPlan<Sm90DeviceLayout> {
+    /// Plans `problem` for `gpu` with `options` and allocates its tables.
+    pub fn with_options(gpu: &Gpu, problem: &MoeProblem, options: &MoeOptions) -> Result<Self> {
+        let layout = Sm90DeviceLayout::new(problem, gpu.sm_count(), options)?;
+        DeviceSizedPlan::new(gpu, problem, layout)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::moe::{MoeProblem, TokenLayout};
+    use crate::moe_problem::{MoeProblem, TokenLayout};
     use crate::problem::BufferView;
+    use nvfp4_gemm_abi::moe::sm90::GENERAL_CONFIGS;
+
+    fn layout(problem: &MoeProblem, kernels: MoeKernels, tail64: bool) -> Sm90DeviceLayout {
+        Sm90DeviceLayout::new(problem, 132, &MoeOptions { kernels, tail64 }).unwrap()
+    }
 
     /// The dequantization bound holds for every split of the tokens (exhaustive on small cases).
     #[test]
@@ -325,7 +324,7 @@ mod tests {
         for (groups, t, k) in [(3usize, 700usize, 64usize), (5, 300, 4096), (2, 40, 8192)] {
             let p =
                 MoeProblem::new(groups, 128, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
-            let l = Sm90DeviceLayout::new(&p, 132);
+            let l = layout(&p, MoeKernels::Auto, false);
             let mut best = 0;
             // Splits of t into `groups` parts on a coarse grid plus the extremes.
             let steps: Vec<usize> = (0..=t).step_by(7).chain([1, 16, 17, t - 1, t]).collect();
@@ -349,32 +348,61 @@ mod tests {
             );
         }
         let m = MoeProblem::new(4, 128, 7168, TokenLayout::Masked { max_rows: 8 }, OutputType::F16).unwrap();
-        assert_eq!(Sm90DeviceLayout::new(&m, 132).max_dequant_ctas, 4 * sm90::dequant_ctas(8, 7168));
+        assert_eq!(layout(&m, MoeKernels::Auto, false).max_dequant_ctas, 4 * sm90::dequant_ctas(8, 7168));
     }
 
-    /// Bounds under which no group can exceed 16 tokens run the decode variant.
+    /// Bounds under which no group can exceed 16 tokens launch the decode kernel alone; others
+    /// what the options say.
     #[test]
-    fn variant_follows_the_bounds() {
-        let plan =
-            |layout| Sm90DeviceLayout::new(&MoeProblem::new(64, 256, 512, layout, OutputType::F16).unwrap(), 132);
-        let masked16 = plan(TokenLayout::Masked { max_rows: 16 });
-        assert_eq!(masked16.config, GemmConfig::DECODE);
-        assert_eq!(masked16.gemm, sm90::gemm_launch(GemmConfig::DECODE, masked16.max_work, 132));
-        assert_eq!(plan(TokenLayout::Masked { max_rows: 17 }).config, GemmConfig::GENERAL);
-        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 16 }).config, GemmConfig::DECODE);
-        assert_eq!(plan(TokenLayout::Contiguous { max_tokens: 553 }).config, GemmConfig::GENERAL);
+    fn kernels_follow_the_bounds_and_options() {
+        let p = |layout| MoeProblem::new(64, 256, 512, layout, OutputType::F16).unwrap();
+        let kinds = |l: &Sm90DeviceLayout| l.gemms.map(|g| g.map(|g| g.config));
+        let masked16 = layout(&p(TokenLayout::Masked { max_rows: 16 }), MoeKernels::General, false);
+        assert_eq!((masked16.kernels, kinds(&masked16)), (KERNELS_DECODE, [Some(GemmConfig::DECODE), None]));
+        let g = masked16.gemms[0].unwrap();
+        assert_eq!((g.max_items, g.launch), (64 * 2, sm90::gemm_launch(GemmConfig::DECODE, 128, 132)));
+        assert_eq!(masked16.token_heights, 16);
+        let contiguous = p(TokenLayout::Contiguous { max_tokens: 553 });
+        let auto = layout(&contiguous, MoeKernels::Auto, false);
+        assert_eq!((auto.kernels, kinds(&auto)), (KERNELS_AUTO, [Some(GemmConfig::DECODE), Some(GemmConfig::GENERAL)]));
+        // Auto: the decode kernel runs only when every group has ≤ 16 rows: one tile per
+        // non-empty group; forced, every group in 16-row tiles.
+        assert_eq!(auto.gemms[0].unwrap().max_items, 64 * 2);
+        let decode = layout(&contiguous, MoeKernels::Decode, false);
+        assert_eq!((decode.kernels, kinds(&decode)), (KERNELS_DECODE, [Some(GemmConfig::DECODE), None]));
+        assert_eq!(decode.gemms[0].unwrap().max_items, (64 + (553 - 64) / 16) * 2);
+        let general = layout(&contiguous, MoeKernels::General, true);
+        assert_eq!((general.kernels, kinds(&general)), (KERNELS_GENERAL, [None, Some(GemmConfig::T64)]));
+        assert_eq!(general.token_heights, 128);
+        assert_eq!(GENERAL_CONFIGS[general.general as usize], GemmConfig::T64);
+        assert_eq!(general.costs, [228, 164]);
+        assert_eq!(auto.costs, [228, 116]);
     }
 
     #[test]
-    fn layout_and_parameters() {
+    fn general_list_capacity_and_grid() {
+        // 64 + (553 − 64)/128 = 67 token tiles × 2 weight tiles = 134 items > 132 CTAs: balanced.
+        let p = MoeProblem::new(64, 256, 512, TokenLayout::Contiguous { max_tokens: 553 }, OutputType::F16).unwrap();
+        let l = layout(&p, MoeKernels::Auto, false);
+        let g = l.gemms[1].unwrap();
+        assert_eq!((g.max_items, l.lpt_grid), (134, 132));
+        assert_eq!(g.max_list as u64, lpt_list_capacity(134, 132, [228, 116]));
+        assert_eq!(g.launch, sm90::gemm_launch(GemmConfig::GENERAL, g.max_list, 132));
+        assert_eq!(l.table_sizes().work_items, g.max_list as usize);
+        assert_eq!(l.table_sizes().ranks, 134);
+        // Fewer items than CTAs: the plain order.
+        let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::F16).unwrap();
+        let l = layout(&p, MoeKernels::General, false);
+        assert_eq!((l.gemms[1].unwrap().max_items, l.gemms[1].unwrap().max_list), (12, 12));
+        assert_eq!(l.gemms[1].unwrap().launch.grid, 12);
+    }
+
+    #[test]
+    fn tables_and_parameters() {
         let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
-        let l = Sm90DeviceLayout::new(&p, 132);
-        // min(4, 300) + (300 − 4)/128 = 6 token tiles × 2 weight tiles.
-        assert_eq!(l.max_work, 12);
-        assert_eq!(l.gemm, sm90::gemm_launch(GemmConfig::GENERAL, 12, 132));
-        assert_eq!(l.schedule, LaunchGeometry { grid: 1, block: 256, cluster: 1, smem_bytes: schedule_smem::bytes(4) });
+        let l = layout(&p, MoeKernels::Auto, false);
+        assert_eq!((l.token_maps(), l.map_count()), (8, 8 + 128));
         assert_eq!(l.workspace_bytes, 300 * 512 * 2);
-        assert_eq!((l.token_map_small(), l.map_count()), (8, 10));
         let a = p.a_sizes();
         let v = |ptr: u64, len| BufferView { ptr, len };
         let buffers = MoeBuffers {
@@ -389,30 +417,32 @@ mod tests {
         let groups = l.group_params(&p, &buffers);
         assert_eq!(
             groups[2],
-            GroupParams { n: 256, k: 512, alpha: 2.0, b_scales: 0x30_8000, token_map: 9, ..GroupParams::default() }
+            GroupParams { n: 256, k: 512, alpha: 2.0, b_scales: 0x30_8000, ..GroupParams::default() }
         );
-        let tables = Sm90DeviceTables { groups: 1, maps: 2, work: 3, work_len: 4, status: 5, workspace: 6 };
+        let tables =
+            DeviceSizedTables { groups: 1, maps: 2, work: 3, work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
         let s = l.schedule_params(&p, &buffers, &tables);
         assert_eq!(
-            s.sizes,
+            s.common.sizes,
             DeviceSizes { sizes: 0x100, layout: abi::LAYOUT_CONTIGUOUS, groups: 4, rows: 300, reserved: 0 }
         );
-        assert_eq!((s.groups, s.work, s.work_len, s.status, s.workspace), (1, 3, 4, 5, 6));
-        assert_eq!((s.a_values, s.a_scales, s.c), (0x1000, 0x2000, 0x3000));
-        assert_eq!((s.max_work, s.k, s.n, s.token_map_small, s.token_map_large), (12, 512, 256, 8, 9));
-        let kp = l.kernel_params(&tables, OutputType::Bf16);
+        assert_eq!((s.common.groups, s.common.work, s.common.status, s.ranks, s.workspace), (1, 3, 5, 6, 7));
+        assert_eq!((s.a_values, s.common.a_scales, s.common.c), (0x1000, 0x2000, 0x3000));
+        assert_eq!((s.work_len, s.kernels, s.token_maps, s.common.k, s.common.n), ([4, 8], KERNELS_AUTO, 8, 512, 256));
+        // Decode: one tile per non-empty group (4), general: min(4, 300) + 296/128 = 6 token tiles;
+        // × 2 weight tiles, fewer than the CTAs: the plain order.
+        assert_eq!((s.max_items, s.max_list, s.lpt_grid), ([8, 12], [8, 12], 12));
+        let launches = l.launches(&tables, OutputType::Bf16);
+        let names: Vec<_> = launches.iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_dequant_tokens", "sm90_grouped_gemm_decode", "sm90_grouped_gemm"]);
+        assert!(launches.iter().all(|l| l.start == super::super::GEMM_AFTER_DEQUANT || l.kernel == DEQUANT));
+        assert_eq!((launches[1].params.work_len, launches[1].params.work_len_device), (8, 4));
         assert_eq!(
-            kp,
-            KernelParams {
-                groups: 1,
-                tensor_maps: 2,
-                work: 3,
-                work_len: 12,
-                group_count: 4,
-                out_bf16: 1,
-                reserved: 0,
-                work_len_device: 4
-            }
+            (launches[2].params.work_len, launches[2].params.work_len_device, launches[2].params.out_bf16),
+            (12, 8, 1)
         );
+        assert_eq!(launches[0].params.work_len_device, 0);
+        let decode_only = layout(&p, MoeKernels::Decode, false).schedule_params(&p, &buffers, &tables);
+        assert_eq!((decode_only.work_len, decode_only.kernels), ([4, 0], KERNELS_DECODE));
     }
 }

@@ -16,7 +16,7 @@ mod plan;
 pub(crate) use device_sizes::Sm90DevicePlan;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
-pub use device_sizes::{Sm90DeviceLayout, Sm90DeviceTables};
+pub use device_sizes::Sm90DeviceLayout;
 pub(crate) use plan::{summary, Sm90Plan};
 
 use cost::item_cost;
@@ -200,9 +200,22 @@ impl Sm90Layout {
         workspace: u64,
     ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers, workspace);
+        let maps = self.maps_with(encoder, problem, buffers, &params)?;
+        Ok((params, maps))
+    }
+
+    /// The tensor maps of `params` (each group's tokens at its `workspace` address, its weights at
+    /// `buffers[g].b_values`), encoded by `encoder`.
+    pub fn maps_with(
+        &self,
+        encoder: &impl TiledMapEncoder,
+        problem: &Problem,
+        buffers: &[GroupBuffers],
+        params: &[GroupParams],
+    ) -> Result<Vec<TensorMap>> {
         let groups = buffers.len() as u32;
         let mut maps = vec![TensorMap::ZERO; sm90::map_count(groups)];
-        for (g, (s, p)) in problem.groups().iter().zip(&params).enumerate() {
+        for (g, (s, p)) in problem.groups().iter().zip(params).enumerate() {
             if s.m == 0 {
                 // No tile reads this group's maps.
                 continue;
@@ -214,7 +227,7 @@ impl Sm90Layout {
             maps[sm90::weight_map_index(g as u32)] =
                 encoder.encode(&sm90::weight_map_for(self.config, n, k), buffers[g].b_values.ptr)?;
         }
-        Ok((params, maps))
+        Ok(maps)
     }
 
     /// The parameters of both kernels, given the device addresses of the tables.

@@ -25,8 +25,11 @@ use nvfp4_gemm_abi::sm90::{
 /// `p` and the group table must be what the host's sm90 plan writes for validated buffers.
 #[crate::ptx::kernel]
 pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
-    // The GEMM that follows may be scheduled now (it waits for this grid before reading the
-    // workspace; `abi::sm90::GEMM_STARTS_EARLY`).
+    // In a device-sized plan this launch may start while the scheduler still writes the group
+    // table: wait for it first (without a programmatic dependency the wait returns at once).
+    // Then the GEMM that follows may be scheduled: it reads the table before its own wait, and
+    // the workspace after it (`abi::sm90::GEMM_STARTS_EARLY`).
+    barrier::grid_dependency_wait();
     barrier::grid_launch_dependents();
     let groups = p.groups as *const GroupParams;
     let cta = sreg::ctaid_x();

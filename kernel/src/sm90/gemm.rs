@@ -83,6 +83,23 @@ impl Variant for Decode {
     const EAGER_LOADS: bool = false;
 }
 
+/// The W4A16 twin of variant `V` (f16 activations, prepacked weights): `V`'s tiles, stages and
+/// registers, with `Variant::W4A16`.
+struct W4a16<V>(core::marker::PhantomData<V>);
+impl<V: Variant> Variant for W4a16<V> {
+    const CFG: GemmConfig = V::CFG;
+    type Narrow = V::Narrow;
+    type Wide = V::Wide;
+    fn grow_registers() {
+        V::grow_registers()
+    }
+    fn shrink_registers() {
+        V::shrink_registers()
+    }
+    const EAGER_LOADS: bool = V::EAGER_LOADS;
+    const W4A16: bool = true;
+}
+
 const _: () = assert!(GemmConfig::GENERAL.narrow == 16 && GemmConfig::T64.narrow == 64);
 const _: () = assert!(GemmConfig::DECODE.narrow == 16 && GemmConfig::DECODE.block_m == 16);
 const _: () = {
@@ -137,6 +154,50 @@ pub unsafe fn sm90_grouped_gemm_n192(p: KernelParams) {
 pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
     // SAFETY: the caller's contract.
     unsafe { run::<Decode, { GemmConfig::DECODE.stages }>(&p) }
+}
+
+/// W4A16 on `GENERAL`'s tiles: as [`sm90_grouped_gemm`], with each group's tokens the caller's
+/// f16 activations `[m, K]` in natural order (`GroupParams::workspace` and the token maps point at
+/// them) and its weights prepacked (`nvfp4_gemm_abi::sm90::w4a16`, f16). No dequantization
+/// precedes it. Launch: `gemm_launch(GemmConfig::GENERAL, ..)`.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16<General>, { GemmConfig::GENERAL.stages }>(&p) }
+}
+
+/// W4A16 on `DECODE`'s tiles: as [`sm90_w4a16_gemm`] for groups of at most `SMALL_TILE_M` tokens.
+/// Launch: `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_decode`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm_decode(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16<Decode>, { GemmConfig::DECODE.stages }>(&p) }
+}
+
+/// W4A16 on `T64`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_t64`]'s tiles.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_t64`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm_t64(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16<T64>, { GemmConfig::T64.stages }>(&p) }
+}
+
+/// W4A16 on `N192`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_n192`]'s tiles.
+///
+/// # Safety
+/// As [`sm90_grouped_gemm_n192`], the weights prepacked.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_w4a16_gemm_n192(p: KernelParams) {
+    // SAFETY: the caller's contract.
+    unsafe { run::<W4a16<N192>, { GemmConfig::N192.stages }>(&p) }
 }
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).

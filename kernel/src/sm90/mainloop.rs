@@ -154,6 +154,26 @@ fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
     [m(lo[0], s), m(lo[1], s), m(lo[2], s), m(lo[3], s), m(hi[0], s), m(hi[1], s), m(hi[2], s), m(hi[3], s)]
 }
 
+/// [`dequant16`] with the scale of pair `p` in `s[p / 2]` (one half, `HIGH`): W4A16's prepacked
+/// weights give pair `p` the natural columns of k-step `p / 2`, which lie in scale block `p / 2`
+/// (`nvfp4_gemm_abi::sm90::w4a16::packed_column`).
+#[inline(always)]
+fn dequant16_per_step<const HIGH: bool>(w: [u32; 2], s: [u32; 4]) -> [u32; 8] {
+    let lo = convert::e2m1x8_to_f16x2_scaled(w[0]);
+    let hi = convert::e2m1x8_to_f16x2_scaled(w[1]);
+    let m = convert::mul_f16x2_by_half::<HIGH>;
+    [
+        m(lo[0], s[0]),
+        m(lo[1], s[0]),
+        m(lo[2], s[1]),
+        m(lo[3], s[1]),
+        m(hi[0], s[2]),
+        m(hi[1], s[2]),
+        m(hi[2], s[3]),
+        m(hi[3], s[3]),
+    ]
+}
+
 /// A consumer warpgroup (`cw`, thread `t` of 128): per tile, the K loop of decode + wgmma, then
 /// the epilogue.
 ///
@@ -334,10 +354,15 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
             if V::EAGER_LOADS && c + 1 < V::CFG.chunks {
                 ahead = load(c + 1);
             }
-            // Both rows' block scales, see `dequant16`.
-            let scales = convert::e4m3_bytes_to_f16x2(sw[0], sw[1], q);
-            let a0 = dequant16::<false>(rw[0], scales);
-            let a1 = dequant16::<true>(rw[1], scales);
+            // Both rows' block scales, see `dequant16`: block `q` for every pair (the tokens are
+            // permuted so), or in W4A16 block `j` for the pairs of k-step `j` (natural order).
+            let (a0, a1) = if V::W4A16 {
+                let scales: [u32; 4] = core::array::from_fn(|j| convert::e4m3_bytes_to_f16x2(sw[0], sw[1], j as u32));
+                (dequant16_per_step::<false>(rw[0], scales), dequant16_per_step::<true>(rw[1], scales))
+            } else {
+                let scales = convert::e4m3_bytes_to_f16x2(sw[0], sw[1], q);
+                (dequant16::<false>(rw[0], scales), dequant16::<true>(rw[1], scales))
+            };
             let tokens = tokens0.advance(z + V::CFG.stage_offset(stage.index) + V::CFG.token_offset(c));
             wgmma::fence();
             for j in 0..K_STEPS_PER_CHUNK as usize {

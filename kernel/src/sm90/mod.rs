@@ -62,6 +62,10 @@ trait Variant {
     /// parameters again for the epilogue instead of keeping them through the K loop (registers
     /// fewer, for a variant whose consumers have less than 176).
     const EAGER_LOADS: bool = true;
+    /// W4A16 (`nvfp4_gemm_abi::sm90::w4a16`): the tokens are the caller's f16 activations in
+    /// natural K order and the weights prepacked, so a consumer thread's chunk touches all four
+    /// scale blocks (one per k-step) instead of block `q`.
+    const W4A16: bool = false;
 }
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.

@@ -1,144 +1,262 @@
-//! `sm90_schedule`: device-resident group sizes → what the token dequantization and the GEMM
-//! read (see `nvfp4_gemm_abi::moe`): each group's size-dependent parameters in the group table,
-//! the work list and its length, and the status bits of any clamping. One CTA of
-//! `SCHEDULE_THREADS` threads; thread `t` owns the consecutive groups `t · per .. (t + 1) · per`
-//! (`per = groups_per_thread(G)`).
+//! `sm90_schedule`: device-resident group sizes → what the token dequantization and the GEMMs
+//! read (see `nvfp4_gemm_abi::moe::sm90`): the scheduler of [`crate::schedule`] with the sm_90a
+//! policy, which builds the list the host-sized planner builds for the same sizes.
 //!
-//! 1. Each thread reads its groups' sizes (clamped) and sums their output tiles and
-//!    dequantization CTAs.
-//! 2. Exclusive prefix sums over the threads ([`scan::cta_exclusive_sums`]) give each thread's
-//!    first work item and first dequantization CTA; a second pass over its groups writes their
-//!    size-dependent table fields (plain stores of those fields only: the host wrote the others)
-//!    and their tile prefixes and token-tile counts to shared memory.
-//! 3. Warp `w` fills the work items of groups `w, w + warps, ...`, one item per lane at a time
-//!    (weight tiles outer, token tiles inner: the order of the host-sized plans).
-//! 4. Thread 0 writes the work length (at most the list's capacity) and ORs the status bits into
-//!    the status word.
+//! - The kernel: the plan launches the decode kernel, its general kernel, or both; with both,
+//!   the decode kernel takes the call when no group has more than 16 rows (the host planner's
+//!   rule), the other one gets a length of 0.
+//! - Counted per group: its items of each class under the call's configuration (full-width
+//!   tiles, then narrow ones; `GroupTiles`) and its dequantization CTAs.
+//! - Table fields: `m`, the A/C/workspace addresses, the dequantization CTAs, `block_m`,
+//!   `tail_rows` and both token maps — the host's values, the maps being the plan's workspace
+//!   maps of those box heights (`token_maps + h − 1`), so every tile loads exactly the rows a
+//!   host-sized plan loads.
+//! - The list: the plain order (group, weight tile, token tile), or — the general kernel with more
+//!   items than CTAs — the host's LPT order (`lpt_picks`): per class, longest first, every CTA
+//!   computes where its picks go and writes each pick's list index into the `ranks` scratch, the
+//!   list's length is the largest index + 1, each CTA writes its holes, and the fill writes every
+//!   item where its class rank says.
 
-use crate::ptx::{barrier, smem, sreg};
+use crate::ptx::barrier;
+use crate::ptx::smem::{self, SmemAddr};
 use crate::scan;
-use nvfp4_gemm_abi::moe::{schedule_smem, sm90_m_tiles, thread_groups, ScheduleParams, STATUS_WORK_OVERFLOW};
-use nvfp4_gemm_abi::sm90::{dequant_ctas, n_tiles, token_tile_rows, GroupParams, WorkItem, SMALL_TILE_M};
+use crate::schedule::{schedule, TilePolicy, WARPS};
+use nvfp4_gemm_abi::moe::schedule::{lpt_picks, smem as layout, ScheduleCommon, SCHEDULE_THREADS, SUMS};
+use nvfp4_gemm_abi::moe::sm90::{
+    chosen_config, kernel_slot, runs_decode, GroupTiles, Sm90ScheduleParams, FLAG_WIDE_GROUP, KERNELS_DECODE,
+};
+use nvfp4_gemm_abi::moe::{GroupRows, STATUS_WORK_OVERFLOW};
+use nvfp4_gemm_abi::sm90::{dequant_ctas, n_tiles, tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 
-const WARPS: u32 = schedule_smem::WARPS;
+/// Most LPT CTAs one scheduling thread handles (`b = tid, tid + SCHEDULE_THREADS, ...`).
+const CTAS_PER_THREAD: usize = (layout::LPT_MAX_CTAS / SCHEDULE_THREADS) as usize;
 
-/// See the module docs. Launch: one CTA of `SCHEDULE_THREADS` threads, `schedule_smem::bytes(G)`
-/// bytes of dynamic shared memory.
+/// The sm_90a tile policy.
+struct Sm90 {
+    p: Sm90ScheduleParams,
+    weight_tiles: u32,
+}
+
+/// A call's plan.
+#[derive(Clone, Copy)]
+struct Plan {
+    /// The decode kernel takes the call.
+    decode: bool,
+    /// Its configuration.
+    cfg: GemmConfig,
+    /// Items of each class (full width, narrow).
+    items: [u32; 2],
+    /// The list's length.
+    len: u32,
+    /// The list is in LPT order (else the plain order).
+    lpt: bool,
+    /// Items were cut off.
+    overflow: bool,
+}
+
+impl Sm90 {
+    /// The configuration whose tiles a group's counts are in: the decode one for a plan that
+    /// launches only the decode kernel, else the general one (when the decode kernel takes a
+    /// call of the automatic choice, every group has at most 16 rows, and both give the same
+    /// tiles: `nvfp4_gemm_abi::moe::sm90` tests it).
+    fn counted_config(&self) -> GemmConfig {
+        chosen_config(self.p.kernels == KERNELS_DECODE, self.p.general)
+    }
+}
+
+impl TilePolicy for Sm90 {
+    type Plan = Plan;
+
+    fn common(&self) -> &ScheduleCommon {
+        &self.p.common
+    }
+
+    fn count(&self, r: &GroupRows) -> ([u32; SUMS], u32) {
+        let t = GroupTiles::new(self.counted_config(), r.rows);
+        let ctas = dequant_ctas(r.rows, self.p.common.k);
+        let flags = if r.rows > SMALL_TILE_M { FLAG_WIDE_GROUP } else { 0 };
+        ([t.items(0, self.weight_tiles), t.items(1, self.weight_tiles), ctas], flags)
+    }
+
+    fn plan(&self, totals: [u32; SUMS], flags: u32) -> Plan {
+        let decode = runs_decode(self.p.kernels, flags & FLAG_WIDE_GROUP != 0);
+        let slot = kernel_slot(decode);
+        let items = totals[0] + totals[1];
+        let max = self.p.max_items[slot];
+        let overflow = items > max;
+        let lpt = !decode && !overflow && self.p.lpt_grid > 0 && items > self.p.lpt_grid;
+        Plan {
+            decode,
+            cfg: chosen_config(decode, self.p.general),
+            items: [totals[0], totals[1]],
+            len: if overflow { max } else { items },
+            lpt,
+            overflow,
+        }
+    }
+
+    unsafe fn group(&self, plan: &Plan, g: u32, r: &GroupRows, first: [u32; SUMS]) -> [u32; 2] {
+        let p = &self.p;
+        let (k, n, f) = (p.common.k as u64, p.common.n as u64, r.first as u64);
+        let block_m = plan.cfg.tile_rows(r.rows);
+        let tail_rows = tail_box_rows(r.rows, block_m);
+        // SAFETY: `g < G` indexes the group table; the addresses lie in the validated tensors
+        // (`nvfp4_gemm_abi::moe`: rows below the token rows, scale rows below the scale rows).
+        unsafe {
+            let e = (p.common.groups as *mut GroupParams).add(g as usize);
+            (*e).m = r.rows;
+            (*e).a_values = p.a_values + f * k / 2;
+            (*e).a_scales = p.common.a_scales + r.scale_first as u64 * (k / 16);
+            (*e).c = p.common.c + f * n * 2;
+            (*e).workspace = p.workspace + f * k * 2;
+            (*e).dequant_first_cta = first[2];
+            (*e).dequant_ctas = dequant_ctas(r.rows, p.common.k);
+            (*e).block_m = block_m;
+            (*e).tail_rows = tail_rows;
+            (*e).token_row = r.first;
+            (*e).token_map = p.token_maps + block_m - 1;
+            (*e).tail_token_map = p.token_maps + tail_rows - 1;
+        }
+        [first[0], first[1]]
+    }
+
+    unsafe fn arrange(&self, plan: &mut Plan, sm: SmemAddr, tid: u32) {
+        if !plan.lpt {
+            return;
+        }
+        let p = &self.p;
+        let grid = p.lpt_grid;
+        let load_at = |b: u32| sm.add(layout::LOADS + 4 * b);
+        // SAFETY: `b < grid ≤ LPT_MAX_CTAS` (the plan's) indexes the loads.
+        let load = |b: u32| unsafe { smem::ld_u32(load_at(b)) };
+        let ranks = p.ranks as *mut u32;
+        let mine = |i: usize| tid + i as u32 * SCHEDULE_THREADS;
+        let mut pos = [0u32; CTAS_PER_THREAD];
+        for i in 0..CTAS_PER_THREAD {
+            if mine(i) < grid {
+                // SAFETY: as above; the loads are read after the barrier below.
+                unsafe { smem::st_u32(load_at(mine(i)), 0) };
+            }
+        }
+        // The class ranks of the narrow items follow the full-width ones'.
+        let mut rank_base = 0;
+        for class in 0..2 {
+            let (count, cost) = (plan.items[class], p.costs[class]);
+            let mut loads = [0u32; CTAS_PER_THREAD];
+            // SAFETY: every thread reaches both barriers (the caller's contract).
+            unsafe { barrier::sync_all() };
+            for i in 0..CTAS_PER_THREAD {
+                let b = mine(i);
+                if b < grid && count > 0 {
+                    let start = pos[i];
+                    let picks = lpt_picks(b, grid, cost, count, load, |rank, j| {
+                        // SAFETY: `rank_base + rank` < the items ≤ `max_items[1]`, the scratch's
+                        // length.
+                        unsafe { *ranks.add((rank_base + rank) as usize) = (start + j) * grid + b };
+                    });
+                    pos[i] += picks;
+                    loads[i] = load(b) + picks * cost;
+                }
+            }
+            // SAFETY: as above.
+            unsafe { barrier::sync_all() };
+            for i in 0..CTAS_PER_THREAD {
+                if mine(i) < grid && count > 0 {
+                    // SAFETY: this thread's CTAs' loads, read again after the next barrier.
+                    unsafe { smem::st_u32(load_at(mine(i)), loads[i]) };
+                }
+            }
+            rank_base += count;
+        }
+        // The list ends after the last item (trailing holes dropped, as the host does).
+        let mut last = 0;
+        for (i, &n) in pos.iter().enumerate() {
+            if mine(i) < grid && n > 0 {
+                let end = (n - 1) * grid + mine(i) + 1;
+                if end > last {
+                    last = end;
+                }
+            }
+        }
+        let (warp, lane) = (tid / 32, tid % 32);
+        // SAFETY: every thread calls it, each warp converged; its scratch row is the layout's. Its
+        // barriers also order the ranks written above before the fill reads them.
+        let len = unsafe { scan::cta_max(last, warp, lane, WARPS, sm.add(layout::REDUCE)) };
+        if len > p.max_list[1] {
+            // Not reachable: `lpt_list_capacity` bounds every list of at most `max_items[1]`
+            // items. The plain order, cut off, keeps the kernel inside its list regardless.
+            *plan = Plan { lpt: false, overflow: true, len: p.max_list[1].min(plan.len), ..*plan };
+            return;
+        }
+        plan.len = len;
+        let work = p.common.work as *mut WorkItem;
+        for (i, &n) in pos.iter().enumerate() {
+            let b = mine(i);
+            if b < grid {
+                let mut at = n * grid + b;
+                while at < len {
+                    // SAFETY: `at < len ≤ max_list[1]` indexes the list.
+                    unsafe { *work.add(at as usize) = WorkItem::HOLE };
+                    at += grid;
+                }
+            }
+        }
+    }
+
+    unsafe fn fill(&self, plan: &Plan, g: u32, words: [u32; 2], lane: u32) {
+        let p = &self.p;
+        // SAFETY: the sizes array is readable (the scheduler's contract).
+        let r = p.common.sizes.group(g, unsafe { crate::moe::sizes_reader(&p.common.sizes) });
+        let t = GroupTiles::new(plan.cfg, r.rows);
+        let mt = if t.m_tiles == 0 { 1 } else { t.m_tiles };
+        let count = self.weight_tiles * t.m_tiles;
+        let (ranks, work) = (p.ranks as *const u32, p.common.work as *mut WorkItem);
+        let mut l = lane;
+        while l < count {
+            let (tile_n, tile_m) = (l / mt, l % mt);
+            let at = if plan.lpt {
+                let (class, i) = t.class_index(tile_n, tile_m);
+                let rank = if class == 0 { words[0] + i } else { plan.items[0] + words[1] + i };
+                // SAFETY: `rank` < the items, written by `arrange` before its barriers.
+                unsafe { *ranks.add(rank as usize) }
+            } else {
+                words[0] + words[1] + l
+            };
+            if at < plan.len {
+                // SAFETY: `at < len ≤ max_list[slot]` indexes the list.
+                unsafe { *work.add(at as usize) = WorkItem { group: g, tile_m, tile_n } };
+            }
+            l += 32;
+        }
+    }
+
+    unsafe fn finish(&self, plan: &Plan) -> u32 {
+        let chosen = kernel_slot(plan.decode);
+        for (slot, &word) in self.p.work_len.iter().enumerate() {
+            if word != 0 {
+                // SAFETY: a launched kernel's length word (the plan's).
+                unsafe { *(word as *mut u32) = if slot == chosen { plan.len } else { 0 } };
+            }
+        }
+        if plan.overflow {
+            STATUS_WORK_OVERFLOW
+        } else {
+            0
+        }
+    }
+}
+
+/// See the module docs. Launch: one CTA of `SCHEDULE_THREADS` threads, `smem::bytes(G)` bytes of
+/// dynamic shared memory.
 ///
 /// # Safety
 /// `p` must be what the host's device-sized sm90 plan writes: the sizes array holds
-/// `sizes_len()` readable `u32`s, the group table `G` entries, the work list `max_work` items;
-/// the bases and bounds are those the plan validated the buffers against.
+/// `sizes_len()` readable `u32`s, the group table `G` entries, the work list `max(max_list)`
+/// items, the ranks scratch `max_items[1]` words, `lpt_grid ≤ LPT_MAX_CTAS`; the bases and bounds
+/// are those the plan validated the buffers against.
 #[crate::ptx::kernel]
-pub unsafe fn sm90_schedule(p: ScheduleParams) {
-    let tid = sreg::tid_x();
-    let (warp, lane) = (tid / 32, tid % 32);
-    let groups = p.sizes.groups;
-    // SAFETY: the sizes array is readable (the caller's contract).
-    let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
-    // The shared tables as `.shared` addresses (byte offsets from the `schedule_smem` layout).
-    let sm = smem::dynamic_base();
-    let at = |byte: u32, i: u32| sm.add(byte + 4 * i);
-    let weight_tiles = n_tiles(p.n);
-    let (first, end) = thread_groups(groups, tid);
-
-    // 1. This thread's groups: tiles, CTAs, status.
-    let (mut my_tiles, mut my_ctas, mut status) = (0u32, 0u32, 0u32);
-    let mut g = first;
-    while g < end {
-        let r = p.sizes.group(g, load);
-        my_tiles += sm90_m_tiles(r.rows) * weight_tiles;
-        my_ctas += dequant_ctas(r.rows, p.k);
-        status |= r.status;
-        g += 1;
-    }
-
-    // 2. Prefix sums over the threads.
-    // SAFETY: every thread calls it, each warp converged; the per-warp tables at the start of
-    // `schedule_smem` (`WARP_TILES`, `WARP_CTAS`, `WARP_STATUS`, in the order the scan uses).
-    let ([mut tile_base, mut cta_base], [total_tiles, _], mut all_status) = unsafe {
-        scan::cta_exclusive_sums([my_tiles, my_ctas], status, warp, lane, WARPS, at(schedule_smem::WARP_TILES, 0))
-    };
-    let prefix = |g: u32| at(schedule_smem::TILE_PREFIX, g);
-    let m_tiles = |g: u32| at(schedule_smem::m_tiles(groups), g);
-    let (k, n) = (p.k as u64, p.n as u64);
-    let table = p.groups as *mut GroupParams;
-    let mut g = first;
-    while g < end {
-        let r = p.sizes.group(g, load);
-        let block_m = token_tile_rows(r.rows);
-        let mt = sm90_m_tiles(r.rows);
-        let ctas = dequant_ctas(r.rows, p.k);
-        let f = r.first as u64;
-        // SAFETY: `g < G` indexes the group table and the shared tables; the addresses lie in the
-        // validated tensors (`nvfp4_gemm_abi::moe`: rows below the token rows, scale rows below
-        // the scale rows).
-        unsafe {
-            let e = table.add(g as usize);
-            (*e).m = r.rows;
-            (*e).a_values = p.a_values + f * k / 2;
-            (*e).a_scales = p.a_scales + r.scale_first as u64 * (k / 16);
-            (*e).c = p.c + f * n * 2;
-            (*e).workspace = p.workspace + f * k * 2;
-            (*e).dequant_first_cta = cta_base;
-            (*e).dequant_ctas = ctas;
-            (*e).block_m = block_m;
-            (*e).token_row = r.first;
-            let map = if block_m == SMALL_TILE_M { p.token_map_small } else { p.token_map_large };
-            // The shared workspace maps' boxes are whole tiles (other groups' rows follow), for
-            // the last tile too.
-            (*e).token_map = map;
-            (*e).tail_token_map = map;
-            (*e).tail_rows = block_m;
-            smem::st_u32(prefix(g), tile_base);
-            smem::st_u32(m_tiles(g), mt);
-        }
-        tile_base += mt * weight_tiles;
-        cta_base += ctas;
-        g += 1;
-    }
-    let total = if total_tiles > p.max_work {
-        all_status |= STATUS_WORK_OVERFLOW;
-        p.max_work
-    } else {
-        total_tiles
-    };
-    // SAFETY: entry G of the prefix table; every thread reaches the barrier.
-    unsafe {
-        if tid == 0 {
-            smem::st_u32(prefix(groups), total_tiles);
-        }
-        barrier::sync_all();
-    }
-
-    // 3. The work list, a warp per group.
-    let work = p.work as *mut WorkItem;
-    let mut g = warp;
-    while g < groups {
-        // SAFETY: `g < G`: written before the barrier.
-        let (start, stop, mt) =
-            unsafe { (smem::ld_u32(prefix(g)), smem::ld_u32(prefix(g + 1)), smem::ld_u32(m_tiles(g))) };
-        // `max`: keeps a division-by-zero panic out of the code (a group with items has mt ≥ 1).
-        let mt = if mt == 0 { 1 } else { mt };
-        let mut local = lane;
-        while start + local < stop && start + local < total {
-            // SAFETY: `start + local < max_work` indexes the list.
-            unsafe {
-                *work.add((start + local) as usize) = WorkItem { group: g, tile_m: local % mt, tile_n: local / mt };
-            }
-            local += 32;
-        }
-        g += WARPS;
-    }
-
-    // 4. Length and status.
-    if tid == 0 {
-        // SAFETY: the plan's two words.
-        unsafe {
-            *(p.work_len as *mut u32) = total;
-            if all_status != 0 {
-                *(p.status as *mut u32) |= all_status;
-            }
-        }
-    }
+pub unsafe fn sm90_schedule(p: Sm90ScheduleParams) {
+    let weight_tiles = n_tiles(p.common.n);
+    // SAFETY: the caller's contract.
+    unsafe { schedule(&Sm90 { p, weight_tiles }) }
 }

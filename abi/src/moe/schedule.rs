@@ -1,0 +1,273 @@
+//! What the device schedulers (`sm90_schedule`, `sm100_schedule`: one scheduler generic over a
+//! tile policy, `kernel/src/schedule.rs`) share: the thread ↔ group assignment, the parameters
+//! common to both architectures, the shared-memory layout, and the longest-processing-time-first
+//! (LPT) order of the host's sm_90a work lists, computed on the device ([`lpt_picks`]).
+//!
+//! A scheduler is one CTA of [`SCHEDULE_THREADS`] threads. Thread `t` owns the consecutive groups
+//! [`thread_groups`]`(G, t)`; it reads their sizes, sums per-group values ([`SUMS`] of them:
+//! tiles, dequantization CTAs, ...), and a CTA-wide exclusive prefix sum gives each group its
+//! first work item. A second pass writes each group's size-dependent table fields and two words
+//! for the fill ([`smem::group_word`]); after a barrier, warp `w` writes the items of groups
+//! `w, w + warps, ...`; thread 0 writes the list's length and ORs the status bits.
+
+use super::DeviceSizes;
+
+/// Threads of a scheduling kernel's single CTA: 256, so that any register count ptxas picks
+/// (at most 255) fits the CTA.
+pub const SCHEDULE_THREADS: u32 = 256;
+
+/// Values each scheduling thread sums over its groups (unused ones are zero).
+pub const SUMS: usize = 3;
+
+/// Shift of a policy's own flags in the word a scheduler ORs over the CTA with the status bits
+/// (which stay below it); they never reach the status word.
+pub const FLAG_SHIFT: u32 = 16;
+
+/// Groups each scheduling thread handles (consecutive groups, for the prefix sums): thread `t`
+/// takes groups `t · per .. (t + 1) · per`.
+pub const fn groups_per_thread(groups: u32) -> u32 {
+    groups.div_ceil(SCHEDULE_THREADS)
+}
+
+/// The groups scheduling thread `tid` handles: `first .. end` (empty, possibly with
+/// `first > end`, for the threads past the last group).
+pub const fn thread_groups(groups: u32, tid: u32) -> (u32, u32) {
+    let per = groups_per_thread(groups);
+    let first = tid * per;
+    (first, if first + per < groups { first + per } else { groups })
+}
+
+/// The parameters both schedulers read: from the device sizes, each group's size-dependent
+/// fields of the architecture's group table (whose other fields the host wrote), the work list,
+/// and the status bits of any clamping.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ScheduleCommon {
+    /// The device sizes.
+    pub sizes: DeviceSizes,
+    /// Device address of the architecture's `GroupParams[G]` (read and written).
+    pub groups: u64,
+    /// Device address of the `WorkItem` list (written).
+    pub work: u64,
+    /// Device address of the `u32` sticky status word (bits ORed in).
+    pub status: u64,
+    /// Blocked scales of A (scale row `s` of a block-aligned group at `s · K/16`).
+    pub a_scales: u64,
+    /// C, `[token_rows, n]` 16-bit elements.
+    pub c: u64,
+    /// K of every group.
+    pub k: u32,
+    /// N of every group (the row length of C).
+    pub n: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ScheduleCommon>() == 72);
+
+/// Parameters of `sm100_schedule`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Sm100ScheduleParams {
+    /// The common part.
+    pub common: ScheduleCommon,
+    /// Device address of the `u32` work length the GEMM reads (written).
+    pub work_len: u64,
+    /// Capacity of the work list (256-wide: a multiple of 4).
+    pub max_work: u32,
+    /// The GEMM's tile width, 128 or 256, which fixes the list's order
+    /// (`crate::sm100::schedule::device_item_index`).
+    pub block_n: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Sm100ScheduleParams>() == 88);
+
+/// Byte offsets in a scheduling kernel's dynamic shared memory: the per-warp sums and status
+/// (the layout of the kernel's `scan::cta_exclusive_sums`), the loads of the LPT's CTAs, a
+/// per-warp scratch row for CTA-wide reductions, then two words per group.
+pub mod smem {
+    use super::{SCHEDULE_THREADS, SUMS};
+
+    /// Warps of the scheduling CTA.
+    pub const WARPS: u32 = SCHEDULE_THREADS / 32;
+    /// Per-warp sums (value `j` of warp `w` at word `WARPS · j + w`), then the per-warp status.
+    pub const WARP_TABLE: u32 = 0;
+    /// Most CTAs an LPT list is balanced over ([`super::lpt_picks`]).
+    pub const LPT_MAX_CTAS: u32 = 1024;
+    /// `u32 loads[LPT_MAX_CTAS]`: each CTA's load so far, in cost units.
+    pub const LOADS: u32 = WARP_TABLE + 4 * WARPS * (SUMS as u32 + 1);
+    /// One word per warp for CTA-wide reductions.
+    pub const REDUCE: u32 = LOADS + 4 * LPT_MAX_CTAS;
+    /// Two words per group, written before the fill's barrier (the policy says what they hold).
+    pub const GROUPS: u32 = REDUCE + 4 * WARPS;
+    /// Word `i` (0 or 1) of group `g`.
+    pub const fn group_word(g: u32, i: u32) -> u32 {
+        GROUPS + 4 * (2 * g + i)
+    }
+    /// Bytes of dynamic shared memory for `groups` groups.
+    pub const fn bytes(groups: u32) -> u32 {
+        group_word(groups, 0)
+    }
+}
+
+/// The picks of CTA `b` in one cost class of the host's LPT order, on the device.
+///
+/// The host (`host/src/sm90`, `balance`) lays out a work list for a persistent grid of `grid`
+/// CTAs: the items sorted by cost, longest first (stable: items of equal cost keep the order
+/// group, weight tile, token tile), each to the CTA with the least load so far (ties: the lowest
+/// index), CTA `b`'s `p`-th item at list index `p · grid + b` (holes where a CTA has fewer). The
+/// device lists have few cost classes (a kernel's full and narrow tiles; every group has the same
+/// K). Within a class of cost `c`, starting from loads `L_i`, the greedy's picks are the `count`
+/// smallest of the pairs `(L_i + j·c, i)`, `j ≥ 0`, ordered by value then index: after a pick
+/// `(v, i)` the CTA's next candidate is `(v + c, i)`, and every other candidate is at least
+/// `(v, i)`. So the rank of CTA `b`'s pick `j` among the class's picks is the number of pairs
+/// below `(L_b + j·c, b)`, and from one pick to the next it grows by the number of CTAs whose
+/// first pair lies below the next value, which is `grid` once that value passes the largest
+/// load.
+///
+/// Calls `emit(rank, j)` for each pick `j` of CTA `b` (rank: the pick's place in the class, i.e.
+/// the class's `rank`-th item in the host's order goes to CTA `b`'s queue position `j` after its
+/// earlier classes' items) and returns the number of picks. `load(i)` is CTA `i`'s load before
+/// the class; loads plus `count · cost` must fit `u32` (the plan checks [`lpt_fits_u32`]).
+#[inline(always)]
+pub fn lpt_picks(
+    b: u32,
+    grid: u32,
+    cost: u32,
+    count: u32,
+    load: impl Fn(u32) -> u32,
+    mut emit: impl FnMut(u32, u32),
+) -> u32 {
+    // Costs are at least 1 (a 0 would be taken as 1); the test keeps division-by-zero panics
+    // out of the device code.
+    let cost = if cost == 0 { 1 } else { cost };
+    let lb = load(b);
+    // The pairs below (L_b, b): per CTA i, ⌈(L_b − L_i) / c⌉ values below L_b, and one more equal
+    // to it when i < b.
+    let (mut rank, mut max) = (0u32, 0u32);
+    let mut i = 0;
+    while i < grid {
+        let li = load(i);
+        if li > max {
+            max = li;
+        }
+        if lb >= li {
+            let d = lb - li;
+            rank += if i < b { d / cost + 1 } else { d.div_ceil(cost) };
+        }
+        i += 1;
+    }
+    let mut j = 0;
+    while rank < count {
+        emit(rank, j);
+        j += 1;
+        let next = lb + j * cost;
+        rank += if next > max {
+            grid
+        } else {
+            let mut below = 0;
+            let mut i = 0;
+            while i < grid {
+                let li = load(i);
+                below += (li < next || (li == next && i < b)) as u32;
+                i += 1;
+            }
+            below
+        };
+    }
+    j
+}
+
+/// Capacity of an LPT list of at most `max_items` items over `grid` CTAs whose items cost
+/// `costs` (any order): a CTA's load is at most the average plus its last item (it took that
+/// item with the least load), and each of its items costs at least the cheaper cost, so no CTA
+/// holds more than `(max_items · c_max / grid + c_max) / c_min` items, and the list with its
+/// holes is at most `grid` times that. `max_items` when the list is not balanced (`grid` 0 or at
+/// least `max_items`: the host keeps the plain order then).
+pub const fn lpt_list_capacity(max_items: u32, grid: u32, costs: [u32; 2]) -> u64 {
+    if grid == 0 || max_items <= grid {
+        return max_items as u64;
+    }
+    let (hi, lo) = if costs[0] > costs[1] { (costs[0], costs[1]) } else { (costs[1], costs[0]) };
+    let depth = (max_items as u64 * hi as u64 + grid as u64 * hi as u64) / (grid as u64 * lo as u64);
+    let list = depth * grid as u64;
+    if list > max_items as u64 {
+        list
+    } else {
+        max_items as u64
+    }
+}
+
+/// Whether every value [`lpt_picks`] computes for at most `max_items` items over `grid` CTAs
+/// fits `u32`: a load is at most `max_items · c_max / grid + c_max`, and the next candidate one
+/// cost more.
+pub const fn lpt_fits_u32(max_items: u32, grid: u32, costs: [u32; 2]) -> bool {
+    if grid == 0 {
+        return false;
+    }
+    let hi = if costs[0] > costs[1] { costs[0] } else { costs[1] } as u64;
+    max_items as u64 * hi / grid as u64 + 3 * hi < u32::MAX as u64
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec::Vec;
+
+    fn next(state: &mut u64) -> u32 {
+        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*state >> 33) as u32
+    }
+
+    /// The picks of every CTA against the definition: the `count` smallest pairs `(L_i + j·c, i)`.
+    #[test]
+    fn lpt_picks_are_the_smallest_pairs() {
+        let mut st = 3u64;
+        for case in 0..400 {
+            let grid = 1 + next(&mut st) % 40;
+            let cost = 1 + next(&mut st) % 300;
+            let spread = if case % 4 == 0 { 0 } else { next(&mut st) % 1000 };
+            let loads: Vec<u32> = (0..grid).map(|_| if spread == 0 { 0 } else { next(&mut st) % spread }).collect();
+            let count = next(&mut st) % (4 * grid + 5);
+            let mut pairs: Vec<(u32, u32, u32)> = (0..grid)
+                .flat_map(|i| (0..count + 1).map(move |j| (i, j)))
+                .map(|(i, j)| (loads[i as usize] + j * cost, i, j))
+                .collect();
+            pairs.sort();
+            let mut expected: Vec<(u32, u32, u32)> =
+                pairs[..count as usize].iter().enumerate().map(|(r, &(_, i, j))| (i, j, r as u32)).collect();
+            expected.sort();
+            let mut got = Vec::new();
+            let mut total = 0;
+            for b in 0..grid {
+                let n = lpt_picks(b, grid, cost, count, |i| loads[i as usize], |r, j| got.push((b, j, r)));
+                total += n;
+            }
+            assert_eq!(total, count, "case {case}");
+            assert_eq!(got, expected, "case {case}: loads {loads:?} cost {cost}");
+        }
+    }
+
+    #[test]
+    fn list_capacity() {
+        assert_eq!(lpt_list_capacity(100, 132, [228, 116]), 100);
+        assert_eq!(lpt_list_capacity(100, 0, [228, 116]), 100);
+        // 1000 items of at most 228 over 132 CTAs: at most (1000 · 228 / 132 + 228) / 116 = 16
+        // items per CTA.
+        assert_eq!(lpt_list_capacity(1000, 132, [228, 116]), 16 * 132);
+        assert_eq!(lpt_list_capacity(1000, 132, [116, 228]), 16 * 132);
+        assert!(lpt_fits_u32(1 << 20, 132, [228, 116]));
+        assert!(!lpt_fits_u32(u32::MAX, 1, [228, 116]));
+        assert!(!lpt_fits_u32(10, 0, [228, 116]));
+    }
+
+    #[test]
+    fn shared_memory_and_threads() {
+        assert_eq!(smem::bytes(0), 4 * (8 * 4 + 1024 + 8));
+        assert_eq!(smem::group_word(1, 1) - smem::group_word(0, 0), 12);
+        assert_eq!((groups_per_thread(1), groups_per_thread(256), groups_per_thread(257)), (1, 1, 2));
+        assert_eq!(groups_per_thread(super::super::MAX_GROUPS), 16);
+        assert_eq!([0, 1, 255].map(|t| thread_groups(300, t)), [(0, 2), (2, 4), (510, 300)]);
+        assert_eq!([0, 99, 100].map(|t| thread_groups(100, t)), [(0, 1), (99, 100), (100, 100)]);
+        assert!(smem::bytes(super::super::MAX_GROUPS) <= 48 * 1024, "no opt-in needed");
+    }
+}
