@@ -18,8 +18,9 @@ use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
 use nvfp4_gemm::layout::{
     DeviceSizedLayout, DeviceSizedTables, Sm100DeviceLayout, Sm100Layout, Sm90DeviceLayout, Sm90Layout,
 };
-use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers, MoeOptions};
+use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers, MoeOptions, MoeTokens};
 use nvfp4_gemm::problem::{BufferView, GroupBuffers};
+use nvfp4_gemm::w4a16::Activations;
 use nvfp4_gemm::{MoeProblem, SizeStatus};
 use nvfp4_gemm::{OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
@@ -678,8 +679,10 @@ impl MoeOperands {
     pub fn buffers(&self) -> MoeBuffers {
         let b = MoeBuffers {
             sizes: self.sizes_buf.view(self.sizes.len()),
-            a_values: self.a_values.view(self.a_values.bytes),
-            a_scales: self.a_scales.view(self.a_scales.bytes),
+            a: MoeTokens::Nvfp4 {
+                values: self.a_values.view(self.a_values.bytes),
+                scales: self.a_scales.view(self.a_scales.bytes),
+            },
             weights: self
                 .b_values
                 .iter()
@@ -722,6 +725,52 @@ impl MoeOperands {
         let per_group =
             self.rows.iter().map(|r| c[r.first as usize * n..(r.first + r.rows) as usize * n].to_vec()).collect();
         Outputs { c: per_group, guard_corruptions, out: self.problem.output() }.check(&self.groups)
+    }
+}
+
+/// W4A16's inputs for a [`MoeOperands`] ([`MoeOperands::w4a16_inputs`]).
+pub struct W4a16MoeInputs {
+    activations: DeviceBuf,
+    weights: Vec<(DeviceBuf, DeviceBuf)>,
+}
+
+impl MoeOperands {
+    /// W4A16's inputs for these operands: the activations `[token_rows, K]` f16 — each group's A
+    /// with its block scales applied (exact in f16; A's global scale stays in alpha) at the group's
+    /// rows, later groups over earlier ones as in A, every other row NaN (tiles that read a row of
+    /// no group must not spread it into a group's rows) — and each group's weights prepacked for
+    /// f16 activations.
+    pub fn w4a16_inputs(&self) -> W4a16MoeInputs {
+        let k = self.problem.k();
+        let mut act = vec![f16::NAN; self.problem.token_rows() * k];
+        for (r, g) in self.rows.iter().zip(&self.groups) {
+            if r.rows > 0 {
+                let first = r.first as usize * k;
+                act[first..first + r.rows as usize * k].copy_from_slice(&g.a.dequantize_block_scaled_f16());
+            }
+        }
+        let bytes: Vec<u8> = act.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+        let weights = self
+            .groups
+            .iter()
+            .map(|g| {
+                let w = nvfp4_gemm::w4a16::prepack(&g.b, Activations::F16).expect("prepack");
+                (DeviceBuf::from_bytes(&w.values), DeviceBuf::from_bytes(&w.scales))
+            })
+            .collect();
+        W4a16MoeInputs { activations: DeviceBuf::from_bytes(&bytes), weights }
+    }
+
+    /// [`Self::buffers`] with W4A16's `inputs`: the activations as A, the prepacked weights.
+    pub fn w4a16_buffers(&self, inputs: &W4a16MoeInputs) -> MoeBuffers {
+        let act = &inputs.activations;
+        let b = MoeBuffers {
+            a: MoeTokens::Dense { activations: act.view(act.bytes / 2), kind: Activations::F16 },
+            weights: inputs.weights.iter().map(|(v, s)| (v.view(v.bytes), s.view(s.bytes))).collect(),
+            ..self.buffers()
+        };
+        validate_moe_buffers(&self.problem, &b).expect("valid buffers");
+        b
     }
 }
 
@@ -918,8 +967,7 @@ pub fn schedule_only_buffers(problem: &MoeProblem, sizes: &[u32]) -> (DeviceBuf,
     let fake = |i: u64, len| BufferView { ptr: 0x1000_0000_0000 * i, len };
     let buffers = MoeBuffers {
         sizes: sizes_buf.view(sizes.len()),
-        a_values: fake(1, a.values),
-        a_scales: fake(2, a.scales),
+        a: MoeTokens::Nvfp4 { values: fake(1, a.values), scales: fake(2, a.scales) },
         weights: (0..problem.groups() as u64).map(|g| (fake(10 + g, w.values), fake(5000 + g, w.scales))).collect(),
         alphas: vec![1.0; problem.groups()],
         c: fake(3, problem.c_elements()),
@@ -940,35 +988,59 @@ pub fn run_sm90_schedule(
     run_schedule(layout, problem, buffers, tables, run, nvfp4_gemm_kernel::sm90::schedule::sm90_schedule)
 }
 
+/// What a device-sized sm_90a call in the model returns: what ran, what the scheduler wrote, and
+/// the layout.
+pub type Sm90MoeRun = (Vec<Launched>, ScheduleOutcome<nvfp4_gemm_abi::sm90::GroupParams>, Sm90DeviceLayout);
+
 /// Runs a device-sized sm_90a call in the model, as [`Sm90DeviceLayout`] plans it for `sm_count`
 /// SMs and `options`: `sm90_schedule`, `sm90_dequant_tokens`, then every GEMM the layout
-/// launches (the one the scheduler did not choose finds a length of 0). Returns what ran, what
-/// the scheduler wrote and the layout.
+/// launches (the one the scheduler did not choose finds a length of 0).
 pub fn run_sm90_moe(
     ops: &MoeOperands,
     sm_count: u32,
     options: &MoeOptions,
     run: &ModelRun,
-) -> Result<(Vec<Launched>, ScheduleOutcome<nvfp4_gemm_abi::sm90::GroupParams>, Sm90DeviceLayout), Failure> {
-    let problem = &ops.problem;
-    let layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
-    let buffers = ops.buffers();
-    let tables = MoeTables::new(&layout, problem, &buffers);
-    let mut launched = vec![run_sm90_schedule(&layout, problem, &buffers, &tables, run)?];
+) -> Result<Sm90MoeRun, Failure> {
+    let layout = Sm90DeviceLayout::new(&ops.problem, sm_count, options).expect("sm90 device layout");
+    run_sm90_device_sized(&ops.problem, layout, &ops.buffers(), run)
+}
+
+/// [`run_sm90_moe`] for W4A16 ([`Sm90DeviceLayout::w4a16`], f16 activations): `sm90_schedule`,
+/// then the W4A16 GEMMs on `inputs` ([`MoeOperands::w4a16_inputs`]), no dequantization.
+pub fn run_sm90_moe_w4a16(
+    ops: &MoeOperands,
+    inputs: &W4a16MoeInputs,
+    sm_count: u32,
+    options: &MoeOptions,
+    run: &ModelRun,
+) -> Result<Sm90MoeRun, Failure> {
+    let layout = Sm90DeviceLayout::w4a16(&ops.problem, sm_count, options, Activations::F16).expect("w4a16 layout");
+    run_sm90_device_sized(&ops.problem, layout, &ops.w4a16_buffers(inputs), run)
+}
+
+fn run_sm90_device_sized(
+    problem: &MoeProblem,
+    layout: Sm90DeviceLayout,
+    buffers: &MoeBuffers,
+    run: &ModelRun,
+) -> Result<Sm90MoeRun, Failure> {
+    let tables = MoeTables::new(&layout, problem, buffers);
+    let mut launched = vec![run_sm90_schedule(&layout, problem, buffers, &tables, run)?];
     // The schedule as it was before the other kernels ran (the dequantization writes nothing the
     // scheduler wrote; the outcome is read now so that a fault later still shows it).
     let outcome = tables.outcome();
     let workspace = (tables.workspace.addr(), layout.workspace_bytes as u64);
     for l in layout.launches(&tables.addresses(), problem.output()) {
         let gemm = l.kernel != "sm90_dequant_tokens";
-        let ctas_per_sm = if l.kernel == "sm90_grouped_gemm_decode" { 2 } else { 1 };
+        let ctas_per_sm = if l.kernel.ends_with("_decode") { 2 } else { 1 };
         let mut cfg = launch_config(Arch::Sm90a, l.geometry, ctas_per_sm, run);
         if gemm {
             cfg.registers = sm90_registers(l.kernel);
-            if nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
+            if nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY && layout.activations.is_none() {
                 // As the library launches it: while the launch before may still write the
                 // workspace (the dequantization, or for the second GEMM the chain through the
-                // first).
+                // first). W4A16 GEMMs read nothing a launch of the call writes but the
+                // scheduler's tables, after waiting first.
                 cfg.predecessor_writes = vec![workspace];
             }
         }

@@ -25,6 +25,7 @@
 //! both architectures' GPU test files share.
 
 pub mod cases;
+pub mod routings;
 mod run;
 
 pub use run::{

@@ -14,7 +14,7 @@
 
 use crate::inputs::fast_operand;
 use crate::measure::{drv, host_overhead, stats, Bench, Result, POISON};
-use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, MoeVariant, Routing, TorchBaseline};
+use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, MoeVariant, MoeW4a16, Routing, TorchBaseline};
 use crate::options::Options;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
@@ -25,6 +25,7 @@ use nvfp4_format::{
 };
 use nvfp4_gemm::moe::{GroupRows, MoeArgs, MoePlan, MoeProblem, TokenLayout};
 use nvfp4_gemm::quantize::Quantizer;
+use nvfp4_gemm::w4a16::{prepack, Activations, W4a16MoeArgs, W4a16MoePlan};
 use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, GroupShape, Nvfp4Operand, Output, OutputType, Problem};
 use std::sync::Arc;
 
@@ -113,6 +114,13 @@ impl Calls<'_> {
     }
 }
 
+/// W4A16's inputs of a MoE row: the activations `[T, K]` as f16, each expert's weights
+/// prepacked (values, scales).
+struct W4a16Inputs {
+    x: CudaSlice<f16>,
+    packed: Vec<(CudaSlice<u8>, CudaSlice<u8>)>,
+}
+
 fn poison(stream: &Arc<CudaStream>, c: &mut CudaSlice<f16>) -> Result<()> {
     stream.memcpy_htod(&vec![f16::from_bits(POISON); c.len()], c).map_err(drv("poisoning C"))
 }
@@ -146,6 +154,78 @@ impl Bench {
         self.timer.move_to(&self.gpu, stream.clone())?;
         self.moe_stream = Some(stream.clone());
         Ok(stream)
+    }
+
+    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): `W4a16MoePlan` with the first
+    /// `--moe-kernels` option on `inputs`, checked once and as a graph replay against `reference`
+    /// (C is the row's `c_moe`), then both timed.
+    fn moe_w4a16(
+        &mut self,
+        calls: &Calls<'_>,
+        inputs: &W4a16Inputs,
+        bufs: &mut Buffers,
+        reference: Option<&[GroupOutput<f16>]>,
+        o: &Options,
+    ) -> Result<MoeW4a16> {
+        let stream = &calls.stream;
+        let options = o.moe_kernels.first().map(|(_, opt)| *opt).unwrap_or_default();
+        let mut plan = W4a16MoePlan::with_options(&self.gpu, calls.problem.clone(), Activations::F16, &options)
+            .map_err(lib("planning (W4a16MoePlan)"))?;
+        // The plan allocates its tables on the default stream.
+        self.gpu.context().synchronize().map_err(drv("planning"))?;
+        let weights: Vec<Nvfp4Operand> =
+            inputs.packed.iter().map(|(values, scales)| Nvfp4Operand { values, scales }).collect();
+        let run = |plan: &mut W4a16MoePlan, c: &mut CudaSlice<f16>| {
+            let mut args = W4a16MoeArgs {
+                sizes: &bufs.sizes,
+                activations: &inputs.x,
+                weights: &weights,
+                alphas: calls.alphas,
+                c: Output::F16(c),
+            };
+            plan.run(stream, &mut args).map_err(lib("W4a16MoePlan::run"))
+        };
+        let n = calls.problem.n();
+        if reference.is_some() {
+            poison(stream, &mut bufs.c_moe)?;
+        }
+        plan.clear_status(stream).map_err(lib("clearing the status"))?;
+        run(&mut plan, &mut bufs.c_moe)?;
+        let got = grouped_output(stream, &bufs.c_moe, calls.rows, n)?;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(drv("beginning the capture"))?;
+        let captured = run(&mut plan, &mut bufs.c_moe);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("ending the capture"));
+        captured?;
+        let graph = graph?.ok_or("the capture made no graph")?;
+        if reference.is_some() {
+            poison(stream, &mut bufs.c_moe)?;
+        }
+        graph.launch().map_err(drv("launching the graph"))?;
+        let got_graph = grouped_output(stream, &bufs.c_moe, calls.rows, n)?;
+        let status = plan.read_status(stream).map_err(lib("reading the status"))?;
+        let check = match reference {
+            None => None,
+            Some(r) => {
+                let (b, c) = (compared(&got, r)?, compared(&got_graph, r)?);
+                let pass = b.passed() && c.passed() && status.is_ok();
+                Some(format!(
+                    "{} W4a16MoePlan {b} | graph replay {c} | status {status}",
+                    if pass { "PASS" } else { "FAIL" }
+                ))
+            }
+        };
+        let c = &mut bufs.c_moe;
+        let t = self.timer.each(3, o.iters, true, &mut || run(&mut plan, c))?;
+        let moe_us = stats(&t, "W4a16MoePlan")?;
+        let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
+        let graph_us = stats(&t, "W4A16 graph replay")?;
+        let after = plan.read_status(stream).map_err(lib("reading the status"))?;
+        if !after.is_ok() {
+            return Err(format!("the W4a16MoePlan status word after the timed calls: {after}"));
+        }
+        Ok(MoeW4a16 { kernel: plan.summary().kernel.clone(), check, moe_us, graph_us })
     }
 
     /// One MoE row (module docs). `step` is called before each phase with its name.
@@ -205,6 +285,22 @@ impl Bench {
                 .map(|&m| stream.alloc_zeros::<f16>((m as usize * n).max(16)))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(drv("allocating C"))?,
+        };
+        // W4A16's inputs (`--w4a16`), before the host copies go: the same activations as f16
+        // (exact: multiples of 1/8 below 6), the same weights prepacked.
+        let w4a16_inputs = if o.w4a16 {
+            let x16: Vec<f16> = x_host.iter().map(|v| f16::from_f32(v.to_f32())).collect();
+            let packed = groups
+                .iter()
+                .map(|g| {
+                    let p = prepack(&g.b, Activations::F16).map_err(lib("W4A16 prepack"))?;
+                    let up = |b: &[u8]| stream.clone_htod(b).map_err(drv("uploading the W4A16 weights"));
+                    Ok((up(&p.values)?, up(&p.scales)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(W4a16Inputs { x: stream.clone_htod(&x16).map_err(drv("uploading the f16 activations"))?, packed })
+        } else {
+            None
         };
         drop(x_host);
         let quantizer = Quantizer::new(&self.gpu).map_err(lib("loading the quantizer"))?;
@@ -293,6 +389,15 @@ impl Bench {
             }
             graphs.push(graph);
         }
+        let w4a16 = match &w4a16_inputs {
+            None => None,
+            Some(inputs) => {
+                step("W4A16 (check, capture, timing)");
+                let w = self.moe_w4a16(&calls, inputs, &mut bufs, reference.as_deref(), o)?;
+                check_passed &= w.check.as_ref().is_none_or(|c| c.starts_with("PASS"));
+                Some(w)
+            }
+        };
         let check = reference.as_ref().map(|_| texts.join(" | "));
 
         step("timing (a) GemmPlan");
@@ -362,6 +467,7 @@ impl Bench {
             graph_us: variants[0].graph_us,
             variants,
             host_us: [stats(&ha, "host (a)")?, stats(&hb, "host (b)")?, stats(&hc, "host (c)")?],
+            w4a16,
             torch,
             torch_note,
         })

@@ -114,7 +114,8 @@ struct Args {
     no_baseline: bool,
     /// Also time W4A16 on each shape (f16 activations: the checked set's A with its block
     /// scales applied; B prepacked), checked against the same reference; one line per shape
-    /// after the table
+    /// after the table. On the MoE rows: W4a16MoePlan (the same activations as f16, read as
+    /// they are; no quantization) and its graph replay, a line per row after the MoE table
     #[arg(long, verbatim_doc_comment)]
     w4a16: bool,
     /// Where the results go: nvfp4-bench.json and nvfp4-bench.svg for a run with

@@ -149,7 +149,7 @@ pub fn schedule_common(problem: &MoeProblem, buffers: &MoeBuffers, tables: &Devi
         groups: tables.groups,
         work: tables.work,
         status: tables.status,
-        a_scales: buffers.a_scales.ptr,
+        a_scales: buffers.a.scales(),
         c: buffers.c.ptr,
         k: problem.k() as u32,
         n: problem.n() as u32,

@@ -77,9 +77,10 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
+use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use std::sync::Arc;
 
-pub use crate::moe_problem::{validate_moe_buffers, MoeBuffers, MoeProblem, SizeStatus, TokenLayout};
+pub use crate::moe_problem::{validate_moe_buffers, MoeBuffers, MoeProblem, MoeTokens, SizeStatus, TokenLayout};
 /// Most groups of a [`MoeProblem`].
 pub use crate::rules::MAX_GROUPS;
 
@@ -164,7 +165,10 @@ pub struct MoePlan {
     problem: MoeProblem,
     plan: DevicePlan,
     summary: PlanSummary,
-    /// Weight addresses and alphas of the last call, to skip re-uploading.
+    /// The token operand's type: `None` NVFP4, else W4A16's activations.
+    activations: Option<Activations>,
+    /// Weight addresses and alphas (and the token tensor's address where the maps hold it) of the
+    /// last call, to skip re-uploading.
     signature: Vec<u64>,
 }
 
@@ -180,8 +184,23 @@ impl MoePlan {
             Arch::Sm90a => DevicePlan::Sm90(Sm90DevicePlan::with_options(gpu, &problem, options)?),
             Arch::Sm100a => DevicePlan::Sm100(Sm100DevicePlan::with_options(gpu, &problem, options)?),
         };
+        Ok(Self::of(problem, plan, None))
+    }
+
+    /// A W4A16 plan ([`crate::w4a16::W4a16MoePlan`]): sm_90a only (checked by the caller).
+    pub(crate) fn w4a16(
+        gpu: &Gpu,
+        problem: MoeProblem,
+        options: &MoeOptions,
+        activations: Activations,
+    ) -> Result<MoePlan> {
+        let plan = DevicePlan::Sm90(Sm90DevicePlan::w4a16(gpu, &problem, options, activations)?);
+        Ok(Self::of(problem, plan, Some(activations)))
+    }
+
+    fn of(problem: MoeProblem, plan: DevicePlan, activations: Option<Activations>) -> MoePlan {
         let summary = plan.summary(problem.output());
-        Ok(MoePlan { problem, plan, summary, signature: vec![] })
+        MoePlan { problem, plan, summary, activations, signature: vec![] }
     }
 
     /// The problem this plan was built for.
@@ -197,29 +216,49 @@ impl MoePlan {
     /// Runs the grouped GEMM on `stream` for the sizes in `args.sizes` as they are when the
     /// kernels run. Every buffer is validated first; on any error nothing is launched.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut MoeArgs<'_>) -> Result<()> {
-        let stream: &CudaStream = stream_arc;
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
-        let mut call = CallBuffers::new(stream);
-        let sizes = call.read(args.sizes);
-        let a_values = call.read(args.a.values);
-        let a_scales = call.read(args.a.scales);
+        let mut call = CallBuffers::new(stream_arc);
+        let a = call.read(args.a.values);
+        let a = MoeTokens::Nvfp4 { values: a, scales: call.read(args.a.scales) };
+        self.run_with(stream_arc, call, args.sizes, a, args.weights, args.alphas, &mut args.c)
+    }
+
+    /// Reads the call's other buffers into `call` (whose stream-ordering guards live until the
+    /// launches are enqueued), validates them with the token operand `a`, uploads the tables when
+    /// the weights, alphas or (where the maps hold it) A's address changed, and launches.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_with<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        mut call: CallBuffers<'s>,
+        sizes: &'s dyn DevicePtr<u32>,
+        a: MoeTokens,
+        weights: &'s [Nvfp4Operand<'s>],
+        alphas: &[f32],
+        c: &'s mut Output<'_>,
+    ) -> Result<()> {
+        let stream: &CudaStream = stream_arc;
+        let sizes = call.read(sizes);
         let weights: Vec<(BufferView, BufferView)> =
-            args.weights.iter().map(|w| (call.read(w.values), call.read(w.scales))).collect();
-        let (c, c_type) = match &mut args.c {
+            weights.iter().map(|w| (call.read(w.values), call.read(w.scales))).collect();
+        let (c, c_type) = match c {
             Output::F16(c) => (call.write(&mut **c), OutputType::F16),
             Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
         };
-        let buffers = MoeBuffers { sizes, a_values, a_scales, weights, alphas: args.alphas.to_vec(), c, c_type };
+        let buffers = MoeBuffers { sizes, a, weights, alphas: alphas.to_vec(), c, c_type };
         validate_moe_buffers(&self.problem, &buffers)?;
+        if buffers.a.dense_kind() != self.activations {
+            return Err(invalid("moe run", "a", format!("{:?} tokens for a plan of {:?}", a, self.activations)));
+        }
         let mut signature: Vec<u64> = buffers
             .weights
             .iter()
             .zip(&buffers.alphas)
             .flat_map(|((v, s), a)| [v.ptr, s.ptr, a.to_bits() as u64])
             .collect();
-        if let DevicePlan::Sm100(_) = self.plan {
-            // The token map holds A's address.
-            signature.push(buffers.a_values.ptr);
+        if matches!(self.plan, DevicePlan::Sm100(_)) || self.activations.is_some() {
+            // The token maps hold A's address.
+            signature.push(buffers.a.base());
         }
         if signature != self.signature {
             self.plan.upload(stream_arc, &self.problem, &buffers)?;

@@ -10,6 +10,7 @@ use crate::problem::{BufferView, Nvfp4Sizes, OutputType, BUFFER_ALIGN};
 use crate::rules::{self, Limit};
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupRows};
 use nvfp4_gemm_abi::scale_layout::blocked_bytes;
+use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use std::fmt;
 
 /// Where the groups' tokens are in the token tensor A (and their outputs in C).
@@ -233,16 +234,61 @@ impl fmt::Display for SizeStatus {
     }
 }
 
+/// The token operand A of one call, as the validator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeTokens {
+    /// NVFP4 tokens (W4A4, [`MoePlan`](crate::moe::MoePlan)): packed values and blocked scales
+    /// (bytes, [`MoeProblem::a_sizes`]).
+    Nvfp4 {
+        /// Packed values.
+        values: BufferView,
+        /// Blocked scales.
+        scales: BufferView,
+    },
+    /// 16-bit activations `[token_rows, K]` of type `kind`, read as they are (W4A16,
+    /// [`W4a16MoePlan`](crate::w4a16::W4a16MoePlan); elements).
+    Dense {
+        /// The activations.
+        activations: BufferView,
+        /// Their type.
+        kind: Activations,
+    },
+}
+
+impl MoeTokens {
+    /// The address of A's first byte (values or activations).
+    pub fn base(&self) -> u64 {
+        match self {
+            MoeTokens::Nvfp4 { values, .. } => values.ptr,
+            MoeTokens::Dense { activations, .. } => activations.ptr,
+        }
+    }
+
+    /// The address of A's block scales (0 for activations, which have none).
+    pub fn scales(&self) -> u64 {
+        match self {
+            MoeTokens::Nvfp4 { scales, .. } => scales.ptr,
+            MoeTokens::Dense { .. } => 0,
+        }
+    }
+
+    /// The activations' type, `None` for NVFP4 tokens.
+    pub fn dense_kind(&self) -> Option<Activations> {
+        match self {
+            MoeTokens::Nvfp4 { .. } => None,
+            MoeTokens::Dense { kind, .. } => Some(*kind),
+        }
+    }
+}
+
 /// Addresses and lengths of one call's buffers, as the validator sees them (and the layout code
 /// of each architecture reads them; public for the device model's tests, `model-tests/`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeBuffers {
     /// The sizes array (`u32` elements).
     pub sizes: BufferView,
-    /// Packed values of A (bytes).
-    pub a_values: BufferView,
-    /// Blocked scales of A (bytes).
-    pub a_scales: BufferView,
+    /// The token operand A.
+    pub a: MoeTokens,
     /// Each group's weight values and scales (bytes).
     pub weights: Vec<(BufferView, BufferView)>,
     /// Each group's alpha.
@@ -258,13 +304,25 @@ pub struct MoeBuffers {
 pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
     const CALL: &str = "moe run";
     let a = p.a_sizes();
+    let none = BufferView { ptr: 0, len: 0 };
+    // The token operand's buffers: (field, view, elements, element bytes); an empty second one
+    // for activations.
+    let tokens = match b.a {
+        MoeTokens::Nvfp4 { values, scales } => [("a.values", values, a.values, 1), ("a.scales", scales, a.scales, 1)],
+        MoeTokens::Dense { activations, .. } => {
+            [("activations", activations, p.token_rows() * p.k, 2), ("", none, 0, 1)]
+        }
+    };
     let checks = [
         ("sizes", b.sizes, p.sizes_len(), 4),
-        ("a.values", b.a_values, a.values, BUFFER_ALIGN),
-        ("a.scales", b.a_scales, a.scales, BUFFER_ALIGN),
+        (tokens[0].0, tokens[0].1, tokens[0].2, BUFFER_ALIGN),
+        (tokens[1].0, tokens[1].1, tokens[1].2, BUFFER_ALIGN),
         ("c", b.c, p.c_elements(), BUFFER_ALIGN),
     ];
     for (field, view, len, align) in checks {
+        if field.is_empty() {
+            continue;
+        }
         if view.len != len {
             return Err(invalid(CALL, field, format!("has {} elements; the problem needs exactly {len}", view.len)));
         }
@@ -305,15 +363,18 @@ pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
     }
     // C is the only output: it overlaps none of the inputs (which may share memory). Ids: 0..4
     // the call's buffers, then each group's weight values and scales.
-    const FIELDS: [&str; 4] = ["c", "sizes", "a.values", "a.scales"];
-    let inputs =
-        [Span::new(1, b.sizes, 4, false), Span::new(2, b.a_values, 1, false), Span::new(3, b.a_scales, 1, false)];
+    let fields = ["c", "sizes", tokens[0].0, tokens[1].0];
+    let inputs = [
+        Span::new(1, b.sizes, 4, false),
+        Span::new(2, tokens[0].1, tokens[0].3, false),
+        Span::new(3, tokens[1].1, tokens[1].3, false),
+    ];
     let weights = b.weights.iter().enumerate().flat_map(|(g, (values, scales))| {
         let id = 4 + 2 * g as u32;
         [Span::new(id, *values, 1, false), Span::new(id + 1, *scales, 1, false)]
     });
     let name = |id: u32| match id {
-        0..4 => BufferName { group: None, field: FIELDS[id as usize] },
+        0..4 => BufferName { group: None, field: fields[id as usize] },
         _ => BufferName { group: Some((id as usize - 4) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
     };
     overlap::check_one_output(CALL, Span::new(0, b.c, 2, true), inputs.into_iter().chain(weights), name)
@@ -373,13 +434,53 @@ mod tests {
         let v = |i: u64, len| BufferView { ptr: 0x1000_0000 * i, len };
         MoeBuffers {
             sizes: v(1, p.sizes_len()),
-            a_values: v(2, a.values),
-            a_scales: v(3, a.scales),
+            a: MoeTokens::Nvfp4 { values: v(2, a.values), scales: v(3, a.scales) },
             weights: (0..p.groups() as u64).map(|g| (v(10 + 2 * g, w.values), v(11 + 2 * g, w.scales))).collect(),
             alphas: vec![1.0; p.groups()],
             c: v(4, p.c_elements()),
             c_type: p.output(),
         }
+    }
+
+    fn values(b: &mut MoeBuffers) -> &mut BufferView {
+        match &mut b.a {
+            MoeTokens::Nvfp4 { values, .. } => values,
+            MoeTokens::Dense { activations, .. } => activations,
+        }
+    }
+
+    fn scales(b: &mut MoeBuffers) -> &mut BufferView {
+        match &mut b.a {
+            MoeTokens::Nvfp4 { scales, .. } => scales,
+            MoeTokens::Dense { .. } => panic!("activations have no scales"),
+        }
+    }
+
+    /// W4A16's activations: `token_rows · K` 16-bit elements, 16-byte aligned, named
+    /// `activations`; C may not overlap them (2 bytes per element).
+    #[test]
+    fn activations_are_checked_like_a() {
+        let p = contiguous(3, 300);
+        let mut b = good_buffers(&p);
+        b.a = MoeTokens::Dense { activations: BufferView { ptr: 0x2000_0000, len: 300 * 512 }, kind: Activations::F16 };
+        assert!(validate_moe_buffers(&p, &b).is_ok());
+        let field = |b: &MoeBuffers| match validate_moe_buffers(&p, b).unwrap_err() {
+            Error::InvalidArgument { field, .. } => field,
+            Error::Overlap { other, .. } => other.field,
+            other => panic!("{other:?}"),
+        };
+        let edits: [fn(&mut BufferView); 2] = [|v| v.len -= 1, |v| v.ptr += 8];
+        for edit in edits {
+            let mut bad = b.clone();
+            edit(values(&mut bad));
+            assert_eq!(field(&bad), "activations");
+        }
+        // The last element's second byte meets C.
+        let mut bad = b.clone();
+        bad.c.ptr = 0x2000_0000 + 2 * 300 * 512 - 16;
+        assert_eq!(field(&bad), "activations");
+        bad.c.ptr += 16;
+        assert!(validate_moe_buffers(&p, &bad).is_ok());
     }
 
     #[test]
@@ -390,9 +491,9 @@ mod tests {
         let argument_cases: [(&str, Breaker); 9] = [
             ("sizes", |b| b.sizes.len = 3),
             ("sizes", |b| b.sizes.ptr += 2),
-            ("a.values", |b| b.a_values.len -= 1),
-            ("a.scales", |b| b.a_scales.len = 300 * 32), // not the grouped scale tensor
-            ("a.scales", |b| b.a_scales.ptr += 8),
+            ("a.values", |b| values(b).len -= 1),
+            ("a.scales", |b| scales(b).len = 300 * 32), // not the grouped scale tensor
+            ("a.scales", |b| scales(b).ptr += 8),
             ("c", |b| b.c.len += 1),
             ("c", |b| b.c_type = OutputType::Bf16),
             ("weights", |b| {
@@ -432,8 +533,8 @@ mod tests {
         let c_bytes = 2 * good.c.len as u64;
         type Edit = fn(&mut MoeBuffers, u64);
         let cases: [(Edit, (Option<usize>, &str)); 4] = [
-            (|b, _| b.c.ptr = b.a_values.ptr, (None, "a.values")),
-            (|b, n| b.c.ptr = b.a_scales.ptr - n + 16, (None, "a.scales")),
+            (|b, _| b.c.ptr = values(b).ptr, (None, "a.values")),
+            (|b, n| b.c.ptr = scales(b).ptr - n + 16, (None, "a.scales")),
             (|b, _| b.c.ptr = b.sizes.ptr - 16, (None, "sizes")),
             (|b, _| b.weights[2].1.ptr = b.c.ptr + 32, (Some(2), "b.scales")),
         ];
@@ -450,8 +551,9 @@ mod tests {
         }
         let mut shared = good.clone();
         shared.weights = vec![good.weights[0]; 3];
-        shared.a_scales.ptr = shared.a_values.ptr;
-        shared.sizes.ptr = shared.a_values.ptr + 64;
+        let base = values(&mut shared).ptr;
+        scales(&mut shared).ptr = base;
+        shared.sizes.ptr = base + 64;
         shared.c.ptr = good.weights[0].1.ptr + (p.b_sizes().scales as u64).next_multiple_of(16);
         assert!(validate_moe_buffers(&p, &shared).is_ok());
     }

@@ -16,9 +16,11 @@ use crate::driver::launch::{launch, set_max_dynamic_smem};
 use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
+use crate::moe::{MoeOptions, MoePlan, MoeProblem, MoeTokens, SizeStatus};
 use crate::plan::{Nvfp4Operand, Output};
 use crate::problem::{BufferView, CallBuffers, GroupBuffers, OutputType, Problem, BUFFER_ALIGN};
 use crate::sm90::Sm90Layout;
+use crate::summary::PlanSummary;
 use crate::tables::upload_tables;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nvfp4_format::Nvfp4Matrix;
@@ -145,12 +147,7 @@ impl W4a16Plan {
     /// sm_90a path: Blackwell multiplies NVFP4 operands natively) and bf16 activations (not built
     /// yet), both [`Error::Unsupported`], before any allocation.
     pub fn new(gpu: &Gpu, problem: Problem, activations: Activations) -> Result<W4a16Plan> {
-        if gpu.arch() != Arch::Sm90a {
-            return Err(Error::Unsupported(format!(
-                "W4A16 runs on sm_90a; this GPU is {:?}, which multiplies NVFP4 operands natively (GemmPlan)",
-                gpu.arch()
-            )));
-        }
+        sm90_only(gpu)?;
         if activations == Activations::Bf16 {
             return Err(Error::Unsupported("W4A16 with bf16 activations is not built yet (docs/w4a16.md)".into()));
         }
@@ -279,6 +276,105 @@ impl W4a16Plan {
         // (uploaded now or by a call with the same addresses), the work list the plan's own.
         unsafe { launch(&self.gemm, stream, self.layout.gemm, &params) }
     }
+}
+
+/// The device buffers of one [`W4a16MoePlan::run`]. Borrowed for the call, never copied.
+pub struct W4a16MoeArgs<'a> {
+    /// `offsets[G + 1]` or `counts[G]` ([`MoeProblem::sizes_len`] `u32`s), read on the device.
+    pub sizes: &'a dyn DevicePtr<u32>,
+    /// The activations A, [`MoeProblem::token_rows`] `× K` f16, row-major in natural order, each
+    /// group's rows where the problem's layout puts them (16-byte aligned). Read as they are.
+    pub activations: &'a dyn DevicePtr<half::f16>,
+    /// Each group's weights B, prepacked by [`prepack`] for f16 and uploaded
+    /// ([`MoeProblem::b_sizes`]), `G` of them.
+    pub weights: &'a [Nvfp4Operand<'a>],
+    /// Each group's alpha (the weights' global scale times the caller's factor), `G` finite
+    /// values.
+    pub alphas: &'a [f32],
+    /// C, [`MoeProblem::c_elements`] elements of the problem's output type. Rows of no group are
+    /// left as they are.
+    pub c: Output<'a>,
+}
+
+/// A [`MoeProblem`] planned for W4A16 on one sm_90a GPU: f16 activations times prepacked NVFP4
+/// weights with the group sizes on the device (`crate::moe`, docs/moe.md). A call launches the
+/// scheduler and the W4A16 GEMM kernels (the W4A4 plan's tiles, work list and kernel choice) — no
+/// quantization and no dequantization: the GEMMs read the activations through tensor maps over
+/// the whole `[token_rows, K]` tensor.
+///
+/// Capturable in a CUDA graph as [`MoePlan`] is (run once before capturing). The tensor maps hold
+/// the activations' address: a call with other weights, alphas *or activations* than the
+/// previous call's copies the tables from the host, so keep the activations' buffer fixed in a
+/// captured graph (the sizes and C may change freely).
+pub struct W4a16MoePlan {
+    plan: MoePlan,
+}
+
+impl W4a16MoePlan {
+    /// Plans `problem` for `gpu` with `activations` of that type and the default options.
+    /// Errors: as [`Self::with_options`].
+    pub fn new(gpu: &Gpu, problem: MoeProblem, activations: Activations) -> Result<W4a16MoePlan> {
+        Self::with_options(gpu, problem, activations, &MoeOptions::default())
+    }
+
+    /// Plans `problem` with `options` (which GEMM kernels a call may run, as for [`MoePlan`]).
+    /// Errors: sm_100a and bf16 activations (not built yet), both [`Error::Unsupported`], before
+    /// any allocation.
+    pub fn with_options(
+        gpu: &Gpu,
+        problem: MoeProblem,
+        activations: Activations,
+        options: &MoeOptions,
+    ) -> Result<W4a16MoePlan> {
+        sm90_only(gpu)?;
+        Ok(W4a16MoePlan { plan: MoePlan::w4a16(gpu, problem, options, activations)? })
+    }
+
+    /// The problem this plan was built for.
+    pub fn problem(&self) -> &MoeProblem {
+        self.plan.problem()
+    }
+
+    /// What the planner chose (`tiles`: the work list's capacity).
+    pub fn summary(&self) -> &PlanSummary {
+        self.plan.summary()
+    }
+
+    /// Runs the grouped GEMM on `stream` for the sizes in `args.sizes` as they are when the
+    /// kernels run. Every buffer is validated first (typed errors); on any error nothing is
+    /// launched.
+    pub fn run<'s>(&mut self, stream: &'s Arc<CudaStream>, args: &'s mut W4a16MoeArgs<'_>) -> Result<()> {
+        // Holds the buffers' stream-ordering guards until the launches are enqueued.
+        let mut call = CallBuffers::new(stream);
+        let a = MoeTokens::Dense { activations: call.read(args.activations), kind: Activations::F16 };
+        self.plan.run_with(stream, call, args.sizes, a, args.weights, args.alphas, &mut args.c)
+    }
+
+    /// The plan's status word on the device ([`MoePlan::status`]).
+    pub fn status(&self) -> &CudaSlice<u32> {
+        self.plan.status()
+    }
+
+    /// Copies the status word to the host; synchronizes `stream` ([`MoePlan::read_status`]).
+    pub fn read_status(&self, stream: &Arc<CudaStream>) -> Result<SizeStatus> {
+        self.plan.read_status(stream)
+    }
+
+    /// Resets the status word on `stream` ([`MoePlan::clear_status`]).
+    pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.plan.clear_status(stream)
+    }
+}
+
+/// W4A16 is an sm_90a path: [`Error::Unsupported`] on any other GPU.
+fn sm90_only(gpu: &Gpu) -> Result<()> {
+    if gpu.arch() != Arch::Sm90a {
+        return Err(Error::Unsupported(format!(
+            "W4A16 runs on sm_90a; this GPU is {:?}, which multiplies NVFP4 operands natively (GemmPlan, MoePlan)",
+            gpu.arch()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

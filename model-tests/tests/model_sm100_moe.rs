@@ -171,7 +171,7 @@ fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> Sch
     let k = problem.k() as u64;
     for (g, (p, r)) in outcome.groups.iter().zip(rows).enumerate() {
         assert_eq!((p.m, p.token_row), (r.rows, r.first), "group {g}");
-        assert_eq!(p.a_scales, buffers.a_scales.ptr + r.scale_first as u64 * k / 16, "group {g}");
+        assert_eq!(p.a_scales, buffers.a.scales() + r.scale_first as u64 * k / 16, "group {g}");
         assert_eq!(p.c, buffers.c.ptr + r.first as u64 * problem.n() as u64 * 2, "group {g}");
         assert_eq!((p.n, p.k, p.ldc), (problem.n() as u32, k as u32, problem.n() as u32), "group {g}: host fields");
     }

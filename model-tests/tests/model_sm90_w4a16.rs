@@ -4,7 +4,9 @@
 //! fp64 reference as the W4A4 tests: `C = alpha · A · Bᵀ` (A's global scale in alpha).
 
 use nvfp4_format::InputDistribution;
-use nvfp4_gemm::OutputType::{Bf16, F16};
+use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, TokenLayout};
+use nvfp4_gemm::OutputType::{self, Bf16, F16};
+use nvfp4_gemm_abi::sm90::w4a16::kernel_name as w4a16_kernel;
 use nvfp4_gemm_abi::sm90::GemmConfig;
 use nvfp4_gemm_model_tests::*;
 
@@ -56,5 +58,111 @@ fn model_sm90_w4a16_t64_and_n192() {
             run_sm90_w4a16_with(ops, 2, config, run)
         });
         assert_eq!(ran[0].kernel, name);
+    }
+}
+
+/// The device-sized W4A16 call (`W4a16MoePlan`): the scheduler, then the W4A16 GEMMs reading the
+/// activations `[token_rows, K]` through maps over the whole tensor (rows of no group are NaN),
+/// no dequantization. Checks C against the reference on every group's rows, rows of no group and
+/// C's guards untouched, the status word, and which kernels ran.
+fn check_device_sized(
+    name: &str,
+    problem: MoeProblem,
+    sizes: &[u32],
+    seed: u64,
+    sm_count: u32,
+    options: &MoeOptions,
+    run: &ModelRun,
+) -> GemmConfig {
+    let ops = MoeOperands::new(problem, sizes.to_vec(), seed);
+    let inputs = ops.w4a16_inputs();
+    let (launched, outcome, layout) =
+        run_sm90_moe_w4a16(&ops, &inputs, sm_count, options, run).unwrap_or_else(|e| panic!("{name}: {e}"));
+    if let Err(e) = ops.check() {
+        panic!("{name}: wrong result: {e}");
+    }
+    assert_eq!(outcome.status, ops.status.0, "{name}: status word");
+    let names: Vec<&str> = launched.iter().map(|l| l.kernel).collect();
+    assert_eq!(names[0], "sm90_schedule", "{name}");
+    let gemms: Vec<&str> = layout.gemms.iter().flatten().map(|g| w4a16_kernel(g.config)).collect();
+    assert_eq!(&names[1..], &gemms[..], "{name}: the W4A16 GEMMs follow the scheduler, no dequantization");
+    let slot = (outcome.work_lens[1] > 0) as usize;
+    let config = layout.gemms[slot].expect("the kernel that got the call is launched").config;
+    assert_eq!(outcome.work_lens[1 - slot], 0, "{name}: the other launch gets no work");
+    config
+}
+
+const AUTO: MoeOptions = MoeOptions { kernels: MoeKernels::Auto, tail64: false };
+
+fn moe(groups: usize, n: usize, k: usize, layout: TokenLayout, out: OutputType) -> MoeProblem {
+    MoeProblem::new(groups, n, k, layout, out).unwrap()
+}
+
+/// Contiguous offsets: an empty expert, groups not starting at a multiple of 128, one expert with
+/// two 128-row tiles (the second a 9-row box), K with a 64-tail, N = 8·odd; the general kernel's
+/// LPT list over 2 CTAs; then the same sizes with offsets past T (clamped, flagged) on the 64/128
+/// kernel, bf16 out.
+#[test]
+fn model_sm90_w4a16_device_sizes_contiguous() {
+    let p = moe(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, F16);
+    let config = check_device_sized("contiguous", p, &[0, 3, 3, 140, 150], 1, 2, &AUTO, &ModelRun::default());
+    assert_eq!(config, GemmConfig::GENERAL);
+    let p = moe(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
+    let tail64 = MoeOptions { kernels: MoeKernels::General, tail64: true };
+    let run = ModelRun::ordered(Completion::Reversed, 2);
+    let config = check_device_sized("contiguous over T", p, &[0, 3, 3, 140, 1000], 2, 3, &tail64, &run);
+    assert_eq!(config, GemmConfig::T64);
+}
+
+/// Masked counts: with M_max = 16 the decode kernel alone, a count over the bound clamped and
+/// flagged, an empty group; a bound above 16 whose sizes stay at 16 or fewer (the decode kernel
+/// takes the call); and a plan of the decode kernel alone given groups of 40 and 17 rows.
+#[test]
+fn model_sm90_w4a16_device_sizes_masked() {
+    let p = moe(4, 24, 1024, TokenLayout::Masked { max_rows: 16 }, Bf16);
+    let run = ModelRun::ordered(Completion::Random, 3);
+    assert_eq!(check_device_sized("masked 16", p, &[16, 0, 5, 40], 3, 2, &AUTO, &run), GemmConfig::DECODE);
+    let p = moe(5, 24, 256, TokenLayout::Masked { max_rows: 60 }, F16);
+    let config = check_device_sized("masked auto", p, &[4, 0, 16, 1, 9], 4, 2, &AUTO, &ModelRun::default());
+    assert_eq!(config, GemmConfig::DECODE);
+    let p = moe(3, 40, 128, TokenLayout::Masked { max_rows: 48 }, F16);
+    let decode = MoeOptions { kernels: MoeKernels::Decode, tail64: false };
+    let config = check_device_sized("decode only", p, &[40, 0, 17], 5, 2, &decode, &ModelRun::default());
+    assert_eq!(config, GemmConfig::DECODE);
+}
+
+/// Random bounds and sizes (both layouts, some sizes beyond the bounds, empty groups) against
+/// the reference.
+#[test]
+fn model_sm90_w4a16_device_sizes_random() {
+    let mut rng = nvfp4_format::SplitMix64::new(0x4A16_3300);
+    for case in 0..4 {
+        let groups = 1 + rng.below(6) as usize;
+        let (n, k) = (8 * (1 + 2 * rng.below(12) as usize), 64 * (1 + rng.below(5) as usize));
+        let bound = 1 + rng.below(90) as usize;
+        let (layout, sizes) = if case % 2 == 0 {
+            let mut offsets = vec![0u32];
+            for _ in 0..groups {
+                let next = offsets.last().unwrap() + rng.below(bound as u64 / 2 + 2) as u32;
+                offsets.push(next);
+            }
+            (TokenLayout::Contiguous { max_tokens: bound }, offsets)
+        } else {
+            let counts = (0..groups).map(|_| rng.below(bound as u64 + 3) as u32).collect();
+            (TokenLayout::Masked { max_rows: bound }, counts)
+        };
+        let out = if case < 2 { F16 } else { Bf16 };
+        let p = moe(groups, n, k, layout, out);
+        let sms = 1 + rng.below(4) as u32;
+        let run = ModelRun::ordered(Completion::Random, case);
+        check_device_sized(
+            &format!("random {case}: {layout:?} {sizes:?} n {n} k {k}"),
+            p,
+            &sizes,
+            case,
+            sms,
+            &AUTO,
+            &run,
+        );
     }
 }

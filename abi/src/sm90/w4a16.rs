@@ -45,6 +45,13 @@ const CHUNK_BYTES: u32 = CHUNK_K / 2;
 /// multiplies back (the f16 decode's products lack `DECODE_EXPONENT`, as in W4A4).
 pub const BF16_PRODUCT_EXPONENT: u32 = 7;
 
+/// Every thread of a W4A16 GEMM executes `griddepcontrol.wait` before it reads the group table,
+/// the work list or its length: no dequantization precedes these kernels, so a device-sized plan
+/// launches them right after its scheduler (which lets its dependents start at once) with
+/// programmatic stream serialization, and the wait is what orders the scheduler's tables before
+/// their reads. After a plain launch the wait returns at once.
+pub const GEMM_WAITS_FIRST: bool = true;
+
 /// The activations' type of a W4A16 kernel (and of its prepacked weights).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Activations {

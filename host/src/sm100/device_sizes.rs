@@ -143,7 +143,7 @@ impl DeviceSizedLayout for Sm100DeviceLayout {
     ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
         let params = self.group_params(problem, buffers)?;
         let (a, b) = self.maps(problem)?;
-        let a = a.encode_with(encoder, buffers.a_values.ptr)?;
+        let a = a.encode_with(encoder, buffers.a.base())?;
         let mut maps = Vec::with_capacity(2 * buffers.weights.len());
         for (values, _) in &buffers.weights {
             maps.push(a);
@@ -206,7 +206,7 @@ impl DeviceSizedPlan<Sm100DeviceLayout> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::moe_problem::TokenLayout;
+    use crate::moe_problem::{MoeTokens, TokenLayout};
     use crate::problem::BufferView;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
 
@@ -258,8 +258,7 @@ mod tests {
         let v = |ptr: u64, len| BufferView { ptr, len };
         let buffers = MoeBuffers {
             sizes: v(0x100, 4),
-            a_values: v(0x1000, a.values),
-            a_scales: v(0x2000, a.scales),
+            a: MoeTokens::Nvfp4 { values: v(0x1000, a.values), scales: v(0x2000, a.scales) },
             weights: (0..3).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
             alphas: vec![0.5, 1.0, 2.0],
             c: v(0x3000, p.c_elements()),

@@ -36,6 +36,7 @@ use nvfp4_gemm_abi::moe::sm90::{
     general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
+use nvfp4_gemm_abi::sm90::w4a16::{self, Activations};
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, SMALL_TILE_M};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 
@@ -78,6 +79,10 @@ pub struct Sm90DeviceLayout {
     pub workspace_bytes: usize,
     /// `sm90_dequant_tokens`' launch (sized for the bounds).
     pub dequant: LaunchGeometry,
+    /// W4A16 ([`crate::w4a16::W4a16MoePlan`]): the activations' type. The tokens are then the
+    /// call's activations `[token_rows, K]`, read through the token maps as they are: no
+    /// dequantization launch, no workspace, the W4A16 twins of the GEMM kernels.
+    pub activations: Option<Activations>,
 }
 
 fn to_u32(items: u64, what: &str) -> Result<u32> {
@@ -87,6 +92,31 @@ fn to_u32(items: u64, what: &str) -> Result<u32> {
 impl Sm90DeviceLayout {
     /// The layout of `problem`'s bounds on a device with `sm_count` SMs.
     pub fn new(problem: &MoeProblem, sm_count: u32, options: &MoeOptions) -> Result<Sm90DeviceLayout> {
+        Self::with_tokens(problem, sm_count, options, None)
+    }
+
+    /// [`Self::new`] for W4A16: the same tiles and work list, the tokens the call's activations of
+    /// type `activations`. bf16 activations are [`Error::Unsupported`] (not built yet).
+    pub fn w4a16(
+        problem: &MoeProblem,
+        sm_count: u32,
+        options: &MoeOptions,
+        activations: Activations,
+    ) -> Result<Sm90DeviceLayout> {
+        if activations != Activations::F16 {
+            return Err(Error::Unsupported(format!(
+                "W4A16 with {activations:?} activations is not built yet (docs/w4a16.md)"
+            )));
+        }
+        Self::with_tokens(problem, sm_count, options, Some(activations))
+    }
+
+    fn with_tokens(
+        problem: &MoeProblem,
+        sm_count: u32,
+        options: &MoeOptions,
+        activations: Option<Activations>,
+    ) -> Result<Sm90DeviceLayout> {
         let sizes = problem.device_sizes(0);
         let (g, n, k) = (sizes.groups as u64, problem.n() as u32, problem.k() as u32);
         let weight_tiles = sm90::n_tiles(n) as u64;
@@ -134,7 +164,9 @@ impl Sm90DeviceLayout {
             debug_assert!(lpt_grid == 0 || launch.grid == lpt_grid);
             general_gemm = Some(Sm90DeviceGemm { config, max_items, max_list, launch });
         }
-        let max_dequant_ctas = if sizes.layout == abi::LAYOUT_MASKED {
+        let max_dequant_ctas = if activations.is_some() {
+            0
+        } else if sizes.layout == abi::LAYOUT_MASKED {
             g * sm90::dequant_ctas(sizes.rows, k) as u64
         } else {
             // Each non-empty group of m rows takes min(⌈m·c/I⌉, MAX) CTAs (c = k/64 chunks,
@@ -155,9 +187,28 @@ impl Sm90DeviceLayout {
             lpt_grid,
             costs,
             max_dequant_ctas,
-            workspace_bytes: (problem.token_rows() * problem.k() * 2).max(16),
+            workspace_bytes: if activations.is_some() { 0 } else { problem.token_rows() * problem.k() * 2 },
             dequant: sm90::dequant_launch(max_dequant_ctas),
+            activations,
         })
+    }
+
+    /// The GEMM kernel of configuration `config` (its W4A16 twin for W4A16).
+    pub fn gemm_kernel(&self, config: GemmConfig) -> &'static str {
+        match self.activations {
+            None => config.kernel_name(),
+            Some(_) => w4a16::kernel_name(config),
+        }
+    }
+
+    /// The address the token maps cover: the plan's f16 workspace, or for W4A16 the call's
+    /// activations.
+    fn token_base(&self, buffers: &MoeBuffers, tables: &DeviceSizedTables) -> u64 {
+        debug_assert_eq!(buffers.a.dense_kind(), self.activations, "the plan's token operand");
+        match self.activations {
+            None => tables.workspace,
+            Some(_) => buffers.a.base(),
+        }
     }
 
     /// Tensor-map index of the workspace map with 1-row boxes (`h` rows: `+ h − 1`).
@@ -220,7 +271,7 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
         }
         for h in 1..=self.token_heights {
             maps[(self.token_maps() + h - 1) as usize] =
-                encoder.encode(&sm90::token_map_with_box(rows, k, h), tables.workspace)?;
+                encoder.encode(&sm90::token_map_with_box(rows, k, h), self.token_base(buffers, tables))?;
         }
         Ok((params, maps))
     }
@@ -234,8 +285,9 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
         let per_kernel = |f: &dyn Fn(&Sm90DeviceGemm) -> u32| self.gemms.map(|g| g.as_ref().map_or(0, f));
         Sm90ScheduleParams {
             common: schedule_common(problem, buffers, tables),
-            a_values: buffers.a_values.ptr,
-            workspace: tables.workspace,
+            // Unused for W4A16 (the GEMM reads the activations through the token maps only).
+            a_values: if self.activations.is_some() { 0 } else { buffers.a.base() },
+            workspace: self.token_base(buffers, tables),
             work_len: [0, 1].map(|slot| if self.gemms[slot].is_some() { tables.work_len[slot] } else { 0 }),
             ranks: tables.ranks,
             kernels: self.kernels,
@@ -250,22 +302,26 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
 
     fn launches(&self, tables: &DeviceSizedTables, output: OutputType) -> Vec<DeviceSizedLaunch> {
         let groups = self.sizes.groups;
-        // The dequantization reads the scheduler's table after its `griddepcontrol.wait`.
-        let mut launches = vec![DeviceSizedLaunch {
-            kernel: DEQUANT,
-            geometry: self.dequant,
-            start: Start::Early,
-            params: kernel_params(tables, 0, 0, groups, output),
-        }];
+        let mut launches = vec![];
+        if self.activations.is_none() {
+            // The dequantization reads the scheduler's table after its `griddepcontrol.wait`.
+            launches.push(DeviceSizedLaunch {
+                kernel: DEQUANT,
+                geometry: self.dequant,
+                start: Start::Early,
+                params: kernel_params(tables, 0, 0, groups, output),
+            });
+        }
         for (slot, gemm) in self.gemms.iter().enumerate() {
             if let Some(gemm) = gemm {
                 launches.push(DeviceSizedLaunch {
-                    kernel: gemm.config.kernel_name(),
+                    kernel: self.gemm_kernel(gemm.config),
                     geometry: gemm.launch,
-                    // The GEMM may start while the launch before it runs: the scheduler's tables it
-                    // reads first were complete before the dequantization's wait returned, and it
-                    // waits before its first token load.
-                    start: super::GEMM_AFTER_DEQUANT,
+                    // The GEMM may start while the launch before it runs. W4A4: the scheduler's
+                    // tables it reads first were complete before the dequantization's wait
+                    // returned, and it waits before its first token load. W4A16: it waits before
+                    // reading anything (`w4a16::GEMM_WAITS_FIRST`).
+                    start: if self.activations.is_some() { super::W4A16_GEMM_START } else { super::GEMM_AFTER_DEQUANT },
                     params: kernel_params(tables, gemm.max_list, tables.work_len[slot], groups, output),
                 });
             }
@@ -282,7 +338,7 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
             .map(|g| {
                 format!(
                     "{}: swap-AB wgmma m64nNk16, tile Nx{} (N = {}), {} stages of K {}",
-                    g.config.kernel_name(),
+                    self.gemm_kernel(g.config),
                     sm90::BLOCK_N,
                     super::widths(g.config),
                     g.config.stages,
@@ -305,12 +361,18 @@ impl DeviceSizedPlan<Sm90DeviceLayout> {
         let layout = Sm90DeviceLayout::new(problem, gpu.sm_count(), options)?;
         DeviceSizedPlan::new(gpu, problem, layout)
     }
+
+    /// A W4A16 plan of `problem` ([`Sm90DeviceLayout::w4a16`]) for `gpu`, its tables allocated.
+    pub fn w4a16(gpu: &Gpu, problem: &MoeProblem, options: &MoeOptions, activations: Activations) -> Result<Self> {
+        let layout = Sm90DeviceLayout::w4a16(problem, gpu.sm_count(), options, activations)?;
+        DeviceSizedPlan::new(gpu, problem, layout)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::moe_problem::{MoeProblem, TokenLayout};
+    use crate::moe_problem::{MoeProblem, MoeTokens, TokenLayout};
     use crate::problem::BufferView;
     use nvfp4_gemm_abi::moe::sm90::GENERAL_CONFIGS;
 
@@ -407,8 +469,7 @@ mod tests {
         let v = |ptr: u64, len| BufferView { ptr, len };
         let buffers = MoeBuffers {
             sizes: v(0x100, 5),
-            a_values: v(0x1000, a.values),
-            a_scales: v(0x2000, a.scales),
+            a: MoeTokens::Nvfp4 { values: v(0x1000, a.values), scales: v(0x2000, a.scales) },
             weights: (0..4).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
             alphas: vec![0.5, 1.0, 2.0, 4.0],
             c: v(0x3000, p.c_elements()),
@@ -444,5 +505,31 @@ mod tests {
         assert_eq!(launches[0].params.work_len_device, 0);
         let decode_only = layout(&p, MoeKernels::Decode, false).schedule_params(&p, &buffers, &tables);
         assert_eq!((decode_only.work_len, decode_only.kernels), ([4, 0], KERNELS_DECODE));
+
+        // W4A16: the same tiles and lists; the token maps and the scheduler's token base are the
+        // activations, no workspace, no dequantization, the W4A16 twins started early.
+        let w = Sm90DeviceLayout::w4a16(&p, 132, &MoeOptions::default(), Activations::F16).unwrap();
+        assert_eq!(
+            (&w.gemms, w.token_heights, w.workspace_bytes, w.table_sizes().workspace_bytes),
+            (&l.gemms, 128, 0, 0)
+        );
+        let dense = MoeBuffers {
+            a: MoeTokens::Dense { activations: v(0x4000, 300 * 512), kind: Activations::F16 },
+            ..buffers.clone()
+        };
+        let ws = w.schedule_params(&p, &dense, &tables);
+        assert_eq!((ws.a_values, ws.common.a_scales, ws.workspace), (0, 0, 0x4000));
+        assert_eq!((ws.max_items, ws.max_list, ws.work_len), (s.max_items, s.max_list, s.work_len));
+        let launches = w.launches(&tables, OutputType::Bf16);
+        let names: Vec<_> = launches.iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_w4a16_gemm_decode", "sm90_w4a16_gemm"]);
+        assert!(launches.iter().all(|l| l.start == Start::Early));
+        assert_eq!(
+            launches.iter().map(|l| (l.params.work_len, l.params.work_len_device)).collect::<Vec<_>>(),
+            [(8, 4), (12, 8)]
+        );
+        assert!(w.describe().0.contains("sm90_w4a16_gemm_decode"));
+        let bf16 = Sm90DeviceLayout::w4a16(&p, 132, &MoeOptions::default(), Activations::Bf16);
+        assert!(matches!(bf16, Err(Error::Unsupported(_))));
     }
 }

@@ -248,6 +248,11 @@ impl Sm90Layout {
 /// How a GEMM launch that follows the token dequantization may start (`sm90::GEMM_STARTS_EARLY`).
 pub(crate) const GEMM_AFTER_DEQUANT: Start = if sm90::GEMM_STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
 
+/// How a W4A16 GEMM launch that follows a device-sized plan's scheduler may start
+/// (`sm90::w4a16::GEMM_WAITS_FIRST`).
+pub(crate) const W4A16_GEMM_START: Start =
+    if sm90::w4a16::GEMM_WAITS_FIRST { Start::Early } else { Start::AfterPrevious };
+
 /// The token-tile widths of a variant, in words.
 pub(crate) fn widths(c: sm90::GemmConfig) -> String {
     if c.narrow == c.block_m {

@@ -207,6 +207,11 @@ pub unsafe fn sm90_w4a16_gemm_n192(p: KernelParams) {
 #[inline(always)]
 unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     const { assert!(V::CFG.stages == STAGES) };
+    if V::W4A16 && w4a16::GEMM_WAITS_FIRST {
+        // No dequantization precedes a W4A16 GEMM: a device-sized plan launches it early, right
+        // after its scheduler, so every thread waits before reading the scheduler's tables.
+        barrier::grid_dependency_wait();
+    }
     let p = *p;
     let st = SharedMap::<V> { base: smem::dynamic_base(), variant: core::marker::PhantomData };
     let tid = sreg::tid_x();

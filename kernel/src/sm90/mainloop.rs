@@ -27,8 +27,9 @@ use nvfp4_gemm_abi::sm90::*;
 pub(super) unsafe fn produce<V: Variant, const STAGES: u32>(st: &SharedMap<V>, p: &KernelParams, role: ProducerRole) {
     let mut work = Work::new(p);
     let mut ring = Producer::<STAGES>::new(st.full(), st.empty(), Scope::Cta);
-    // The token producer has not yet waited for the token dequantization.
-    let mut before_tokens = true;
+    // The token producer has not yet waited for the token dequantization (W4A16 has none: its
+    // threads waited at the start, `w4a16::GEMM_WAITS_FIRST`).
+    let mut before_tokens = !(V::W4A16 && w4a16::GEMM_WAITS_FIRST);
     // SAFETY: the list holds `work_len` items; each names a group of the table.
     while let Some(t) = unsafe { work.next_item() } {
         // SAFETY: as above.
