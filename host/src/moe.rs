@@ -241,10 +241,7 @@ impl MoePlan {
         let sizes = call.read(sizes);
         let weights: Vec<(BufferView, BufferView)> =
             weights.iter().map(|w| (call.read(w.values), call.read(w.scales))).collect();
-        let (c, c_type) = match c {
-            Output::F16(c) => (call.write(&mut **c), OutputType::F16),
-            Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
-        };
+        let (c, c_type) = call.output(c);
         let buffers = MoeBuffers { sizes, a, weights, alphas: alphas.to_vec(), c, c_type };
         validate_moe_buffers(&self.problem, &buffers)?;
         if buffers.a.dense_kind() != self.activations {

@@ -94,9 +94,16 @@ impl<'s> CallBuffers<'s> {
         c: &'s mut Output<'_>,
     ) -> ([BufferView; 4], BufferView, OutputType) {
         let ab = [self.read(a.values), self.read(a.scales), self.read(b.values), self.read(b.scales)];
+        let (c, c_type) = self.output(c);
+        (ab, c, c_type)
+    }
+
+    /// The view of C and its type, for this call.
+    #[inline(always)]
+    pub(crate) fn output(&mut self, c: &'s mut Output<'_>) -> (BufferView, OutputType) {
         match c {
-            Output::F16(c) => (ab, self.write(&mut **c), OutputType::F16),
-            Output::Bf16(c) => (ab, self.write(&mut **c), OutputType::Bf16),
+            Output::F16(c) => (self.write(&mut **c), OutputType::F16),
+            Output::Bf16(c) => (self.write(&mut **c), OutputType::Bf16),
         }
     }
 }

@@ -17,8 +17,9 @@ use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeOptions, MoePlan, MoeProblem, MoeTokens, SizeStatus};
+use crate::overlap::{self, Span};
 use crate::plan::{Nvfp4Operand, Output};
-use crate::problem::{BufferView, CallBuffers, GroupBuffers, OutputType, Problem, BUFFER_ALIGN};
+use crate::problem::{stacked_parts, BufferSizes, BufferView, CallBuffers, GroupBuffers, Problem, BUFFER_ALIGN};
 use crate::sm90::Sm90Layout;
 use crate::summary::PlanSummary;
 use crate::tables::upload_tables;
@@ -127,6 +128,75 @@ pub struct W4a16Args<'a> {
     pub alpha: f32,
 }
 
+/// Every group's buffers of a [`W4a16Plan::run_stacked`], one buffer per operand, the groups'
+/// parts in group order ([`W4a16Plan::stacked_offsets`]): e.g. a MoE layer's sorted activations
+/// `[T, K]`, its experts' prepacked weights stacked into one `[G, N, K/2]` tensor with one
+/// tensor of their scales, C as one `[T, N]` tensor. Borrowed for the call, never copied.
+pub struct W4a16StackedArgs<'a> {
+    /// Every group's activations: `Σ m·K` f16 elements.
+    pub activations: &'a dyn DevicePtr<half::f16>,
+    /// Every group's prepacked weights: values `Σ n·K/2` bytes, scales `Σ ⌈n/128⌉·128·K/16` bytes
+    /// (as for `GemmPlan::run_stacked`'s B).
+    pub weights: Nvfp4Operand<'a>,
+    /// Every group's C: `Σ m·n` elements.
+    pub c: Output<'a>,
+    /// One alpha per group.
+    pub alphas: &'a [f32],
+}
+
+/// Checks a W4A16 call's buffers against the problem, as [`W4a16Plan::run`] does before any
+/// launch: per group (`activations[g]`, f16 elements, and `buffers[g]`'s weights, C and alpha;
+/// its A fields are not read) the exact lengths, 16-byte alignment, the output type and a finite
+/// alpha, then no output overlapping another buffer of the call ([`Error::Overlap`]). A group
+/// with `m = 0` reads and writes nothing and is not checked. Pure: runs on the CPU.
+pub fn validate_w4a16_buffers(problem: &Problem, activations: &[BufferView], buffers: &[GroupBuffers]) -> Result<()> {
+    const FIELDS: [&str; 4] = ["activations", "b.values", "b.scales", "c"];
+    let groups = problem.groups();
+    if activations.len() != groups.len() || buffers.len() != groups.len() {
+        return Err(Error::InvalidProblem(format!(
+            "the plan has {} groups but {} were passed",
+            groups.len(),
+            buffers.len().min(activations.len())
+        )));
+    }
+    let mut spans = Vec::with_capacity(4 * groups.len());
+    for (g, ((s, b), &act)) in groups.iter().zip(buffers).zip(activations).enumerate() {
+        if s.m == 0 {
+            continue;
+        }
+        let w = BufferSizes::of(s);
+        let checks = [(act, s.m * s.k), (b.b_values, w.b_values), (b.b_scales, w.b_scales), (b.c, w.c_elements)];
+        for (field, (view, len)) in FIELDS.into_iter().zip(checks) {
+            if view.len != len {
+                let reason = format!("has {} elements; m={} n={} k={} needs exactly {len}", view.len, s.m, s.n, s.k);
+                return Err(Error::group(g, field, reason));
+            }
+            if view.ptr % BUFFER_ALIGN != 0 {
+                return Err(Error::group(
+                    g,
+                    field,
+                    format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
+                ));
+            }
+        }
+        if b.c_type != problem.output() {
+            let reason = format!("is {:?}; the problem's output is {:?}", b.c_type, problem.output());
+            return Err(Error::group(g, "c", reason));
+        }
+        if !b.alpha.is_finite() {
+            return Err(Error::group(g, "alpha", format!("{} is not finite", b.alpha)));
+        }
+        let id = 4 * g as u32;
+        spans.extend([
+            Span::new(id, act, 2, false),
+            Span::new(id + 1, b.b_values, 1, false),
+            Span::new(id + 2, b.b_scales, 1, false),
+            Span::new(id + 3, b.c, 2, true),
+        ]);
+    }
+    overlap::check("w4a16 run", &mut spans, overlap::group_fields(&FIELDS))
+}
+
 /// A W4A16 problem planned for one sm_90a GPU (f16 activations): the layout (the W4A4 tiles and
 /// work list), the kernel, and the device tables, allocated once. A call validates every buffer,
 /// uploads the tables when an address or alpha changed since the previous call, and launches the
@@ -138,6 +208,8 @@ pub struct W4a16Plan {
     groups: CudaSlice<u8>,
     maps: CudaSlice<u8>,
     work: CudaSlice<u8>,
+    /// The groups' parts of stacked buffers.
+    stacked: Vec<BufferSizes>,
     /// Activation, weight and C addresses and alphas of the last upload.
     signature: Vec<u64>,
 }
@@ -170,6 +242,7 @@ impl W4a16Plan {
             work,
             layout,
             gemm,
+            stacked: problem.stacked_offsets(),
             problem,
             signature: vec![],
         };
@@ -188,66 +261,33 @@ impl W4a16Plan {
         kernel_name(&self.layout)
     }
 
-    /// Runs the GEMM on `stream`. Every buffer is validated first (typed errors naming the group
-    /// and field); on any error nothing is launched.
+    /// Where group `g`'s parts of [`W4a16Plan::run_stacked`]'s buffers start (entry `G`: their
+    /// total lengths): `b_values`, `b_scales` in bytes and `c_elements` as
+    /// [`Problem::stacked_offsets`] gives them; the activations' offset in f16 elements is
+    /// `2 · a_values` (`Σ m·K`).
+    pub fn stacked_offsets(&self) -> &[BufferSizes] {
+        &self.stacked
+    }
+
+    /// Runs the GEMM on `stream` with one [`W4a16Args`] per group. Every buffer is validated first
+    /// ([`validate_w4a16_buffers`]: typed errors naming the group and field); on any error
+    /// nothing is launched.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut [W4a16Args<'_>]) -> Result<()> {
-        let stream: &CudaStream = stream_arc;
-        let groups = self.problem.groups();
-        if args.len() != groups.len() {
-            return Err(Error::InvalidArgument {
-                call: "w4a16 run",
-                field: "args",
-                reason: format!("{} groups given for {}", args.len(), groups.len()),
-            });
+        let groups = self.problem.groups().len();
+        if args.len() != groups {
+            let reason = format!("{} groups given for {groups}", args.len());
+            return Err(Error::InvalidArgument { call: "w4a16 run", field: "args", reason });
         }
-        let mut call = CallBuffers::new(stream);
-        let mut buffers = Vec::with_capacity(args.len());
-        let mut tokens = Vec::with_capacity(args.len());
-        for (g, (a, s)) in args.iter_mut().zip(groups).enumerate() {
-            let act = call.read(a.activations);
+        let mut call = CallBuffers::new(stream_arc);
+        let mut activations = Vec::with_capacity(groups);
+        let mut buffers = Vec::with_capacity(groups);
+        for a in args.iter_mut() {
+            activations.push(call.read(a.activations));
             let (b_values, b_scales) = (call.read(a.weights.values), call.read(a.weights.scales));
-            let (c, c_type) = match &mut a.c {
-                Output::F16(c) => (call.write(&mut **c), OutputType::F16),
-                Output::Bf16(c) => (call.write(&mut **c), OutputType::Bf16),
-            };
-            let w = nvfp4_gemm_abi::scale_layout::blocked_bytes(s.n as u32, s.k as u32);
-            let checks = [
-                ("activations", act, s.m * s.k),
-                ("b.values", b_values, s.n * s.k / 2),
-                ("b.scales", b_scales, w),
-                ("c", c, s.m * s.n),
-            ];
-            for (field, view, len) in checks {
-                if view.len != len {
-                    return Err(Error::group(
-                        g,
-                        field,
-                        format!("has {} elements; the group needs exactly {len}", view.len),
-                    ));
-                }
-                if view.ptr % BUFFER_ALIGN != 0 {
-                    return Err(Error::group(
-                        g,
-                        field,
-                        format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
-                    ));
-                }
-            }
-            if c_type != self.problem.output() {
-                return Err(Error::group(
-                    g,
-                    "c",
-                    format!("is {c_type:?}; the problem's output is {:?}", self.problem.output()),
-                ));
-            }
-            if !a.alpha.is_finite() {
-                return Err(Error::group(g, "alpha", format!("{} is not finite", a.alpha)));
-            }
-            tokens.push(act.ptr);
-            let none = BufferView { ptr: 0, len: 0 };
+            let (c, c_type) = call.output(&mut a.c);
             buffers.push(GroupBuffers {
-                a_values: none,
-                a_scales: none,
+                a_values: NONE,
+                a_scales: NONE,
                 b_values,
                 b_scales,
                 c,
@@ -255,13 +295,70 @@ impl W4a16Plan {
                 alpha: a.alpha,
             });
         }
+        self.run_checked(stream_arc, &activations, &buffers)
+    }
+
+    /// Runs the GEMM on `stream` with every group's operands in one buffer each
+    /// ([`W4a16StackedArgs`]). A buffer whose length is not the sum of its parts, or an alpha
+    /// count other than the groups', is [`Error::InvalidArgument`]; then every group's parts are
+    /// checked as [`W4a16Plan::run`] checks them. On any error nothing is launched.
+    pub fn run_stacked<'s>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        args: &'s mut W4a16StackedArgs<'_>,
+    ) -> Result<()> {
+        const CALL: &str = "w4a16 run_stacked";
+        let mut call = CallBuffers::new(stream_arc);
+        let act = call.read(args.activations);
+        let (b_values, b_scales) = (call.read(args.weights.values), call.read(args.weights.scales));
+        let (c, c_type) = call.output(&mut args.c);
+        let total = self.stacked[self.problem.groups().len()];
+        let lengths = [
+            ("activations", act.len, 2 * total.a_values, "elements"),
+            ("b.values", b_values.len, total.b_values, "bytes"),
+            ("b.scales", b_scales.len, total.b_scales, "bytes"),
+            ("c", c.len, total.c_elements, "elements"),
+        ];
+        for (field, len, want, unit) in lengths {
+            if len != want {
+                let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
+                return Err(Error::InvalidArgument { call: CALL, field, reason });
+            }
+        }
+        if args.alphas.len() != self.problem.groups().len() {
+            let reason = format!("{} alphas for {} groups", args.alphas.len(), self.problem.groups().len());
+            return Err(Error::InvalidArgument { call: CALL, field: "alphas", reason });
+        }
+        let mut buffers = Vec::with_capacity(args.alphas.len());
+        stacked_parts(
+            &self.stacked,
+            [NONE, NONE, b_values, b_scales],
+            c,
+            c_type,
+            args.alphas.iter().copied(),
+            &mut buffers,
+        );
+        self.run_checked(stream_arc, &activation_parts(&self.stacked, act), &buffers)
+    }
+
+    /// Validates the call's buffers, uploads the tables when an address or alpha changed, and
+    /// launches.
+    fn run_checked(
+        &mut self,
+        stream_arc: &Arc<CudaStream>,
+        activations: &[BufferView],
+        buffers: &[GroupBuffers],
+    ) -> Result<()> {
+        validate_w4a16_buffers(&self.problem, activations, buffers)?;
+        let stream: &CudaStream = stream_arc;
+        let tokens: Vec<u64> = activations.iter().map(|a| a.ptr).collect();
         let signature: Vec<u64> = buffers
             .iter()
             .zip(&tokens)
             .flat_map(|(b, &t)| [t, b.b_values.ptr, b.b_scales.ptr, b.c.ptr, u64::from(b.alpha.to_bits())])
             .collect();
         if signature != self.signature {
-            let (params, maps) = tables_with(&self.layout, &DriverEncoder, &self.problem, &buffers, &tokens)?;
+            let (params, maps) = tables_with(&self.layout, &DriverEncoder, &self.problem, buffers, &tokens)?;
             upload_tables(stream_arc, &params, &mut self.groups, &maps, &mut self.maps)?;
             self.signature = signature;
         }
@@ -277,6 +374,18 @@ impl W4a16Plan {
         unsafe { launch(&self.gemm, stream, self.layout.gemm, &params) }
     }
 }
+
+/// Each group's part of stacked activations `act` ([`Problem::stacked_offsets`] `at`): group `g`
+/// from element `Σ_{h<g} m_h·K` — twice the NVFP4 values' byte offset `Σ m_h·K/2` — for `m_g·K`
+/// elements of 2 bytes, so the parts are adjacent and disjoint.
+fn activation_parts(at: &[BufferSizes], act: BufferView) -> Vec<BufferView> {
+    at.windows(2)
+        .map(|w| BufferView { ptr: act.ptr + 4 * w[0].a_values as u64, len: 2 * (w[1].a_values - w[0].a_values) })
+        .collect()
+}
+
+/// An empty view: W4A16's unused NVFP4 token fields.
+const NONE: BufferView = BufferView { ptr: 0, len: 0 };
 
 /// The device buffers of one [`W4a16MoePlan::run`]. Borrowed for the call, never copied.
 pub struct W4a16MoeArgs<'a> {
@@ -384,6 +493,70 @@ mod tests {
     use nvfp4_format::layout::blocked_offset;
     use nvfp4_format::{random_matrix, InputDistribution, SplitMix64};
     use nvfp4_gemm_abi::sm90::w4a16::{packed_column, scale_bf16_bits, BF16_PRODUCT_EXPONENT};
+
+    /// A W4A16 call's buffers for `p`, stacked from `base` (activations, then weights, then C,
+    /// each part 16-byte aligned), as `run_stacked` splits them.
+    fn stacked(p: &Problem, base: u64) -> (Vec<BufferView>, Vec<GroupBuffers>) {
+        let at = p.stacked_offsets();
+        let total = at[p.groups().len()];
+        let act = BufferView { ptr: base, len: 2 * total.a_values };
+        let b_values = BufferView { ptr: base + 0x100_0000, len: total.b_values };
+        let b_scales = BufferView { ptr: base + 0x200_0000, len: total.b_scales };
+        let c = BufferView { ptr: base + 0x300_0000, len: total.c_elements };
+        let none = BufferView { ptr: 0, len: 0 };
+        let mut buffers = vec![];
+        let alphas = (0..p.groups().len()).map(|g| g as f32);
+        stacked_parts(&at, [none, none, b_values, b_scales], c, p.output(), alphas, &mut buffers);
+        (activation_parts(&at, act), buffers)
+    }
+
+    /// Stacked activations split into each group's `m·K` elements, adjacent; the parts pass the
+    /// checks, empty groups with any buffer too; each wrong length, misalignment, output type,
+    /// alpha and overlap is a typed error naming the group and field.
+    #[test]
+    fn w4a16_buffers_are_checked_with_typed_errors() {
+        use crate::problem::{GroupShape, OutputType};
+        let shapes = [(3, 136, 192), (0, 256, 64), (130, 64, 128), (1, 8, 64)];
+        let shapes: Vec<GroupShape> = shapes.iter().map(|&(m, n, k)| GroupShape::new(m, n, k)).collect();
+        let p = Problem::new(shapes, OutputType::F16).unwrap();
+        let (act, buffers) = stacked(&p, 0x1_0000_0000);
+        assert_eq!(act.iter().map(|v| v.len).collect::<Vec<_>>(), [3 * 192, 0, 130 * 128, 64]);
+        assert_eq!(act[2].ptr, 0x1_0000_0000 + 2 * 3 * 192);
+        assert!(act.windows(2).all(|w| w[0].ptr + 2 * w[0].len as u64 == w[1].ptr), "adjacent");
+        validate_w4a16_buffers(&p, &act, &buffers).unwrap();
+        // A group of no rows: whatever its buffers (e.g. a placeholder allocation).
+        let mut empty = act.clone();
+        empty[1] = BufferView { ptr: 0x7, len: 8 };
+        validate_w4a16_buffers(&p, &empty, &buffers).unwrap();
+        type Edit = fn(&mut Vec<BufferView>, &mut Vec<GroupBuffers>);
+        let cases: [(Edit, &str); 6] = [
+            (|a, _| a[2].len -= 1, "activations"),
+            (|a, _| a[2].ptr += 8, "activations"),
+            (|_, b| b[2].b_scales.len += 1, "b.scales"),
+            (|_, b| b[2].c_type = OutputType::Bf16, "c"),
+            (|_, b| b[2].alpha = f32::NAN, "alpha"),
+            (|_, b| b[2].b_values.ptr += 4, "b.values"),
+        ];
+        for (edit, field) in cases {
+            let (mut a, mut b) = (act.clone(), buffers.clone());
+            edit(&mut a, &mut b);
+            match validate_w4a16_buffers(&p, &a, &b).unwrap_err() {
+                Error::InvalidGroup { group: 2, field: f, .. } => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        // Group 3's C over group 0's activations.
+        let mut b = buffers.clone();
+        b[3].c.ptr = act[0].ptr + 16;
+        match validate_w4a16_buffers(&p, &act, &b).unwrap_err() {
+            Error::Overlap { output, other, .. } => {
+                assert_eq!((output.group, output.field), (Some(3), "c"));
+                assert_eq!((other.group, other.field), (Some(0), "activations"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(validate_w4a16_buffers(&p, &act[..3], &buffers), Err(Error::InvalidProblem(_))));
+    }
 
     fn bf16(bits: u16) -> f64 {
         half::bf16::from_bits(bits).to_f64()

@@ -5,9 +5,10 @@
 //! guards poisoned, two runs, bitwise determinism; fp16 atol = rtol = 1e-3, bf16 rtol 4e-3;
 //! full-range inputs with the fp32-accumulation allowance). Cases: the competition's shapes, random
 //! problems with tails (M = 0, M of any size, N = 8·odd, K = 64 and K % 128 = 64, up to 16 groups),
-//! 64 groups of 4 tokens (the decode kernel), both input distributions, fp16 and bf16 output; and
-//! typed errors for bf16 activations and bad buffers.
-//! Skipped with a printed reason without an sm_90 GPU.
+//! 64 groups of 4 tokens (the decode kernel), both input distributions, fp16 and bf16 output; the
+//! stacked call (one buffer per operand) against the per-group one; and typed errors for bf16
+//! activations and bad buffers.
+//! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`).
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
@@ -176,5 +177,101 @@ fn gpu_w4a16_errors() {
     stream.synchronize().unwrap();
     for c in &cs {
         assert!(stream.clone_dtoh(c).unwrap().iter().all(|x| x.to_bits() == 0), "nothing was launched");
+    }
+}
+
+/// `run_stacked`: every group's activations, prepacked weights and C in one buffer each (empty
+/// groups included) writes bit for bit what `run` writes with separate buffers, within the
+/// reference's tolerance, and nothing outside C's parts; a second call (tables reused) too; an
+/// activations buffer one element short and a wrong alpha count are typed errors that write
+/// nothing.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_w4a16_stacked() {
+    use nvfp4_gemm::w4a16::W4a16StackedArgs;
+    use nvfp4_gemm_tests::GUARD;
+    let test = "gpu_w4a16_stacked";
+    let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
+    let stream = gpu.context().default_stream();
+    let z = cases::z;
+    let cases = [
+        z(&[0, 24, 4, 130, 1], &[256, 136, 512, 264, 8], &[512, 192, 256, 448, 64]),
+        z(&[1, 2, 3, 4, 5, 6, 7, 8], &[1024; 8], &[512; 8]),
+        z(&[80, 176, 0, 40], &[512; 4], &[1024; 4]),
+    ];
+    let poison = f16::from_bits(nvfp4_gemm_tests::POISON);
+    for (i, shapes) in cases.iter().enumerate() {
+        let groups = make_groups(shapes, InputDistribution::Competition, 0x4A5 + i as u64);
+        let p = problem(&groups, OutputType::F16);
+        let mut plan = W4a16Plan::new(&gpu, p.clone(), Activations::F16).unwrap();
+        let total = plan.stacked_offsets()[groups.len()];
+        let act: Vec<f16> = groups.iter().flat_map(|g| g.a.dequantize_block_scaled_f16()).collect();
+        let packed: Vec<_> = groups.iter().map(|g| prepack(&g.b, Activations::F16).unwrap()).collect();
+        let cat = |part: fn(&nvfp4_gemm::w4a16::W4a16Weights) -> &[u8]| -> CudaSlice<u8> {
+            stream.clone_htod(&packed.iter().flat_map(part).copied().collect::<Vec<u8>>()).unwrap()
+        };
+        let (values, scales) = (cat(|w| &w.values), cat(|w| &w.scales));
+        assert_eq!([act.len(), values.len(), scales.len()], [2 * total.a_values, total.b_values, total.b_scales]);
+        let act = stream.clone_htod(&act).unwrap();
+        let alphas: Vec<f32> = groups.iter().map(|g| g.effective_alpha_f32()).collect();
+        let mut c = stream.alloc_zeros::<f16>(total.c_elements + 2 * GUARD).unwrap();
+        let stacked = |plan: &mut W4a16Plan, c: &mut CudaSlice<f16>, short: bool, alphas: &[f32]| {
+            stream.memcpy_htod(&vec![poison; c.len()], c).unwrap();
+            let x = act.slice(..act.len() - usize::from(short));
+            let mut view = c.slice_mut(GUARD..GUARD + total.c_elements);
+            let mut args = W4a16StackedArgs {
+                activations: &x,
+                weights: Nvfp4Operand { values: &values, scales: &scales },
+                c: nvfp4_gemm::Output::F16(&mut view),
+                alphas,
+            };
+            let r = plan.run_stacked(&stream, &mut args);
+            (r, stream.clone_dtoh(c).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<u16>>())
+        };
+        // What `run` writes with separate buffers, laid out as the stacked C.
+        let ops: Vec<DeviceOperands> = groups.iter().map(|g| upload(&stream, g)).collect();
+        let mut cs: Vec<CudaSlice<f16>> =
+            groups.iter().map(|g| stream.clone_htod(&vec![poison; (g.m() * g.n()).max(16)]).unwrap()).collect();
+        {
+            let mut views: Vec<_> = cs.iter_mut().zip(&groups).map(|(c, g)| c.slice_mut(..g.m() * g.n())).collect();
+            let mut args: Vec<W4a16Args> = ops
+                .iter()
+                .zip(views.iter_mut())
+                .zip(&alphas)
+                .map(|((o, c), &alpha)| W4a16Args {
+                    activations: &o.activations,
+                    weights: Nvfp4Operand { values: &o.values, scales: &o.scales },
+                    c: nvfp4_gemm::Output::F16(c),
+                    alpha,
+                })
+                .collect();
+            W4a16Plan::new(&gpu, p.clone(), Activations::F16).unwrap().run(&stream, &mut args).unwrap();
+        }
+        let mut want = vec![nvfp4_gemm_tests::POISON; GUARD];
+        for (c, g) in cs.iter().zip(&groups) {
+            want.extend(stream.clone_dtoh(c).unwrap()[..g.m() * g.n()].iter().map(|x| x.to_bits()));
+        }
+        want.extend(vec![nvfp4_gemm_tests::POISON; GUARD]);
+        for call in 0..2 {
+            let (r, got) = stacked(&mut plan, &mut c, false, &alphas);
+            r.unwrap();
+            assert!(got == want, "case {i} call {call}: run_stacked differs from run (or wrote a guard)");
+        }
+        let at = plan.stacked_offsets().to_vec();
+        let got: Vec<Vec<f16>> = at
+            .windows(2)
+            .map(|w| {
+                want[GUARD + w[0].c_elements..GUARD + w[1].c_elements].iter().map(|&b| f16::from_bits(b)).collect()
+            })
+            .collect();
+        let reference = nvfp4_format::reference_grouped_gemm(&groups).unwrap();
+        let cmp = nvfp4_format::compare(&got, &reference, Tolerance::COMPETITION).unwrap();
+        println!("CASE {test}[{i}] {cmp}");
+        assert!(cmp.passed(), "case {i}: {cmp}");
+        let (r, got) = stacked(&mut plan, &mut c, true, &alphas);
+        assert!(matches!(r, Err(Error::InvalidArgument { field: "activations", .. })), "{r:?}");
+        assert!(got.iter().all(|&b| b == nvfp4_gemm_tests::POISON), "case {i}: a refused call wrote C");
+        let (r, _) = stacked(&mut plan, &mut c, false, &alphas[1..]);
+        assert!(matches!(r, Err(Error::InvalidArgument { field: "alphas", .. })), "{r:?}");
     }
 }
