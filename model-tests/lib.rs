@@ -396,7 +396,7 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
 /// (exact in f16; A's global scale stays in the group's alpha), its weights B prepacked. The
 /// result compares with the same reference as W4A4's ([`Outputs::check`]).
 pub fn run_sm90_w4a16(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
-    run_sm90_w4a16_layout(ops, nvfp4_gemm::w4a16::layout(&ops.problem, sm_count), run)
+    run_sm90_w4a16_typed(ops, nvfp4_gemm::w4a16::layout(&ops.problem, sm_count), Activations::F16, run)
 }
 
 /// [`run_sm90_w4a16`] with the variant `config` whatever the cost model prefers.
@@ -407,26 +407,32 @@ pub fn run_sm90_w4a16_with(
     run: &ModelRun,
 ) -> Result<Vec<Launched>, Failure> {
     let layout = nvfp4_gemm::w4a16::layout_with(&ops.problem, sm_count, config).expect("the variant runs the problem");
-    run_sm90_w4a16_layout(ops, layout, run)
+    run_sm90_w4a16_typed(ops, layout, Activations::F16, run)
 }
 
-fn run_sm90_w4a16_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
+/// [`run_sm90_w4a16`] on `layout` with `activations` (bf16: A with its block scales applied as
+/// bf16, also exact, and B prepacked for bf16).
+pub fn run_sm90_w4a16_typed(
+    ops: &Operands,
+    layout: Sm90Layout,
+    activations: Activations,
+    run: &ModelRun,
+) -> Result<Vec<Launched>, Failure> {
     use nvfp4_format::Nvfp4Matrix;
-    use nvfp4_gemm::w4a16::{prepack, tables_with, Activations};
+    use nvfp4_gemm::w4a16::{prepack, tables_with};
     let problem = &ops.problem;
     let matrix = |rows: usize, k: usize, v: &DeviceBuf, s: &DeviceBuf| {
         Nvfp4Matrix::new(rows, k, v.bytes()[..rows * k / 2].to_vec(), s.bytes().to_vec(), 1.0).expect("an operand")
     };
-    let (mut activations, mut b_values, mut b_scales) = (vec![], vec![], vec![]);
+    let (mut tokens_bufs, mut b_values, mut b_scales) = (vec![], vec![], vec![]);
     for (g, s) in problem.groups().iter().enumerate() {
-        let act: Vec<u8> = if s.m == 0 {
+        let act = if s.m == 0 {
             vec![]
         } else {
-            let a = matrix(s.m, s.k, &ops.a_values[g], &ops.a_scales[g]);
-            a.dequantize_block_scaled_f16().iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+            dense_bytes(&matrix(s.m, s.k, &ops.a_values[g], &ops.a_scales[g]), activations)
         };
-        activations.push(if act.is_empty() { DeviceBuf::zeroed(16) } else { DeviceBuf::from_bytes(&act) });
-        let w = prepack(&matrix(s.n, s.k, &ops.b_values[g], &ops.b_scales[g]), Activations::F16).expect("prepack");
+        tokens_bufs.push(if act.is_empty() { DeviceBuf::zeroed(16) } else { DeviceBuf::from_bytes(&act) });
+        let w = prepack(&matrix(s.n, s.k, &ops.b_values[g], &ops.b_scales[g]), activations).expect("prepack");
         b_values.push(DeviceBuf::from_bytes(&w.values));
         b_scales.push(DeviceBuf::from_bytes(&w.scales));
     }
@@ -435,20 +441,29 @@ fn run_sm90_w4a16_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> 
         b.b_values = b_values[g].view(b_values[g].bytes);
         b.b_scales = b_scales[g].view(b_scales[g].bytes);
     }
-    let tokens: Vec<u64> = activations.iter().map(DeviceBuf::addr).collect();
+    let tokens: Vec<u64> = tokens_bufs.iter().map(DeviceBuf::addr).collect();
     let (params, maps) = tables_with(&layout, &ModelEncoder, problem, &buffers, &tokens).expect("w4a16 tables");
     let work = layout.work.clone();
     let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
     let mut launched = vec![];
     if !work.is_empty() {
-        let name = nvfp4_gemm::w4a16::kernel_name(&layout);
+        let name = nvfp4_gemm::w4a16::kernel_name(&layout, activations);
         let entry = sm90_entry(name);
         let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
         cfg.registers = sm90_registers(name);
         launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
     }
-    drop((activations, b_values, b_scales));
+    drop((tokens_bufs, b_values, b_scales));
     Ok(launched)
+}
+
+/// The little-endian bytes of `a`'s elements with their block scales applied (no global scale) as
+/// `activations` (both exact).
+fn dense_bytes(a: &nvfp4_format::Nvfp4Matrix, activations: Activations) -> Vec<u8> {
+    match activations {
+        Activations::F16 => a.dequantize_block_scaled_f16().iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        Activations::Bf16 => a.dequantize_block_scaled_bf16().iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+    }
 }
 
 /// The entry point of an sm_100a variant.
@@ -731,41 +746,42 @@ impl MoeOperands {
 /// W4A16's inputs for a [`MoeOperands`] ([`MoeOperands::w4a16_inputs`]).
 pub struct W4a16MoeInputs {
     activations: DeviceBuf,
+    kind: Activations,
     weights: Vec<(DeviceBuf, DeviceBuf)>,
 }
 
 impl MoeOperands {
-    /// W4A16's inputs for these operands: the activations `[token_rows, K]` f16 — each group's A
-    /// with its block scales applied (exact in f16; A's global scale stays in alpha) at the group's
-    /// rows, later groups over earlier ones as in A, every other row NaN (tiles that read a row of
-    /// no group must not spread it into a group's rows) — and each group's weights prepacked for
-    /// f16 activations.
-    pub fn w4a16_inputs(&self) -> W4a16MoeInputs {
+    /// W4A16's inputs for these operands with `kind` activations: the activations
+    /// `[token_rows, K]` — each group's A with its block scales applied (exact in f16 and bf16;
+    /// A's global scale stays in alpha) at the group's rows, later groups over earlier ones as in
+    /// A, every other row NaN (tiles that read a row of no group must not spread it into a group's
+    /// rows) — and each group's weights prepacked for them.
+    pub fn w4a16_inputs(&self, kind: Activations) -> W4a16MoeInputs {
         let k = self.problem.k();
-        let mut act = vec![f16::NAN; self.problem.token_rows() * k];
+        // NaN's bits in both types.
+        let mut bytes = [0xFFu8, 0x7F].repeat(self.problem.token_rows() * k);
         for (r, g) in self.rows.iter().zip(&self.groups) {
             if r.rows > 0 {
-                let first = r.first as usize * k;
-                act[first..first + r.rows as usize * k].copy_from_slice(&g.a.dequantize_block_scaled_f16());
+                let first = 2 * r.first as usize * k;
+                bytes[first..first + 2 * r.rows as usize * k].copy_from_slice(&dense_bytes(&g.a, kind));
             }
         }
-        let bytes: Vec<u8> = act.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
         let weights = self
             .groups
             .iter()
             .map(|g| {
-                let w = nvfp4_gemm::w4a16::prepack(&g.b, Activations::F16).expect("prepack");
+                let w = nvfp4_gemm::w4a16::prepack(&g.b, kind).expect("prepack");
                 (DeviceBuf::from_bytes(&w.values), DeviceBuf::from_bytes(&w.scales))
             })
             .collect();
-        W4a16MoeInputs { activations: DeviceBuf::from_bytes(&bytes), weights }
+        W4a16MoeInputs { activations: DeviceBuf::from_bytes(&bytes), kind, weights }
     }
 
     /// [`Self::buffers`] with W4A16's `inputs`: the activations as A, the prepacked weights.
     pub fn w4a16_buffers(&self, inputs: &W4a16MoeInputs) -> MoeBuffers {
         let act = &inputs.activations;
         let b = MoeBuffers {
-            a: MoeTokens::Dense { activations: act.view(act.bytes / 2), kind: Activations::F16 },
+            a: MoeTokens::Dense { activations: act.view(act.bytes / 2), kind: inputs.kind },
             weights: inputs.weights.iter().map(|(v, s)| (v.view(v.bytes), s.view(s.bytes))).collect(),
             ..self.buffers()
         };
@@ -954,6 +970,10 @@ pub fn sm90_entry(kernel: &str) -> unsafe fn(KernelParams) {
         "sm90_w4a16_gemm_t64" => sm90_w4a16_gemm_t64,
         "sm90_w4a16_gemm_n192" => sm90_w4a16_gemm_n192,
         "sm90_w4a16_gemm" => sm90_w4a16_gemm,
+        "sm90_w4a16_bf16_gemm_decode" => sm90_w4a16_bf16_gemm_decode,
+        "sm90_w4a16_bf16_gemm_t64" => sm90_w4a16_bf16_gemm_t64,
+        "sm90_w4a16_bf16_gemm_n192" => sm90_w4a16_bf16_gemm_n192,
+        "sm90_w4a16_bf16_gemm" => sm90_w4a16_bf16_gemm,
         other => panic!("no sm_90a entry point {other}"),
     }
 }
@@ -1005,8 +1025,9 @@ pub fn run_sm90_moe(
     run_sm90_device_sized(&ops.problem, layout, &ops.buffers(), run)
 }
 
-/// [`run_sm90_moe`] for W4A16 ([`Sm90DeviceLayout::w4a16`], f16 activations): `sm90_schedule`,
-/// then the W4A16 GEMMs on `inputs` ([`MoeOperands::w4a16_inputs`]), no dequantization.
+/// [`run_sm90_moe`] for W4A16 ([`Sm90DeviceLayout::w4a16`], `inputs`' activation type):
+/// `sm90_schedule`, then the W4A16 GEMMs on `inputs` ([`MoeOperands::w4a16_inputs`]), no
+/// dequantization.
 pub fn run_sm90_moe_w4a16(
     ops: &MoeOperands,
     inputs: &W4a16MoeInputs,
@@ -1014,7 +1035,7 @@ pub fn run_sm90_moe_w4a16(
     options: &MoeOptions,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let layout = Sm90DeviceLayout::w4a16(&ops.problem, sm_count, options, Activations::F16).expect("w4a16 layout");
+    let layout = Sm90DeviceLayout::w4a16(&ops.problem, sm_count, options, inputs.kind).expect("w4a16 layout");
     run_sm90_device_sized(&ops.problem, layout, &ops.w4a16_buffers(inputs), run)
 }
 

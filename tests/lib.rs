@@ -27,6 +27,7 @@
 pub mod cases;
 pub mod routings;
 mod run;
+pub mod w4a16;
 
 pub use run::{
     abs_reference, accumulation_allowance, run_case, run_case_with, CaseReport, Mismatch, OutputElement, GUARD, POISON,

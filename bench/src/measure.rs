@@ -130,6 +130,20 @@ impl Timer {
 }
 
 /// The statistics of `samples`, or an error naming `what` when none is valid.
+/// A W4A16 activation type of the bench: `f16` or `bf16`.
+pub(crate) trait W4a16Activation:
+    nvfp4_gemm::quantize::DenseFloat + nvfp4_format::HostFloat + cudarc::driver::ValidAsZeroBits + Unpin
+{
+}
+impl W4a16Activation for f16 {}
+impl W4a16Activation for half::bf16 {}
+
+/// `m`'s elements with their block scales applied (no global scale) as `A` (exact: at most 6
+/// significant bits, magnitudes in [2⁻¹⁰, 2688]).
+pub(crate) fn block_scaled<A: W4a16Activation>(m: &nvfp4_format::Nvfp4Matrix) -> Vec<A> {
+    m.dequantize_block_scaled().into_iter().map(|x| A::from_f64(x.into())).collect()
+}
+
 pub(crate) fn stats(samples: &[f64], what: &str) -> Result<Stats> {
     Stats::of(samples).ok_or_else(|| format!("{what}: no valid samples"))
 }
@@ -239,30 +253,31 @@ impl Bench {
         Ok(Some(2.0 * (n as f64).powi(3) / (stats(&t, "tensor rate")?.median * 1e-6) / 1e12))
     }
 
-    /// W4A16 on `groups` (`--w4a16`): each group's A with its block scales applied as f16
-    /// activations (exact), its B prepacked for them; checked once against `reference` (the
-    /// same as the W4A4 row's), then timed kernel-only.
-    fn w4a16(
+    /// W4A16 on `groups` (`--w4a16`): each group's A with its block scales applied as
+    /// activations of type `A` (exact), its B prepacked for them; checked once against
+    /// `reference` (the same as the W4A4 row's), then timed kernel-only.
+    fn w4a16<A: W4a16Activation>(
         &mut self,
         groups: &[nvfp4_format::Group],
         reference: Option<&[GroupOutput<f64>]>,
         o: &Options,
         env: &Environment,
     ) -> Result<W4a16Result> {
-        use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16Plan};
+        use nvfp4_gemm::w4a16::{activations_of, prepack, W4a16Args, W4a16Plan};
         use nvfp4_gemm::{Nvfp4Operand, Output};
         let stream = self.stream();
         let lib = |during: &'static str| move |e: nvfp4_gemm::Error| format!("W4A16 {during}: {e}");
         let shapes: Vec<nvfp4_gemm::GroupShape> =
             groups.iter().map(|g| nvfp4_gemm::GroupShape::new(g.m(), g.n(), g.k())).collect();
         let problem = Problem::new(shapes, OutputType::F16).map_err(lib("problem"))?;
-        let mut plan = W4a16Plan::new(&self.gpu, problem, Activations::F16).map_err(lib("planning"))?;
+        let kind = activations_of::<A>();
+        let mut plan = W4a16Plan::new(&self.gpu, problem, kind).map_err(lib("planning"))?;
         let up = |b: &[u8]| if b.is_empty() { stream.alloc_zeros::<u8>(16) } else { stream.clone_htod(b) };
         let mut ops = vec![];
         for g in groups {
-            let act = g.a.dequantize_block_scaled_f16();
-            let w = prepack(&g.b, Activations::F16).map_err(lib("prepack"))?;
-            let act = if act.is_empty() { stream.alloc_zeros::<f16>(8) } else { stream.clone_htod(&act) };
+            let act = block_scaled::<A>(&g.a);
+            let w = prepack(&g.b, kind).map_err(lib("prepack"))?;
+            let act = if act.is_empty() { stream.alloc_zeros::<A>(8) } else { stream.clone_htod(&act) };
             ops.push((
                 act.map_err(drv("uploading"))?,
                 up(&w.values).map_err(drv("uploading"))?,
@@ -277,7 +292,7 @@ impl Bench {
         let alphas: Vec<f32> = groups.iter().map(nvfp4_format::Group::effective_alpha_f32).collect();
         let mut run = |cs: &mut Vec<CudaSlice<f16>>| {
             let mut views: Vec<_> = cs.iter_mut().zip(groups).map(|(c, g)| c.slice_mut(0..g.m() * g.n())).collect();
-            let mut args: Vec<W4a16Args> = ops
+            let mut args: Vec<W4a16Args<A>> = ops
                 .iter()
                 .zip(views.iter_mut())
                 .zip(&alphas)
@@ -321,6 +336,7 @@ impl Bench {
             })
             .sum();
         Ok(W4a16Result {
+            activations: format!("{kind:?}").to_lowercase(),
             kernel: plan.kernel().to_owned(),
             check,
             kernel_us: stats(&t, "W4A16 kernel-only")?,
@@ -406,9 +422,12 @@ impl Bench {
 
         let w4a16 = if o.w4a16 {
             step("W4A16");
-            Some(self.w4a16(&groups, reference.as_deref(), o, env)?)
+            vec![
+                self.w4a16::<f16>(&groups, reference.as_deref(), o, env)?,
+                self.w4a16::<half::bf16>(&groups, reference.as_deref(), o, env)?,
+            ]
         } else {
-            None
+            vec![]
         };
 
         step("host overhead");
@@ -448,8 +467,7 @@ impl Bench {
         let floor_bytes_us = bytes / (env.copy_tb_s * 1e12) * 1e6;
         let floor_flops_us = env.tensor_tflops.map(|r| flops / (r * 1e12) * 1e6);
         // A failed W4A16 check fails the shape.
-        let check_passed =
-            check_passed && w4a16.as_ref().is_none_or(|w| w.check.as_ref().is_none_or(|c| c.starts_with("PASS")));
+        let check_passed = check_passed && w4a16.iter().all(|w| w.check.as_ref().is_none_or(|c| c.starts_with("PASS")));
         Ok(ShapeResult {
             name: named.name.clone(),
             spec: named.to_spec(),

@@ -332,8 +332,9 @@ pub struct MoeResult {
     pub variants: Vec<MoeVariant>,
     /// Host time per call of (a), (b), (c): CPU clock, no synchronisation inside a batch.
     pub host_us: [Stats; 3],
-    /// W4A16 on the same routing (`--w4a16`), when timed.
-    pub w4a16: Option<MoeW4a16>,
+    /// W4A16 on the same routing (`--w4a16`): f16, then bf16 activations; empty when not timed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub w4a16: Vec<MoeW4a16>,
     /// PyTorch's best option for the same routing, when there is one.
     pub torch: Option<TorchRow>,
     /// Why there is no PyTorch time, or empty.
@@ -377,11 +378,13 @@ pub struct MoeVariant {
     pub graph_us: Stats,
 }
 
-/// W4A16 on a MoE row (`--w4a16`): the same activations as f16 `[T, K]`, read as they are, the
-/// same experts' weights prepacked, through `W4a16MoePlan` with the first `--moe-kernels` option
-/// (no quantization: the call is the scheduler and the GEMMs).
+/// W4A16 on a MoE row (`--w4a16`): the same activations as f16 or bf16 `[T, K]`, read as they
+/// are, the same experts' weights prepacked for them, through `W4a16MoePlan` with the first
+/// `--moe-kernels` option (no quantization: the call is the scheduler and the GEMMs).
 #[derive(Debug, Clone, Serialize)]
 pub struct MoeW4a16 {
+    /// The activations' type: `f16` or `bf16`.
+    pub activations: String,
     /// The plan's kernels.
     pub kernel: String,
     /// The call and its graph replay against the CPU reference, and the status word; `None`
@@ -463,12 +466,13 @@ pub fn table(moe: &MoeReport) -> String {
             "{}: {} ({} tokens) | host per call: plan {:.2} us, moe {:.2} us, graph {:.2} us | {torch}",
             s.name, s.spec, s.tokens, s.host_us[0].median, s.host_us[1].median, s.host_us[2].median
         );
-        if let Some(w) = &s.w4a16 {
+        for w in &s.w4a16 {
             let (b, c) = (w.moe_us.median, w.graph_us.median);
             let _ = writeln!(
                 out,
-                "{} w4a16 (f16 activations, no quantization): moe {b:.2} us ({:.3} x W4A4 moe, {} x PyTorch), graph {c:.2} us ({:.3} x W4A4 graph, {} x PyTorch) | {}",
+                "{} w4a16 ({} activations, no quantization): moe {b:.2} us ({:.3} x W4A4 moe, {} x PyTorch), graph {c:.2} us ({:.3} x W4A4 graph, {} x PyTorch) | {}",
                 s.name,
+                w.activations,
                 b / s.moe_us.median,
                 opt(s.x_torch(b), 2),
                 c / s.graph_us.median,
@@ -612,7 +616,7 @@ mod tests {
                 graph_us: stats(8.0),
             }],
             host_us: [stats(5.0), stats(3.0), stats(2.0)],
-            w4a16: None,
+            w4a16: vec![],
             torch,
             torch_note: String::new(),
         }
@@ -651,16 +655,21 @@ mod tests {
             shapes: vec![with, MoeResult { torch_note: "unavailable: no torch".into(), ..sample_result(None) }],
         };
         let mut w4a16 = report.clone();
-        w4a16.shapes[0].w4a16 =
-            Some(MoeW4a16 { kernel: "w".into(), check: Some("PASS".into()), moe_us: stats(5.0), graph_us: stats(4.0) });
+        w4a16.shapes[0].w4a16 = vec![MoeW4a16 {
+            activations: "bf16".into(),
+            kernel: "w".into(),
+            check: Some("PASS".into()),
+            moe_us: stats(5.0),
+            graph_us: stats(4.0),
+        }];
         let text = table(&w4a16);
         let line = text.lines().find(|l| l.starts_with("tiny w4a16")).expect("a W4A16 line");
         assert_eq!(
             line,
-            "tiny w4a16 (f16 activations, no quantization): moe 5.00 us (0.500 x W4A4 moe, 3.20 x PyTorch), \
+            "tiny w4a16 (bf16 activations, no quantization): moe 5.00 us (0.500 x W4A4 moe, 3.20 x PyTorch), \
              graph 4.00 us (0.500 x W4A4 graph, 4.00 x PyTorch) | PASS"
         );
-        assert_eq!(serde_json::to_value(&w4a16).unwrap()["shapes"][0]["w4a16"]["moe_us"]["median"], 5.0);
+        assert_eq!(serde_json::to_value(&w4a16).unwrap()["shapes"][0]["w4a16"][0]["moe_us"]["median"], 5.0);
         let text = table(&report);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "PyTorch baseline (torch_moe.py): loaded from t.json");

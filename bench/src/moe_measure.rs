@@ -13,7 +13,7 @@
 //! tracking off (as `nvfp4_gemm::moe` documents), after the other rows.
 
 use crate::inputs::fast_operand;
-use crate::measure::{drv, host_overhead, stats, Bench, Result, POISON};
+use crate::measure::{drv, host_overhead, stats, Bench, Result, W4a16Activation, POISON};
 use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, MoeVariant, MoeW4a16, Routing, TorchBaseline};
 use crate::options::Options;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -25,7 +25,7 @@ use nvfp4_format::{
 };
 use nvfp4_gemm::moe::{GroupRows, MoeArgs, MoePlan, MoeProblem, TokenLayout};
 use nvfp4_gemm::quantize::Quantizer;
-use nvfp4_gemm::w4a16::{prepack, Activations, W4a16MoeArgs, W4a16MoePlan};
+use nvfp4_gemm::w4a16::{activations_of, prepack, W4a16MoeArgs, W4a16MoePlan, W4a16Weights};
 use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, GroupShape, Nvfp4Operand, Output, OutputType, Problem};
 use std::sync::Arc;
 
@@ -114,11 +114,34 @@ impl Calls<'_> {
     }
 }
 
-/// W4A16's inputs of a MoE row: the activations `[T, K]` as f16, each expert's weights
-/// prepacked (values, scales).
-struct W4a16Inputs {
-    x: CudaSlice<f16>,
+/// W4A16's inputs of a MoE row for activations of type `A`: the activations `[T, K]`, each
+/// expert's weights prepacked for them (values, scales).
+struct W4a16Inputs<A> {
+    x: CudaSlice<A>,
     packed: Vec<(CudaSlice<u8>, CudaSlice<u8>)>,
+}
+
+impl<A: W4a16Activation> W4a16Inputs<A> {
+    /// Converts `x` (exact: multiples of 1/8 below 6) and prepacks `weights` on the CPU (a batch
+    /// of experts at a time, in parallel), then uploads.
+    fn new(stream: &Arc<CudaStream>, x: &[bf16], weights: &[&Nvfp4Matrix]) -> Result<Self> {
+        use rayon::prelude::*;
+        let kind = activations_of::<A>();
+        let x: Vec<A> = x.iter().map(|v| A::from_f64(v.to_f64())).collect();
+        let mut packed = Vec::with_capacity(weights.len());
+        for batch in weights.chunks(rayon::current_num_threads().max(1)) {
+            let host: Vec<W4a16Weights> = batch
+                .par_iter()
+                .map(|w| prepack(w, kind))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(lib("W4A16 prepack"))?;
+            for p in host {
+                let up = |b: &[u8]| stream.clone_htod(b).map_err(drv("uploading the W4A16 weights"));
+                packed.push((up(&p.values)?, up(&p.scales)?));
+            }
+        }
+        Ok(W4a16Inputs { x: stream.clone_htod(&x).map_err(drv("uploading the W4A16 activations"))?, packed })
+    }
 }
 
 fn poison(stream: &Arc<CudaStream>, c: &mut CudaSlice<f16>) -> Result<()> {
@@ -156,20 +179,21 @@ impl Bench {
         Ok(stream)
     }
 
-    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): `W4a16MoePlan` with the first
-    /// `--moe-kernels` option on `inputs`, checked once and as a graph replay against `reference`
+    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): `W4a16MoePlan` (activations of type `A`)
+    /// with the first `--moe-kernels` option on `inputs`, checked once and as a graph replay against `reference`
     /// (C is the row's `c_moe`), then both timed.
-    fn moe_w4a16(
+    fn moe_w4a16<A: W4a16Activation>(
         &mut self,
         calls: &Calls<'_>,
-        inputs: &W4a16Inputs,
+        inputs: &W4a16Inputs<A>,
         bufs: &mut Buffers,
         reference: Option<&[GroupOutput<f16>]>,
         o: &Options,
     ) -> Result<MoeW4a16> {
         let stream = &calls.stream;
         let options = o.moe_kernels.first().map(|(_, opt)| *opt).unwrap_or_default();
-        let mut plan = W4a16MoePlan::with_options(&self.gpu, calls.problem.clone(), Activations::F16, &options)
+        let kind = activations_of::<A>();
+        let mut plan = W4a16MoePlan::with_options(&self.gpu, calls.problem.clone(), kind, &options)
             .map_err(lib("planning (W4a16MoePlan)"))?;
         // The plan allocates its tables on the default stream.
         self.gpu.context().synchronize().map_err(drv("planning"))?;
@@ -225,7 +249,8 @@ impl Bench {
         if !after.is_ok() {
             return Err(format!("the W4a16MoePlan status word after the timed calls: {after}"));
         }
-        Ok(MoeW4a16 { kernel: plan.summary().kernel.clone(), check, moe_us, graph_us })
+        let activations = format!("{kind:?}").to_lowercase();
+        Ok(MoeW4a16 { activations, kernel: plan.summary().kernel.clone(), check, moe_us, graph_us })
     }
 
     /// One MoE row (module docs). `step` is called before each phase with its name.
@@ -286,19 +311,15 @@ impl Bench {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(drv("allocating C"))?,
         };
-        // W4A16's inputs (`--w4a16`), before the host copies go: the same activations as f16
-        // (exact: multiples of 1/8 below 6), the same weights prepacked.
+        // W4A16's inputs (`--w4a16`), before the host copies go: the same activations as f16 and
+        // bf16, the same weights prepacked for each.
         let w4a16_inputs = if o.w4a16 {
-            let x16: Vec<f16> = x_host.iter().map(|v| f16::from_f32(v.to_f32())).collect();
-            let packed = groups
-                .iter()
-                .map(|g| {
-                    let p = prepack(&g.b, Activations::F16).map_err(lib("W4A16 prepack"))?;
-                    let up = |b: &[u8]| stream.clone_htod(b).map_err(drv("uploading the W4A16 weights"));
-                    Ok((up(&p.values)?, up(&p.scales)?))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(W4a16Inputs { x: stream.clone_htod(&x16).map_err(drv("uploading the f16 activations"))?, packed })
+            step("W4A16: prepacking the weights (CPU)");
+            let weights: Vec<&Nvfp4Matrix> = groups.iter().map(|g| &g.b).collect();
+            Some((
+                W4a16Inputs::<f16>::new(&stream, &x_host, &weights)?,
+                W4a16Inputs::<bf16>::new(&stream, &x_host, &weights)?,
+            ))
         } else {
             None
         };
@@ -390,12 +411,15 @@ impl Bench {
             graphs.push(graph);
         }
         let w4a16 = match &w4a16_inputs {
-            None => None,
-            Some(inputs) => {
+            None => vec![],
+            Some((f16_inputs, bf16_inputs)) => {
                 step("W4A16 (check, capture, timing)");
-                let w = self.moe_w4a16(&calls, inputs, &mut bufs, reference.as_deref(), o)?;
-                check_passed &= w.check.as_ref().is_none_or(|c| c.starts_with("PASS"));
-                Some(w)
+                let w = vec![
+                    self.moe_w4a16(&calls, f16_inputs, &mut bufs, reference.as_deref(), o)?,
+                    self.moe_w4a16(&calls, bf16_inputs, &mut bufs, reference.as_deref(), o)?,
+                ];
+                check_passed &= w.iter().all(|w| w.check.as_ref().is_none_or(|c| c.starts_with("PASS")));
+                w
             }
         };
         let check = reference.as_ref().map(|_| texts.join(" | "));

@@ -65,15 +65,19 @@ pub struct ShapeResult {
     pub floor_bytes_us: f64,
     /// FLOPs / tensor rate (`None` without cuBLAS).
     pub floor_flops_us: Option<f64>,
-    /// W4A16 on the same shape (`--w4a16`): f16 activations times prepacked NVFP4 weights.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub w4a16: Option<W4a16Result>,
+    /// W4A16 on the same shape (`--w4a16`): f16, then bf16 activations times prepacked NVFP4
+    /// weights.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub w4a16: Vec<W4a16Result>,
 }
 
 /// W4A16 on one shape (`--w4a16`): the checked input set's A with its block scales applied as
-/// f16 activations, its B prepacked (`nvfp4_gemm::w4a16`), through `W4a16Plan`.
+/// 16-bit activations (exact), its B prepacked for them (`nvfp4_gemm::w4a16`), through
+/// `W4a16Plan`.
 #[derive(Debug, Clone, Serialize)]
 pub struct W4a16Result {
+    /// The activations' type: `f16` or `bf16`.
+    pub activations: String,
     /// The kernel.
     pub kernel: String,
     /// Against the same CPU reference as the W4A4 row; `None` when skipped.
@@ -225,11 +229,12 @@ pub fn table(report: &Report) -> String {
         );
     }
     for s in &report.shapes {
-        if let Some(w) = &s.w4a16 {
+        for w in &s.w4a16 {
             let _ = writeln!(
                 out,
-                "{} w4a16 (f16 activations): {} kernel {:.2} us ({:.3} x W4A4 kernel-only), {:.0}% of its byte floor ({:.2} us) | {}",
+                "{} w4a16 ({} activations): {} kernel {:.2} us ({:.3} x W4A4 kernel-only), {:.0}% of its byte floor ({:.2} us) | {}",
                 s.name,
+                w.activations,
                 w.kernel,
                 w.kernel_us.median,
                 w.kernel_us.median / s.kernel_us.median,
@@ -404,7 +409,7 @@ mod tests {
             cublas_note: "PASS".into(),
             floor_bytes_us: 1.0,
             floor_flops_us: cublas.map(|_| 8.0),
-            w4a16: None,
+            w4a16: vec![],
         };
         Report {
             tool: "nvfp4-bench test".into(),

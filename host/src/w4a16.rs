@@ -20,6 +20,7 @@ use crate::moe::{MoeOptions, MoePlan, MoeProblem, MoeTokens, SizeStatus};
 use crate::overlap::{self, Span};
 use crate::plan::{Nvfp4Operand, Output};
 use crate::problem::{stacked_parts, BufferSizes, BufferView, CallBuffers, GroupBuffers, Problem, BUFFER_ALIGN};
+use crate::quantize::DenseFloat;
 use crate::sm90::Sm90Layout;
 use crate::summary::PlanSummary;
 use crate::tables::upload_tables;
@@ -91,9 +92,27 @@ pub fn layout_with(problem: &Problem, sm_count: u32, config: GemmConfig) -> Opti
     Sm90Layout::with_config(problem, sm_count, config)
 }
 
-/// The W4A16 kernel (f16 activations) of a [`layout`].
-pub fn kernel_name(layout: &Sm90Layout) -> &'static str {
-    nvfp4_gemm_abi::sm90::w4a16::kernel_name(layout.config)
+/// The W4A16 kernel of a [`layout`] for `activations`.
+pub fn kernel_name(layout: &Sm90Layout, activations: Activations) -> &'static str {
+    nvfp4_gemm_abi::sm90::w4a16::kernel_name_of(layout.config, activations)
+}
+
+/// The activations' type of a 16-bit float type (`f16` or `bf16`).
+pub fn activations_of<T: DenseFloat>() -> Activations {
+    if T::BF16 {
+        Activations::Bf16
+    } else {
+        Activations::F16
+    }
+}
+
+/// [`Error::InvalidArgument`] unless the call's activations (`T`) are the plan's `want`.
+fn check_activations<T: DenseFloat>(call: &'static str, want: Activations) -> Result<()> {
+    if activations_of::<T>() != want {
+        let reason = format!("{:?} activations for a plan of {want:?} ones", activations_of::<T>());
+        return Err(Error::InvalidArgument { call, field: "activations", reason });
+    }
+    Ok(())
 }
 
 /// The group table and tensor maps of a W4A16 call: `buffers` as for W4A4 with `b_values` /
@@ -115,12 +134,13 @@ pub fn tables_with(
     Ok((params, maps))
 }
 
-/// One group's buffers of a [`W4a16Plan::run`]. Borrowed for the call, never copied.
-pub struct W4a16Args<'a> {
-    /// The activations A, `m × K` f16, row-major in natural order (16-byte aligned).
-    pub activations: &'a dyn DevicePtr<half::f16>,
-    /// The weights B, prepacked by [`prepack`] for f16 and uploaded: values `n · K/2` bytes,
-    /// scales in the blocked layout (the sizes of the NVFP4 matrix).
+/// One group's buffers of a [`W4a16Plan::run`], activations of type `T` (`f16` or `bf16`: the
+/// plan's). Borrowed for the call, never copied.
+pub struct W4a16Args<'a, T: DenseFloat = half::f16> {
+    /// The activations A, `m × K`, row-major in natural order (16-byte aligned).
+    pub activations: &'a dyn DevicePtr<T>,
+    /// The weights B, prepacked by [`prepack`] for the plan's activations and uploaded: values
+    /// `n · K/2` bytes, scales in the blocked layout (the sizes of the NVFP4 matrix).
     pub weights: Nvfp4Operand<'a>,
     /// C, `m × n` elements of the problem's output type.
     pub c: Output<'a>,
@@ -132,9 +152,9 @@ pub struct W4a16Args<'a> {
 /// parts in group order ([`W4a16Plan::stacked_offsets`]): e.g. a MoE layer's sorted activations
 /// `[T, K]`, its experts' prepacked weights stacked into one `[G, N, K/2]` tensor with one
 /// tensor of their scales, C as one `[T, N]` tensor. Borrowed for the call, never copied.
-pub struct W4a16StackedArgs<'a> {
-    /// Every group's activations: `Σ m·K` f16 elements.
-    pub activations: &'a dyn DevicePtr<half::f16>,
+pub struct W4a16StackedArgs<'a, T: DenseFloat = half::f16> {
+    /// Every group's activations: `Σ m·K` elements of the plan's type.
+    pub activations: &'a dyn DevicePtr<T>,
     /// Every group's prepacked weights: values `Σ n·K/2` bytes, scales `Σ ⌈n/128⌉·128·K/16` bytes
     /// (as for `GemmPlan::run_stacked`'s B).
     pub weights: Nvfp4Operand<'a>,
@@ -197,13 +217,14 @@ pub fn validate_w4a16_buffers(problem: &Problem, activations: &[BufferView], buf
     overlap::check("w4a16 run", &mut spans, overlap::group_fields(&FIELDS))
 }
 
-/// A W4A16 problem planned for one sm_90a GPU (f16 activations): the layout (the W4A4 tiles and
-/// work list), the kernel, and the device tables, allocated once. A call validates every buffer,
+/// A W4A16 problem planned for one sm_90a GPU (f16 or bf16 activations): the layout (the W4A4
+/// tiles and work list), the kernel, and the device tables, allocated once. A call validates every buffer,
 /// uploads the tables when an address or alpha changed since the previous call, and launches the
 /// GEMM — no dequantization, no host synchronization.
 pub struct W4a16Plan {
     problem: Problem,
     layout: Sm90Layout,
+    activations: Activations,
     gemm: Kernel,
     groups: CudaSlice<u8>,
     maps: CudaSlice<u8>,
@@ -215,18 +236,15 @@ pub struct W4a16Plan {
 }
 
 impl W4a16Plan {
-    /// Plans `problem` for `gpu` with `activations` of that type. Errors: sm_100a (W4A16 is an
-    /// sm_90a path: Blackwell multiplies NVFP4 operands natively) and bf16 activations (not built
-    /// yet), both [`Error::Unsupported`], before any allocation.
+    /// Plans `problem` for `gpu` with `activations` of that type (the weights prepacked for
+    /// them). Errors: sm_100a (W4A16 is an sm_90a path: Blackwell multiplies NVFP4 operands
+    /// natively), [`Error::Unsupported`] before any allocation.
     pub fn new(gpu: &Gpu, problem: Problem, activations: Activations) -> Result<W4a16Plan> {
         sm90_only(gpu)?;
-        if activations == Activations::Bf16 {
-            return Err(Error::Unsupported("W4A16 with bf16 activations is not built yet (docs/w4a16.md)".into()));
-        }
         let layout = layout(&problem, gpu.sm_count());
         let stream = gpu.context().default_stream();
         let d = |e| Error::driver("allocating the plan's device tables", e);
-        let gemm = gpu.function(kernel_name(&layout))?;
+        let gemm = gpu.function(kernel_name(&layout, activations))?;
         set_max_dynamic_smem(&gemm, layout.gemm.smem_bytes)?;
         let g = problem.groups().len().max(1);
         let work = if layout.work.is_empty() {
@@ -241,6 +259,7 @@ impl W4a16Plan {
                 .map_err(d)?,
             work,
             layout,
+            activations,
             gemm,
             stacked: problem.stacked_offsets(),
             problem,
@@ -258,7 +277,12 @@ impl W4a16Plan {
 
     /// The kernel a call launches.
     pub fn kernel(&self) -> &'static str {
-        kernel_name(&self.layout)
+        kernel_name(&self.layout, self.activations)
+    }
+
+    /// The activations' type.
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// Where group `g`'s parts of [`W4a16Plan::run_stacked`]'s buffers start (entry `G`: their
@@ -269,10 +293,16 @@ impl W4a16Plan {
         &self.stacked
     }
 
-    /// Runs the GEMM on `stream` with one [`W4a16Args`] per group. Every buffer is validated first
+    /// Runs the GEMM on `stream` with one [`W4a16Args`] per group, activations of the plan's type
+    /// (else [`Error::InvalidArgument`]). Every buffer is validated first
     /// ([`validate_w4a16_buffers`]: typed errors naming the group and field); on any error
     /// nothing is launched.
-    pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut [W4a16Args<'_>]) -> Result<()> {
+    pub fn run<'s, T: DenseFloat>(
+        &mut self,
+        stream_arc: &'s Arc<CudaStream>,
+        args: &'s mut [W4a16Args<'_, T>],
+    ) -> Result<()> {
+        check_activations::<T>("w4a16 run", self.activations)?;
         let groups = self.problem.groups().len();
         if args.len() != groups {
             let reason = format!("{} groups given for {groups}", args.len());
@@ -302,12 +332,13 @@ impl W4a16Plan {
     /// ([`W4a16StackedArgs`]). A buffer whose length is not the sum of its parts, or an alpha
     /// count other than the groups', is [`Error::InvalidArgument`]; then every group's parts are
     /// checked as [`W4a16Plan::run`] checks them. On any error nothing is launched.
-    pub fn run_stacked<'s>(
+    pub fn run_stacked<'s, T: DenseFloat>(
         &mut self,
         stream_arc: &'s Arc<CudaStream>,
-        args: &'s mut W4a16StackedArgs<'_>,
+        args: &'s mut W4a16StackedArgs<'_, T>,
     ) -> Result<()> {
         const CALL: &str = "w4a16 run_stacked";
+        check_activations::<T>(CALL, self.activations)?;
         let mut call = CallBuffers::new(stream_arc);
         let act = call.read(args.activations);
         let (b_values, b_scales) = (call.read(args.weights.values), call.read(args.weights.scales));
@@ -387,14 +418,15 @@ fn activation_parts(at: &[BufferSizes], act: BufferView) -> Vec<BufferView> {
 /// An empty view: W4A16's unused NVFP4 token fields.
 const NONE: BufferView = BufferView { ptr: 0, len: 0 };
 
-/// The device buffers of one [`W4a16MoePlan::run`]. Borrowed for the call, never copied.
-pub struct W4a16MoeArgs<'a> {
+/// The device buffers of one [`W4a16MoePlan::run`], activations of type `T` (the plan's).
+/// Borrowed for the call, never copied.
+pub struct W4a16MoeArgs<'a, T: DenseFloat = half::f16> {
     /// `offsets[G + 1]` or `counts[G]` ([`MoeProblem::sizes_len`] `u32`s), read on the device.
     pub sizes: &'a dyn DevicePtr<u32>,
-    /// The activations A, [`MoeProblem::token_rows`] `× K` f16, row-major in natural order, each
+    /// The activations A, [`MoeProblem::token_rows`] `× K`, row-major in natural order, each
     /// group's rows where the problem's layout puts them (16-byte aligned). Read as they are.
-    pub activations: &'a dyn DevicePtr<half::f16>,
-    /// Each group's weights B, prepacked by [`prepack`] for f16 and uploaded
+    pub activations: &'a dyn DevicePtr<T>,
+    /// Each group's weights B, prepacked by [`prepack`] for the plan's activations and uploaded
     /// ([`MoeProblem::b_sizes`]), `G` of them.
     pub weights: &'a [Nvfp4Operand<'a>],
     /// Each group's alpha (the weights' global scale times the caller's factor), `G` finite
@@ -405,8 +437,8 @@ pub struct W4a16MoeArgs<'a> {
     pub c: Output<'a>,
 }
 
-/// A [`MoeProblem`] planned for W4A16 on one sm_90a GPU: f16 activations times prepacked NVFP4
-/// weights with the group sizes on the device (`crate::moe`, docs/moe.md). A call launches the
+/// A [`MoeProblem`] planned for W4A16 on one sm_90a GPU: f16 or bf16 activations times prepacked
+/// NVFP4 weights with the group sizes on the device (`crate::moe`, docs/moe.md). A call launches the
 /// scheduler and the W4A16 GEMM kernels (the W4A4 plan's tiles, work list and kernel choice) — no
 /// quantization and no dequantization: the GEMMs read the activations through tensor maps over
 /// the whole `[token_rows, K]` tensor.
@@ -427,8 +459,7 @@ impl W4a16MoePlan {
     }
 
     /// Plans `problem` with `options` (which GEMM kernels a call may run, as for [`MoePlan`]).
-    /// Errors: sm_100a and bf16 activations (not built yet), both [`Error::Unsupported`], before
-    /// any allocation.
+    /// Errors: sm_100a, [`Error::Unsupported`] before any allocation.
     pub fn with_options(
         gpu: &Gpu,
         problem: MoeProblem,
@@ -450,12 +481,16 @@ impl W4a16MoePlan {
     }
 
     /// Runs the grouped GEMM on `stream` for the sizes in `args.sizes` as they are when the
-    /// kernels run. Every buffer is validated first (typed errors); on any error nothing is
-    /// launched.
-    pub fn run<'s>(&mut self, stream: &'s Arc<CudaStream>, args: &'s mut W4a16MoeArgs<'_>) -> Result<()> {
+    /// kernels run. Every buffer is validated first (typed errors; activations of another type
+    /// than the plan's are [`Error::InvalidArgument`]); on any error nothing is launched.
+    pub fn run<'s, T: DenseFloat>(
+        &mut self,
+        stream: &'s Arc<CudaStream>,
+        args: &'s mut W4a16MoeArgs<'_, T>,
+    ) -> Result<()> {
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream);
-        let a = MoeTokens::Dense { activations: call.read(args.activations), kind: Activations::F16 };
+        let a = MoeTokens::Dense { activations: call.read(args.activations), kind: activations_of::<T>() };
         self.plan.run_with(stream, call, args.sizes, a, args.weights, args.alphas, &mut args.c)
     }
 

@@ -126,3 +126,55 @@ fn model_sm90_dequantized_tokens_are_exact() {
         }
     }
 }
+
+/// W4A16 with bf16 activations: every e2m1 code in every nibble decodes to the e2m1 value times
+/// 2⁻¹²⁶ as bf16 (0.5 to the subnormal 2⁻¹²⁷, signs kept, −0 included), other nibbles never
+/// leaking in; every pair of prepacked scale bytes at every position converts to
+/// `|scale| · 2¹¹⁹` in its half (`abi::sm90::w4a16::scale_bf16_bits`); and every code times every
+/// finite e4m3 scale, through the kernel's multiplication by a half, is exactly
+/// `code · |scale| · 2⁻⁷` with the code's sign (the prepack folds the scale's sign into the codes).
+#[test]
+fn model_sm90_bf16_decoder_and_scales_are_exact() {
+    use nvfp4_format::codec::e4m3_to_f32;
+    use nvfp4_gemm_abi::sm90::w4a16::{prepacked_scale, scale_bf16_bits, BF16_PRODUCT_EXPONENT};
+    use nvfp4_gemm_kernel::ptx::convert::{e2m1x8_to_bf16x2_scaled, e5m3_bytes_to_bf16x2, mul_bf16x2_by_half};
+    for code in 0..16u32 {
+        for pos in 0..8 {
+            let q = (0..8).fold(0u32, |w, p| w | (if p == pos { code } else { (code + 5 * p + 3) % 16 }) << (4 * p));
+            let words = e2m1x8_to_bf16x2_scaled(q);
+            for e in 0..8u32 {
+                let c = (q >> (4 * e)) & 0xF;
+                let got = half::bf16::from_bits((words[(e % 4) as usize] >> (16 * (e / 4))) as u16);
+                assert_eq!(got.to_f64(), e2m1_to_f32(c as u8) as f64 * 2f64.powi(-126), "word {q:#010x} element {e}");
+                assert_eq!(got.is_sign_negative(), c & 8 != 0, "sign of code {c:#x}");
+            }
+        }
+    }
+    for b0 in 0..=255u8 {
+        for b1 in (0..=255u8).step_by(5) {
+            for j in 0..4 {
+                let (p0, p1) = (prepacked_scale(b0) as u32, prepacked_scale(b1) as u32);
+                let w0 = p0 << (8 * j) | 0xA5A5_A5A5 & !(0xFF << (8 * j));
+                let w1 = p1 << (8 * j) | 0x5A5A_5A5A & !(0xFF << (8 * j));
+                let both = e5m3_bytes_to_bf16x2(w0, w1, j);
+                assert_eq!(both & 0xFFFF, scale_bf16_bits(p0 as u8) as u32, "bytes {b0:#x} {b1:#x} at {j}");
+                assert_eq!(both >> 16, scale_bf16_bits(p1 as u8) as u32, "bytes {b0:#x} {b1:#x} at {j}");
+            }
+        }
+    }
+    for byte in (0..=255u8).filter(|b| b & 0x7F != 0x7F) {
+        let scale = e4m3_to_f32(byte).abs() as f64;
+        let s = e5m3_bytes_to_bf16x2(prepacked_scale(byte) as u32, 0, 0);
+        for code in 0..16u32 {
+            let q = code * 0x1111_1111;
+            let product = mul_bf16x2_by_half::<false>(e2m1x8_to_bf16x2_scaled(q)[0], s);
+            let got = half::bf16::from_bits(product as u16).to_f64();
+            let want = e2m1_to_f32(code as u8) as f64 * scale * 2f64.powi(-(BF16_PRODUCT_EXPONENT as i32));
+            // A zero scale's products: its codes are zeroed by the prepack, so only +0 · 2⁹⁷ occurs.
+            if scale == 0.0 && code & 7 != 0 {
+                continue;
+            }
+            assert_eq!(got, want, "code {code:#x} scale {byte:#x}");
+        }
+    }
+}

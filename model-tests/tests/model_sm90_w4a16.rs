@@ -5,8 +5,9 @@
 
 use nvfp4_format::InputDistribution;
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, TokenLayout};
+use nvfp4_gemm::w4a16::{layout, layout_with, Activations};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
-use nvfp4_gemm_abi::sm90::w4a16::kernel_name as w4a16_kernel;
+use nvfp4_gemm_abi::sm90::w4a16::kernel_name_of as w4a16_kernel;
 use nvfp4_gemm_abi::sm90::GemmConfig;
 use nvfp4_gemm_model_tests::*;
 
@@ -65,6 +66,7 @@ fn model_sm90_w4a16_t64_and_n192() {
 /// activations `[token_rows, K]` through maps over the whole tensor (rows of no group are NaN),
 /// no dequantization. Checks C against the reference on every group's rows, rows of no group and
 /// C's guards untouched, the status word, and which kernels ran.
+#[allow(clippy::too_many_arguments)]
 fn check_device_sized(
     name: &str,
     problem: MoeProblem,
@@ -73,9 +75,10 @@ fn check_device_sized(
     sm_count: u32,
     options: &MoeOptions,
     run: &ModelRun,
+    kind: Activations,
 ) -> GemmConfig {
     let ops = MoeOperands::new(problem, sizes.to_vec(), seed);
-    let inputs = ops.w4a16_inputs();
+    let inputs = ops.w4a16_inputs(kind);
     let (launched, outcome, layout) =
         run_sm90_moe_w4a16(&ops, &inputs, sm_count, options, run).unwrap_or_else(|e| panic!("{name}: {e}"));
     if let Err(e) = ops.check() {
@@ -84,7 +87,7 @@ fn check_device_sized(
     assert_eq!(outcome.status, ops.status.0, "{name}: status word");
     let names: Vec<&str> = launched.iter().map(|l| l.kernel).collect();
     assert_eq!(names[0], "sm90_schedule", "{name}");
-    let gemms: Vec<&str> = layout.gemms.iter().flatten().map(|g| w4a16_kernel(g.config)).collect();
+    let gemms: Vec<&str> = layout.gemms.iter().flatten().map(|g| w4a16_kernel(g.config, kind)).collect();
     assert_eq!(&names[1..], &gemms[..], "{name}: the W4A16 GEMMs follow the scheduler, no dequantization");
     let slot = (outcome.work_lens[1] > 0) as usize;
     let config = layout.gemms[slot].expect("the kernel that got the call is launched").config;
@@ -101,38 +104,45 @@ fn moe(groups: usize, n: usize, k: usize, layout: TokenLayout, out: OutputType) 
 /// Contiguous offsets: an empty expert, groups not starting at a multiple of 128, one expert with
 /// two 128-row tiles (the second a 9-row box), K with a 64-tail, N = 8·odd; the general kernel's
 /// LPT list over 2 CTAs; then the same sizes with offsets past T (clamped, flagged) on the 64/128
-/// kernel, bf16 out.
+/// kernel, bf16 activations and output.
 #[test]
 fn model_sm90_w4a16_device_sizes_contiguous() {
     let p = moe(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, F16);
-    let config = check_device_sized("contiguous", p, &[0, 3, 3, 140, 150], 1, 2, &AUTO, &ModelRun::default());
+    let config =
+        check_device_sized("contiguous", p, &[0, 3, 3, 140, 150], 1, 2, &AUTO, &ModelRun::default(), Activations::F16);
     assert_eq!(config, GemmConfig::GENERAL);
     let p = moe(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
     let tail64 = MoeOptions { kernels: MoeKernels::General, tail64: true };
     let run = ModelRun::ordered(Completion::Reversed, 2);
-    let config = check_device_sized("contiguous over T", p, &[0, 3, 3, 140, 1000], 2, 3, &tail64, &run);
+    let config =
+        check_device_sized("contiguous over T", p, &[0, 3, 3, 140, 1000], 2, 3, &tail64, &run, Activations::Bf16);
     assert_eq!(config, GemmConfig::T64);
 }
 
-/// Masked counts: with M_max = 16 the decode kernel alone, a count over the bound clamped and
-/// flagged, an empty group; a bound above 16 whose sizes stay at 16 or fewer (the decode kernel
+/// Masked counts: with M_max = 16 the decode kernel alone (bf16 activations), a count over the
+/// bound clamped and flagged, an empty group; a bound above 16 whose sizes stay at 16 or fewer (the decode kernel
 /// takes the call); and a plan of the decode kernel alone given groups of 40 and 17 rows.
 #[test]
 fn model_sm90_w4a16_device_sizes_masked() {
     let p = moe(4, 24, 1024, TokenLayout::Masked { max_rows: 16 }, Bf16);
     let run = ModelRun::ordered(Completion::Random, 3);
-    assert_eq!(check_device_sized("masked 16", p, &[16, 0, 5, 40], 3, 2, &AUTO, &run), GemmConfig::DECODE);
+    assert_eq!(
+        check_device_sized("masked 16", p, &[16, 0, 5, 40], 3, 2, &AUTO, &run, Activations::Bf16),
+        GemmConfig::DECODE
+    );
     let p = moe(5, 24, 256, TokenLayout::Masked { max_rows: 60 }, F16);
-    let config = check_device_sized("masked auto", p, &[4, 0, 16, 1, 9], 4, 2, &AUTO, &ModelRun::default());
+    let config =
+        check_device_sized("masked auto", p, &[4, 0, 16, 1, 9], 4, 2, &AUTO, &ModelRun::default(), Activations::F16);
     assert_eq!(config, GemmConfig::DECODE);
     let p = moe(3, 40, 128, TokenLayout::Masked { max_rows: 48 }, F16);
     let decode = MoeOptions { kernels: MoeKernels::Decode, tail64: false };
-    let config = check_device_sized("decode only", p, &[40, 0, 17], 5, 2, &decode, &ModelRun::default());
+    let config =
+        check_device_sized("decode only", p, &[40, 0, 17], 5, 2, &decode, &ModelRun::default(), Activations::F16);
     assert_eq!(config, GemmConfig::DECODE);
 }
 
-/// Random bounds and sizes (both layouts, some sizes beyond the bounds, empty groups) against
-/// the reference.
+/// Random bounds and sizes (both layouts, some sizes beyond the bounds, empty groups, f16 and
+/// bf16 activations) against the reference.
 #[test]
 fn model_sm90_w4a16_device_sizes_random() {
     let mut rng = nvfp4_format::SplitMix64::new(0x4A16_3300);
@@ -163,6 +173,43 @@ fn model_sm90_w4a16_device_sizes_random() {
             sms,
             &AUTO,
             &run,
+            [Activations::F16, Activations::Bf16][case as usize % 2],
         );
+    }
+}
+
+/// bf16 activations (the weights prepacked for them: signs folded into the codes, scales
+/// re-encoded; the bf16 decoder, `wgmma ... .bf16.bf16`, the epilogue's 2⁷): tails on the general
+/// kernel with f16 and bf16 output, the decode kernel on full-range inputs (subnormal block
+/// scales, and code 0.5 decoded to the subnormal bf16 2⁻¹²⁷), the 64/128 and 192-row twins.
+#[test]
+fn model_sm90_w4a16_bf16_activations() {
+    let bf16 = Activations::Bf16;
+    let shapes = z(&[0, 17, 130, 40], &[8, 136, 264, 72], &[64, 320, 192, 64]);
+    let general = groups(&shapes, InputDistribution::Competition, 11);
+    for out in [F16, Bf16] {
+        let ran =
+            run_and_check(&format!("w4a16 bf16 general {out:?}"), &general, out, &ModelRun::default(), |ops, run| {
+                let l = layout_with(&ops.problem, 3, GemmConfig::GENERAL).expect("general");
+                run_sm90_w4a16_typed(ops, l, bf16, run)
+            });
+        assert_eq!(ran[0].kernel, "sm90_w4a16_bf16_gemm");
+    }
+    let shapes = z(&[4, 16, 1, 9], &[24, 128, 8, 264], &[320, 512, 64, 1024]);
+    let full = groups(&shapes, InputDistribution::FullRange, 12);
+    let run = ModelRun::ordered(Completion::Random, 12);
+    let ran = run_and_check("w4a16 bf16 decode", &full, F16, &run, |ops, run| {
+        run_sm90_w4a16_typed(ops, layout(&ops.problem, 2), bf16, run)
+    });
+    assert_eq!(ran[0].kernel, "sm90_w4a16_bf16_gemm_decode");
+    let shapes = z(&[130, 1, 200], &[328, 64, 136], &[320, 64, 192]);
+    let wide = groups(&shapes, InputDistribution::Competition, 13);
+    for (config, name) in
+        [(GemmConfig::T64, "sm90_w4a16_bf16_gemm_t64"), (GemmConfig::N192, "sm90_w4a16_bf16_gemm_n192")]
+    {
+        let ran = run_and_check(&format!("w4a16 bf16 {name}"), &wide, Bf16, &ModelRun::default(), |ops, run| {
+            run_sm90_w4a16_typed(ops, layout_with(&ops.problem, 2, config).expect("the variant"), bf16, run)
+        });
+        assert_eq!(ran[0].kernel, name);
     }
 }

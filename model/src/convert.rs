@@ -59,6 +59,16 @@ pub fn mul_rn_f16x2(a: u32, b: u32) -> u32 {
     hi << 16 | lo
 }
 
+/// `mul.rn.bf16x2 d, a, b;` (PTX ISA 9.0 §9.7.4.3, half-precision `mul` with `.bf16x2`: PTX 7.8,
+/// sm_90): each half multiplied and rounded to nearest even (the product of two bf16 is exact in
+/// f32, so one rounding). bf16 `mul` has no `.ftz` form: subnormal inputs and results are kept.
+pub fn mul_rn_bf16x2(a: u32, b: u32) -> u32 {
+    let h = |x: u32, s: u32| half::bf16::from_bits((x >> s) as u16).to_f32();
+    let lo = half::bf16::from_f32(h(a, 0) * h(b, 0)).to_bits() as u32;
+    let hi = half::bf16::from_f32(h(a, 16) * h(b, 16)).to_bits() as u32;
+    hi << 16 | lo
+}
+
 /// `cvt.rn.f16x2.f32 d, hi, lo;` (PTX ISA 9.0 §9.7.9.21): `hi` in the upper half.
 pub fn cvt_rn_f16x2_f32(hi: f32, lo: f32) -> u32 {
     (half::f16::from_f32(hi).to_bits() as u32) << 16 | half::f16::from_f32(lo).to_bits() as u32
@@ -143,5 +153,9 @@ mod tests {
         assert_eq!(mul_rn_f16x2(one << 16 | one, 0x4000 << 16 | 0x4200), 0x4000 << 16 | 0x4200);
         assert_eq!(cvt_rn_f16x2_f32(1.0, -2.0), 0x3C00 << 16 | 0xC000);
         assert_eq!(cvt_rn_bf16x2_f32(1.0, 0.0), 0x3F80 << 16);
+        // bf16: 1.5 · 2 = 3; the subnormal 2⁻¹²⁷ (0x0040) times 2¹²⁰ (0x7B80) is 2⁻⁷ (0x3C00).
+        assert_eq!(mul_rn_bf16x2(0x3FC0 << 16 | 0x0040, 0x4000 << 16 | 0x7B80), 0x4040 << 16 | 0x3C00);
+        // 1 + 2⁻⁷ squared rounds to even: 1 + 2⁻⁶.
+        assert_eq!(mul_rn_bf16x2(0x3F81, 0x3F81) & 0xFFFF, 0x3F82);
     }
 }

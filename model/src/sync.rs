@@ -12,6 +12,7 @@ use crate::exec::{
     instr, pub_exchange, query, raise, tc_contribution, tc_ordered_after, Block, Flow, Status, TcOrder, World,
 };
 use crate::smem::mapa;
+use crate::wgmma::WgmmaType;
 use std::panic::Location;
 
 /// The instruction (and its uniform operands) a meeting is for.
@@ -27,7 +28,7 @@ pub(crate) enum Coll {
     WgFence,
     WgCommit,
     WgWait { n: u32 },
-    WgMma { n: u32, b_desc: u64, scale_d: bool },
+    WgMma { n: u32, b_desc: u64, scale_d: bool, ty: WgmmaType },
     StMatrixX4 { trans: bool },
 }
 

@@ -1,6 +1,6 @@
 //! Hopper warpgroup MMA (PTX ISA 9.0 §9.7.15): `wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16`
-//! with A from registers and B from a shared-memory descriptor, `wgmma.fence`, `commit_group`,
-//! `wait_group`.
+//! and `.f32.bf16.bf16` with A from registers and B from a shared-memory descriptor,
+//! `wgmma.fence`, `commit_group`, `wait_group`.
 //!
 //! - All four warps of the warpgroup meet at every `wgmma` instruction (`.sync.aligned`,
 //!   §9.7.15.1), with identical descriptor and scale-d operands.
@@ -111,8 +111,32 @@ fn b_unit(d: &Desc, n: u32, kc: u32) -> u32 {
     }
 }
 
-fn f16_at(bytes: &[u8], o: usize) -> f64 {
-    half::f16::from_bits(u16::from_le_bytes([bytes[o], bytes[o + 1]])).to_f64()
+/// The A/B element type of a `wgmma.mma_async` (PTX ISA 9.0 §9.7.15.5.1: `.atype` = `.btype` =
+/// `.f16` or `.bf16` with an `.f32` accumulator; both 16 bits, so fragments and shared-memory
+/// layouts are the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaType {
+    /// `.f16`.
+    F16,
+    /// `.bf16`.
+    Bf16,
+}
+
+impl WgmmaType {
+    /// The value of a 16-bit element (exact in f64).
+    fn value(self, bits: u16) -> f64 {
+        match self {
+            WgmmaType::F16 => half::f16::from_bits(bits).to_f64(),
+            WgmmaType::Bf16 => half::bf16::from_bits(bits).to_f64(),
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            WgmmaType::F16 => "wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16",
+            WgmmaType::Bf16 => "wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16",
+        }
+    }
 }
 
 pub(crate) fn complete_collective(
@@ -151,7 +175,7 @@ pub(crate) fn complete_collective(
                 Ok(Outcome::Wait(Block::WgmmaWait { wg, n }))
             }
         }
-        Coll::WgMma { n, b_desc, scale_d } => {
+        Coll::WgMma { n, b_desc, scale_d, ty } => {
             let d = decode_desc(b_desc).map_err(|m| w.err_at(me, ErrorKind::Unimplemented, m))?;
             let cta = w.threads[me].cta;
             // Read B (16 x n) and check / mark its bytes.
@@ -168,7 +192,8 @@ pub(crate) fn complete_collective(
                         .map_err(|m| w.err_at(me, ErrorKind::Hazard, format!("B operand: {m}")))?;
                     let bytes = &w.ctas[cta].smem.data;
                     for e in 0..8 {
-                        b[((8 * kc + e) * n + col) as usize] = f16_at(bytes, off as usize + 2 * e as usize);
+                        let o = off as usize + 2 * e as usize;
+                        b[((8 * kc + e) * n + col) as usize] = ty.value(u16::from_le_bytes([bytes[o], bytes[o + 1]]));
                     }
                     mark_read(w, cta, off, 16);
                     w.wgs[wg].uncommitted_reads.push((cta, off, 16));
@@ -179,8 +204,8 @@ pub(crate) fn complete_collective(
             for (t, inp) in inputs.iter().enumerate() {
                 let (wq, g, q) = (t as u32 / 32, (t as u32 % 32) / 4, t as u32 % 4);
                 let place = |a: &mut [[f64; 16]; 64], reg: u32, row: u32, col: u32| {
-                    a[row as usize][col as usize] = half::f16::from_bits(reg as u16).to_f64();
-                    a[row as usize][col as usize + 1] = half::f16::from_bits((reg >> 16) as u16).to_f64();
+                    a[row as usize][col as usize] = ty.value(reg as u16);
+                    a[row as usize][col as usize + 1] = ty.value((reg >> 16) as u16);
                 };
                 place(&mut a, inp[0], 16 * wq + g, 2 * q);
                 place(&mut a, inp[1], 16 * wq + g + 8, 2 * q);
@@ -242,7 +267,30 @@ pub fn commit_group() {
 /// The descriptor must describe valid shared memory of this CTA (checked by the model).
 #[track_caller]
 pub unsafe fn mma_f16(acc: &mut [f32], a: [u32; 4], b_desc: u64, scale_d: bool) {
-    let site = Location::caller();
+    // SAFETY: the caller's contract.
+    unsafe { mma(acc, a, b_desc, scale_d, WgmmaType::F16, Location::caller()) }
+}
+
+/// [`mma_f16`] with bf16 A and B: `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`.
+///
+/// # Safety
+/// As [`mma_f16`].
+#[track_caller]
+pub unsafe fn mma_bf16(acc: &mut [f32], a: [u32; 4], b_desc: u64, scale_d: bool) {
+    // SAFETY: the caller's contract.
+    unsafe { mma(acc, a, b_desc, scale_d, WgmmaType::Bf16, Location::caller()) }
+}
+
+/// # Safety
+/// As [`mma_f16`].
+unsafe fn mma(
+    acc: &mut [f32],
+    a: [u32; 4],
+    b_desc: u64,
+    scale_d: bool,
+    ty: WgmmaType,
+    site: &'static Location<'static>,
+) {
     let n = 2 * acc.len() as u32;
     let ptr = acc.as_ptr() as usize;
     // This thread's accumulator input: the in-flight value if an MMA on these registers is
@@ -272,8 +320,7 @@ pub unsafe fn mma_f16(acc: &mut [f32], a: [u32; 4], b_desc: u64, scale_d: bool) 
         );
     }
     input.extend(acc_in.iter().map(|v| v.to_bits()));
-    let out =
-        wg_instr("wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16", site, Coll::WgMma { n, b_desc, scale_d }, input);
+    let out = wg_instr(ty.suffix(), site, Coll::WgMma { n, b_desc, scale_d, ty }, input);
     crate::exec::instr("wgmma.mma_async (registers)", site, false, |w, me| {
         let wg = w.wg_of(me);
         let group = w.wgs[wg].next_group;

@@ -1,5 +1,5 @@
-//! wgmma m64nNk16 f16 → f32: fragment layouts and B descriptors against a naive matmul, async
-//! groups.
+//! wgmma m64nNk16 f16/bf16 → f32: fragment layouts and B descriptors against a naive matmul,
+//! async groups.
 
 use nvfp4_gemm_model::*;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -51,7 +51,18 @@ fn desc(l: Layout, start: u32) -> u64 {
 
 /// Runs D = A0·B0 (+ A1·B1 if `two`) on one warpgroup with N = 32 and returns D (64 x 32).
 fn run(l: Layout, a: &[[f32; K]; 64], b: &[Vec<[f32; K]>], two_groups: bool, seed: u64) -> Vec<f32> {
+    run_typed(l, a, b, two_groups, seed, false)
+}
+
+fn bf16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// [`run`] with f16 (`bf16` false) or bf16 operands (`wgmma ... .f32.bf16.bf16`).
+fn run_typed(l: Layout, a: &[[f32; K]; 64], b: &[Vec<[f32; K]>], two_groups: bool, seed: u64, bf: bool) -> Vec<f32> {
     const N: usize = 32;
+    let f16 = if bf { bf16 } else { f16 };
+    let mma = if bf { wgmma::mma_bf16 } else { wgmma::mma_f16 };
     let tile_bytes = 4096usize;
     let mut img = vec![0u8; tile_bytes * b.len()];
     for (t, bt) in b.iter().enumerate() {
@@ -87,11 +98,11 @@ fn run(l: Layout, a: &[[f32; K]; 64], b: &[Vec<[f32; K]>], two_groups: bool, see
         };
         let mut acc = [0f32; N / 2];
         wgmma::fence();
-        unsafe { wgmma::mma_f16(&mut acc, frag(a), desc(l, tiles), false) };
+        unsafe { mma(&mut acc, frag(a), desc(l, tiles), false) };
         if two_groups {
             wgmma::commit_group();
             let a1: [[f32; K]; 64] = std::array::from_fn(|r| std::array::from_fn(|k| a[r][k] - 1.0));
-            unsafe { wgmma::mma_f16(&mut acc, frag(&a1), desc(l, tiles + tile_bytes as u32), true) };
+            unsafe { mma(&mut acc, frag(&a1), desc(l, tiles + tile_bytes as u32), true) };
             wgmma::commit_group();
             wgmma::wait_group(1, &mut acc);
             // The newest group may still be in flight: the registers are not the result yet.
@@ -125,6 +136,31 @@ fn fragments_and_descriptors_match_a_naive_matmul() {
                 let want: f32 = (0..K).map(|k| a[r][k] * b0[n][k]).sum();
                 assert_eq!(d[r * 32 + n], want, "{l:?} D[{r}][{n}]");
             }
+        }
+    }
+}
+
+/// bf16 operands whose values f16 cannot hold (2⁻¹¹⁰ · small integers, and subnormal bf16
+/// elements 2⁻¹²⁷ times powers of two up to 2¹²⁶): read as bf16, exactly.
+#[test]
+fn bf16_operands_are_read_as_bf16() {
+    let a: [[f32; K]; 64] = std::array::from_fn(|r| std::array::from_fn(|k| small(r, k, 1) * 2f32.powi(-110)));
+    let b0: Vec<[f32; K]> = (0..32).map(|n| std::array::from_fn(|k| small(n, k, 5) * 2f32.powi(100))).collect();
+    let d = run_typed(Layout::Sw128, &a, std::slice::from_ref(&b0), false, 4, true);
+    for r in 0..64 {
+        for n in 0..32 {
+            let want: f32 = (0..K).map(|k| a[r][k] * b0[n][k]).sum();
+            assert_eq!(d[r * 32 + n], want, "D[{r}][{n}]");
+        }
+    }
+    let tiny: [[f32; K]; 64] =
+        std::array::from_fn(|r| std::array::from_fn(|k| if (r + k) % 3 == 0 { 2f32.powi(-127) } else { 0.0 }));
+    let big: Vec<[f32; K]> = (0..32).map(|n| std::array::from_fn(|k| 2f32.powi(100 + ((n + k) % 20) as i32))).collect();
+    let d = run_typed(Layout::Interleave, &tiny, std::slice::from_ref(&big), false, 5, true);
+    for r in 0..64 {
+        for n in 0..32 {
+            let want: f32 = (0..K).map(|k| tiny[r][k] * big[n][k]).sum();
+            assert_eq!(d[r * 32 + n], want, "D[{r}][{n}]");
         }
     }
 }

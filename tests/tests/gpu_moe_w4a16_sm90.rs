@@ -1,9 +1,9 @@
 //! W4A16 with device-resident group sizes on the H200 (`nvfp4_gemm::w4a16::W4a16MoePlan`): f16
-//! activations `[token_rows, K]` read as they are, every expert's NVFP4 weights prepacked once,
-//! the group sizes (contiguous offsets or masked counts) read on the device only.
+//! or bf16 activations `[token_rows, K]` read as they are, every expert's NVFP4 weights prepacked
+//! once for them, the group sizes (contiguous offsets or masked counts) read on the device only.
 //!
 //! Each routing's activations are random NVFP4 groups (global scale 1) with their block scales
-//! applied — exact in f16 — at the rows the sizes give each group (clamped as the device clamps
+//! applied — exact in f16 and bf16 — at the rows the sizes give each group (clamped as the device clamps
 //! them, `MoeProblem::group_rows`); every other row is NaN, so a tile that reads rows of no group
 //! must keep them out of the groups' results. Every call is checked:
 //! - C (poisoned, with poisoned guards) equals, on every group's rows, the fp64 reference of the
@@ -13,18 +13,20 @@
 //! - the plan's status word equals the bits the host expects.
 //!
 //! Both layouts with empty experts, one expert taking every token, sizes beyond the bounds, every
-//! kernel option; a CUDA graph captured once and replayed for many routings; typed errors.
+//! kernel option, both activation types; a CUDA graph (bf16 activations) captured once and
+//! replayed for many routings; typed errors.
 //! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`).
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use half::f16;
+use half::{bf16, f16};
 use nvfp4_format::{random_matrix, reference_grouped_gemm_f64, Group, InputDistribution, Nvfp4Matrix, SplitMix64};
 use nvfp4_format::{GroupShape, Tolerance};
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, SizeStatus, TokenLayout};
 use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16MoeArgs, W4a16MoePlan, W4a16Plan};
 use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand, Output, OutputType, Problem};
 use nvfp4_gemm_tests::routings::{contiguous_routings, random_offsets};
+use nvfp4_gemm_tests::w4a16::Activation16;
 use nvfp4_gemm_tests::{abs_reference, accumulation_allowance, gpu_or_skip, GUARD, POISON};
 use std::sync::Arc;
 
@@ -32,16 +34,17 @@ use std::sync::Arc;
 const LISTED: usize = 8;
 
 /// One MoE layer: the problem, each expert's NVFP4 weights on the host and prepacked on the
-/// device, alphas (the weights' global scale: the activations' is 1).
+/// device for activations of `kind`, alphas (the weights' global scale: the activations' is 1).
 struct Layer {
     problem: MoeProblem,
+    kind: Activations,
     weights: Vec<Nvfp4Matrix>,
     packed: Vec<(CudaSlice<u8>, CudaSlice<u8>)>,
     alphas: Vec<f32>,
 }
 
 impl Layer {
-    fn new(stream: &Arc<CudaStream>, problem: MoeProblem, seed: u64) -> Layer {
+    fn new(stream: &Arc<CudaStream>, problem: MoeProblem, kind: Activations, seed: u64) -> Layer {
         let mut rng = SplitMix64::new(seed);
         let weights: Vec<Nvfp4Matrix> = (0..problem.groups())
             .map(|_| random_matrix(problem.n(), problem.k(), InputDistribution::Competition, &mut rng).unwrap())
@@ -49,12 +52,12 @@ impl Layer {
         let packed = weights
             .iter()
             .map(|w| {
-                let p = prepack(w, Activations::F16).unwrap();
+                let p = prepack(w, kind).unwrap();
                 (stream.clone_htod(&p.values).unwrap(), stream.clone_htod(&p.scales).unwrap())
             })
             .collect();
         let alphas = weights.iter().map(|w| w.global_scale()).collect();
-        Layer { problem, weights, packed, alphas }
+        Layer { problem, kind, weights, packed, alphas }
     }
 
     fn operands(&self) -> Vec<Nvfp4Operand<'_>> {
@@ -63,19 +66,20 @@ impl Layer {
 }
 
 /// One routing's inputs: the groups (A of each group's clamped rows, global scale 1) and the
-/// activations `[token_rows, K]` (module docs).
-struct Routing {
+/// activations `[token_rows, K]` of type `A` (module docs).
+struct Routing<A> {
     sizes: Vec<u32>,
     groups: Vec<Option<Group>>,
-    x: Vec<f16>,
+    x: Vec<A>,
 }
 
-impl Routing {
-    fn new(layer: &Layer, sizes: &[u32], rng: &mut SplitMix64) -> Routing {
+impl<A: Activation16> Routing<A> {
+    fn new(layer: &Layer, sizes: &[u32], rng: &mut SplitMix64) -> Routing<A> {
+        assert_eq!(layer.kind, A::KIND, "weights prepacked for these activations");
         let p = &layer.problem;
         let k = p.k();
         let (rows, _) = p.group_rows(sizes).unwrap();
-        let mut x = vec![f16::NAN; p.token_rows() * k];
+        let mut x = vec![A::NAN; p.token_rows() * k];
         let mut groups = vec![];
         for (r, w) in rows.iter().zip(&layer.weights) {
             if r.rows == 0 {
@@ -85,16 +89,16 @@ impl Routing {
             let mut a = random_matrix(r.rows as usize, k, InputDistribution::Competition, rng).unwrap();
             a.set_global_scale(1.0);
             let first = r.first as usize * k;
-            x[first..first + r.rows as usize * k].copy_from_slice(&a.dequantize_block_scaled_f16());
+            x[first..first + r.rows as usize * k].copy_from_slice(&A::block_scaled(&a));
             groups.push(Some(Group::new(a, w.clone(), 1.0).unwrap()));
         }
         Routing { sizes: sizes.to_vec(), groups, x }
     }
 }
 
-/// The device buffers of a layer's calls, allocated once.
-struct Buffers {
-    x: CudaSlice<f16>,
+/// The device buffers of a layer's calls, allocated once (activations of type `A`).
+struct Buffers<A> {
+    x: CudaSlice<A>,
     /// The sizes the kernels read.
     sizes: CudaSlice<u32>,
     /// Where a routing is written for a graph replay (copied into `sizes` inside the graph).
@@ -103,8 +107,8 @@ struct Buffers {
     c: CudaSlice<f16>,
 }
 
-impl Buffers {
-    fn new(stream: &Arc<CudaStream>, p: &MoeProblem) -> Buffers {
+impl<A: Activation16> Buffers<A> {
+    fn new(stream: &Arc<CudaStream>, p: &MoeProblem) -> Buffers<A> {
         Buffers {
             x: stream.alloc_zeros(p.token_rows() * p.k()).unwrap(),
             sizes: stream.alloc_zeros(p.sizes_len()).unwrap(),
@@ -114,18 +118,18 @@ impl Buffers {
     }
 
     /// Writes the routing's activations and poisons C (guards included), on `stream`.
-    fn prepare(&mut self, stream: &Arc<CudaStream>, routing: &Routing) {
+    fn prepare(&mut self, stream: &Arc<CudaStream>, routing: &Routing<A>) {
         stream.memcpy_htod(&routing.x, &mut self.x).unwrap();
         stream.memcpy_htod(&vec![f16::from_bits(POISON); self.c.len()], &mut self.c).unwrap();
     }
 }
 
 /// The GEMM, reading the sizes from `bufs.sizes` (no sync).
-fn call(
+fn call<A: Activation16>(
     stream: &Arc<CudaStream>,
     plan: &mut W4a16MoePlan,
     layer: &Layer,
-    bufs: &mut Buffers,
+    bufs: &mut Buffers<A>,
 ) -> nvfp4_gemm::Result<()> {
     let weights = layer.operands();
     let len = bufs.c.len() - 2 * GUARD;
@@ -141,13 +145,13 @@ fn call(
 }
 
 /// Checks one call (module docs); returns the failures, described.
-fn check(
+fn check<A: Activation16>(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
     plan: &W4a16MoePlan,
     layer: &Layer,
-    bufs: &Buffers,
-    routing: &Routing,
+    bufs: &Buffers<A>,
+    routing: &Routing<A>,
     what: &str,
 ) -> Vec<String> {
     let p = &layer.problem;
@@ -225,15 +229,20 @@ fn check(
 /// The host-sized `W4a16Plan` on each non-empty group's rows of the same activations and the
 /// same prepacked weights: C's bits per group. On the context's default stream (where
 /// `W4a16Plan::new` allocates), after the caller's stream was synchronized.
-fn host_sized_w4a16(gpu: &Gpu, layer: &Layer, bufs: &Buffers, spans: &[(usize, usize, usize)]) -> Vec<Vec<u16>> {
+fn host_sized_w4a16<A: Activation16>(
+    gpu: &Gpu,
+    layer: &Layer,
+    bufs: &Buffers<A>,
+    spans: &[(usize, usize, usize)],
+) -> Vec<Vec<u16>> {
     let stream = &gpu.context().default_stream();
     let (n, k) = (layer.problem.n(), layer.problem.k());
     let shapes: Vec<GroupShape> = spans.iter().map(|&(_, _, m)| GroupShape::new(m, n, k)).collect();
-    let mut plan = W4a16Plan::new(gpu, Problem::new(shapes, OutputType::F16).unwrap(), Activations::F16).unwrap();
+    let mut plan = W4a16Plan::new(gpu, Problem::new(shapes, OutputType::F16).unwrap(), A::KIND).unwrap();
     let xs: Vec<_> = spans.iter().map(|&(_, first, m)| bufs.x.slice(first * k..(first + m) * k)).collect();
     let mut cs: Vec<CudaSlice<f16>> = spans.iter().map(|&(_, _, m)| stream.alloc_zeros(m * n).unwrap()).collect();
     {
-        let mut args: Vec<W4a16Args> = xs
+        let mut args: Vec<W4a16Args<A>> = xs
             .iter()
             .zip(cs.iter_mut())
             .zip(spans)
@@ -249,9 +258,9 @@ fn host_sized_w4a16(gpu: &Gpu, layer: &Layer, bufs: &Buffers, spans: &[(usize, u
     cs.iter().map(|c| stream.clone_dtoh(c).unwrap().iter().map(|v| v.to_bits()).collect()).collect()
 }
 
-/// Runs every routing through the layer with a plan of `options` (outside any graph) and checks
-/// each call.
-fn run_routings(
+/// Runs every routing through the layer with a plan of `options` and activations of type `A`
+/// (outside any graph) and checks each call.
+fn run_routings<A: Activation16>(
     test: &str,
     gpu: &Gpu,
     layer: &Layer,
@@ -260,19 +269,19 @@ fn run_routings(
     options: &MoeOptions,
 ) {
     let stream = gpu.context().default_stream();
-    let mut plan = W4a16MoePlan::with_options(gpu, layer.problem.clone(), Activations::F16, options).unwrap();
-    let mut bufs = Buffers::new(&stream, &layer.problem);
+    let mut plan = W4a16MoePlan::with_options(gpu, layer.problem.clone(), A::KIND, options).unwrap();
+    let mut bufs = Buffers::<A>::new(&stream, &layer.problem);
     let mut rng = SplitMix64::new(seed);
     let mut failures = vec![];
     for (name, sizes) in routings {
-        let routing = Routing::new(layer, sizes, &mut rng);
+        let routing = Routing::<A>::new(layer, sizes, &mut rng);
         bufs.prepare(&stream, &routing);
         stream.memcpy_htod(sizes, &mut bufs.sizes).unwrap();
         plan.clear_status(&stream).unwrap();
         call(&stream, &mut plan, layer, &mut bufs).unwrap();
         stream.synchronize().unwrap();
         let p = &layer.problem;
-        let what = format!("{:?} N={} K={} {options:?} {name}", p.layout(), p.n(), p.k());
+        let what = format!("{:?} {:?} N={} K={} {options:?} {name}", A::KIND, p.layout(), p.n(), p.k());
         let f = check(gpu, &stream, &plan, layer, &bufs, &routing, &what);
         eprintln!("{test}: {what}: {}", if f.is_empty() { "ok" } else { "FAIL" });
         failures.extend(f);
@@ -294,18 +303,23 @@ fn gpu_moe_w4a16_contiguous_matches_cpu() {
     let stream = gpu.context().default_stream();
     let mut rng = SplitMix64::new(0xA16_C001);
     // (experts, N, K, max tokens): many small experts, K tails (320: a half stage), N not a
-    // multiple of 128, T not a multiple of 128, one expert; every kernel option on the second.
+    // multiple of 128, T not a multiple of 128, one expert; every kernel option on the second;
+    // f16 and bf16 activations.
     for (i, (g, n, k, t)) in
         [(8, 256, 512, 600), (5, 136, 320, 300), (64, 128, 256, 512), (1, 128, 2048, 200), (16, 512, 1024, 129)]
             .into_iter()
             .enumerate()
     {
         let p = MoeProblem::new(g, n, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
-        let layer = Layer::new(&stream, p, rng.next_u64());
         let routings = contiguous_routings(&mut rng, g, t);
         let options: &[MoeOptions] = if i == 1 { &OPTIONS } else { &OPTIONS[..1] };
+        let layer = Layer::new(&stream, p.clone(), Activations::F16, rng.next_u64());
         for o in options {
-            run_routings(test, &gpu, &layer, &routings, rng.next_u64(), o);
+            run_routings::<f16>(test, &gpu, &layer, &routings, rng.next_u64(), o);
+        }
+        let layer = Layer::new(&stream, p, Activations::Bf16, rng.next_u64());
+        for o in options {
+            run_routings::<bf16>(test, &gpu, &layer, &routings, rng.next_u64(), o);
         }
     }
 }
@@ -321,7 +335,6 @@ fn gpu_moe_w4a16_masked_matches_cpu() {
     // tail, N not a multiple of 128.
     for (g, n, k, m) in [(6, 256, 512, 16), (4, 136, 320, 200), (32, 128, 1024, 5), (3, 384, 256, 129)] {
         let p = MoeProblem::new(g, n, k, TokenLayout::Masked { max_rows: m }, OutputType::F16).unwrap();
-        let layer = Layer::new(&stream, p, rng.next_u64());
         let mut routings = vec![
             ("all full".to_string(), vec![m as u32; g]),
             ("all empty".to_string(), vec![0; g]),
@@ -332,7 +345,10 @@ fn gpu_moe_w4a16_masked_matches_cpu() {
         let mut one = vec![0u32; g];
         one[g - 1] = m as u32;
         routings.push(("only the last expert".into(), one));
-        run_routings(test, &gpu, &layer, &routings, rng.next_u64(), &OPTIONS[0]);
+        let layer = Layer::new(&stream, p.clone(), Activations::F16, rng.next_u64());
+        run_routings::<f16>(test, &gpu, &layer, &routings, rng.next_u64(), &OPTIONS[0]);
+        let layer = Layer::new(&stream, p, Activations::Bf16, rng.next_u64());
+        run_routings::<bf16>(test, &gpu, &layer, &routings, rng.next_u64(), &OPTIONS[0]);
     }
 }
 
@@ -345,14 +361,14 @@ fn gpu_moe_w4a16_contiguous_overflow_clamps_and_flags() {
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
     let stream = gpu.context().default_stream();
     let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::F16).unwrap();
-    let layer = Layer::new(&stream, p, 77);
+    let layer = Layer::new(&stream, p, Activations::F16, 77);
     let routings = vec![
         ("last offset beyond T".to_string(), vec![0, 100, 250, 280, 350]),
         ("every offset beyond T".to_string(), vec![301, 400, 500, 600, u32::MAX]),
         ("decreasing".to_string(), vec![0, 200, 100, 150, 300]),
         ("decreasing and beyond".to_string(), vec![50, 20, u32::MAX, 0, 299]),
     ];
-    run_routings(test, &gpu, &layer, &routings, 78, &OPTIONS[0]);
+    run_routings::<f16>(test, &gpu, &layer, &routings, 78, &OPTIONS[0]);
 }
 
 /// Captures `sizes ← staging`, a status clear and the GEMM once, then replays every routing
@@ -378,9 +394,10 @@ fn gpu_moe_w4a16_graph_replays_routings() {
     // comparison runs on the default stream after this stream is synchronized).
     unsafe { gpu.context().disable_event_tracking() };
     let stream = gpu.context().new_stream().unwrap();
-    let layer = Layer::new(&stream, p, 0xA16_6B0);
-    let mut plan = W4a16MoePlan::new(&gpu, layer.problem.clone(), Activations::F16).unwrap();
-    let mut bufs = Buffers::new(&stream, &layer.problem);
+    // bf16 activations, as a serving engine's.
+    let layer = Layer::new(&stream, p, Activations::Bf16, 0xA16_6B0);
+    let mut plan = W4a16MoePlan::new(&gpu, layer.problem.clone(), Activations::Bf16).unwrap();
+    let mut bufs = Buffers::<bf16>::new(&stream, &layer.problem);
     // A first call outside the capture uploads the tables (the weights' and activations' maps).
     let first = Routing::new(&layer, &routings[0].1, &mut rng);
     bufs.prepare(&stream, &first);
@@ -413,9 +430,8 @@ fn gpu_moe_w4a16_graph_replays_routings() {
     assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
 }
 
-/// bf16 activations (not built) are `Unsupported` before any allocation; a call with a wrong
-/// buffer is a typed error that launches nothing (C keeps its poison); the status stays sticky
-/// until cleared.
+/// A call with a wrong buffer, or activations of another type than the plan's, is a typed error
+/// that launches nothing (C keeps its poison); the status stays sticky until cleared.
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_w4a16_errors_and_sticky_status() {
@@ -423,15 +439,15 @@ fn gpu_moe_w4a16_errors_and_sticky_status() {
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
     let stream = gpu.context().default_stream();
     let p = MoeProblem::new(3, 128, 256, TokenLayout::Masked { max_rows: 20 }, OutputType::F16).unwrap();
-    assert!(matches!(W4a16MoePlan::new(&gpu, p.clone(), Activations::Bf16), Err(Error::Unsupported(_))));
-    let layer = Layer::new(&stream, p.clone(), 3);
+    let layer = Layer::new(&stream, p.clone(), Activations::F16, 3);
     let mut plan = W4a16MoePlan::new(&gpu, p.clone(), Activations::F16).unwrap();
     assert!(plan.summary().kernel.contains("sm90_w4a16_gemm"), "{}", plan.summary().kernel);
-    let mut bufs = Buffers::new(&stream, &p);
+    let mut bufs = Buffers::<f16>::new(&stream, &p);
     let routing = Routing::new(&layer, &[3, 0, 20], &mut SplitMix64::new(4));
     bufs.prepare(&stream, &routing);
     stream.memcpy_htod(&routing.sizes, &mut bufs.sizes).unwrap();
     let short_x = stream.alloc_zeros::<f16>(p.token_rows() * p.k() - 8).unwrap();
+    let bf16_x = stream.alloc_zeros::<bf16>(p.token_rows() * p.k()).unwrap();
     let weights = layer.operands();
     let len = bufs.c.len() - 2 * GUARD;
     {
@@ -445,6 +461,15 @@ fn gpu_moe_w4a16_errors_and_sticky_status() {
         };
         let e = plan.run(&stream, &mut args).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { field: "activations", .. }), "{e}");
+        let mut args = W4a16MoeArgs {
+            sizes: &bufs.sizes,
+            activations: &bf16_x,
+            weights: &weights,
+            alphas: &layer.alphas,
+            c: Output::F16(&mut c),
+        };
+        let e = plan.run(&stream, &mut args).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { field: "activations", .. }), "bf16 for an f16 plan: {e}");
         let mut args = W4a16MoeArgs {
             sizes: &bufs.sizes,
             activations: &bufs.x,

@@ -1,13 +1,14 @@
-//! W4A16 on the H200 (`nvfp4_gemm::w4a16`): f16 activations times NVFP4 weights prepacked once,
-//! one GEMM launch per call (no dequantization). Each group's activations are its A with the
-//! block scales applied (exact in f16; A's global scale in alpha), so every case compares with the
-//! fp64 reference of the NVFP4 groups exactly as the W4A4 tests do (`run_case_with`: C and its
-//! guards poisoned, two runs, bitwise determinism; fp16 atol = rtol = 1e-3, bf16 rtol 4e-3;
-//! full-range inputs with the fp32-accumulation allowance). Cases: the competition's shapes, random
-//! problems with tails (M = 0, M of any size, N = 8·odd, K = 64 and K % 128 = 64, up to 16 groups),
-//! 64 groups of 4 tokens (the decode kernel), both input distributions, fp16 and bf16 output; the
-//! stacked call (one buffer per operand) against the per-group one; and typed errors for bf16
-//! activations and bad buffers.
+//! W4A16 on the H200 (`nvfp4_gemm::w4a16`): f16 or bf16 activations times NVFP4 weights
+//! prepacked once for them, one GEMM launch per call (no dequantization). Each group's
+//! activations are its A with the block scales applied (exact in f16 and bf16; A's global scale in
+//! alpha), so every case compares with the fp64 reference of the NVFP4 groups exactly as the W4A4
+//! tests do (`run_case_with`: C and its guards poisoned, two runs, bitwise determinism; fp16 atol =
+//! rtol = 1e-3, bf16 rtol 4e-3; full-range inputs with the fp32-accumulation allowance). Cases, for
+//! both activation types: the competition's shapes, random problems with tails (M = 0, M of any
+//! size, N = 8·odd, K = 64 and K % 128 = 64, up to 16 groups), 64 groups of 4 tokens (the decode
+//! kernel), both input distributions, fp16 and bf16 output; every e2m1 code times every e4m3 scale
+//! exactly (bf16: through the subnormal decode of 0.5); the stacked call (one buffer per operand)
+//! against the per-group one; and typed errors for activations of the wrong type and bad buffers.
 //! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`).
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -16,20 +17,22 @@ use nvfp4_format::{Group, GroupShape, InputDistribution, Tolerance};
 use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16Plan};
 use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand, OutputType, Problem};
 use nvfp4_gemm_tests::cases::{self, Multiples, RandomShapes, BF16_TOLERANCE};
+use nvfp4_gemm_tests::w4a16::Activation16;
 use nvfp4_gemm_tests::{gpu_or_skip, make_groups, run_case_with, CaseReport, OutputElement};
 use std::sync::Arc;
 
-/// One group's W4A16 operands on the device.
-struct DeviceOperands {
-    activations: CudaSlice<f16>,
+/// One group's W4A16 operands on the device, activations of type `A`.
+struct DeviceOperands<A = f16> {
+    activations: CudaSlice<A>,
     values: CudaSlice<u8>,
     scales: CudaSlice<u8>,
 }
 
-/// Uploads A with its block scales applied (f16) and B prepacked for f16 activations.
-fn upload(stream: &Arc<CudaStream>, g: &Group) -> DeviceOperands {
-    let act = g.a.dequantize_block_scaled_f16();
-    let w = prepack(&g.b, Activations::F16).expect("prepack");
+/// Uploads A with its block scales applied (type `A`, exact) and B prepacked for those
+/// activations.
+fn upload<A: Activation16>(stream: &Arc<CudaStream>, g: &Group) -> DeviceOperands<A> {
+    let act = A::block_scaled(&g.a);
+    let w = prepack(&g.b, A::KIND).expect("prepack");
     let bytes = |b: &[u8]| if b.is_empty() { stream.alloc_zeros(16) } else { stream.clone_htod(b) };
     DeviceOperands {
         activations: if act.is_empty() { stream.alloc_zeros(8).unwrap() } else { stream.clone_htod(&act).unwrap() },
@@ -42,18 +45,18 @@ fn problem(groups: &[Group], out: OutputType) -> Problem {
     Problem::new(groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect::<Vec<_>>(), out).unwrap()
 }
 
-/// One case through a `W4a16Plan` with output type `T`.
-fn run_w4a16<T: OutputElement>(
+/// One case through a `W4a16Plan` with output type `T` and activations of type `A`.
+fn run_w4a16<T: OutputElement, A: Activation16>(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
     groups: &[Group],
     tol: Tolerance,
     full: bool,
 ) -> (CaseReport, &'static str) {
-    let mut plan = W4a16Plan::new(gpu, problem(groups, T::TYPE), Activations::F16).expect("plan");
-    let ops: Vec<DeviceOperands> = groups.iter().map(|g| upload(stream, g)).collect();
+    let mut plan = W4a16Plan::new(gpu, problem(groups, T::TYPE), A::KIND).expect("plan");
+    let ops: Vec<DeviceOperands<A>> = groups.iter().map(|g| upload(stream, g)).collect();
     let report = run_case_with::<T>(stream, groups, tol, full, &mut |cs| {
-        let mut args: Vec<W4a16Args> = ops
+        let mut args: Vec<W4a16Args<A>> = ops
             .iter()
             .zip(cs.iter_mut())
             .zip(groups)
@@ -69,15 +72,20 @@ fn run_w4a16<T: OutputElement>(
     (report, plan.kernel())
 }
 
-fn run_cases<T: OutputElement>(test: &str, cases: &[(Vec<GroupShape>, InputDistribution)], seed: u64, tol: Tolerance) {
+fn run_cases<T: OutputElement, A: Activation16>(
+    test: &str,
+    cases: &[(Vec<GroupShape>, InputDistribution)],
+    seed: u64,
+    tol: Tolerance,
+) {
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
     let stream = gpu.context().default_stream();
     let mut failures = vec![];
     for (i, (shapes, dist)) in cases.iter().enumerate() {
         let groups = make_groups(shapes, *dist, seed + i as u64);
-        let (r, kernel) = run_w4a16::<T>(&gpu, &stream, &groups, tol, *dist == InputDistribution::FullRange);
+        let (r, kernel) = run_w4a16::<T, A>(&gpu, &stream, &groups, tol, *dist == InputDistribution::FullRange);
         let dims: Vec<(usize, usize, usize)> = shapes.iter().map(|s| (s.m, s.n, s.k)).collect();
-        let line = format!("CASE {test}[{i}] {:?} {dist:?} {kernel} groups(m,n,k)={dims:?} {r}", T::TYPE);
+        let line = format!("CASE {test}[{i}] {:?} {:?} {dist:?} {kernel} groups(m,n,k)={dims:?} {r}", A::KIND, T::TYPE);
         println!("{line}");
         if !r.passed() {
             failures.push(line);
@@ -89,12 +97,9 @@ fn run_cases<T: OutputElement>(test: &str, cases: &[(Vec<GroupShape>, InputDistr
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_competition_shapes() {
-    run_cases::<f16>(
-        "gpu_w4a16_competition_shapes",
-        &cases::with_dists(cases::competition()),
-        0x4A1,
-        Tolerance::COMPETITION,
-    );
+    let cases = cases::with_dists(cases::competition());
+    run_cases::<f16, f16>("gpu_w4a16_competition_shapes", &cases, 0x4A1, Tolerance::COMPETITION);
+    run_cases::<f16, bf16>("gpu_w4a16_competition_shapes", &cases, 0x4A1, Tolerance::COMPETITION);
 }
 
 /// 60 random problems with tails, half full-range; and the decode shapes scaled down in K.
@@ -121,17 +126,19 @@ fn gpu_w4a16_random_and_decode_shapes() {
         all.push((shapes.clone(), InputDistribution::Competition));
         all.push((shapes, InputDistribution::FullRange));
     }
-    run_cases::<f16>("gpu_w4a16_random_and_decode_shapes", &all, 0x4A2, Tolerance::COMPETITION);
+    run_cases::<f16, f16>("gpu_w4a16_random_and_decode_shapes", &all, 0x4A2, Tolerance::COMPETITION);
+    run_cases::<f16, bf16>("gpu_w4a16_random_and_decode_shapes", &all, 0x4A2, Tolerance::COMPETITION);
 }
 
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_bf16_output() {
     let cases: Vec<_> = cases::competition()[..4].iter().map(|s| (s.clone(), InputDistribution::Competition)).collect();
-    run_cases::<bf16>("gpu_w4a16_bf16_output", &cases, 0x4A3, BF16_TOLERANCE);
+    run_cases::<bf16, f16>("gpu_w4a16_bf16_output", &cases, 0x4A3, BF16_TOLERANCE);
+    run_cases::<bf16, bf16>("gpu_w4a16_bf16_output", &cases, 0x4A3, BF16_TOLERANCE);
 }
 
-/// bf16 activations (not built) and sm_100a are `Unsupported`; a buffer of the wrong size, a
+/// Activations of another type than the plan's are a typed error; a buffer of the wrong size, a
 /// wrong output type or a non-finite alpha is a typed error naming the group, with nothing
 /// launched.
 #[test]
@@ -142,9 +149,24 @@ fn gpu_w4a16_errors() {
     let stream = gpu.context().default_stream();
     let groups = make_groups(&cases::z(&[20, 3], &[64, 128], &[128, 256]), InputDistribution::Competition, 9);
     let p = problem(&groups, OutputType::F16);
-    assert!(matches!(W4a16Plan::new(&gpu, p.clone(), Activations::Bf16), Err(Error::Unsupported(_))));
-    let mut plan = W4a16Plan::new(&gpu, p, Activations::F16).unwrap();
+    let mut plan = W4a16Plan::new(&gpu, p.clone(), Activations::F16).unwrap();
     let ops: Vec<DeviceOperands> = groups.iter().map(|g| upload(&stream, g)).collect();
+    {
+        let bf16_ops: Vec<DeviceOperands<bf16>> = groups.iter().map(|g| upload(&stream, g)).collect();
+        let mut cs: Vec<CudaSlice<f16>> = groups.iter().map(|g| stream.alloc_zeros(g.m() * g.n()).unwrap()).collect();
+        let mut args: Vec<W4a16Args<bf16>> = bf16_ops
+            .iter()
+            .zip(cs.iter_mut())
+            .map(|(o, c)| W4a16Args {
+                activations: &o.activations,
+                weights: Nvfp4Operand { values: &o.values, scales: &o.scales },
+                c: nvfp4_gemm::Output::F16(c),
+                alpha: 1.0,
+            })
+            .collect();
+        let e = plan.run(&stream, &mut args).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { field: "activations", .. }), "{e}");
+    }
     let mut cs: Vec<CudaSlice<f16>> = groups.iter().map(|g| stream.alloc_zeros(g.m() * g.n()).unwrap()).collect();
     let mut short = stream.alloc_zeros::<f16>(3 * 128 - 1).unwrap();
     let mut wrong_type = stream.alloc_zeros::<bf16>(3 * 128).unwrap();
@@ -273,5 +295,77 @@ fn gpu_w4a16_stacked() {
         assert!(got.iter().all(|&b| b == nvfp4_gemm_tests::POISON), "case {i}: a refused call wrote C");
         let (r, _) = stacked(&mut plan, &mut c, false, &alphas[1..]);
         assert!(matches!(r, Err(Error::InvalidArgument { field: "alphas", .. })), "{r:?}");
+    }
+}
+
+/// Every e2m1 code times every e4m3 scale (negative, zero and subnormal ones included; NaN
+/// left out) through the decoders on the GPU, f16 and bf16 activations: B has one row per scale
+/// byte (every block of row `n` has scale byte `n`) and code `c % 16` in column `c`; A is the
+/// identity (64 tokens, K = 64), so C[t][n] is B's element (n, t), which must be exactly
+/// `code · scale` (exact in f16: magnitudes 2⁻¹⁰..2688). With bf16 activations the code 0.5
+/// decodes to the subnormal bf16 2⁻¹²⁷ before its multiplication (docs/w4a16.md §2): a flush to
+/// zero would show here as 0 in place of `0.5 · scale`.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_w4a16_every_code_times_every_scale() {
+    use nvfp4_format::codec::{e2m1_to_f32, e4m3_to_f32};
+    use nvfp4_format::layout::blocked_offset;
+    use nvfp4_format::Nvfp4Matrix;
+    let test = "gpu_w4a16_every_code_times_every_scale";
+    let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
+    let stream = gpu.context().default_stream();
+    let (n, k, m) = (256usize, 64usize, 64usize);
+    let scale_of = |row: usize| if row & 0x7F == 0x7F { 0x38u8 } else { row as u8 };
+    let mut b = Nvfp4Matrix::zeros(n, k).unwrap();
+    for row in 0..n {
+        for j in 0..k / 16 {
+            b.scales_mut()[blocked_offset(row, j, k)] = scale_of(row);
+        }
+        for c in 0..k / 2 {
+            b.values_mut()[row * k / 2 + c] = ((2 * c % 16) | ((2 * c + 1) % 16) << 4) as u8;
+        }
+    }
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| {
+            let (t, row) = (i / n, i % n);
+            let (code, scale) = (e2m1_to_f32((t % 16) as u8) as f64, e4m3_to_f32(scale_of(row)) as f64);
+            code * scale
+        })
+        .collect();
+    fn run<A: Activation16>(gpu: &Gpu, stream: &Arc<CudaStream>, b: &nvfp4_format::Nvfp4Matrix, m: usize) -> Vec<f16> {
+        let (n, k) = (b.rows(), b.k());
+        // The identity as NVFP4: code 2 (1.0) on the diagonal, every block scale 1.0 (0x38).
+        let mut a = nvfp4_format::Nvfp4Matrix::zeros(m, k).unwrap();
+        for t in 0..m {
+            for j in 0..k / 16 {
+                a.scales_mut()[nvfp4_format::layout::blocked_offset(t, j, k)] = 0x38;
+            }
+            a.values_mut()[t * k / 2 + t / 2] = 2 << (4 * (t % 2));
+        }
+        let x = stream.clone_htod(&A::block_scaled(&a)).unwrap();
+        let w = prepack(b, A::KIND).unwrap();
+        let (values, scales) = (stream.clone_htod(&w.values).unwrap(), stream.clone_htod(&w.scales).unwrap());
+        let mut c = stream.alloc_zeros::<f16>(m * n).unwrap();
+        let p = Problem::new(vec![GroupShape::new(m, n, k)], OutputType::F16).unwrap();
+        let mut plan = W4a16Plan::new(gpu, p, A::KIND).unwrap();
+        let mut args = [W4a16Args {
+            activations: &x,
+            weights: Nvfp4Operand { values: &values, scales: &scales },
+            c: nvfp4_gemm::Output::F16(&mut c),
+            alpha: 1.0,
+        }];
+        plan.run(stream, &mut args).unwrap();
+        stream.clone_dtoh(&c).unwrap()
+    }
+    for (kind, got) in [("f16", run::<f16>(&gpu, &stream, &b, m)), ("bf16", run::<bf16>(&gpu, &stream, &b, m))] {
+        let bad: Vec<String> = got
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .filter(|(_, (g, w))| g.to_f64() != **w)
+            .map(|(i, (g, w))| format!("token {} scale byte {:#04x}: got {g} want {w}", i / n, i % n))
+            .collect();
+        println!("CASE {test} {kind}: {} of {} exact", want.len() - bad.len(), want.len());
+        assert!(bad.is_empty(), "{kind} activations, {} wrong:\n{}", bad.len(), bad[..bad.len().min(8)].join("\n"));
     }
 }

@@ -3,6 +3,7 @@
 
 use super::config::{GemmConfig, CONSUMER_WARPGROUPS, THREADS, WARPGROUP_THREADS};
 use super::tokens::DEQUANT_THREADS;
+use super::w4a16::Activations;
 use crate::launch::{LaunchGeometry, REGISTERS_PER_SM};
 
 /// Register cap per thread of the 384-thread variants (`GENERAL`, `T64`): the SM's 65536
@@ -34,21 +35,25 @@ pub const DEQUANT_KERNEL: &str = "sm90_dequant_tokens";
 /// Per-kernel register caps of the sm_90a module (`.maxnreg`, inserted into the PTX by
 /// `cargo xtask build-ptx`, which fails on a name that is no entry of the PTX): each kernel is
 /// sized for a number of resident CTAs.
-pub const REGISTER_CAPS: [(&str, u32); 9] = [
+pub const REGISTER_CAPS: [(&str, u32); 13] = [
     gemm_cap(GemmConfig::GENERAL),
     gemm_cap(GemmConfig::T64),
     gemm_cap(GemmConfig::DECODE),
     gemm_cap(GemmConfig::N192),
     (DEQUANT_KERNEL, DEQUANT_MAX_REGISTERS),
-    w4a16_cap(GemmConfig::GENERAL),
-    w4a16_cap(GemmConfig::T64),
-    w4a16_cap(GemmConfig::DECODE),
-    w4a16_cap(GemmConfig::N192),
+    w4a16_cap(GemmConfig::GENERAL, Activations::F16),
+    w4a16_cap(GemmConfig::T64, Activations::F16),
+    w4a16_cap(GemmConfig::DECODE, Activations::F16),
+    w4a16_cap(GemmConfig::N192, Activations::F16),
+    w4a16_cap(GemmConfig::GENERAL, Activations::Bf16),
+    w4a16_cap(GemmConfig::T64, Activations::Bf16),
+    w4a16_cap(GemmConfig::DECODE, Activations::Bf16),
+    w4a16_cap(GemmConfig::N192, Activations::Bf16),
 ];
 
 /// A W4A16 variant's kernel name and register cap (its W4A4 twin's).
-const fn w4a16_cap(cfg: GemmConfig) -> (&'static str, u32) {
-    (super::w4a16::kernel_name(cfg), cfg.max_registers())
+const fn w4a16_cap(cfg: GemmConfig, activations: Activations) -> (&'static str, u32) {
+    (super::w4a16::kernel_name_of(cfg, activations), cfg.max_registers())
 }
 
 /// A GEMM variant's kernel name and register cap.

@@ -96,18 +96,13 @@ impl Sm90DeviceLayout {
     }
 
     /// [`Self::new`] for W4A16: the same tiles and work list, the tokens the call's activations of
-    /// type `activations`. bf16 activations are [`Error::Unsupported`] (not built yet).
+    /// type `activations`.
     pub fn w4a16(
         problem: &MoeProblem,
         sm_count: u32,
         options: &MoeOptions,
         activations: Activations,
     ) -> Result<Sm90DeviceLayout> {
-        if activations != Activations::F16 {
-            return Err(Error::Unsupported(format!(
-                "W4A16 with {activations:?} activations is not built yet (docs/w4a16.md)"
-            )));
-        }
         Self::with_tokens(problem, sm_count, options, Some(activations))
     }
 
@@ -197,7 +192,7 @@ impl Sm90DeviceLayout {
     pub fn gemm_kernel(&self, config: GemmConfig) -> &'static str {
         match self.activations {
             None => config.kernel_name(),
-            Some(_) => w4a16::kernel_name(config),
+            Some(activations) => w4a16::kernel_name_of(config, activations),
         }
     }
 
@@ -529,7 +524,8 @@ mod tests {
             [(8, 4), (12, 8)]
         );
         assert!(w.describe().0.contains("sm90_w4a16_gemm_decode"));
-        let bf16 = Sm90DeviceLayout::w4a16(&p, 132, &MoeOptions::default(), Activations::Bf16);
-        assert!(matches!(bf16, Err(Error::Unsupported(_))));
+        let bf16 = Sm90DeviceLayout::w4a16(&p, 132, &MoeOptions::default(), Activations::Bf16).unwrap();
+        let names: Vec<_> = bf16.launches(&tables, OutputType::Bf16).iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_w4a16_bf16_gemm_decode", "sm90_w4a16_bf16_gemm"]);
     }
 }

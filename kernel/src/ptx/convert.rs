@@ -99,12 +99,18 @@ pub fn e4m3_bytes_to_f16x2(w0: u32, w1: u32, q: u32) -> u32 {
 /// which ptxas folds into the multiplication's operand selector (`.H0_H0` / `.H1_H1`).
 #[inline(always)]
 pub fn mul_f16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
+    mul_by_half::<HIGH, false>(a, s)
+}
+
+/// [`mul_f16x2_by_half`] or (`BF16`) [`mul_bf16x2_by_half`].
+#[inline(always)]
+fn mul_by_half<const HIGH: bool, const BF16: bool>(a: u32, s: u32) -> u32 {
     #[cfg(target_arch = "nvptx64")]
     let d = {
         let d: u32;
-        // One template, the broadcast half named by `$h` (`h` or `l`).
+        // One template, the broadcast half named by `$h` (`h` or `l`), the multiplication `$mul`.
         macro_rules! mul_by_half {
-            ($h:literal) => {
+            ($h:literal, $mul:literal) => {
                 // SAFETY: register arithmetic only.
                 unsafe {
                     asm!(
@@ -113,23 +119,28 @@ pub fn mul_f16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
                         ".reg .b32 b;",
                         "mov.b32 {{l, h}}, {s};",
                         concat!("mov.b32 b, {{", $h, ", ", $h, "}};"),
-                        "mul.rn.f16x2 {d}, {a}, b;",
+                        concat!($mul, " {d}, {a}, b;"),
                         "}}",
                         a = in(reg32) a, s = in(reg32) s, d = out(reg32) d, options(pure, nomem, nostack))
                 }
             };
         }
-        if HIGH {
-            mul_by_half!("h");
-        } else {
-            mul_by_half!("l");
+        match (HIGH, BF16) {
+            (true, false) => mul_by_half!("h", "mul.rn.f16x2"),
+            (false, false) => mul_by_half!("l", "mul.rn.f16x2"),
+            (true, true) => mul_by_half!("h", "mul.rn.bf16x2"),
+            (false, true) => mul_by_half!("l", "mul.rn.bf16x2"),
         }
         d
     };
     #[cfg(not(target_arch = "nvptx64"))]
     let d = {
         let h = if HIGH { s >> 16 } else { s & 0xFFFF };
-        model::mul_rn_f16x2(a, h << 16 | h)
+        if BF16 {
+            model::mul_rn_bf16x2(a, h << 16 | h)
+        } else {
+            model::mul_rn_f16x2(a, h << 16 | h)
+        }
     };
     d
 }
@@ -166,6 +177,69 @@ fn e4m3x2_selected_to_f16x2(a: u32, b: u32, sel: u32) -> u32 {
     #[cfg(not(target_arch = "nvptx64"))]
     let d = model::cvt_f16x2_e4m3x2(model::prmt(a, b, sel) as u16);
     d
+}
+
+/// Decodes eight e2m1 values (the nibbles of `q`, element 0 in the low nibble) to four bf16x2
+/// words scaled by 2⁻¹²⁶: word `k` holds elements `k` (low half) and `k + 4` (high half), the
+/// pairs of [`e2m1x8_to_f16x2_scaled`] (W4A16 with bf16 activations, docs/w4a16.md §2).
+///
+/// An e2m1 magnitude `eem` placed at bf16 bits 8..6 is a bf16 with exponent field `ee` and top
+/// mantissa bit `m`: exactly the e2m1 value times 2⁻¹²⁶ (0.5 becomes the subnormal 2⁻¹²⁷); the
+/// sign goes to bit 15. Elements `k` and `k + 4` sit 16 bits apart in `q`, so one shift places
+/// both magnitudes (`6 − 4k` bits) and one both signs (`12 − 4k`); a mask keeps each, an OR joins
+/// them: 15 integer operations per 8 values (the signs of word 3 need no shift). The f16
+/// decoder's trick of one shift per word does not carry over: a sign would have to sit 6 bits
+/// above its magnitude, inside the next nibble.
+#[inline(always)]
+pub fn e2m1x8_to_bf16x2_scaled(q: u32) -> [u32; 4] {
+    const MAGNITUDE: u32 = 0x01C0_01C0;
+    const SIGN: u32 = 0x8000_8000;
+    [
+        ((q << 6) & MAGNITUDE) | ((q << 12) & SIGN),
+        ((q << 2) & MAGNITUDE) | ((q << 8) & SIGN),
+        ((q >> 2) & MAGNITUDE) | ((q << 4) & SIGN),
+        ((q >> 6) & MAGNITUDE) | (q & SIGN),
+    ]
+}
+
+/// The prepacked scale bytes `j` (0..4) of `w0` and of `w1` as bf16, `w0`'s in the low half
+/// (`nvfp4_gemm_abi::sm90::w4a16::scale_bf16_bits`: `(byte << 4) + 0x7000` is `|scale| · 2¹¹⁹`):
+/// one `prmt` puts the two bytes at bits 0..7 and 16..23, then the shift, a mask that drops the
+/// other bytes, and the exponent's top bits ORed in (no carry: the fields do not overlap). Times
+/// [`e2m1x8_to_bf16x2_scaled`]'s values (×2⁻¹²⁶) the products are `value · |scale| · 2⁻⁷`, exact in
+/// bf16 (normal, at most 6 significant bits).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn e5m3_bytes_to_bf16x2(w0: u32, w1: u32, j: u32) -> u32 {
+    let t = prmt(w0, w1, j | ((j + 4) << 8));
+    ((t << 4) & 0x0FF0_0FF0) | 0x7000_7000
+}
+
+/// `prmt.b32 d, a, b, sel;` (PTX ISA, "Data Movement and Conversion Instructions: prmt", default
+/// mode): byte `i` of `d` is byte `sel[4i..4i+3] & 7` of `{b, a}` (`a` bytes 0..3).
+#[inline(always)]
+pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("prmt.b32 {d}, {a}, {b}, {sel};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
+                 sel = in(reg32) sel, options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::prmt(a, b, sel);
+    d
+}
+
+/// Both halves of `a` times one half of `s` (`HIGH`: the upper one), bf16: `mul.rn.bf16x2` (PTX
+/// ISA 7.8, sm_90; no `.ftz` form, so subnormal inputs are kept) with the half broadcast as in
+/// [`mul_f16x2_by_half`].
+#[inline(always)]
+pub fn mul_bf16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
+    mul_by_half::<HIGH, true>(a, s)
 }
 
 /// `mul.rn.f16x2 d, a, b;` (PTX ISA 4.2, sm_53). `.rn` keeps it from being fused into an fma.

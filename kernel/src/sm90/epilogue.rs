@@ -12,13 +12,14 @@ use nvfp4_gemm_abi::sm90::*;
 /// 0 is the CTA barrier).
 const EPILOGUE_BARRIER: u32 = 1;
 
-/// The accumulator pair `(acc[i], acc[i + 1])` (tokens m, m + 1 of one weight) scaled by 2¹⁴
-/// ([`DECODE_UNSCALE`]) and alpha and rounded once to f16x2 or bf16x2, token m in the low half
-/// (the weights were decoded times 2⁻¹⁴, `dequant16`; multiplying by 2¹⁴ first is exact, so this
-/// is alpha times the unscaled sum, as if decoded unscaled).
+/// The accumulator pair `(acc[i], acc[i + 1])` (tokens m, m + 1 of one weight) scaled by
+/// `unscale` (`Variant::UNSCALE`: 2¹⁴, [`DECODE_UNSCALE`], or 2⁷ for W4A16's bf16 decode) and
+/// alpha and rounded once to f16x2 or bf16x2, token m in the low half (the weights were decoded
+/// times 1/`unscale`, `dequant16`; multiplying by it first is exact, so this is alpha times the
+/// unscaled sum, as if decoded unscaled).
 #[inline(always)]
-fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool) -> u32 {
-    let (m, m1) = (acc_i * DECODE_UNSCALE * alpha, acc_i1 * DECODE_UNSCALE * alpha);
+fn round_pair(acc_i: f32, acc_i1: f32, alpha: f32, bf16: bool, unscale: f32) -> u32 {
+    let (m, m1) = (acc_i * unscale * alpha, acc_i1 * unscale * alpha);
     if bf16 {
         convert::f32x2_to_bf16x2(m, m1)
     } else {
@@ -90,7 +91,7 @@ pub(super) unsafe fn store_tile<V: Variant, S: MmaShape>(
                 if quad0 < (S::N / 8) as usize {
                     let r: [u32; 4] = core::array::from_fn(|jj| {
                         let i = 4 * (quad0 + jj / 2) + 2 * (jj % 2);
-                        round_pair(acc[i], acc[i + 1], g.alpha, bf16)
+                        round_pair(acc[i], acc[i + 1], g.alpha, bf16, V::UNSCALE)
                     });
                     let row = 8 * (2 * p as u32 + j / 2) + col;
                     // SAFETY: 16-byte slots inside the warpgroup's buffer, which no other

@@ -83,10 +83,10 @@ impl Variant for Decode {
     const EAGER_LOADS: bool = false;
 }
 
-/// The W4A16 twin of variant `V` (f16 activations, prepacked weights): `V`'s tiles, stages and
-/// registers, with `Variant::W4A16`.
-struct W4a16<V>(core::marker::PhantomData<V>);
-impl<V: Variant> Variant for W4a16<V> {
+/// The W4A16 twin of variant `V` (f16 activations, or bf16 ones with `BF16`; prepacked weights):
+/// `V`'s tiles, stages and registers, with `Variant::W4A16`.
+struct W4a16<V, const BF16: bool>(core::marker::PhantomData<V>);
+impl<V: Variant, const BF16: bool> Variant for W4a16<V, BF16> {
     const CFG: GemmConfig = V::CFG;
     type Narrow = V::Narrow;
     type Wide = V::Wide;
@@ -98,6 +98,21 @@ impl<V: Variant> Variant for W4a16<V> {
     }
     const EAGER_LOADS: bool = V::EAGER_LOADS;
     const W4A16: bool = true;
+    const BF16_ACTIVATIONS: bool = BF16;
+    const UNSCALE: f32 = if BF16 { (1u32 << w4a16::BF16_PRODUCT_EXPONENT) as f32 } else { DECODE_UNSCALE };
+}
+
+/// Entry points of the W4A16 twins, one per variant and activation type: `$name` runs
+/// `W4a16<$variant, $bf16>` with `$cfg`'s stages.
+macro_rules! w4a16_entry {
+    ($(#[$doc:meta])* $name:ident, $variant:ty, $bf16:literal, $cfg:expr) => {
+        $(#[$doc])*
+        #[crate::ptx::kernel]
+        pub unsafe fn $name(p: KernelParams) {
+            // SAFETY: the caller's contract.
+            unsafe { run::<W4a16<$variant, $bf16>, { $cfg.stages }>(&p) }
+        }
+    };
 }
 
 const _: () = assert!(GemmConfig::GENERAL.narrow == 16 && GemmConfig::T64.narrow == 64);
@@ -156,49 +171,67 @@ pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
     unsafe { run::<Decode, { GemmConfig::DECODE.stages }>(&p) }
 }
 
-/// W4A16 on `GENERAL`'s tiles: as [`sm90_grouped_gemm`], with each group's tokens the caller's
-/// f16 activations `[m, K]` in natural order (`GroupParams::workspace` and the token maps point at
-/// them) and its weights prepacked (`nvfp4_gemm_abi::sm90::w4a16`, f16). No dequantization
-/// precedes it. Launch: `gemm_launch(GemmConfig::GENERAL, ..)`.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm`], the weights prepacked.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_w4a16_gemm(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<W4a16<General>, { GemmConfig::GENERAL.stages }>(&p) }
-}
-
-/// W4A16 on `DECODE`'s tiles: as [`sm90_w4a16_gemm`] for groups of at most `SMALL_TILE_M` tokens.
-/// Launch: `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
-///
-/// # Safety
-/// As [`sm90_grouped_gemm_decode`], the weights prepacked.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_w4a16_gemm_decode(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<W4a16<Decode>, { GemmConfig::DECODE.stages }>(&p) }
-}
-
-/// W4A16 on `T64`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_t64`]'s tiles.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm_t64`], the weights prepacked.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_w4a16_gemm_t64(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<W4a16<T64>, { GemmConfig::T64.stages }>(&p) }
-}
-
-/// W4A16 on `N192`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_n192`]'s tiles.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm_n192`], the weights prepacked.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_w4a16_gemm_n192(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<W4a16<N192>, { GemmConfig::N192.stages }>(&p) }
-}
+w4a16_entry!(
+    /// W4A16 on `GENERAL`'s tiles: as [`sm90_grouped_gemm`], with each group's tokens the caller's
+    /// f16 activations `[m, K]` in natural order (`GroupParams::workspace` and the token maps point
+    /// at them) and its weights prepacked (`nvfp4_gemm_abi::sm90::w4a16`, f16). No dequantization
+    /// precedes it. Launch: `gemm_launch(GemmConfig::GENERAL, ..)`.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm`], the weights prepacked.
+    sm90_w4a16_gemm, General, false, GemmConfig::GENERAL
+);
+w4a16_entry!(
+    /// W4A16 on `DECODE`'s tiles: as [`sm90_w4a16_gemm`] for groups of at most `SMALL_TILE_M`
+    /// tokens. Launch: `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_decode`], the weights prepacked.
+    sm90_w4a16_gemm_decode, Decode, false, GemmConfig::DECODE
+);
+w4a16_entry!(
+    /// W4A16 on `T64`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_t64`]'s tiles.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_t64`], the weights prepacked.
+    sm90_w4a16_gemm_t64, T64, false, GemmConfig::T64
+);
+w4a16_entry!(
+    /// W4A16 on `N192`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_n192`]'s tiles.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_n192`], the weights prepacked.
+    sm90_w4a16_gemm_n192, N192, false, GemmConfig::N192
+);
+w4a16_entry!(
+    /// [`sm90_w4a16_gemm`] with bf16 activations, the weights prepacked for them (the bf16
+    /// decoder and scales, `wgmma ... .bf16.bf16`, the epilogue's unscale `2^7`).
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm`], the weights prepacked for bf16.
+    sm90_w4a16_bf16_gemm, General, true, GemmConfig::GENERAL
+);
+w4a16_entry!(
+    /// [`sm90_w4a16_gemm_decode`] with bf16 activations.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_decode`], the weights prepacked for bf16.
+    sm90_w4a16_bf16_gemm_decode, Decode, true, GemmConfig::DECODE
+);
+w4a16_entry!(
+    /// [`sm90_w4a16_gemm_t64`] with bf16 activations.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_t64`], the weights prepacked for bf16.
+    sm90_w4a16_bf16_gemm_t64, T64, true, GemmConfig::T64
+);
+w4a16_entry!(
+    /// [`sm90_w4a16_gemm_n192`] with bf16 activations.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_n192`], the weights prepacked for bf16.
+    sm90_w4a16_bf16_gemm_n192, N192, true, GemmConfig::N192
+);
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
 ///

@@ -157,12 +157,24 @@ fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
 
 /// [`dequant16`] with the scale of pair `p` in `s[p / 2]` (one half, `HIGH`): W4A16's prepacked
 /// weights give pair `p` the natural columns of k-step `p / 2`, which lie in scale block `p / 2`
-/// (`nvfp4_gemm_abi::sm90::w4a16::packed_column`).
+/// (`nvfp4_gemm_abi::sm90::w4a16::packed_column`). `BF16`: decoded to bf16
+/// (`convert::e2m1x8_to_bf16x2_scaled`, values ×2⁻¹²⁶) and multiplied by bf16 scales
+/// (`convert::e5m3_bytes_to_bf16x2`), the products `value · scale · 2⁻⁷`, exact in bf16.
 #[inline(always)]
-fn dequant16_per_step<const HIGH: bool>(w: [u32; 2], s: [u32; 4]) -> [u32; 8] {
-    let lo = convert::e2m1x8_to_f16x2_scaled(w[0]);
-    let hi = convert::e2m1x8_to_f16x2_scaled(w[1]);
-    let m = convert::mul_f16x2_by_half::<HIGH>;
+fn dequant16_per_step<const HIGH: bool, const BF16: bool>(w: [u32; 2], s: [u32; 4]) -> [u32; 8] {
+    let (lo, hi, m) = if BF16 {
+        (
+            convert::e2m1x8_to_bf16x2_scaled(w[0]),
+            convert::e2m1x8_to_bf16x2_scaled(w[1]),
+            convert::mul_bf16x2_by_half::<HIGH> as fn(u32, u32) -> u32,
+        )
+    } else {
+        (
+            convert::e2m1x8_to_f16x2_scaled(w[0]),
+            convert::e2m1x8_to_f16x2_scaled(w[1]),
+            convert::mul_f16x2_by_half::<HIGH> as fn(u32, u32) -> u32,
+        )
+    };
     [
         m(lo[0], s[0]),
         m(lo[1], s[0]),
@@ -357,9 +369,12 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
             }
             // Both rows' block scales, see `dequant16`: block `q` for every pair (the tokens are
             // permuted so), or in W4A16 block `j` for the pairs of k-step `j` (natural order).
-            let (a0, a1) = if V::W4A16 {
+            let (a0, a1) = if V::W4A16 && V::BF16_ACTIVATIONS {
+                let scales: [u32; 4] = core::array::from_fn(|j| convert::e5m3_bytes_to_bf16x2(sw[0], sw[1], j as u32));
+                (dequant16_per_step::<false, true>(rw[0], scales), dequant16_per_step::<true, true>(rw[1], scales))
+            } else if V::W4A16 {
                 let scales: [u32; 4] = core::array::from_fn(|j| convert::e4m3_bytes_to_f16x2(sw[0], sw[1], j as u32));
-                (dequant16_per_step::<false>(rw[0], scales), dequant16_per_step::<true>(rw[1], scales))
+                (dequant16_per_step::<false, false>(rw[0], scales), dequant16_per_step::<true, false>(rw[1], scales))
             } else {
                 let scales = convert::e4m3_bytes_to_f16x2(sw[0], sw[1], q);
                 (dequant16::<false>(rw[0], scales), dequant16::<true>(rw[1], scales))
@@ -370,7 +385,15 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
                 let frag = [a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]];
                 // SAFETY: the whole warpgroup, converged; the token chunk stays in place until the
                 // stage is released, after a wait_group covers this MMA.
-                unsafe { S::mma(acc, frag, tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits(), 1) };
+                let desc = tokens.advance(TOKEN_K_STEP_BYTES * j as u32).to_bits();
+                // SAFETY: as above.
+                unsafe {
+                    if V::BF16_ACTIVATIONS {
+                        S::mma_bf16(acc, frag, desc, 1)
+                    } else {
+                        S::mma(acc, frag, desc, 1)
+                    }
+                };
             }
             wgmma::commit_group();
             // Everything but this chunk's group is done: the previous stage is free.

@@ -31,7 +31,7 @@ use crate::ptx::warp;
 use crate::ptx::wgmma::MmaShape;
 use crate::work::WorkCursor;
 use nvfp4_gemm_abi::sm90::{
-    GemmConfig, GroupParams, RowSpan, WorkItem, BLOCK_N, CONSUMER_REGISTERS, PRODUCER_REGISTERS,
+    GemmConfig, GroupParams, RowSpan, WorkItem, BLOCK_N, CONSUMER_REGISTERS, DECODE_UNSCALE, PRODUCER_REGISTERS,
 };
 
 /// 16 bytes, so that loads and stores through it become `ld.v4`/`st.v4`.
@@ -66,6 +66,13 @@ trait Variant {
     /// natural K order and the weights prepacked, so a consumer thread's chunk touches all four
     /// scale blocks (one per k-step) instead of block `q`.
     const W4A16: bool = false;
+    /// W4A16 with bf16 activations: the prepacked weights decode to bf16
+    /// (`convert::e2m1x8_to_bf16x2_scaled`, the scales `convert::e5m3_bytes_to_bf16x2`) and the
+    /// MMAs are `wgmma ... .f32.bf16.bf16`.
+    const BF16_ACTIVATIONS: bool = false;
+    /// The power of two the consumers' products lack, which the epilogue multiplies back:
+    /// `2^DECODE_EXPONENT` (f16 decode), `2^BF16_PRODUCT_EXPONENT` (bf16 decode).
+    const UNSCALE: f32 = DECODE_UNSCALE;
 }
 
 /// The CTA's dynamic shared memory as `V::CFG` lays it out.
