@@ -16,6 +16,7 @@ use crate::driver::launch::{launch, set_max_dynamic_smem};
 use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
+use crate::overlap::{self, Span};
 use crate::plan::{Nvfp4Operand, Output};
 use crate::problem::{BufferView, CallBuffers, GroupBuffers, OutputType, Problem, BUFFER_ALIGN};
 use crate::sm90::Sm90Layout;
@@ -140,6 +141,9 @@ pub struct W4a16Plan {
     signature: Vec<u64>,
 }
 
+/// The buffers of a group, in the order of the overlap check's ids.
+const W4A16_FIELDS: [&str; 4] = ["activations", "b.values", "b.scales", "c"];
+
 impl W4a16Plan {
     /// Plans `problem` for `gpu` with `activations` of that type. Errors: sm_100a (W4A16 is an
     /// sm_90a path: Blackwell multiplies NVFP4 operands natively) and bf16 activations (not built
@@ -221,6 +225,11 @@ impl W4a16Plan {
                 ("c", c, s.m * s.n),
             ];
             for (field, view, len) in checks {
+                // A group without tokens reads and writes nothing: its buffers are not looked at
+                // (as `GemmPlan::run`'s rules), only its output type and alpha.
+                if s.m == 0 {
+                    continue;
+                }
                 if view.len != len {
                     return Err(Error::group(
                         g,
@@ -258,6 +267,20 @@ impl W4a16Plan {
                 alpha: a.alpha,
             });
         }
+        let mut spans = Vec::with_capacity(4 * buffers.len());
+        for (g, (b, (&t, s))) in buffers.iter().zip(tokens.iter().zip(groups)).enumerate() {
+            if s.m == 0 {
+                continue;
+            }
+            let id = 4 * g as u32;
+            spans.extend([
+                Span::new(id, BufferView { ptr: t, len: s.m * s.k }, 2, false),
+                Span::new(id + 1, b.b_values, 1, false),
+                Span::new(id + 2, b.b_scales, 1, false),
+                Span::new(id + 3, b.c, 2, true),
+            ]);
+        }
+        overlap::check("w4a16 run", &mut spans, overlap::group_fields(&W4A16_FIELDS))?;
         let signature: Vec<u64> = buffers
             .iter()
             .zip(&tokens)
