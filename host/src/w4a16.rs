@@ -165,10 +165,11 @@ pub struct W4a16StackedArgs<'a, T: DenseFloat = half::f16> {
 }
 
 /// Checks a W4A16 call's buffers against the problem, as [`W4a16Plan::run`] does before any
-/// launch: per group (`activations[g]`, f16 elements, and `buffers[g]`'s weights, C and alpha;
-/// its A fields are not read) the exact lengths, 16-byte alignment, the output type and a finite
-/// alpha, then no output overlapping another buffer of the call ([`Error::Overlap`]). A group
-/// with `m = 0` reads and writes nothing and is not checked. Pure: runs on the CPU.
+/// launch: per group (`activations[g]`, 16-bit elements, and `buffers[g]`'s weights, C and
+/// alpha; its A fields are not read) the output type, a finite alpha, the exact lengths and
+/// 16-byte alignment, then no output overlapping another buffer of the call ([`Error::Overlap`]).
+/// The buffers of a group with `m = 0`, which reads and writes nothing, are not checked. Pure:
+/// runs on the CPU.
 pub fn validate_w4a16_buffers(problem: &Problem, activations: &[BufferView], buffers: &[GroupBuffers]) -> Result<()> {
     const FIELDS: [&str; 4] = ["activations", "b.values", "b.scales", "c"];
     let groups = problem.groups();
@@ -181,6 +182,15 @@ pub fn validate_w4a16_buffers(problem: &Problem, activations: &[BufferView], buf
     }
     let mut spans = Vec::with_capacity(4 * groups.len());
     for (g, ((s, b), &act)) in groups.iter().zip(buffers).zip(activations).enumerate() {
+        if b.c_type != problem.output() {
+            let reason = format!("is {:?}; the problem's output is {:?}", b.c_type, problem.output());
+            return Err(Error::group(g, "c", reason));
+        }
+        if !b.alpha.is_finite() {
+            return Err(Error::group(g, "alpha", format!("{} is not finite", b.alpha)));
+        }
+        // A group without tokens reads and writes nothing: its buffers are not looked at (as
+        // `GemmPlan::run`'s rules).
         if s.m == 0 {
             continue;
         }
@@ -198,13 +208,6 @@ pub fn validate_w4a16_buffers(problem: &Problem, activations: &[BufferView], buf
                     format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
                 ));
             }
-        }
-        if b.c_type != problem.output() {
-            let reason = format!("is {:?}; the problem's output is {:?}", b.c_type, problem.output());
-            return Err(Error::group(g, "c", reason));
-        }
-        if !b.alpha.is_finite() {
-            return Err(Error::group(g, "alpha", format!("{} is not finite", b.alpha)));
         }
         let id = 4 * g as u32;
         spans.extend([

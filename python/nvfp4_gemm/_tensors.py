@@ -9,6 +9,7 @@ Two kinds of objects are read:
 NumPy arrays and CPU tensors are rejected with a ``TypeError`` naming the argument.
 """
 
+import functools
 import sys
 
 # dtype names as this package spells them (torch's without the "torch." prefix).
@@ -176,6 +177,18 @@ def current_stream(device):
     if raw is not None:
         return raw(device)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+def stream_getter(device):
+    """A function of no arguments returning ``current_stream(device)``, with torch's lookups done
+    once (for calls that only launch)."""
+    torch = torch_module()
+    if torch is None:
+        return lambda: 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return functools.partial(raw, device)
+    return lambda: torch.cuda.current_stream(device).cuda_stream
 
 
 def stream_handle(stream, device):

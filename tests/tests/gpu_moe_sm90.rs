@@ -358,6 +358,34 @@ fn gpu_moe_masked_matches_cpu() {
     }
 }
 
+/// Plans share the module's kernels, and a kernel's shared-memory limit is the function's: a
+/// plan made after another (here one of fewer groups, whose scheduler needs less shared memory)
+/// must not lower the limit the first one launches with.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_plans_made_later_leave_earlier_plans_launchable() {
+    let test = "gpu_moe_plans_made_later_leave_earlier_plans_launchable";
+    let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
+    let stream = gpu.context().default_stream();
+    let mut rng = SplitMix64::new(0x5A3D);
+    let (n, k, m) = (256, 512, 96);
+    let big = MoeProblem::new(16, n, k, TokenLayout::Masked { max_rows: m }, OutputType::F16).unwrap();
+    let layer = Layer::new(&stream, big, rng.next_u64());
+    let q = Quantizer::new(&gpu).unwrap();
+    let mut plan = MoePlan::new(&gpu, layer.problem.clone()).unwrap();
+    let small = MoeProblem::new(8, n, k, TokenLayout::Masked { max_rows: m }, OutputType::F16).unwrap();
+    let _later = MoePlan::new(&gpu, small).unwrap();
+    let mut bufs = Buffers::new(&stream, &layer.problem);
+    let x = activations(&mut rng, layer.problem.token_rows(), k);
+    bufs.prepare(&stream, &x);
+    let sizes: Vec<u32> = (0..16).map(|_| rng.below(m as u64 + 1) as u32).collect();
+    stream.memcpy_htod(&sizes, &mut bufs.sizes).unwrap();
+    layer_call(&stream, &q, &mut plan, &layer, &mut bufs);
+    stream.synchronize().unwrap();
+    let failures = check(&gpu, &stream, &plan, &layer, &bufs, &x, &sizes, "16 groups after a plan of 8");
+    assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
+}
+
 /// Offsets beyond the bound are clamped (the rows up to the bound computed), decreasing offsets
 /// empty their group; each raises its status bit, and nothing outside the tensors (guards) or
 /// outside the groups' rows is written.
@@ -594,7 +622,7 @@ fn gpu_moe_kernel_options_match_cpu() {
         run_routings_with(&format!("{test} {o:?}"), &gpu, &layer, &routings, rng.next_u64(), o);
     }
     let (g, m) = (6usize, 150usize);
-    let masked = MoeProblem::new(g, 256, 320, TokenLayout::Masked { max_rows: m }, OutputType::Bf16).unwrap();
+    let masked = MoeProblem::new(g, 256, 320, TokenLayout::Masked { max_rows: m }, OutputType::F16).unwrap();
     let layer = Layer::new(&stream, masked, rng.next_u64());
     let routings = vec![
         ("random".to_string(), (0..g).map(|_| rng.below(m as u64 + 1) as u32).collect()),

@@ -6,10 +6,25 @@ use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaStream};
 pub use nvfp4_gemm_abi::launch::LaunchGeometry;
 use std::ffi::c_void;
+use std::sync::Mutex;
 
-/// Raises the kernel's dynamic shared memory limit to `bytes` (needed above 48 KiB).
+/// Raises the kernel's dynamic shared memory limit to at least `bytes` (needed above 48 KiB).
 pub fn set_max_dynamic_smem(f: &Kernel, bytes: u32) -> Result<()> {
+    // The attribute belongs to the function, which every plan of the module shares: a plan may
+    // raise it but never lower it below what another plan launches with (a launch above the
+    // attribute fails with CUDA_ERROR_INVALID_VALUE). The lock makes the read and the write one
+    // step for the threads of this process.
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let attribute = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    let mut current = 0i32;
+    // SAFETY: a valid function handle (its module is held by `f`); out-pointer to a local.
+    unsafe { sys::cuFuncGetAttribute(&mut current, attribute, f.raw()) }
+        .result()
+        .map_err(|e| Error::driver("reading the kernel's shared memory size", e))?;
+    if i64::from(bytes) <= i64::from(current) {
+        return Ok(());
+    }
     // SAFETY: a valid function handle (its module is held by `f`).
     unsafe { sys::cuFuncSetAttribute(f.raw(), attribute, bytes as i32) }
         .result()
