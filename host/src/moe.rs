@@ -213,6 +213,11 @@ impl MoePlan {
         &self.summary
     }
 
+    /// The type of a W4A16 plan's activations, `None` for NVFP4 tokens.
+    pub(crate) fn activations(&self) -> Option<Activations> {
+        self.activations
+    }
+
     /// Runs the grouped GEMM on `stream` for the sizes in `args.sizes` as they are when the
     /// kernels run. Every buffer is validated first; on any error nothing is launched.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut MoeArgs<'_>) -> Result<()> {

@@ -23,7 +23,8 @@ use crate::error::{Error, Result};
 use crate::moe::{MoeArgs, MoePlan, MoeProblem, TokenLayout};
 use crate::plan::{GemmPlan, GroupArgs, Nvfp4Operand, Output, StackedArgs};
 use crate::problem::{GroupShape, OutputType, Problem};
-use crate::quantize::{Nvfp4OperandMut, Quantizer};
+use crate::quantize::{DenseFloat, Nvfp4OperandMut, Quantizer};
+use crate::w4a16::{Activations, W4a16Args, W4a16MoeArgs, W4a16MoePlan, W4a16Plan};
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::{bf16, f16};
 use std::marker::PhantomData;
@@ -311,6 +312,123 @@ pub unsafe fn moe_run(
     let weights: Vec<Nvfp4Operand> = w.iter().map(OperandSlices::operand).collect();
     let mut moe = MoeArgs { sizes: &sizes, a: a.operand(), weights: &weights, alphas, c: c.output() };
     plan.run(stream, &mut moe)
+}
+
+/// One group of [`w4a16_run`]: as [`W4a16Args`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RawW4a16Args {
+    /// The activations (`m × k` 16-bit elements of the plan's activation type).
+    pub activations: RawBuffer,
+    /// The weights, prepacked for the plan's activations (`n × k`).
+    pub b: RawOperand,
+    /// C (`m × n` 16-bit elements of the call's output type).
+    pub c: RawBuffer,
+    /// The group's alpha.
+    pub alpha: f32,
+}
+
+/// [`W4a16Plan::run`] on raw buffers: one [`RawW4a16Args`] per group, activations of the plan's
+/// type, C of type `c_type`.
+///
+/// # Safety
+/// As [`gemm_run`].
+pub unsafe fn w4a16_run(
+    plan: &mut W4a16Plan,
+    stream: &Arc<CudaStream>,
+    groups: &[RawW4a16Args],
+    c_type: OutputType,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match plan.activations() {
+            Activations::F16 => w4a16_run_as::<f16>(plan, stream, groups, c_type),
+            Activations::Bf16 => w4a16_run_as::<bf16>(plan, stream, groups, c_type),
+        }
+    }
+}
+
+/// [`w4a16_run`] with activations of type `T`.
+///
+/// # Safety
+/// As [`gemm_run`].
+unsafe fn w4a16_run_as<T: DenseFloat>(
+    plan: &mut W4a16Plan,
+    stream: &Arc<CudaStream>,
+    groups: &[RawW4a16Args],
+    c_type: OutputType,
+) -> Result<()> {
+    // SAFETY: the caller's contract, buffer by buffer.
+    let mut slices: Vec<(RawSlice<T>, OperandSlices, DenseSlice)> = groups
+        .iter()
+        .map(|g| unsafe {
+            (
+                RawSlice::new(g.activations, stream),
+                OperandSlices::new(&g.b, stream),
+                DenseSlice::new(g.c, c_type, stream),
+            )
+        })
+        .collect();
+    let mut args: Vec<W4a16Args<T>> = slices
+        .iter_mut()
+        .zip(groups)
+        .map(|((x, b, c), g)| W4a16Args { activations: x, weights: b.operand(), c: c.output(), alpha: g.alpha })
+        .collect();
+    plan.run(stream, &mut args)
+}
+
+/// [`W4a16MoePlan::run`] on raw buffers: `activations` (`token_rows × k` 16-bit elements of the
+/// plan's activation type), `weights` (prepacked for them) and `alphas` one per group.
+///
+/// # Safety
+/// As [`gemm_run`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn w4a16_moe_run(
+    plan: &mut W4a16MoePlan,
+    stream: &Arc<CudaStream>,
+    sizes: RawBuffer,
+    activations: RawBuffer,
+    weights: &[RawOperand],
+    alphas: &[f32],
+    c: RawBuffer,
+    c_type: OutputType,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match plan.activations() {
+            Activations::F16 => w4a16_moe_run_as::<f16>(plan, stream, sizes, activations, weights, alphas, c, c_type),
+            Activations::Bf16 => w4a16_moe_run_as::<bf16>(plan, stream, sizes, activations, weights, alphas, c, c_type),
+        }
+    }
+}
+
+/// [`w4a16_moe_run`] with activations of type `T`.
+///
+/// # Safety
+/// As [`gemm_run`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn w4a16_moe_run_as<T: DenseFloat>(
+    plan: &mut W4a16MoePlan,
+    stream: &Arc<CudaStream>,
+    sizes: RawBuffer,
+    activations: RawBuffer,
+    weights: &[RawOperand],
+    alphas: &[f32],
+    c: RawBuffer,
+    c_type: OutputType,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    let (sizes, x, mut c, w) = unsafe {
+        (
+            RawSlice::<u32>::new(sizes, stream),
+            RawSlice::<T>::new(activations, stream),
+            DenseSlice::new(c, c_type, stream),
+            weights.iter().map(|w| OperandSlices::new(w, stream)).collect::<Vec<_>>(),
+        )
+    };
+    let weights: Vec<Nvfp4Operand> = w.iter().map(OperandSlices::operand).collect();
+    let mut args = W4a16MoeArgs { sizes: &sizes, activations: &x, weights: &weights, alphas, c: c.output() };
+    plan.run(stream, &mut args)
 }
 
 /// [`Quantizer::quantize`] on raw buffers: `input` (`rows × k` elements of `input_type`) into

@@ -478,6 +478,11 @@ impl W4a16MoePlan {
         self.plan.problem()
     }
 
+    /// The activations' type.
+    pub fn activations(&self) -> Activations {
+        self.plan.activations().expect("a W4A16 plan's tokens are activations")
+    }
+
     /// What the planner chose (`tiles`: the work list's capacity).
     pub fn summary(&self) -> &PlanSummary {
         self.plan.summary()

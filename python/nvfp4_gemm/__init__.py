@@ -8,7 +8,9 @@ one e4m3 scale per 16 values in the 128x4 blocked layout), C fp16 or bf16.
   :func:`prepare` (bound once, then launch only);
 - :func:`quantize` / :func:`dequantize`;
 - :class:`MoE`: a mixture-of-experts layer's GEMM with the routing on the GPU (CUDA-graph
-  capturable);
+  capturable), NVFP4 activations or (``w4a16=``) 16-bit ones used as they are;
+- :mod:`nvfp4_gemm.w4a16`: W4A16 on Hopper — fp16/bf16 activations times NVFP4 weights
+  prepacked once (:func:`nvfp4_gemm.w4a16.prepack`, :func:`nvfp4_gemm.w4a16.grouped_gemm`);
 - :func:`custom_kernel`: the GPU MODE ``nvfp4_group_gemm`` entry point;
 - :mod:`nvfp4_gemm.layout`: scale layouts (plain ↔ blocked, vLLM's MoE scales).
 
@@ -18,7 +20,7 @@ context, without host synchronization. Bad arguments raise ``TypeError``/``Value
 the group and argument before anything is launched; driver failures raise :class:`CudaError`.
 """
 
-from . import _native, layout
+from . import _native, layout, w4a16
 from ._core import PreparedGemm, clear_cache, dequantize, device, grouped_gemm, grouped_gemm_stacked, prepare, quantize
 from ._native import CaptureError, CudaError, NoDriverError, UnsupportedError
 from ._tensors import blocked_bytes
@@ -52,4 +54,5 @@ __all__ = [
     "offsets_from_counts",
     "prepare",
     "quantize",
+    "w4a16",
 ]

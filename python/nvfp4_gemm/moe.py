@@ -4,8 +4,21 @@ import operator
 
 from . import _native
 from ._core import _out_dtype, device
-from ._tensors import DENSE, SCALES, SIZES, VALUES, blocked_bytes, describe, finite_alphas, same_device, stream_handle, torch_module
+from ._tensors import (
+    DENSE,
+    SCALES,
+    SIZES,
+    VALUES,
+    blocked_bytes,
+    describe,
+    dtype_name,
+    finite_alphas,
+    same_device,
+    stream_handle,
+    torch_module,
+)
 from .layout import to_blocked
+from .w4a16 import prepack_experts
 
 
 class MoE:
@@ -28,6 +41,13 @@ class MoE:
       ``layout="masked"`` with ``max_rows``: ``x`` ``[E, max_rows, K]``, ``sizes`` = counts ``[E]``,
       out ``[E, max_rows, N]``.
     - ``input_global_scale``: the activations' global scale for the quantizer.
+    - ``w4a16``: None (W4A4: the activations are quantized to NVFP4 at each call), or
+      ``"bfloat16"``/``"float16"`` (or the torch dtype) for W4A16 on sm_90a (``docs/w4a16.md``):
+      the activations ``x`` of that type are read as they are — no quantization — and the
+      weights are prepacked for them here, once (on the CPU: copied to the host and back; the
+      layer owns the prepacked copy). ``input_global_scale`` is then unused and :meth:`gemm` not
+      available; a call with another ``x`` tensor than the previous call's re-uploads the tables
+      (keep ``x``'s storage fixed in a captured graph).
     - ``group_experts``: the expert whose weights and alpha each group runs (``G`` ints in
       ``0 .. E-1``; None: one group per expert, ``G = E``). Several groups may run one expert:
       e.g. expert parallelism's received block ``[W, E_local, C, K]`` is ``W · E_local`` masked
@@ -55,7 +75,11 @@ class MoE:
         input_global_scale=1.0,
         scale_layout="blocked",
         group_experts=None,
+        w4a16=None,
     ):
+        self.w4a16 = None if w4a16 is None else dtype_name(w4a16)
+        if self.w4a16 is not None and self.w4a16 not in DENSE:
+            raise TypeError(f"w4a16: {self.w4a16}; expected float16 or bfloat16 (the activations' type)")
         tw = describe(weights, "`weights`")
         tw.require_dtype(VALUES)
         if len(tw.shape) != 3:
@@ -71,12 +95,14 @@ class MoE:
         ts.require_dtype(SCALES)
         per_expert = blocked_bytes(n, k)
         self._keep = [weights, weight_scales]
+        blocked_obj = weight_scales
         if scale_layout == "plain":
             if ts.shape != (experts, n, k // 16):
                 raise ts.error(f"shape {list(ts.shape)}; plain scales are [{experts}, {n}, {k // 16}]")
             torch = torch_module()
             blocked = torch.cat([to_blocked(weight_scales[e]) for e in range(experts)])
             self._keep.append(blocked)
+            blocked_obj = blocked
             ts = describe(blocked, "`weight_scales`")
         elif scale_layout != "blocked":
             raise ValueError(f"scale_layout: {scale_layout!r}; expected 'blocked' or 'plain'")
@@ -109,9 +135,18 @@ class MoE:
         self._device = device(self._ordinal)
         flat = []
         wbytes = n * k // 2
+        if self.w4a16 is not None:
+            bf16_act = self.w4a16 == "bfloat16"
+            pv, ps = prepack_experts(weights, blocked_obj, experts, n, k, bf16_act)
+            self._keep.append((pv, ps))
+            tw, ts = describe(pv, "`weights`"), describe(ps, "`weight_scales`")
         for e in self.group_experts:
             flat += [tw.ptr + e * wbytes, wbytes, ts.ptr + e * per_expert, per_expert]
-        self._plan = _native.MoePlan(self._device, groups, n, k, masked, bound, self.dtype == "bfloat16", flat, self._alphas)
+        bf16_out = self.dtype == "bfloat16"
+        if self.w4a16 is not None:
+            self._plan = _native.W4a16MoePlan(self._device, groups, n, k, masked, bound, bf16_out, bf16_act, flat, self._alphas)
+            return
+        self._plan = _native.MoePlan(self._device, groups, n, k, masked, bound, bf16_out, flat, self._alphas)
         torch = torch_module()
         dev = f"cuda:{self._ordinal}"
         # The quantized tokens: owned by the layer, so their address never changes.
@@ -162,9 +197,10 @@ class MoE:
     def __call__(self, x, sizes, *, out=None, stream=None):
         """Quantizes ``x`` (the routed activations, fp16/bf16, the layout's shape) into the
         layer's NVFP4 token buffers and runs the grouped GEMM into ``out`` (or a new zeroed
-        tensor), with the expert sizes ``sizes`` read on the device. Returns ``out``."""
+        tensor), with the expert sizes ``sizes`` read on the device; with ``w4a16``, runs the
+        GEMM on ``x`` itself (of the layer's activation type). Returns ``out``."""
         tx = describe(x, "`x`")
-        tx.require_dtype(DENSE)
+        tx.require_dtype(DENSE if self.w4a16 is None else (self.w4a16,))
         if tx.shape != self._x_shape():
             raise tx.error(f"shape {list(tx.shape)}; the layer takes {list(self._x_shape())}")
         tx.require_contiguous()
@@ -173,6 +209,9 @@ class MoE:
         out, tc = self._out(out, tx)
         same_device([tx, tsz, tc], self._ordinal)
         s = stream_handle(stream, self._ordinal)
+        if self.w4a16 is not None:
+            self._plan.run(s, tsz.buffer(), tx.buffer(), tc.buffer())
+            return out
         self._plan.quantize_run(
             self._device, s, tx.buffer(), tx.dtype == "bfloat16", self.input_global_scale, tsz.buffer(), self._a, tc.buffer()
         )
@@ -184,6 +223,8 @@ class MoE:
         expert ``e``'s from row ``128 · (ceil(offsets[e] / 128) + e)`` (contiguous) or
         ``e · ceil(max_rows / 128) · 128`` (masked); see
         :func:`nvfp4_gemm.layout.vllm_scales_to_moe` for vLLM's layout). Returns ``out``."""
+        if self.w4a16 is not None:
+            raise TypeError("gemm: a W4A16 layer takes 16-bit activations: call the layer itself")
         ta = describe(a_values, "`a_values`")
         ta.require_dtype(VALUES)
         tsa = describe(a_scales, "`a_scales`")

@@ -8,11 +8,15 @@
 
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr};
 use nvfp4_gemm::moe::{MoeProblem, SizeStatus};
-use nvfp4_gemm::raw::{self, Nvfp4Device, RawBuffer, RawGroupArgs, RawMoeArgs, RawOperand, RawStackedArgs};
+use nvfp4_gemm::raw::{
+    self, Nvfp4Device, RawBuffer, RawGroupArgs, RawMoeArgs, RawOperand, RawStackedArgs, RawW4a16Args,
+};
+use nvfp4_gemm::w4a16::Activations;
 use nvfp4_gemm::{Error, GroupShape, OutputType, Problem};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 create_exception!(_native, CudaError, PyRuntimeError, "A CUDA driver call failed.");
@@ -265,17 +269,16 @@ impl LastCall {
     }
 }
 
-struct GemmInner {
-    plan: Option<nvfp4_gemm::GemmPlan>,
+/// A host-sized plan (`P`: a `GemmPlan` or a `W4a16Plan`) with the streams it was called on, its
+/// output type and the capture rule's state.
+struct Planned<P> {
+    plan: Option<P>,
     streams: Streams,
     c_type: OutputType,
     last: LastCall,
-    /// Arguments bound by `bind` (argument sets, device alphas, signature), launched by
-    /// `launch`.
-    bound: Option<(Vec<RawGroupArgs>, Option<RawBuffer>, Vec<u64>)>,
 }
 
-impl Drop for GemmInner {
+impl<P> Drop for Planned<P> {
     fn drop(&mut self) {
         if let Some(plan) = self.plan.take() {
             self.streams.release(plan);
@@ -283,16 +286,12 @@ impl Drop for GemmInner {
     }
 }
 
-/// A `nvfp4_gemm::GemmPlan` for one set of shapes and output type.
-#[pyclass(module = "nvfp4_gemm._native", frozen)]
-struct GemmPlan {
-    inner: Mutex<GemmInner>,
-    groups: usize,
-    kernel: String,
-}
+impl<P> Planned<P> {
+    fn new(plan: P, gpu: &nvfp4_gemm::Gpu, c_type: OutputType) -> Planned<P> {
+        Planned { plan: Some(plan), streams: Streams::new(gpu.context().clone()), c_type, last: LastCall::default() }
+    }
 
-impl GemmInner {
-    fn plan(&mut self) -> &mut nvfp4_gemm::GemmPlan {
+    fn plan(&mut self) -> &mut P {
         self.plan.as_mut().expect("present until dropped")
     }
 
@@ -305,7 +304,7 @@ impl GemmInner {
         &mut self,
         s: u64,
         signature: Vec<u64>,
-        f: impl FnOnce(&mut nvfp4_gemm::GemmPlan, &Arc<CudaStream>, OutputType) -> nvfp4_gemm::Result<()>,
+        f: impl FnOnce(&mut P, &Arc<CudaStream>, OutputType) -> nvfp4_gemm::Result<()>,
     ) -> PyResult<bool> {
         // SAFETY: the caller's contract.
         let stream = unsafe { self.streams.get(s) }.clone();
@@ -323,6 +322,21 @@ impl GemmInner {
     }
 }
 
+struct GemmInner {
+    planned: Planned<nvfp4_gemm::GemmPlan>,
+    /// Arguments bound by `bind` (argument sets, device alphas, signature), launched by
+    /// `launch`.
+    bound: Option<(Vec<RawGroupArgs>, Option<RawBuffer>, Vec<u64>)>,
+}
+
+/// A `nvfp4_gemm::GemmPlan` for one set of shapes and output type.
+#[pyclass(module = "nvfp4_gemm._native", frozen)]
+struct GemmPlan {
+    inner: Mutex<GemmInner>,
+    groups: usize,
+    kernel: String,
+}
+
 #[pymethods]
 impl GemmPlan {
     /// Plans `shapes` (`(m, n, k)` per group) on `device` with C in bf16 (`bf16`) or f16.
@@ -334,13 +348,7 @@ impl GemmPlan {
         // The plan's memory was allocated and zeroed on the null stream: done before any use.
         gpu.context().default_stream().synchronize().map_err(|e| CudaError::new_err(e.to_string()))?;
         let kernel = plan.summary().kernel.clone();
-        let inner = GemmInner {
-            plan: Some(plan),
-            streams: Streams::new(gpu.context().clone()),
-            c_type: output_type(bf16),
-            last: LastCall::default(),
-            bound: None,
-        };
+        let inner = GemmInner { planned: Planned::new(plan, gpu, output_type(bf16)), bound: None };
         Ok(GemmPlan { inner: Mutex::new(inner), groups: shapes.len(), kernel })
     }
 
@@ -373,7 +381,7 @@ impl GemmPlan {
         let mut inner = lock(&self.inner)?;
         // SAFETY: the Python layer passes live device tensors of the plan's device and its current
         // stream; the library validates lengths, alignment and overlaps.
-        unsafe { inner.call(stream, signature, |plan, s, c| raw::gemm_run(plan, s, &args, c, device)) }
+        unsafe { inner.planned.call(stream, signature, |plan, s, c| raw::gemm_run(plan, s, &args, c, device)) }
     }
 
     /// One call with every group's buffers stacked (`buffers`: ten values) and one alpha per
@@ -399,7 +407,11 @@ impl GemmPlan {
         let device = device_alphas.map(buffer);
         let mut inner = lock(&self.inner)?;
         // SAFETY: as in `run`.
-        unsafe { inner.call(stream, signature, |plan, s, c| raw::gemm_run_stacked(plan, s, &args, &alphas, c, device)) }
+        unsafe {
+            inner
+                .planned
+                .call(stream, signature, |plan, s, c| raw::gemm_run_stacked(plan, s, &args, &alphas, c, device))
+        }
     }
 
     /// Binds per-group buffers and alphas (as `run` takes them) for `launch` (checked at the
@@ -417,8 +429,9 @@ impl GemmPlan {
         let mut inner = lock(&self.inner)?;
         let (args, device, signature) = inner.bound.take().ok_or_else(|| PyRuntimeError::new_err("nothing bound"))?;
         // SAFETY: as in `run`.
-        let result =
-            unsafe { inner.call(stream, signature.clone(), |plan, s, c| raw::gemm_run(plan, s, &args, c, device)) };
+        let result = unsafe {
+            inner.planned.call(stream, signature.clone(), |plan, s, c| raw::gemm_run(plan, s, &args, c, device))
+        };
         inner.bound = Some((args, device, signature));
         result
     }
@@ -434,8 +447,10 @@ fn moe_sizes(groups: usize, n: usize, k: usize, masked: bool, bound: usize) -> P
     Ok((p.token_rows(), p.scale_rows(), p.sizes_len(), a.values, a.scales, b.values, b.scales, p.c_elements()))
 }
 
-struct MoeInner {
-    plan: Option<nvfp4_gemm::MoePlan>,
+/// A device-sized plan (`P`: a `MoePlan` or a `W4a16MoePlan`) with its weights and alphas and
+/// the capture rule's state.
+struct MoeInner<P> {
+    plan: Option<P>,
     streams: Streams,
     weights: Vec<RawOperand>,
     alphas: Vec<f32>,
@@ -445,7 +460,7 @@ struct MoeInner {
     a_in_tables: bool,
 }
 
-impl Drop for MoeInner {
+impl<P> Drop for MoeInner<P> {
     fn drop(&mut self) {
         if let Some(plan) = self.plan.take() {
             self.streams.release(plan);
@@ -453,8 +468,8 @@ impl Drop for MoeInner {
     }
 }
 
-impl MoeInner {
-    fn plan(&mut self) -> &mut nvfp4_gemm::MoePlan {
+impl<P> MoeInner<P> {
+    fn plan(&mut self) -> &mut P {
         self.plan.as_mut().expect("present until dropped")
     }
 
@@ -478,7 +493,7 @@ impl MoeInner {
 /// A `nvfp4_gemm::MoePlan` with its weights and alphas fixed.
 #[pyclass(module = "nvfp4_gemm._native", frozen)]
 struct MoePlan {
-    inner: Mutex<MoeInner>,
+    inner: Mutex<MoeInner<nvfp4_gemm::MoePlan>>,
     problem: MoeProblem,
     kernel: String,
     status_address: u64,
@@ -643,12 +658,204 @@ impl MoePlan {
     }
 }
 
+/// The activations' type of a W4A16 call.
+fn activations(bf16: bool) -> Activations {
+    if bf16 {
+        Activations::Bf16
+    } else {
+        Activations::F16
+    }
+}
+
+/// Prepacks one NVFP4 weight matrix for W4A16 on the CPU (`nvfp4_gemm::w4a16::prepack`): `values`
+/// `rows × k/2` bytes, `scales` its blocked bytes, for bf16 (`bf16`) or f16 activations. Returns
+/// the prepacked `(values, scales)`, the same sizes.
+#[pyfunction]
+fn prepack_w4a16<'py>(
+    py: Python<'py>,
+    values: &[u8],
+    scales: &[u8],
+    rows: usize,
+    k: usize,
+    bf16: bool,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let m = nvfp4_gemm::format::Nvfp4Matrix::new(rows, k, values.to_vec(), scales.to_vec(), 1.0)
+        .map_err(|e| value_error(format!("prepack_w4a16: {e}")))?;
+    let w = nvfp4_gemm::w4a16::prepack(&m, activations(bf16)).map_err(py_err)?;
+    Ok((PyBytes::new(py, &w.values), PyBytes::new(py, &w.scales)))
+}
+
+/// A `nvfp4_gemm::w4a16::W4a16Plan` for one set of shapes, output type and activation type.
+#[pyclass(module = "nvfp4_gemm._native", frozen)]
+struct W4a16Plan {
+    inner: Mutex<Planned<nvfp4_gemm::w4a16::W4a16Plan>>,
+    kernel: String,
+}
+
+#[pymethods]
+impl W4a16Plan {
+    /// Plans `shapes` (`(m, n, k)` per group) on `device` with C in bf16 (`bf16`) or f16 and
+    /// activations in bf16 (`bf16_activations`) or f16.
+    #[new]
+    fn new(
+        device: &Device,
+        shapes: Vec<(usize, usize, usize)>,
+        bf16: bool,
+        bf16_activations: bool,
+    ) -> PyResult<W4a16Plan> {
+        let p = problem(&shapes, bf16)?;
+        let gpu = device.dev.gpu();
+        let plan = nvfp4_gemm::w4a16::W4a16Plan::new(gpu, p, activations(bf16_activations)).map_err(py_err)?;
+        let kernel = plan.kernel().to_string();
+        Ok(W4a16Plan { inner: Mutex::new(Planned::new(plan, gpu, output_type(bf16))), kernel })
+    }
+
+    /// The kernel a call launches.
+    #[getter]
+    fn kernel(&self) -> String {
+        self.kernel.clone()
+    }
+
+    /// One call on `stream`: `buffers` eight values per group (activations, prepacked weight
+    /// values, their scales, C: address and length each), `alphas` one per group. Returns
+    /// whether the call was captured into a CUDA graph.
+    fn run(&self, stream: u64, buffers: Vec<u64>, alphas: Vec<f32>) -> PyResult<bool> {
+        if !buffers.len().is_multiple_of(8) || buffers.len() / 8 != alphas.len() {
+            return Err(value_error(format!(
+                "{} buffer values and {} alphas (8 and 1 per group)",
+                buffers.len(),
+                alphas.len()
+            )));
+        }
+        let args: Vec<RawW4a16Args> = buffers
+            .chunks_exact(8)
+            .zip(&alphas)
+            .map(|(b, &alpha)| RawW4a16Args {
+                activations: RawBuffer { ptr: b[0], len: b[1] },
+                b: operand(&b[2..6]),
+                c: RawBuffer { ptr: b[6], len: b[7] },
+                alpha,
+            })
+            .collect();
+        let signature = LastCall::signature(&buffers, &alphas, None, false);
+        let mut inner = lock(&self.inner)?;
+        // SAFETY: as in `GemmPlan::run`.
+        unsafe { inner.call(stream, signature, |plan, s, c| raw::w4a16_run(plan, s, &args, c)) }
+    }
+}
+
+/// A `nvfp4_gemm::w4a16::W4a16MoePlan` with its prepacked weights and alphas fixed.
+#[pyclass(module = "nvfp4_gemm._native", frozen)]
+struct W4a16MoePlan {
+    inner: Mutex<MoeInner<nvfp4_gemm::w4a16::W4a16MoePlan>>,
+    output: OutputType,
+    kernel: String,
+    status_address: u64,
+}
+
+#[pymethods]
+impl W4a16MoePlan {
+    /// Plans `groups` experts of `n × k` weights prepacked for bf16 (`bf16_activations`) or f16
+    /// activations (`weights`: four values per expert, `alphas` one per expert), tokens
+    /// contiguous (`bound` = max tokens) or masked (`bound` = max rows per expert), C bf16 or f16.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        device: &Device,
+        groups: usize,
+        n: usize,
+        k: usize,
+        masked: bool,
+        bound: usize,
+        bf16: bool,
+        bf16_activations: bool,
+        weights: Vec<u64>,
+        alphas: Vec<f32>,
+    ) -> PyResult<W4a16MoePlan> {
+        let layout = raw::token_layout(masked as u32, bound as u64).map_err(py_err)?;
+        let problem = MoeProblem::new(groups, n, k, layout, output_type(bf16)).map_err(py_err)?;
+        if weights.len() != 4 * groups || alphas.len() != groups {
+            return Err(value_error(format!(
+                "{} weight values and {} alphas for {groups} experts (4 and 1 per expert)",
+                weights.len(),
+                alphas.len()
+            )));
+        }
+        let gpu = device.dev.gpu();
+        let plan = nvfp4_gemm::w4a16::W4a16MoePlan::new(gpu, problem, activations(bf16_activations)).map_err(py_err)?;
+        let stream = gpu.context().default_stream();
+        let status_address = plan.status().device_ptr(&stream).0;
+        let kernel = plan.summary().kernel.clone();
+        let inner = MoeInner {
+            plan: Some(plan),
+            streams: Streams::new(gpu.context().clone()),
+            weights: weights.chunks_exact(4).map(operand).collect(),
+            alphas,
+            last_a: None,
+            // The token maps hold the activations' address.
+            a_in_tables: true,
+        };
+        Ok(W4a16MoePlan { inner: Mutex::new(inner), output: output_type(bf16), kernel, status_address })
+    }
+
+    #[getter]
+    fn kernel(&self) -> String {
+        self.kernel.clone()
+    }
+
+    /// Device address of the status word (`u32`: bits of sizes beyond the bounds).
+    #[getter]
+    fn status_address(&self) -> u64 {
+        self.status_address
+    }
+
+    /// The GEMM on the activations `x` with sizes `sizes` into `c`, on `stream`. Returns whether
+    /// the call was captured.
+    fn run(&self, stream: u64, sizes: (u64, u64), x: (u64, u64), c: (u64, u64)) -> PyResult<bool> {
+        let mut guard = lock(&self.inner)?;
+        let inner = &mut *guard;
+        // SAFETY: as in `GemmPlan::run`.
+        let s = unsafe { inner.streams.get(stream) }.clone();
+        let capturing = raw::is_capturing(&s).map_err(py_err)?;
+        inner.check_capture(capturing, x.0)?;
+        let (weights, alphas) = (std::mem::take(&mut inner.weights), std::mem::take(&mut inner.alphas));
+        // SAFETY: as in `MoePlan::run`.
+        let result = unsafe {
+            raw::w4a16_moe_run(inner.plan(), &s, buffer(sizes), buffer(x), &weights, &alphas, buffer(c), self.output)
+        };
+        (inner.weights, inner.alphas) = (weights, alphas);
+        result.map_err(py_err)?;
+        inner.last_a = Some(x.0);
+        Ok(capturing)
+    }
+
+    /// Zeroes the status word on `stream` (capturable).
+    fn clear_status(&self, stream: u64) -> PyResult<()> {
+        let mut inner = lock(&self.inner)?;
+        // SAFETY: as in `GemmPlan::run`.
+        let s = unsafe { inner.streams.get(stream) }.clone();
+        inner.plan().clear_status(&s).map_err(py_err)
+    }
+
+    /// Reads the status word (synchronizes `stream`).
+    fn read_status(&self, stream: u64) -> PyResult<(u32, String)> {
+        let mut inner = lock(&self.inner)?;
+        // SAFETY: as in `GemmPlan::run`.
+        let s = unsafe { inner.streams.get(stream) }.clone();
+        let status: SizeStatus = inner.plan().read_status(&s).map_err(py_err)?;
+        Ok((status.0, status.to_string()))
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Device>()?;
     m.add_class::<GemmPlan>()?;
     m.add_class::<MoePlan>()?;
+    m.add_class::<W4a16Plan>()?;
+    m.add_class::<W4a16MoePlan>()?;
+    m.add_function(wrap_pyfunction!(prepack_w4a16, m)?)?;
     m.add_function(wrap_pyfunction!(check_problem, m)?)?;
     m.add_function(wrap_pyfunction!(moe_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(driver_present, m)?)?;

@@ -371,6 +371,86 @@ def test_moe_gemm_on_prequantized_tokens_and_vllm_scales():
     assert torch.equal(out.view(torch.int16), y.view(torch.int16))
 
 
+# ---- W4A16 (sm_90a) -------------------------------------------------------------------------
+
+needs_sm90 = pytest.mark.skipif(DEV.arch != "sm_90a", reason="W4A16 is an sm_90a path")
+
+
+@needs_sm90
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_w4a16_grouped_gemm_against_fp64(act):
+    gen = torch.Generator(device=CUDA).manual_seed(16)
+    shapes = SHAPES[0]
+    x, b, sb, refs, alphas = [], [], [], [], []
+    for g, (m, n, k) in enumerate(shapes):
+        av, asc = random_operand(m, k, gen)
+        bv, bsc = random_operand(n, k, gen)
+        alpha = 0.5 + g / 4
+        # Activations: A's exact values (at most 6 significant bits: exact in f16 and bf16).
+        x.append(dequant(av, asc, m, k).to(act))
+        pv, ps = nvfp4_gemm.w4a16.prepack(bv, make_blocked(bsc, n, k), activations=act)
+        assert pv.shape == bv.shape and pv.device == bv.device
+        b.append(pv)
+        sb.append(ps)
+        refs.append(reference(av, asc, bv, bsc, m, n, k, alpha))
+        alphas.append(alpha)
+    for out_dtype in (torch.float16, torch.bfloat16):
+        out = [poisoned((m, n), out_dtype) for m, n, _ in shapes]
+        got = nvfp4_gemm.w4a16.grouped_gemm(x, b, sb, alphas, out=out)
+        assert got == out
+        for g, (o, r) in enumerate(zip(got, refs)):
+            assert_close(o, r, out_dtype, f"{act} activations, group {g}")
+    # Activations of two types in one call are refused before any launch.
+    other = torch.bfloat16 if act == torch.float16 else torch.float16
+    with pytest.raises(TypeError, match="group 0's activations"):
+        nvfp4_gemm.w4a16.grouped_gemm([x[0], x[1].to(other)], b[:2], sb[:2])
+
+
+@needs_sm90
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_moe_w4a16_layer_capture_and_replay(act):
+    gen = torch.Generator(device=CUDA).manual_seed(78)
+    e, n, k, bound = 8, 256, 512, 96
+    w, ws, plain = moe_weights(e, n, k, gen)
+    alphas = [0.5 + i / 8 for i in range(e)]
+    layer = nvfp4_gemm.MoE(w, ws, alphas, max_tokens=bound, out_dtype=torch.bfloat16, w4a16=act)
+    assert "w4a16" in layer.kernel
+    x = exact_activations(bound, k, gen, act)
+    sizes = torch.zeros((e + 1,), dtype=torch.int32, device=CUDA)
+    out = poisoned((bound, n), torch.bfloat16)
+    routings = [[12, 0, 30, 1, 0, 40, 7, 6], [0] * 7 + [96], [0] * 8, [96] + [0] * 7]
+
+    def set_routing(counts):
+        offs = [0]
+        for c in counts:
+            offs.append(offs[-1] + c)
+        sizes.copy_(torch.tensor(offs, dtype=torch.int32))
+
+    set_routing(routings[0])
+    layer(x, sizes, out=out)  # outside capture first (uploads the tables: weights and x's maps)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer(x, sizes, out=out)
+    xs = x.to(torch.float64)
+    for counts in routings:
+        set_routing(counts)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        start = 0
+        for i in range(e):
+            rows = torch.arange(start, start + counts[i], device=CUDA)
+            start += counts[i]
+            if counts[i]:
+                ref = alphas[i] * xs[rows] @ dequant(w[i], plain[i], n, k).T
+                assert_close(out[rows], ref, torch.bfloat16, f"{act} routing {counts} expert {i}")
+        # Rows of no expert keep their NaN.
+        assert bool(out[start:].isnan().all())
+    assert layer.status()[0] == 0
+    with pytest.raises(TypeError, match="gemm: a W4A16 layer"):
+        layer.gemm(x, x, sizes)
+
+
 # ---- bad inputs on the GPU -----------------------------------------------------------------
 
 def test_bad_inputs_raise_and_write_nothing():

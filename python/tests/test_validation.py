@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import nvfp4_gemm
-from nvfp4_gemm import _core, _native, moe
+from nvfp4_gemm import _core, _native, moe, w4a16
 from nvfp4_gemm.layout import blocked_view_strides
 
 BASE = 0x7F00_0000_0000
@@ -26,6 +26,7 @@ def no_device(monkeypatch):
 
     monkeypatch.setattr(_core, "device", fail)
     monkeypatch.setattr(moe, "device", fail)
+    monkeypatch.setattr(w4a16, "device", fail)
 
 
 _next = [BASE]
@@ -369,3 +370,110 @@ def test_without_a_driver_the_device_error_is_typed(monkeypatch):
     with pytest.raises(nvfp4_gemm.NoDriverError, match="no CUDA driver"):
         nvfp4_gemm.device(0)
     assert issubclass(nvfp4_gemm.NoDriverError, RuntimeError)
+
+
+# ---- W4A16 ------------------------------------------------------------------------------
+
+
+def packed_column(q, h, i):
+    """The natural column of nibble ``i`` of word ``h`` of thread ``q`` (docs/w4a16.md §2)."""
+    p = 4 * h + i % 4
+    return 16 * (p // 2) + 2 * q + 8 * (p % 2) + i // 4
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
+def test_prepack_moves_every_code_where_the_kernel_reads_it(bf16):
+    rows, k = 130, 192
+    rng = np.random.default_rng(7)
+    values = rng.integers(0, 256, rows * k // 2, dtype=np.uint8)
+    scales = rng.integers(0, 0x7E, nvfp4_gemm.blocked_bytes(rows, k), dtype=np.uint8)
+    scales[::5] |= 0x80  # negative scales
+    scales[::7] = 0  # zero scales
+    pv, ps = _native.prepack_w4a16(values.tobytes(), scales.tobytes(), rows, k, bf16)
+    pv, ps = np.frombuffer(pv, dtype=np.uint8), np.frombuffer(ps, dtype=np.uint8)
+    assert pv.shape == values.shape and ps.shape == scales.shape
+
+    def scale(r, block):
+        # The blocked layout (docs/format.md): 128-row tiles of 4 scale columns, 512 bytes each.
+        rest_k = -(-k // 64)
+        return scales[((r // 128) * rest_k + block // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + block % 4]
+
+    code = lambda buf, r, c: (buf[r * k // 2 + c // 2] >> (4 * (c % 2))) & 15
+    for r in range(rows):
+        for chunk in range(k // 64):
+            for q in range(4):
+                for h in range(2):
+                    for i in range(8):
+                        byte = r * k // 2 + chunk * 32 + 8 * q + 4 * h + i // 2
+                        got = (pv[byte] >> (4 * (i % 2))) & 15
+                        col = chunk * 64 + packed_column(q, h, i)
+                        want = code(values, r, col)
+                        s = scale(r, col // 16)
+                        if bf16 and s & 0x7F == 0:
+                            want = 0
+                        elif bf16 and s & 0x80:
+                            want ^= 8
+                        assert got == want, (r, col)
+    if bf16:
+        assert not np.array_equal(ps, scales) and (ps[scales == 0] == 0).all()
+    else:
+        assert np.array_equal(ps, scales)
+    with pytest.raises(ValueError, match="prepack_w4a16"):
+        _native.prepack_w4a16(values.tobytes()[:-1], scales.tobytes(), rows, k, bf16)
+
+
+def w4a16_group(m, n, k, act="bfloat16", **over):
+    t = {
+        "x": FakeTorch((m, k), act),
+        "b": FakeTorch((n, k // 2), "uint8"),
+        "b_scales": FakeTorch((nvfp4_gemm.blocked_bytes(n, k),), "uint8"),
+        "out": FakeTorch((m, n), "bfloat16"),
+    }
+    t.update(over)
+    return t
+
+
+def w4a16_call(groups, **kw):
+    lists = {name: [g[name] for g in groups] for name in ("x", "b", "b_scales", "out")}
+    return w4a16.grouped_gemm(lists["x"], lists["b"], lists["b_scales"], out=lists["out"], **kw)
+
+
+def test_w4a16_arguments():
+    with pytest.raises(Reached):
+        w4a16_call([w4a16_group(*s) for s in shapes3()])
+    with pytest.raises(Reached):
+        w4a16_call([w4a16_group(*s, act="float16") for s in shapes3()], alpha=[0.5, 1.0, 2.0])
+    assert w4a16.grouped_gemm([], [], [], out=[]) == []
+    cases = [
+        ({"x": FakeTorch((96, 256), "float16")}, TypeError, "group 1: `x`: float16; group 0's activations are bfloat16"),
+        ({"x": FakeTorch((96, 256), "float32")}, TypeError, "float32"),
+        ({"x": FakeTorch((96, 2, 128), "bfloat16")}, ValueError, "group 1: `x`: shape"),
+        ({"b": FakeTorch((128, 64), "uint8")}, ValueError, "group 1: `b`: K = 2·64 = 128 differs"),
+        ({"b": FakeTorch((100, 128), "uint8")}, ValueError, "group 1: `b`: N = 100"),
+        ({"b_scales": FakeTorch((100,), "uint8")}, ValueError, "group 1: `b_scales`: has 100 bytes"),
+        ({"b_scales": FakeTorch((4096,), "float16")}, TypeError, "group 1: `b_scales`: dtype float16"),
+        ({"out": FakeTorch((96, 64), "bfloat16")}, ValueError, "group 1: `out`: shape"),
+        ({"out": FakeTorch((96, 128), "bfloat16", device=1)}, ValueError, "is on cuda:1"),
+        ({"x": FakeTorch((96, 256), "bfloat16", ptr=BASE + 8)}, ValueError, "group 1: `x`: address"),
+    ]
+    for over, kind, text in cases:
+        groups = [w4a16_group(8, 64, 256), w4a16_group(96, 128, 256, **over)]
+        with pytest.raises(kind) as ex:
+            w4a16_call(groups)
+        assert text in str(ex.value), str(ex.value)
+    with pytest.raises(ValueError, match="alpha: 2 values for 3 groups"):
+        w4a16_call([w4a16_group(*s) for s in shapes3()], alpha=[1.0, 2.0])
+    with pytest.raises(ValueError, match="b: 1 tensors but `x` has 2 groups"):
+        w4a16.grouped_gemm([FakeTorch((8, 64), "bfloat16")] * 2, [FakeTorch((8, 32), "uint8")], [FakeTorch((512,), "uint8")] * 2)
+    with pytest.raises(TypeError, match="activations: float32"):
+        w4a16.prepack(FakeTorch((8, 32), "uint8"), FakeTorch((512,), "uint8"), activations="float32")
+
+
+def test_moe_w4a16_arguments():
+    e, n, k = 8, 256, 512
+    w = FakeTorch((e, n, k // 2), "uint8")
+    ws = FakeTorch((e, nvfp4_gemm.blocked_bytes(n, k)), "uint8")
+    with pytest.raises(Reached):
+        nvfp4_gemm.MoE(w, ws, 0.5, max_tokens=100, w4a16="bfloat16")
+    with pytest.raises(TypeError, match="w4a16: float32"):
+        nvfp4_gemm.MoE(w, ws, 0.5, max_tokens=100, w4a16="float32")
