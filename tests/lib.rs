@@ -25,7 +25,7 @@
 //! both architectures' GPU test files share.
 
 pub mod cases;
-pub mod routings;
+pub mod moe;
 mod run;
 pub mod w4a16;
 

@@ -84,6 +84,18 @@ pub struct StackedArgs<'a> {
     pub alphas: &'a [f32],
 }
 
+/// [`Error::InvalidArgument`] of `call` for the first stacked buffer `(field, length, the
+/// groups' total, unit)` whose length is not its groups' total.
+pub(crate) fn check_stacked_lengths(call: &'static str, lengths: &[(&'static str, usize, usize, &str)]) -> Result<()> {
+    for &(field, len, want, unit) in lengths {
+        if len != want {
+            let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
+            return Err(Error::InvalidArgument { call, field, reason });
+        }
+    }
+    Ok(())
+}
+
 impl<'s> CallBuffers<'s> {
     /// The views of A's and B's values and scales, and of C with its type, for this call.
     #[inline(always)]
@@ -351,12 +363,7 @@ impl GemmPlan {
             ("b.scales", b_scales.len, total.b_scales, "bytes"),
             ("c", c.len, total.c_elements, "elements"),
         ];
-        for (field, len, want, unit) in lengths {
-            if len != want {
-                let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
-                return Err(Error::InvalidArgument { call: call_name, field, reason });
-            }
-        }
+        check_stacked_lengths(call_name, &lengths)?;
         let whole = [a_values, a_scales, b_values, b_scales];
         if alphas.is_some() {
             let buffers = self.cache.start(AlphaSource::Device);

@@ -18,7 +18,7 @@ use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
 use crate::moe::{MoeOptions, MoePlan, MoeProblem, MoeTokens, SizeStatus};
 use crate::overlap::{self, Span};
-use crate::plan::{Nvfp4Operand, Output};
+use crate::plan::{check_stacked_lengths, Nvfp4Operand, Output};
 use crate::problem::{stacked_parts, BufferSizes, BufferView, CallBuffers, GroupBuffers, Problem, BUFFER_ALIGN};
 use crate::quantize::DenseFloat;
 use crate::sm90::Sm90Layout;
@@ -353,12 +353,7 @@ impl W4a16Plan {
             ("b.scales", b_scales.len, total.b_scales, "bytes"),
             ("c", c.len, total.c_elements, "elements"),
         ];
-        for (field, len, want, unit) in lengths {
-            if len != want {
-                let reason = format!("has {len} {unit}; the stacked groups need exactly {want}");
-                return Err(Error::InvalidArgument { call: CALL, field, reason });
-            }
-        }
+        check_stacked_lengths(CALL, &lengths)?;
         if args.alphas.len() != self.problem.groups().len() {
             let reason = format!("{} alphas for {} groups", args.alphas.len(), self.problem.groups().len());
             return Err(Error::InvalidArgument { call: CALL, field: "alphas", reason });

@@ -468,7 +468,61 @@ impl<P> Drop for MoeInner<P> {
     }
 }
 
+/// The status word of a device-sized plan (`MoePlan`, `W4a16MoePlan`).
+trait StatusWord {
+    fn clear_status(&mut self, stream: &Arc<CudaStream>) -> nvfp4_gemm::Result<()>;
+    fn read_status(&self, stream: &Arc<CudaStream>) -> nvfp4_gemm::Result<SizeStatus>;
+}
+
+impl StatusWord for nvfp4_gemm::MoePlan {
+    fn clear_status(&mut self, stream: &Arc<CudaStream>) -> nvfp4_gemm::Result<()> {
+        nvfp4_gemm::MoePlan::clear_status(self, stream)
+    }
+    fn read_status(&self, stream: &Arc<CudaStream>) -> nvfp4_gemm::Result<SizeStatus> {
+        nvfp4_gemm::MoePlan::read_status(self, stream)
+    }
+}
+
+impl StatusWord for nvfp4_gemm::w4a16::W4a16MoePlan {
+    fn clear_status(&mut self, stream: &Arc<CudaStream>) -> nvfp4_gemm::Result<()> {
+        nvfp4_gemm::w4a16::W4a16MoePlan::clear_status(self, stream)
+    }
+    fn read_status(&self, stream: &Arc<CudaStream>) -> nvfp4_gemm::Result<SizeStatus> {
+        nvfp4_gemm::w4a16::W4a16MoePlan::read_status(self, stream)
+    }
+}
+
+impl<P: StatusWord> MoeInner<P> {
+    /// Zeroes the status word on `stream` (capturable).
+    fn clear_status(&mut self, stream: u64) -> PyResult<()> {
+        // SAFETY: as in `GemmPlan::run`.
+        let s = unsafe { self.streams.get(stream) }.clone();
+        self.plan().clear_status(&s).map_err(py_err)
+    }
+
+    /// Reads the status word (synchronizes `stream`): its bits and their meaning.
+    fn read_status(&mut self, stream: u64) -> PyResult<(u32, String)> {
+        // SAFETY: as in `GemmPlan::run`.
+        let s = unsafe { self.streams.get(stream) }.clone();
+        let status = self.plan().read_status(&s).map_err(py_err)?;
+        Ok((status.0, status.to_string()))
+    }
+}
+
 impl<P> MoeInner<P> {
+    /// `plan` on `gpu` with its weights (four values each) and alphas; `a_in_tables`: the tables
+    /// hold the token tensor's address.
+    fn new(plan: P, gpu: &nvfp4_gemm::Gpu, weights: &[u64], alphas: Vec<f32>, a_in_tables: bool) -> MoeInner<P> {
+        MoeInner {
+            plan: Some(plan),
+            streams: Streams::new(gpu.context().clone()),
+            weights: weights.chunks_exact(4).map(operand).collect(),
+            alphas,
+            last_a: None,
+            a_in_tables,
+        }
+    }
+
     fn plan(&mut self) -> &mut P {
         self.plan.as_mut().expect("present until dropped")
     }
@@ -488,6 +542,31 @@ impl<P> MoeInner<P> {
         }
         Ok(())
     }
+}
+
+/// A device-sized problem of `groups` experts of `n × k` weights, checked by the library, with
+/// four weight values and one alpha per expert.
+#[allow(clippy::too_many_arguments)]
+fn moe_problem(
+    groups: usize,
+    n: usize,
+    k: usize,
+    masked: bool,
+    bound: usize,
+    bf16: bool,
+    weights: &[u64],
+    alphas: &[f32],
+) -> PyResult<MoeProblem> {
+    let layout = raw::token_layout(masked as u32, bound as u64).map_err(py_err)?;
+    let problem = MoeProblem::new(groups, n, k, layout, output_type(bf16)).map_err(py_err)?;
+    if weights.len() != 4 * groups || alphas.len() != groups {
+        return Err(value_error(format!(
+            "{} weight values and {} alphas for {groups} experts (4 and 1 per expert)",
+            weights.len(),
+            alphas.len()
+        )));
+    }
+    Ok(problem)
 }
 
 /// A `nvfp4_gemm::MoePlan` with its weights and alphas fixed.
@@ -517,29 +596,15 @@ impl MoePlan {
         weights: Vec<u64>,
         alphas: Vec<f32>,
     ) -> PyResult<MoePlan> {
-        let layout = raw::token_layout(masked as u32, bound as u64).map_err(py_err)?;
-        let problem = MoeProblem::new(groups, n, k, layout, output_type(bf16)).map_err(py_err)?;
-        if weights.len() != 4 * groups || alphas.len() != groups {
-            return Err(value_error(format!(
-                "{} weight values and {} alphas for {groups} experts (4 and 1 per expert)",
-                weights.len(),
-                alphas.len()
-            )));
-        }
+        let problem = moe_problem(groups, n, k, masked, bound, bf16, &weights, &alphas)?;
         let gpu = device.dev.gpu();
         let plan = nvfp4_gemm::MoePlan::new(gpu, problem.clone()).map_err(py_err)?;
         let stream = gpu.context().default_stream();
         stream.synchronize().map_err(|e| CudaError::new_err(e.to_string()))?;
         let status_address = plan.status().device_ptr(&stream).0;
         let kernel = plan.summary().kernel.clone();
-        let inner = MoeInner {
-            plan: Some(plan),
-            streams: Streams::new(gpu.context().clone()),
-            weights: weights.chunks_exact(4).map(operand).collect(),
-            alphas,
-            last_a: None,
-            a_in_tables: gpu.arch() == nvfp4_gemm::Arch::Sm100a,
-        };
+        // On sm_100a the token map holds A's address.
+        let inner = MoeInner::new(plan, gpu, &weights, alphas, gpu.arch() == nvfp4_gemm::Arch::Sm100a);
         Ok(MoePlan { inner: Mutex::new(inner), problem, kernel, status_address })
     }
 
@@ -579,19 +644,12 @@ impl MoePlan {
 
     /// Zeroes the status word on `stream` (capturable).
     fn clear_status(&self, stream: u64) -> PyResult<()> {
-        let mut inner = lock(&self.inner)?;
-        // SAFETY: as in `GemmPlan::run`.
-        let s = unsafe { inner.streams.get(stream) }.clone();
-        inner.plan().clear_status(&s).map_err(py_err)
+        lock(&self.inner)?.clear_status(stream)
     }
 
     /// Reads the status word (synchronizes `stream`).
     fn read_status(&self, stream: u64) -> PyResult<(u32, String)> {
-        let mut inner = lock(&self.inner)?;
-        // SAFETY: as in `GemmPlan::run`.
-        let s = unsafe { inner.streams.get(stream) }.clone();
-        let status: SizeStatus = inner.plan().read_status(&s).map_err(py_err)?;
-        Ok((status.0, status.to_string()))
+        lock(&self.inner)?.read_status(stream)
     }
 }
 
@@ -772,29 +830,14 @@ impl W4a16MoePlan {
         weights: Vec<u64>,
         alphas: Vec<f32>,
     ) -> PyResult<W4a16MoePlan> {
-        let layout = raw::token_layout(masked as u32, bound as u64).map_err(py_err)?;
-        let problem = MoeProblem::new(groups, n, k, layout, output_type(bf16)).map_err(py_err)?;
-        if weights.len() != 4 * groups || alphas.len() != groups {
-            return Err(value_error(format!(
-                "{} weight values and {} alphas for {groups} experts (4 and 1 per expert)",
-                weights.len(),
-                alphas.len()
-            )));
-        }
+        let problem = moe_problem(groups, n, k, masked, bound, bf16, &weights, &alphas)?;
         let gpu = device.dev.gpu();
         let plan = nvfp4_gemm::w4a16::W4a16MoePlan::new(gpu, problem, activations(bf16_activations)).map_err(py_err)?;
         let stream = gpu.context().default_stream();
         let status_address = plan.status().device_ptr(&stream).0;
         let kernel = plan.summary().kernel.clone();
-        let inner = MoeInner {
-            plan: Some(plan),
-            streams: Streams::new(gpu.context().clone()),
-            weights: weights.chunks_exact(4).map(operand).collect(),
-            alphas,
-            last_a: None,
-            // The token maps hold the activations' address.
-            a_in_tables: true,
-        };
+        // The token maps hold the activations' address.
+        let inner = MoeInner::new(plan, gpu, &weights, alphas, true);
         Ok(W4a16MoePlan { inner: Mutex::new(inner), output: output_type(bf16), kernel, status_address })
     }
 
@@ -831,19 +874,12 @@ impl W4a16MoePlan {
 
     /// Zeroes the status word on `stream` (capturable).
     fn clear_status(&self, stream: u64) -> PyResult<()> {
-        let mut inner = lock(&self.inner)?;
-        // SAFETY: as in `GemmPlan::run`.
-        let s = unsafe { inner.streams.get(stream) }.clone();
-        inner.plan().clear_status(&s).map_err(py_err)
+        lock(&self.inner)?.clear_status(stream)
     }
 
     /// Reads the status word (synchronizes `stream`).
     fn read_status(&self, stream: u64) -> PyResult<(u32, String)> {
-        let mut inner = lock(&self.inner)?;
-        // SAFETY: as in `GemmPlan::run`.
-        let s = unsafe { inner.streams.get(stream) }.clone();
-        let status: SizeStatus = inner.plan().read_status(&s).map_err(py_err)?;
-        Ok((status.0, status.to_string()))
+        lock(&self.inner)?.read_status(stream)
     }
 }
 

@@ -19,28 +19,27 @@
 //! bounds; every replay is checked as above.
 //! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`).
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use nvfp4_format::codec::f64_to_bf16;
 use nvfp4_format::{
-    quantize_with_global_scale, random_matrix, reference_grouped_gemm_f64, Group, GroupOutput, GroupShape,
-    InputDistribution, Nvfp4Matrix, SplitMix64, Tolerance,
+    quantize_with_global_scale, random_matrix, Group, GroupShape, InputDistribution, Nvfp4Matrix, SplitMix64,
 };
 use nvfp4_gemm::moe::{MoeArgs, MoeKernels, MoeOptions, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::{Arch, DeviceNvfp4, Error, GemmPlan, Gpu, GroupArgs, Output, OutputType, Problem};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
-use nvfp4_gemm_tests::routings::{contiguous_routings, offsets_of, random_offsets};
-use nvfp4_gemm_tests::{abs_reference, accumulation_allowance, gpu_or_skip, GUARD, POISON};
+use nvfp4_gemm_tests::moe::{
+    capture, check_bounds, check_groups, contiguous_routings, for_routings, masked_routings, offsets_of,
+    random_offsets, unowned_rows, with_capture_stream, Failures,
+};
+use nvfp4_gemm_tests::{gpu_or_skip, GUARD, POISON};
 use std::sync::Arc;
 
 /// Byte written over the quantized tokens before each call: rows of no group must keep it.
 const A_POISON: u8 = 0xA5;
 /// Global scale of the activations (they are about N(0, 1), amax well below 6 · 448 · g).
 const G_X: f32 = 1.0 / 256.0;
-/// Most failures a check lists.
-const LISTED: usize = 8;
 
 /// One MoE layer: the problem, each expert's NVFP4 weights on the host and the device, alphas.
 struct Layer {
@@ -146,40 +145,21 @@ fn check(
     let p = &layer.problem;
     let (n, k) = (p.n(), p.k());
     let (rows, expected_status) = p.group_rows(sizes).unwrap();
-    let mut fails: Vec<String> = vec![];
-    let mut fail = |s: String| {
-        if fails.len() < LISTED {
-            fails.push(format!("{what}: {s}"));
-        }
-    };
+    let mut f = Failures::new(what);
     let status = plan.read_status(stream).unwrap();
-    if status != expected_status {
-        fail(format!("status {status} (bits {:#x}), expected {expected_status}", status.0));
-    }
     let a_values = stream.clone_dtoh(&bufs.a.values).unwrap();
     let a_scales = stream.clone_dtoh(&bufs.a.scales).unwrap();
     let c: Vec<u16> = stream.clone_dtoh(&bufs.c).unwrap().iter().map(|v| v.to_bits()).collect();
-    let guards = c[..GUARD].iter().chain(&c[c.len() - GUARD..]).filter(|&&b| b != POISON).count();
-    if guards > 0 {
-        fail(format!("{guards} guard elements around C changed"));
-    }
-    let c = &c[GUARD..c.len() - GUARD];
-    // Rows of no group keep their poison, in A and in C.
-    let mut owned = vec![false; p.token_rows()];
-    for r in &rows {
-        owned[r.first as usize..(r.first + r.rows) as usize].iter_mut().for_each(|o| *o = true);
-    }
-    for (row, _) in owned.iter().enumerate().filter(|(_, o)| !**o) {
+    let c = check_bounds(&mut f, &c, p, &rows, status, expected_status);
+    // Rows of no group keep their poison in A too.
+    for row in unowned_rows(p, &rows) {
         if a_values[row * k / 2..(row + 1) * k / 2].iter().any(|&b| b != A_POISON) {
-            fail(format!("A row {row} belongs to no group but was written"));
-        }
-        if c[row * n..(row + 1) * n].iter().any(|&b| b != POISON) {
-            fail(format!("C row {row} belongs to no group but was written"));
+            f.fail(format!("A row {row} belongs to no group but was written"));
         }
     }
     if expected_status.offsets_decreasing() {
         // Groups may overlap: their results are unspecified (only bounds are checked).
-        return fails;
+        return f.list;
     }
     // Each group: its quantized tokens, then its outputs against the reference and the
     // host-sized plan.
@@ -194,7 +174,7 @@ fn check(
         let (first, m) = (r.first as usize, r.rows as usize);
         let cpu = quantize_with_global_scale(&x[first * k..(first + m) * k], m, k, G_X).unwrap();
         if cpu.values() != &a_values[first * k / 2..(first + m) * k / 2] {
-            fail(format!("group {g}: quantized values differ from the CPU quantizer"));
+            f.fail(format!("group {g}: quantized values differ from the CPU quantizer"));
         }
         let mut bad_scales = 0;
         for i in 0..m as u32 {
@@ -206,47 +186,17 @@ fn check(
             }
         }
         if bad_scales > 0 {
-            fail(format!("group {g}: {bad_scales} block scales differ from the CPU quantizer"));
+            f.fail(format!("group {g}: {bad_scales} block scales differ from the CPU quantizer"));
         }
         groups.push(Group::new(cpu, layer.weights[g].clone(), 1.0).unwrap());
         shapes.push(GroupShape::new(m, n, k));
         spans.push((g, first, m));
     }
-    if groups.is_empty() {
-        return fails;
+    if !groups.is_empty() {
+        let host_sized = host_sized_gemm(gpu, &groups, &shapes, layer, &spans);
+        check_groups(&mut f, c, n, &spans, &groups, &host_sized, "GemmPlan");
     }
-    let exact = reference_grouped_gemm_f64(&groups).unwrap();
-    let abs = abs_reference(&groups);
-    let tol = Tolerance::COMPETITION;
-    let host_sized = host_sized_gemm(gpu, &groups, &shapes, layer, &spans);
-    for (i, &(g, first, m)) in spans.iter().enumerate() {
-        let (e, a): (&GroupOutput<f64>, &GroupOutput<f64>) = (&exact[i], &abs[i]);
-        let mut bad = 0;
-        let mut differs = 0;
-        for idx in 0..m * n {
-            let bits = c[first * n + idx];
-            let got = f16::from_bits(bits).to_f64();
-            let r = e.data[idx];
-            let rounded = f16::from_f64(r).to_f64();
-            let allowed = tol.atol + tol.rtol * r.abs() + accumulation_allowance(k, a.data[idx]);
-            if !(tol.accepts(got, rounded) || (got - r).abs() <= allowed) {
-                if bad == 0 {
-                    fail(format!("group {g} row {} col {}: got {got} expected {r}", idx / n, idx % n));
-                }
-                bad += 1;
-            }
-            if bits != host_sized[i][idx] {
-                differs += 1;
-            }
-        }
-        if bad > 0 {
-            fail(format!("group {g}: {bad} of {} elements outside the tolerance", m * n));
-        }
-        if differs > 0 {
-            fail(format!("group {g}: {differs} elements differ from the host-sized GemmPlan"));
-        }
-    }
-    fails
+    f.list
 }
 
 /// The host-sized `GemmPlan` on the same operands (CPU-quantized tokens): C's bits per group.
@@ -298,8 +248,7 @@ fn run_routings_with(
     let mut plan = MoePlan::with_options(gpu, layer.problem.clone(), options).unwrap();
     let mut bufs = Buffers::new(&stream, &layer.problem);
     let mut rng = SplitMix64::new(seed);
-    let mut failures = vec![];
-    for (name, sizes) in routings {
+    for_routings(test, routings, 1, |_, name, sizes| {
         let x = activations(&mut rng, layer.problem.token_rows(), layer.problem.k());
         bufs.prepare(&stream, &x);
         stream.memcpy_htod(sizes, &mut bufs.sizes).unwrap();
@@ -308,10 +257,8 @@ fn run_routings_with(
         stream.synchronize().unwrap();
         let what = format!("{:?} N={} K={} {name}", layer.problem.layout(), layer.problem.n(), layer.problem.k());
         let f = check(gpu, &stream, &plan, layer, &bufs, &x, sizes, &what);
-        eprintln!("{test}: {what}: {}", if f.is_empty() { "ok" } else { "FAIL" });
-        failures.extend(f);
-    }
-    assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
+        (what, f)
+    });
 }
 
 #[test]
@@ -345,15 +292,7 @@ fn gpu_moe_masked_matches_cpu() {
     for (g, n, k, m) in [(6, 256, 512, 16), (4, 136, 320, 200), (32, 128, 1024, 5), (3, 384, 256, 129)] {
         let p = MoeProblem::new(g, n, k, TokenLayout::Masked { max_rows: m }, OutputType::F16).unwrap();
         let layer = Layer::new(&stream, p, rng.next_u64());
-        let mut routings = vec![
-            ("all full".to_string(), vec![m as u32; g]),
-            ("all empty".to_string(), vec![0; g]),
-            ("random".to_string(), (0..g).map(|_| rng.below(m as u64 + 1) as u32).collect()),
-            ("random, small".to_string(), (0..g).map(|_| rng.below(17.min(m as u64 + 1)) as u32).collect()),
-        ];
-        let mut one = vec![0u32; g];
-        one[g - 1] = m as u32;
-        routings.push(("only the last expert".into(), one));
+        let routings = masked_routings(&mut rng, g, m);
         run_routings(test, &gpu, &layer, &routings, rng.next_u64());
     }
 }
@@ -491,21 +430,6 @@ fn gpu_moe_contiguous_bad_buffers_launch_nothing() {
     assert!(stream.clone_dtoh(&bufs.a.values).unwrap().iter().all(|&b| b == A_POISON), "A was written");
 }
 
-/// Captures `sizes ← staging` (a device copy), clear status, quantize and GEMM into one graph.
-fn capture(
-    stream: &Arc<CudaStream>,
-    q: &Quantizer,
-    plan: &mut MoePlan,
-    layer: &Layer,
-    bufs: &mut Buffers,
-) -> CudaGraph {
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    stream.memcpy_dtod(&bufs.staging, &mut bufs.sizes).unwrap();
-    plan.clear_status(stream).unwrap();
-    layer_call(stream, q, plan, layer, bufs);
-    stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph")
-}
-
 /// Captures once, replays every routing (written to the staging buffer between replays, with new
 /// activations and poisoned outputs), and checks every replay.
 fn replay_routings(test: &str, gpu: &Gpu, problem: MoeProblem, routings: &[(String, Vec<u32>)], seed: u64) {
@@ -521,41 +445,35 @@ fn replay_routings_with(
     seed: u64,
     options: &MoeOptions,
 ) {
-    // One stream of our own (the legacy default stream cannot be captured) and no cross-stream
-    // events (an event recorded outside the capture cannot be waited on inside it).
-    // SAFETY: every buffer of this test is used on this one stream only.
-    unsafe { gpu.context().disable_event_tracking() };
-    let stream = gpu.context().new_stream().unwrap();
-    let layer = Layer::new(&stream, problem, seed);
-    let q = Quantizer::new(gpu).unwrap();
-    let mut plan = MoePlan::with_options(gpu, layer.problem.clone(), options).unwrap();
-    let mut bufs = Buffers::new(&stream, &layer.problem);
-    let mut rng = SplitMix64::new(seed + 1);
-    // A first call outside the capture uploads the weights' tables.
-    let x = activations(&mut rng, layer.problem.token_rows(), layer.problem.k());
-    bufs.prepare(&stream, &x);
-    stream.memcpy_htod(&routings[0].1, &mut bufs.sizes).unwrap();
-    layer_call(&stream, &q, &mut plan, &layer, &mut bufs);
-    stream.synchronize().unwrap();
-    let graph = capture(&stream, &q, &mut plan, &layer, &mut bufs);
-    let mut failures = vec![];
-    for round in 0..2 {
-        for (name, sizes) in routings {
+    with_capture_stream(gpu, |stream| {
+        let layer = Layer::new(stream, problem, seed);
+        let q = Quantizer::new(gpu).unwrap();
+        let mut plan = MoePlan::with_options(gpu, layer.problem.clone(), options).unwrap();
+        let mut bufs = Buffers::new(stream, &layer.problem);
+        let mut rng = SplitMix64::new(seed + 1);
+        // A first call outside the capture uploads the weights' tables.
+        let x = activations(&mut rng, layer.problem.token_rows(), layer.problem.k());
+        bufs.prepare(stream, &x);
+        stream.memcpy_htod(&routings[0].1, &mut bufs.sizes).unwrap();
+        layer_call(stream, &q, &mut plan, &layer, &mut bufs);
+        stream.synchronize().unwrap();
+        // The graph: `sizes ← staging` (how a routing reaches a replay), status cleared, the layer.
+        let (graph, ()) = capture(stream, || {
+            stream.memcpy_dtod(&bufs.staging, &mut bufs.sizes).unwrap();
+            plan.clear_status(stream).unwrap();
+            layer_call(stream, &q, &mut plan, &layer, &mut bufs);
+        });
+        for_routings(test, routings, 2, |round, name, sizes| {
             let x = activations(&mut rng, layer.problem.token_rows(), layer.problem.k());
-            bufs.prepare(&stream, &x);
+            bufs.prepare(stream, &x);
             stream.memcpy_htod(sizes, &mut bufs.staging).unwrap();
             graph.launch().unwrap();
             stream.synchronize().unwrap();
             let what = format!("replay {round} {:?} {name}", layer.problem.layout());
-            let f = check(gpu, &stream, &plan, &layer, &bufs, &x, sizes, &what);
-            eprintln!("{test}: {what}: {}", if f.is_empty() { "ok" } else { "FAIL" });
-            failures.extend(f);
-        }
-    }
-    drop(graph);
-    // SAFETY: restores the context's default for the other tests of this process.
-    unsafe { gpu.context().enable_event_tracking() };
-    assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
+            let f = check(gpu, stream, &plan, &layer, &bufs, &x, sizes, &what);
+            (what, f)
+        });
+    });
 }
 
 #[test]

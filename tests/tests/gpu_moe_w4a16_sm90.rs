@@ -17,21 +17,19 @@
 //! replayed for many routings; typed errors.
 //! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`).
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
-use nvfp4_format::{random_matrix, reference_grouped_gemm_f64, Group, InputDistribution, Nvfp4Matrix, SplitMix64};
-use nvfp4_format::{GroupShape, Tolerance};
+use nvfp4_format::{random_matrix, Group, GroupShape, InputDistribution, Nvfp4Matrix, SplitMix64};
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, SizeStatus, TokenLayout};
 use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16MoeArgs, W4a16MoePlan, W4a16Plan};
 use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand, Output, OutputType, Problem};
-use nvfp4_gemm_tests::routings::{contiguous_routings, random_offsets};
+use nvfp4_gemm_tests::moe::{
+    capture, check_bounds, check_groups, contiguous_routings, for_routings, masked_routings, random_offsets,
+    with_capture_stream, Failures,
+};
 use nvfp4_gemm_tests::w4a16::Activation16;
-use nvfp4_gemm_tests::{abs_reference, accumulation_allowance, gpu_or_skip, GUARD, POISON};
+use nvfp4_gemm_tests::{gpu_or_skip, GUARD, POISON};
 use std::sync::Arc;
-
-/// Most failures a check lists.
-const LISTED: usize = 8;
 
 /// One MoE layer: the problem, each expert's NVFP4 weights on the host and prepacked on the
 /// device for activations of `kind`, alphas (the weights' global scale: the activations' is 1).
@@ -155,36 +153,14 @@ fn check<A: Activation16>(
     what: &str,
 ) -> Vec<String> {
     let p = &layer.problem;
-    let n = p.n();
     let (rows, expected_status) = p.group_rows(&routing.sizes).unwrap();
-    let mut fails: Vec<String> = vec![];
-    let mut fail = |s: String| {
-        if fails.len() < LISTED {
-            fails.push(format!("{what}: {s}"));
-        }
-    };
+    let mut f = Failures::new(what);
     let status = plan.read_status(stream).unwrap();
-    if status != expected_status {
-        fail(format!("status {status} (bits {:#x}), expected {expected_status}", status.0));
-    }
     let c: Vec<u16> = stream.clone_dtoh(&bufs.c).unwrap().iter().map(|v| v.to_bits()).collect();
-    let guards = c[..GUARD].iter().chain(&c[c.len() - GUARD..]).filter(|&&b| b != POISON).count();
-    if guards > 0 {
-        fail(format!("{guards} guard elements around C changed"));
-    }
-    let c = &c[GUARD..c.len() - GUARD];
-    let mut owned = vec![false; p.token_rows()];
-    for r in &rows {
-        owned[r.first as usize..(r.first + r.rows) as usize].iter_mut().for_each(|o| *o = true);
-    }
-    for (row, _) in owned.iter().enumerate().filter(|(_, o)| !**o) {
-        if c[row * n..(row + 1) * n].iter().any(|&b| b != POISON) {
-            fail(format!("C row {row} belongs to no group but was written"));
-        }
-    }
+    let c = check_bounds(&mut f, &c, p, &rows, status, expected_status);
     if expected_status.offsets_decreasing() {
         // Groups may overlap: their results are unspecified (only bounds are checked).
-        return fails;
+        return f.list;
     }
     let spans: Vec<(usize, usize, usize)> = rows
         .iter()
@@ -194,36 +170,11 @@ fn check<A: Activation16>(
         .collect();
     let groups: Vec<Group> =
         spans.iter().map(|&(g, _, _)| routing.groups[g].clone().expect("a non-empty group")).collect();
-    if groups.is_empty() {
-        return fails;
+    if !groups.is_empty() {
+        let host_sized = host_sized_w4a16(gpu, layer, bufs, &spans);
+        check_groups(&mut f, c, p.n(), &spans, &groups, &host_sized, "W4a16Plan");
     }
-    let exact = reference_grouped_gemm_f64(&groups).unwrap();
-    let abs = abs_reference(&groups);
-    let host_sized = host_sized_w4a16(gpu, layer, bufs, &spans);
-    let (tol, k) = (Tolerance::COMPETITION, p.k());
-    for (i, &(g, first, m)) in spans.iter().enumerate() {
-        let (mut bad, mut differs) = (0, 0);
-        for idx in 0..m * n {
-            let bits = c[first * n + idx];
-            let got = f16::from_bits(bits).to_f64();
-            let r = exact[i].data[idx];
-            let allowed = tol.atol + tol.rtol * r.abs() + accumulation_allowance(k, abs[i].data[idx]);
-            if !(tol.accepts(got, f16::from_f64(r).to_f64()) || (got - r).abs() <= allowed) {
-                if bad == 0 {
-                    fail(format!("group {g} row {} col {}: got {got} expected {r}", idx / n, idx % n));
-                }
-                bad += 1;
-            }
-            differs += (bits != host_sized[i][idx]) as usize;
-        }
-        if bad > 0 {
-            fail(format!("group {g}: {bad} of {} elements outside the tolerance", m * n));
-        }
-        if differs > 0 {
-            fail(format!("group {g}: {differs} elements differ from the host-sized W4a16Plan"));
-        }
-    }
-    fails
+    f.list
 }
 
 /// The host-sized `W4a16Plan` on each non-empty group's rows of the same activations and the
@@ -272,8 +223,7 @@ fn run_routings<A: Activation16>(
     let mut plan = W4a16MoePlan::with_options(gpu, layer.problem.clone(), A::KIND, options).unwrap();
     let mut bufs = Buffers::<A>::new(&stream, &layer.problem);
     let mut rng = SplitMix64::new(seed);
-    let mut failures = vec![];
-    for (name, sizes) in routings {
+    for_routings(test, routings, 1, |_, name, sizes| {
         let routing = Routing::<A>::new(layer, sizes, &mut rng);
         bufs.prepare(&stream, &routing);
         stream.memcpy_htod(sizes, &mut bufs.sizes).unwrap();
@@ -283,10 +233,8 @@ fn run_routings<A: Activation16>(
         let p = &layer.problem;
         let what = format!("{:?} {:?} N={} K={} {options:?} {name}", A::KIND, p.layout(), p.n(), p.k());
         let f = check(gpu, &stream, &plan, layer, &bufs, &routing, &what);
-        eprintln!("{test}: {what}: {}", if f.is_empty() { "ok" } else { "FAIL" });
-        failures.extend(f);
-    }
-    assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
+        (what, f)
+    });
 }
 
 const OPTIONS: [MoeOptions; 3] = [
@@ -335,16 +283,11 @@ fn gpu_moe_w4a16_masked_matches_cpu() {
     // tail, N not a multiple of 128.
     for (g, n, k, m) in [(6, 256, 512, 16), (4, 136, 320, 200), (32, 128, 1024, 5), (3, 384, 256, 129)] {
         let p = MoeProblem::new(g, n, k, TokenLayout::Masked { max_rows: m }, OutputType::F16).unwrap();
-        let mut routings = vec![
-            ("all full".to_string(), vec![m as u32; g]),
-            ("all empty".to_string(), vec![0; g]),
-            ("random".to_string(), (0..g).map(|_| rng.below(m as u64 + 1) as u32).collect()),
-            ("random, small".to_string(), (0..g).map(|_| rng.below(17.min(m as u64 + 1)) as u32).collect()),
-            ("counts beyond M_max".to_string(), (0..g).map(|i| if i % 2 == 0 { m as u32 + 7 } else { 1 }).collect()),
-        ];
-        let mut one = vec![0u32; g];
-        one[g - 1] = m as u32;
-        routings.push(("only the last expert".into(), one));
+        let mut routings = masked_routings(&mut rng, g, m);
+        routings.push((
+            "counts beyond M_max".to_string(),
+            (0..g).map(|i| if i % 2 == 0 { m as u32 + 7 } else { 1 }).collect(),
+        ));
         let layer = Layer::new(&stream, p.clone(), Activations::F16, rng.next_u64());
         run_routings::<f16>(test, &gpu, &layer, &routings, rng.next_u64(), &OPTIONS[0]);
         let layer = Layer::new(&stream, p, Activations::Bf16, rng.next_u64());
@@ -388,46 +331,35 @@ fn gpu_moe_w4a16_graph_replays_routings() {
         vec![0, 50, 100, 150, 200, 250, 300, 350, 383, 390, 400, 401, 402, 403, 404, 405, 406],
     ));
     routings.push(("random again".into(), random_offsets(&mut rng, g, t / 2)));
-    // One stream of our own (the legacy default stream cannot be captured) and no cross-stream
-    // events (an event recorded outside the capture cannot be waited on inside it).
-    // SAFETY: every buffer of this test is used on this one stream only (the host-sized
-    // comparison runs on the default stream after this stream is synchronized).
-    unsafe { gpu.context().disable_event_tracking() };
-    let stream = gpu.context().new_stream().unwrap();
-    // bf16 activations, as a serving engine's.
-    let layer = Layer::new(&stream, p, Activations::Bf16, 0xA16_6B0);
-    let mut plan = W4a16MoePlan::new(&gpu, layer.problem.clone(), Activations::Bf16).unwrap();
-    let mut bufs = Buffers::<bf16>::new(&stream, &layer.problem);
-    // A first call outside the capture uploads the tables (the weights' and activations' maps).
-    let first = Routing::new(&layer, &routings[0].1, &mut rng);
-    bufs.prepare(&stream, &first);
-    stream.memcpy_htod(&routings[0].1, &mut bufs.sizes).unwrap();
-    call(&stream, &mut plan, &layer, &mut bufs).unwrap();
-    stream.synchronize().unwrap();
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    stream.memcpy_dtod(&bufs.staging, &mut bufs.sizes).unwrap();
-    plan.clear_status(&stream).unwrap();
-    let captured = call(&stream, &mut plan, &layer, &mut bufs);
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-    captured.unwrap();
-    let mut failures = vec![];
-    for round in 0..2 {
-        for (name, sizes) in &routings {
+    with_capture_stream(&gpu, |stream| {
+        // bf16 activations, as a serving engine's.
+        let layer = Layer::new(stream, p, Activations::Bf16, 0xA16_6B0);
+        let mut plan = W4a16MoePlan::new(&gpu, layer.problem.clone(), Activations::Bf16).unwrap();
+        let mut bufs = Buffers::<bf16>::new(stream, &layer.problem);
+        // A first call outside the capture uploads the tables (the weights' and activations' maps).
+        let first = Routing::new(&layer, &routings[0].1, &mut rng);
+        bufs.prepare(stream, &first);
+        stream.memcpy_htod(&routings[0].1, &mut bufs.sizes).unwrap();
+        call(stream, &mut plan, &layer, &mut bufs).unwrap();
+        stream.synchronize().unwrap();
+        // The graph: `sizes ← staging` (how a routing reaches a replay), status cleared, the GEMM.
+        let (graph, captured) = capture(stream, || {
+            stream.memcpy_dtod(&bufs.staging, &mut bufs.sizes).unwrap();
+            plan.clear_status(stream).unwrap();
+            call(stream, &mut plan, &layer, &mut bufs)
+        });
+        captured.unwrap();
+        for_routings(test, &routings, 2, |round, name, sizes| {
             let routing = Routing::new(&layer, sizes, &mut rng);
-            bufs.prepare(&stream, &routing);
+            bufs.prepare(stream, &routing);
             stream.memcpy_htod(sizes, &mut bufs.staging).unwrap();
             graph.launch().unwrap();
             stream.synchronize().unwrap();
             let what = format!("replay {round} {name}");
-            let f = check(&gpu, &stream, &plan, &layer, &bufs, &routing, &what);
-            eprintln!("{test}: {what}: {}", if f.is_empty() { "ok" } else { "FAIL" });
-            failures.extend(f);
-        }
-    }
-    drop(graph);
-    // SAFETY: restores the context's default for the other tests of this process.
-    unsafe { gpu.context().enable_event_tracking() };
-    assert!(failures.is_empty(), "{test}:\n{}", failures.join("\n"));
+            let f = check(&gpu, stream, &plan, &layer, &bufs, &routing, &what);
+            (what, f)
+        });
+    });
 }
 
 /// A call with a wrong buffer, or activations of another type than the plan's, is a typed error
