@@ -250,7 +250,15 @@ impl MoePlan {
         let buffers = MoeBuffers { sizes, a, weights, alphas: alphas.to_vec(), c, c_type };
         validate_moe_buffers(&self.problem, &buffers)?;
         if buffers.a.dense_kind() != self.activations {
-            return Err(invalid("moe run", "a", format!("{:?} tokens for a plan of {:?}", a, self.activations)));
+            let (field, what) = match buffers.a.dense_kind() {
+                Some(kind) => ("activations", format!("{kind:?} activations")),
+                None => ("a", "NVFP4 tokens".to_owned()),
+            };
+            let plan = match self.activations {
+                Some(kind) => format!("a W4A16 plan of {kind:?} activations"),
+                None => "a plan of NVFP4 tokens".to_owned(),
+            };
+            return Err(invalid("moe run", field, format!("{what} given to {plan}")));
         }
         let mut signature: Vec<u64> = buffers
             .weights
