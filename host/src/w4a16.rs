@@ -1,15 +1,16 @@
 //! W4A16 on sm_90a: f16 or bf16 activations times NVFP4 weights (docs/w4a16.md). This module
 //! holds the one-time step that prepares a weight matrix for it: [`prepack`] moves the K
-//! permutation that W4A4 applies to the tokens into the weights, folds each block's scale sign
-//! into its codes, and re-encodes the scales so that the kernel converts them to f16 or bf16 with
-//! one instruction (`nvfp4_gemm_abi::sm90::w4a16`). The result has the sizes and the blocked scale
-//! layout of the matrix it came from, so it uploads like any NVFP4 operand.
+//! permutation that W4A4 applies to the tokens into the weights, stores each code's bits where the
+//! kernel's decoder finds them, folds each block's scale sign into its codes (bf16), and pairs
+//! and re-encodes the scales so that the kernel converts them with one or two instructions per
+//! k-step (`nvfp4_gemm_abi::sm90::w4a16`). The result has the sizes and the blocked scale layout
+//! of the matrix it came from, so it uploads like any NVFP4 operand.
 //!
-//! The f16 kernels (`sm90_w4a16_gemm{,_t64,_n192,_decode}`) run the W4A4 kernels' tiles and
-//! work lists ([`layout`]) on tables whose token maps point at the caller's activations
-//! ([`tables_with`]); [`W4a16Plan`] launches them (one launch per call, no dequantization). The
-//! bf16 kernels are not built (docs/w4a16.md): asking for them is [`Error::Unsupported`], as is
-//! W4A16 on sm_100a, which multiplies NVFP4 operands natively.
+//! The kernels (`sm90_w4a16_gemm*` for f16, `sm90_w4a16_bf16_gemm*` for bf16) run the W4A4
+//! kernels' tiles and work lists ([`layout`]) on tables whose token maps point at the caller's
+//! activations ([`tables_with`]); [`W4a16Plan`] and [`W4a16MoePlan`] launch them (no
+//! dequantization). W4A16 on sm_100a, which multiplies NVFP4 operands natively, is
+//! [`Error::Unsupported`].
 
 use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, set_max_dynamic_smem};
@@ -25,9 +26,10 @@ use crate::sm90::Sm90Layout;
 use crate::summary::PlanSummary;
 use crate::tables::upload_tables;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use nvfp4_format::layout::blocked_offset;
 use nvfp4_format::Nvfp4Matrix;
 pub use nvfp4_gemm_abi::sm90::w4a16::Activations;
-use nvfp4_gemm_abi::sm90::w4a16::{prepack_chunk_row, prepacked_scale};
+use nvfp4_gemm_abi::sm90::w4a16::{prepack_chunk_row, prepacked_scale, scale_source};
 use nvfp4_gemm_abi::sm90::{GemmConfig, GroupParams, CHUNK_K};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
@@ -50,9 +52,11 @@ pub struct W4a16Weights {
 }
 
 /// Prepacks `m` for W4A16 with `activations` (CPU). K must be a multiple of 64, as for every
-/// sm_90a operand. f16: each chunk row's codes permuted, the scales as given; bf16: the codes
-/// permuted with each block's scale sign folded in (a zero scale's codes zeroed), the scales
-/// re-encoded (`nvfp4_gemm_abi::sm90::w4a16::prepacked_scale`).
+/// sm_90a operand. Each chunk row's code bits move to the places of the activation type's
+/// decoder (`nvfp4_gemm_abi::sm90::w4a16::prepack_chunk_row`); the scale bytes of rows `r` and
+/// `r + 8` are paired by k-step (`scale_source`). bf16 also folds each block's scale sign into
+/// its codes (a zero scale's codes zeroed) and re-encodes the scales
+/// (`nvfp4_gemm_abi::sm90::w4a16::prepacked_scale`).
 pub fn prepack(m: &Nvfp4Matrix, activations: Activations) -> Result<W4a16Weights> {
     let (rows, k) = (m.rows(), m.k());
     if k % CHUNK_K as usize != 0 {
@@ -68,16 +72,42 @@ pub fn prepack(m: &Nvfp4Matrix, activations: Activations) -> Result<W4a16Weights
             let fold = activations == Activations::Bf16;
             let negate = core::array::from_fn(|b| fold && scale(b) & 0x80 != 0);
             let zero = core::array::from_fn(|b| fold && scale(b) & 0x7F == 0);
-            values[at..at + chunk_bytes].copy_from_slice(&prepack_chunk_row(row, negate, zero));
+            values[at..at + chunk_bytes].copy_from_slice(&prepack_chunk_row(row, negate, zero, activations));
         }
     }
-    // Every byte of the blocked buffer, padding included (what padding holds reaches only rows
-    // and columns that are never stored; re-encoded, a finite padding byte stays finite).
-    let scales = match activations {
-        Activations::F16 => m.scales().to_vec(),
-        Activations::Bf16 => m.scales().iter().map(|&b| prepacked_scale(b)).collect(),
-    };
-    Ok(W4a16Weights { rows, k, values, scales, global_scale: m.global_scale() })
+    Ok(W4a16Weights {
+        rows,
+        k,
+        values,
+        scales: prepack_scales(m.scales(), k, activations),
+        global_scale: m.global_scale(),
+    })
+}
+
+/// The prepacked scale buffer of a blocked scale buffer for reduction length `k`: every byte,
+/// padding rows included (what padding holds reaches only rows and columns that are never
+/// stored; re-encoded, a finite padding byte stays finite), moved within its 16-row group as
+/// `scale_source` says and, for bf16, re-encoded.
+fn prepack_scales(scales: &[u8], k: usize, activations: Activations) -> Vec<u8> {
+    let blocks = k / 16;
+    let mut out = vec![0u8; scales.len()];
+    for row in 0..scales.len() / blocks {
+        let second = (row % 16) / 8;
+        // The pair's rows: `r` (`r % 16 < 8`) and `r + 8`.
+        let r = row - 8 * second;
+        for chunk in 0..k / CHUNK_K as usize {
+            for byte in 0..4 {
+                let (step, block) = scale_source(activations, second as u32, byte as u32);
+                let from = blocked_offset(r + 8 * step as usize, 4 * chunk + block as usize, k);
+                let b = scales[from];
+                out[blocked_offset(row, 4 * chunk + byte, k)] = match activations {
+                    Activations::F16 => b,
+                    Activations::Bf16 => prepacked_scale(b),
+                };
+            }
+        }
+    }
+    out
 }
 
 /// The layout of a W4A16 problem on `sm_count` SMs: the W4A4 layout (variant, work list, tiles,
@@ -528,9 +558,8 @@ fn sm90_only(gpu: &Gpu) -> Result<()> {
 mod tests {
     use super::*;
     use nvfp4_format::codec::{e2m1_to_f32, e4m3_to_f32};
-    use nvfp4_format::layout::blocked_offset;
     use nvfp4_format::{random_matrix, InputDistribution, SplitMix64};
-    use nvfp4_gemm_abi::sm90::w4a16::{packed_column, scale_bf16_bits, BF16_PRODUCT_EXPONENT};
+    use nvfp4_gemm_abi::sm90::w4a16::{packed_column, scale_bf16_bits, Decoder, BF16_PRODUCT_EXPONENT};
 
     /// A W4A16 call's buffers for `p`, stacked from `base` (activations, then weights, then C,
     /// each part 16-byte aligned), as `run_stacked` splits them.
@@ -601,11 +630,13 @@ mod tests {
     }
 
     /// What a consumer thread of the W4A16 kernels computes from the prepacked bytes — thread `q`'s
-    /// 8 bytes of each chunk row, decoder pair `p` (nibbles `p % 4` and `+ 4` of word `p / 4`), the
-    /// scale of block `p / 2` — equals, for the natural column the pair stands for, the matrix's
-    /// `code · scale` (times 2⁻¹⁴ through the f16 decode, 2⁻⁷ through the bf16 one), exactly in
-    /// the 16-bit type; over random matrices whose scales include negative, zero and subnormal
-    /// codes.
+    /// 8 bytes of each chunk row, decoder pair `p` (elements `p % 4` and `+ 4` of word `p / 4`, their
+    /// bits where the decoder reads them), the scale of k-step `p / 2` from the two scale words it
+    /// loads (rows `r` and `r + 8`: k-steps 0, 1 in the first, 2, 3 in the second; f16 half-word
+    /// `j % 2`, bf16 byte `j % 2` for row `r` and `2 + j % 2` for row `r + 8`) — equals, for the
+    /// natural column the pair stands for, the matrix's `code · scale` (times 2⁻¹⁴ through the f16
+    /// decode, 2⁻⁷ through the bf16 one), exactly in the 16-bit type; over random matrices whose
+    /// scales include negative, zero and subnormal codes.
     #[test]
     fn the_kernels_view_of_the_prepacked_weights_is_the_matrix() {
         let mut rng = SplitMix64::new(0x4A16);
@@ -627,33 +658,39 @@ mod tests {
                 }
             }
             let (w, f) = (prepack(&m, Activations::Bf16).unwrap(), prepack(&m, Activations::F16).unwrap());
-            assert_eq!(f.scales, m.scales(), "f16: the scales as given");
             assert_eq!((w.values.len(), w.scales.len()), (m.values().len(), m.scales().len()));
-            // What thread `q` decodes from a prepacked buffer: pair `p` of its 8 bytes (nibbles
-            // `p % 4` and `+ 4` of word `p / 4`), the natural column each value stands for, and
-            // the scale byte of block `p / 2`.
-            let view = |w: &W4a16Weights, i: usize, c: usize, q: u32, p: u32, nibble: u32| {
+            // What thread `q` decodes from a prepacked buffer for row `i`: the code of element
+            // `e` of pair `p`, the natural column it stands for, and the scale byte of k-step
+            // `p / 2`.
+            let view = |w: &W4a16Weights, act: Activations, i: usize, c: usize, q: u32, p: u32, e: u32| {
+                let d = Decoder::of(act);
                 let bytes = &w.values[i * k / 2 + c * 32 + 8 * q as usize..][..8];
                 let word = u32::from_le_bytes(bytes[4 * (p / 4) as usize..][..4].try_into().unwrap());
-                let code = ((word >> (4 * nibble)) & 0xF) as u8;
-                let col = 64 * c + packed_column(q, p / 4, nibble) as usize;
-                (e2m1_to_f32(code) as f64, col, w.scales[blocked_offset(i, 4 * c + (p / 2) as usize, k)])
+                let code = (0..4).fold(0u32, |x, f| x | ((word >> d.source_bit(e, f) & 1) << f)) as u8;
+                let col = 64 * c + packed_column(q, p / 4, e) as usize;
+                let (j, second_row) = ((p / 2) as usize, i % 16 / 8);
+                let word_row = i - 8 * second_row + 8 * (j / 2);
+                let byte = match act {
+                    Activations::F16 => 2 * (j % 2) + second_row,
+                    Activations::Bf16 => j % 2 + 2 * second_row,
+                };
+                (e2m1_to_f32(code) as f64, col, w.scales[blocked_offset(word_row, 4 * c + byte, k)])
             };
             for i in 0..rows {
                 for c in 0..k / 64 {
                     for q in 0..4u32 {
                         for p in 0..8u32 {
-                            for (u, nibble) in [(0, p % 4), (1, p % 4 + 4)] {
+                            for (u, e) in [(0, p % 4), (1, p % 4 + 4)] {
                                 let exact = |col: usize| m.block_scaled_value(i, col) as f64;
                                 // f16: the decoder's value ×2⁻¹⁴ times the e4m3 scale, as W4A4.
-                                let (value, col, sbyte) = view(&f, i, c, q, p, nibble);
+                                let (value, col, sbyte) = view(&f, Activations::F16, i, c, q, p, e);
                                 assert_eq!(col % 2, u, "the pair's low value is its even column");
                                 let via_f16 = value * 2f64.powi(-14) * e4m3_to_f32(sbyte) as f64;
                                 let want = exact(col) * 2f64.powi(-14);
                                 assert_eq!(via_f16, want, "f16: case {case} row {i} col {col}");
                                 assert_eq!(half::f16::from_f64(want).to_f64(), want, "exact in f16");
                                 // bf16: the decoder's value ×2⁻¹²⁶ times the re-encoded scale.
-                                let (value, col, sbyte) = view(&w, i, c, q, p, nibble);
+                                let (value, col, sbyte) = view(&w, Activations::Bf16, i, c, q, p, e);
                                 let via_bf16 = value * 2f64.powi(-126) * bf16(scale_bf16_bits(sbyte));
                                 let want = exact(col) * 2f64.powi(-(BF16_PRODUCT_EXPONENT as i32));
                                 assert_eq!(via_bf16, want, "bf16: case {case} row {i} col {col}");

@@ -127,47 +127,86 @@ fn model_sm90_dequantized_tokens_are_exact() {
     }
 }
 
-/// W4A16 with bf16 activations: every e2m1 code in every nibble decodes to the e2m1 value times
-/// 2⁻¹²⁶ as bf16 (0.5 to the subnormal 2⁻¹²⁷, signs kept, −0 included), other nibbles never
-/// leaking in; every pair of prepacked scale bytes at every position converts to
-/// `|scale| · 2¹¹⁹` in its half (`abi::sm90::w4a16::scale_bf16_bits`); and every code times every
-/// finite e4m3 scale, through the kernel's multiplication by a half, is exactly
-/// `code · |scale| · 2⁻⁷` with the code's sign (the prepack folds the scale's sign into the codes).
+/// W4A16's prepacked decoders, f16 and bf16: every e2m1 code as every element of a word (the
+/// code's bits where `abi::sm90::w4a16::Decoder::source_bit` puts them) decodes to the e2m1 value
+/// times 2⁻¹⁴ as f16, or times 2⁻¹²⁶ as bf16 (0.5 to the subnormal 2⁻¹²⁷), signs kept, −0
+/// included, other elements never leaking in.
 #[test]
-fn model_sm90_bf16_decoder_and_scales_are_exact() {
+fn model_sm90_w4a16_decoders_every_code_every_position() {
+    use nvfp4_gemm_abi::sm90::w4a16::{Decoder, BF16_DECODER, F16_DECODER};
+    use nvfp4_gemm_kernel::ptx::convert::prepacked_e2m1x8_to_16x2;
+    let place = |d: &Decoder, codes: [u32; 8]| {
+        (0..8).fold(0u32, |w, e| (0..4).fold(w, |w, f| w | ((codes[e as usize] >> f & 1) << d.source_bit(e, f))))
+    };
+    for code in 0..16u32 {
+        for pos in 0..8u32 {
+            let codes: [u32; 8] =
+                core::array::from_fn(|p| if p as u32 == pos { code } else { (code + 5 * p as u32 + 3) % 16 });
+            let (wf, wb) = (place(&F16_DECODER, codes), place(&BF16_DECODER, codes));
+            let (f, b) = (prepacked_e2m1x8_to_16x2::<false>(wf), prepacked_e2m1x8_to_16x2::<true>(wb));
+            for e in 0..8u32 {
+                let c = codes[e as usize];
+                let value = e2m1_to_f32(c as u8) as f64;
+                let half_of = |words: [u32; 4]| (words[(e % 4) as usize] >> (16 * (e / 4))) as u16;
+                let got = half::f16::from_bits(half_of(f));
+                assert_eq!(got.to_f64(), value * 2f64.powi(-14), "f16 word {wf:#010x} element {e}");
+                assert_eq!(got.is_sign_negative(), c & 8 != 0, "f16 sign of code {c:#x}");
+                let got = half::bf16::from_bits(half_of(b));
+                assert_eq!(got.to_f64(), value * 2f64.powi(-126), "bf16 word {wb:#010x} element {e}");
+                assert_eq!(got.is_sign_negative(), c & 8 != 0, "bf16 sign of code {c:#x}");
+            }
+        }
+    }
+}
+
+/// W4A16's scale words: for f16 every pair of e4m3 bytes in either half-word converts to both
+/// values (low byte in the low half); for bf16 every pair of prepacked bytes at bytes (0, 2) or
+/// (1, 3), the other bytes anything, converts to `|scale| · 2¹¹⁹` in its half
+/// (`abi::sm90::w4a16::scale_bf16_bits`); and every code times every finite e4m3 scale, through
+/// the kernel's multiplication by a half, is exactly `code · |scale| · 2⁻⁷` with the code's sign
+/// (the prepack folds the scale's sign into the codes).
+#[test]
+fn model_sm90_w4a16_scales_are_exact() {
     use nvfp4_format::codec::e4m3_to_f32;
     use nvfp4_gemm_abi::sm90::w4a16::{prepacked_scale, scale_bf16_bits, BF16_PRODUCT_EXPONENT};
-    use nvfp4_gemm_kernel::ptx::convert::{e2m1x8_to_bf16x2_scaled, e5m3_bytes_to_bf16x2, mul_bf16x2_by_half};
-    for code in 0..16u32 {
-        for pos in 0..8 {
-            let q = (0..8).fold(0u32, |w, p| w | (if p == pos { code } else { (code + 5 * p + 3) % 16 }) << (4 * p));
-            let words = e2m1x8_to_bf16x2_scaled(q);
-            for e in 0..8u32 {
-                let c = (q >> (4 * e)) & 0xF;
-                let got = half::bf16::from_bits((words[(e % 4) as usize] >> (16 * (e / 4))) as u16);
-                assert_eq!(got.to_f64(), e2m1_to_f32(c as u8) as f64 * 2f64.powi(-126), "word {q:#010x} element {e}");
-                assert_eq!(got.is_sign_negative(), c & 8 != 0, "sign of code {c:#x}");
-            }
-        }
-    }
+    use nvfp4_gemm_kernel::ptx::convert::{
+        e4m3x2_half_to_f16x2, e5m3_pair_to_bf16x2, mul_bf16x2_by_half, prepacked_e2m1x8_to_16x2,
+    };
     for b0 in 0..=255u8 {
-        for b1 in (0..=255u8).step_by(5) {
-            for j in 0..4 {
-                let (p0, p1) = (prepacked_scale(b0) as u32, prepacked_scale(b1) as u32);
-                let w0 = p0 << (8 * j) | 0xA5A5_A5A5 & !(0xFF << (8 * j));
-                let w1 = p1 << (8 * j) | 0x5A5A_5A5A & !(0xFF << (8 * j));
-                let both = e5m3_bytes_to_bf16x2(w0, w1, j);
-                assert_eq!(both & 0xFFFF, scale_bf16_bits(p0 as u8) as u32, "bytes {b0:#x} {b1:#x} at {j}");
-                assert_eq!(both >> 16, scale_bf16_bits(p1 as u8) as u32, "bytes {b0:#x} {b1:#x} at {j}");
+        for b1 in (0..=255u8).step_by(3) {
+            let (x0, x1) = (b0 as u32, b1 as u32);
+            let f16_pair = |w: u32| (half::f16::from_bits(w as u16), half::f16::from_bits((w >> 16) as u16));
+            for (w, got) in [
+                (x0 | x1 << 8 | 0xC3A5 << 16, e4m3x2_half_to_f16x2::<false> as fn(u32) -> u32),
+                (0x5AC3 | x0 << 16 | x1 << 24, e4m3x2_half_to_f16x2::<true>),
+            ] {
+                let (lo, hi) = f16_pair(got(w));
+                for (v, b) in [(lo, b0), (hi, b1)] {
+                    let want = e4m3_to_f32(b);
+                    assert!(v.to_f32() == want || (v.is_nan() && want.is_nan()), "f16 bytes {b0:#x} {b1:#x}");
+                }
+            }
+            let (p0, p1) = (prepacked_scale(b0) as u32, prepacked_scale(b1) as u32);
+            for (w, got) in [
+                (p0 | 0xA5 << 8 | p1 << 16 | 0x5A << 24, e5m3_pair_to_bf16x2::<false> as fn(u32) -> u32),
+                (0xC3 | p0 << 8 | 0x3C << 16 | p1 << 24, e5m3_pair_to_bf16x2::<true>),
+            ] {
+                let both = got(w);
+                assert_eq!(both & 0xFFFF, scale_bf16_bits(p0 as u8) as u32, "bf16 bytes {b0:#x} {b1:#x}");
+                assert_eq!(both >> 16, scale_bf16_bits(p1 as u8) as u32, "bf16 bytes {b0:#x} {b1:#x}");
             }
         }
     }
+    // A bf16 word whose every element holds `code`: all 32 bits set as the layout says.
+    let all = |code: u32| {
+        use nvfp4_gemm_abi::sm90::w4a16::BF16_DECODER as D;
+        (0..8).fold(0u32, |w, e| (0..4).fold(w, |w, f| w | ((code >> f & 1) << D.source_bit(e, f))))
+    };
     for byte in (0..=255u8).filter(|b| b & 0x7F != 0x7F) {
         let scale = e4m3_to_f32(byte).abs() as f64;
-        let s = e5m3_bytes_to_bf16x2(prepacked_scale(byte) as u32, 0, 0);
+        let s = e5m3_pair_to_bf16x2::<false>(prepacked_scale(byte) as u32);
         for code in 0..16u32 {
-            let q = code * 0x1111_1111;
-            let product = mul_bf16x2_by_half::<false>(e2m1x8_to_bf16x2_scaled(q)[0], s);
+            let product = mul_bf16x2_by_half::<false>(prepacked_e2m1x8_to_16x2::<true>(all(code))[0], s);
             let got = half::bf16::from_bits(product as u16).to_f64();
             let want = e2m1_to_f32(code as u8) as f64 * scale * 2f64.powi(-(BF16_PRODUCT_EXPONENT as i32));
             // A zero scale's products: its codes are zeroed by the prepack, so only +0 · 2⁹⁷ occurs.

@@ -376,9 +376,30 @@ def test_without_a_driver_the_device_error_is_typed(monkeypatch):
 
 
 def packed_column(q, h, i):
-    """The natural column of nibble ``i`` of word ``h`` of thread ``q`` (docs/w4a16.md §2)."""
+    """The natural column of element ``i`` of word ``h`` of thread ``q`` (docs/w4a16.md §2)."""
     p = 4 * h + i % 4
     return 16 * (p // 2) + 2 * q + 8 * (p % 2) + i // 4
+
+
+# The decoders of docs/w4a16.md §2: the output fields (m, e0, e1, sign) of the low half, and how
+# output word k is made from a prepacked word: as it is, rotated right, or masked and multiplied.
+DECODERS = {
+    False: ([9, 10, 11, 15], [None, ("rot", 3), ("mul", 0x00330033, (6, 8, 15)), ("mul", 0x01C801C8, (3, 12))]),
+    True: ([6, 7, 8, 15], [None, ("rot", 3), ("rot", 6), ("mul", 0x001B001B, (3, 8, 14))]),
+}
+
+
+def source_bit(bf16, i, field):
+    """The bit of a prepacked word that holds bit ``field`` of element ``i``'s code."""
+    fields, steps = DECODERS[bf16]
+    target = fields[field] + 16 * (i // 4)
+    step = steps[i % 4]
+    if step is None:
+        return target
+    if step[0] == "rot":
+        return (target + step[1]) % 32
+    (src,) = [b for b in range(32) if step[1] >> b & 1 and target - b in step[2]]
+    return src
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
@@ -393,31 +414,40 @@ def test_prepack_moves_every_code_where_the_kernel_reads_it(bf16):
     pv, ps = np.frombuffer(pv, dtype=np.uint8), np.frombuffer(ps, dtype=np.uint8)
     assert pv.shape == values.shape and ps.shape == scales.shape
 
-    def scale(r, block):
+    def at(r, block):
         # The blocked layout (docs/format.md): 128-row tiles of 4 scale columns, 512 bytes each.
         rest_k = -(-k // 64)
-        return scales[((r // 128) * rest_k + block // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + block % 4]
+        return ((r // 128) * rest_k + block // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + block % 4
 
     code = lambda buf, r, c: (buf[r * k // 2 + c // 2] >> (4 * (c % 2))) & 15
     for r in range(rows):
         for chunk in range(k // 64):
             for q in range(4):
                 for h in range(2):
+                    start = r * k // 2 + chunk * 32 + 8 * q + 4 * h
+                    word = int.from_bytes(pv[start : start + 4].tobytes(), "little")
                     for i in range(8):
-                        byte = r * k // 2 + chunk * 32 + 8 * q + 4 * h + i // 2
-                        got = (pv[byte] >> (4 * (i % 2))) & 15
+                        got = sum((word >> source_bit(bf16, i, f) & 1) << f for f in range(4))
                         col = chunk * 64 + packed_column(q, h, i)
                         want = code(values, r, col)
-                        s = scale(r, col // 16)
+                        s = scales[at(r, col // 16)]
                         if bf16 and s & 0x7F == 0:
                             want = 0
                         elif bf16 and s & 0x80:
                             want ^= 8
                         assert got == want, (r, col)
-    if bf16:
-        assert not np.array_equal(ps, scales) and (ps[scales == 0] == 0).all()
-    else:
-        assert np.array_equal(ps, scales)
+            # The scale words pair rows r and r + 8 (r % 16 < 8) by k-step j: f16 half-word j % 2,
+            # bf16 bytes j % 2 (row r) and 2 + j % 2 (row r + 8), of row r + 8 * (j // 2)'s word.
+            second = r % 16 // 8
+            for j in range(4):
+                word_row = r - 8 * second + 8 * (j // 2)
+                byte = 2 * (j % 2) + second if not bf16 else j % 2 + 2 * second
+                got = ps[at(word_row, 4 * chunk) + byte]
+                s = scales[at(r, 4 * chunk + j)]
+                if bf16:
+                    assert (got == 0) == (s & 0x7F == 0), (r, chunk, j)
+                else:
+                    assert got == s, (r, chunk, j)
     with pytest.raises(ValueError, match="prepack_w4a16"):
         _native.prepack_w4a16(values.tobytes()[:-1], scales.tobytes(), rows, k, bf16)
 

@@ -11,30 +11,198 @@
 
 use super::config::CHUNK_K;
 
-/// The natural column (0..64) of a 64-wide chunk row that the prepacked format stores in nibble
+/// The natural column (0..64) of a 64-wide chunk row that the prepacked format stores as element
 /// `i` (0..8) of word `h` (0, 1) of consumer thread `q`'s (0..4) 8 bytes (bytes `8q + 4h ..` of
-/// the chunk row, nibble `i` at bits `4i` of the little-endian word).
+/// the chunk row, a little-endian word; where the element's four code bits lie in it:
+/// [`Decoder::source_bit`]).
 ///
-/// The decoder (`ptx::convert::e2m1x8_to_f16x2_scaled`) makes pair `k` of word `h` from nibbles
-/// `k` (low half) and `k + 4` (high half); pair `p = 4h + k` feeds wgmma k-step `p / 2`, register
-/// `2·(p % 2)` (the consumer's fragment order), whose columns for thread `q` are `16·(p/2) + 2q +
-/// 8·(p % 2)` and the next one (PTX ISA, wgmma register fragments for A).
+/// The decoder ([`Decoder`]) makes output word `k` of word `h` from elements `k` (low half) and
+/// `k + 4` (high half); pair `p = 4h + k` feeds wgmma k-step `p / 2`, register `2·(p % 2)` (the
+/// consumer's fragment order), whose columns for thread `q` are `16·(p/2) + 2q + 8·(p % 2)` and
+/// the next one (PTX ISA, wgmma register fragments for A).
 pub const fn packed_column(q: u32, h: u32, i: u32) -> u32 {
     let p = 4 * h + i % 4;
     16 * (p / 2) + 2 * q + 8 * (p % 2) + i / 4
 }
 
-/// Where the prepacked format stores natural column `c` (0..64) of a chunk row: the byte (0..32)
-/// and the nibble's shift in it (0 or 4). The inverse of [`packed_column`].
-pub const fn packed_position(c: u32) -> (u32, u32) {
-    // c = 16j + 2q + 8s + u, p = 2j + s = 4h + k, nibble i = k + 4u.
+/// Where the prepacked format stores natural column `c` (0..64) of a chunk row: `(q, h, i)` of
+/// [`packed_column`], whose inverse this is.
+pub const fn packed_place(c: u32) -> (u32, u32, u32) {
+    // c = 16j + 2q + 8s + u, p = 2j + s = 4h + k, element i = k + 4u.
     let (j, r) = (c / 16, c % 16);
     let (s, r) = (r / 8, r % 8);
     let (q, u) = (r / 2, r % 2);
     let p = 2 * j + s;
-    let (h, k) = (p / 4, p % 4);
-    let i = k + 4 * u;
-    (8 * q + 4 * h + i / 2, 4 * (i % 2))
+    (q, p / 4, p % 4 + 4 * u)
+}
+
+/// How a W4A16 decoder forms output word `k` from a prepacked 32-bit word `w`, before the mask
+/// [`Decoder::keep`] leaves the fields of its two values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordStep {
+    /// `w` itself (one `lop3` in all).
+    Identity,
+    /// `w` rotated right by this many bits (`shf.r.wrap`, then the mask).
+    RotateRight(u32),
+    /// `(w & mask) · multiplier` mod 2³² (`lop3`, `mul.lo`, then the mask): each set bit of the
+    /// multiplier shifts a copy of the masked bits left, and the copies share no bit, so the
+    /// product is their OR (no carries; [`Decoder::copies_are_disjoint`]).
+    MaskMultiply {
+        /// The bits of the word's two values.
+        mask: u32,
+        /// A sum of powers of two, one per shift.
+        multiplier: u32,
+    },
+}
+
+/// A W4A16 weight decoder: each prepacked word (8 e2m1 codes) becomes four 16x2 words, word `k`
+/// holding elements `k` (low half) and `k + 4` (high half) with their code bits moved to
+/// `field_bits` (m, e0, e1, sign; plus 16 in the high half) and every other bit clear. For f16 the
+/// fields are bits 9, 10, 11, 15 (the value times 2⁻¹⁴, 0.5 a subnormal), for bf16 bits 6, 7, 8,
+/// 15 (times 2⁻¹²⁶, 0.5 the subnormal 2⁻¹²⁷). The prepack puts each code bit where its word's
+/// step finds it ([`Decoder::source_bit`]): 8 integer operations per 8 values for bf16, 9 for
+/// f16, where decoding natural nibbles takes 15 and 11 (docs/w4a16.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoder {
+    /// Bit of the m, e0, e1 and sign bits of a code in the low half of an output word.
+    pub field_bits: [u32; 4],
+    /// The step of each output word.
+    pub steps: [WordStep; 4],
+}
+
+/// The f16 decoder: word 0 in place, word 1 rotated, words 2 and 3 by two shifted copies each.
+pub const F16_DECODER: Decoder = Decoder {
+    field_bits: [9, 10, 11, 15],
+    steps: [
+        WordStep::Identity,
+        WordStep::RotateRight(3),
+        WordStep::MaskMultiply { mask: 0x0033_0033, multiplier: (1 << 6) | (1 << 8) | (1 << 15) },
+        WordStep::MaskMultiply { mask: 0x01C8_01C8, multiplier: (1 << 3) | (1 << 12) },
+    ],
+};
+
+/// The bf16 decoder: word 0 in place, words 1 and 2 rotated, word 3 by three shifted copies.
+pub const BF16_DECODER: Decoder = Decoder {
+    field_bits: [6, 7, 8, 15],
+    steps: [
+        WordStep::Identity,
+        WordStep::RotateRight(3),
+        WordStep::RotateRight(6),
+        WordStep::MaskMultiply { mask: 0x001B_001B, multiplier: (1 << 3) | (1 << 8) | (1 << 14) },
+    ],
+};
+
+impl Decoder {
+    /// The decoder of prepacked weights for `activations`.
+    pub const fn of(activations: Activations) -> Decoder {
+        match activations {
+            Activations::F16 => F16_DECODER,
+            Activations::Bf16 => BF16_DECODER,
+        }
+    }
+
+    /// The bits an output word keeps: the four fields of both halves.
+    pub const fn keep(&self) -> u32 {
+        let mut keep = 0;
+        let mut f = 0;
+        while f < 4 {
+            keep |= (1 << self.field_bits[f]) | (1 << (self.field_bits[f] + 16));
+            f += 1;
+        }
+        keep
+    }
+
+    /// Output word `k` of prepacked word `w` (what the kernel computes, as plain arithmetic).
+    pub const fn word(&self, w: u32, k: usize) -> u32 {
+        let moved = match self.steps[k] {
+            WordStep::Identity => w,
+            WordStep::RotateRight(r) => w.rotate_right(r),
+            WordStep::MaskMultiply { mask, multiplier } => (w & mask).wrapping_mul(multiplier),
+        };
+        moved & self.keep()
+    }
+
+    /// The bit of a prepacked word that output word `k` moves to `target` (a bit of
+    /// [`Decoder::keep`]); `None` if none does.
+    const fn source_of(&self, k: usize, target: u32) -> Option<u32> {
+        match self.steps[k] {
+            WordStep::Identity => Some(target),
+            WordStep::RotateRight(r) => Some((target + r) % 32),
+            WordStep::MaskMultiply { mask, multiplier } => {
+                let mut s = 0;
+                while s <= target {
+                    if mask >> s & 1 != 0 && multiplier >> (target - s) & 1 != 0 {
+                        return Some(s);
+                    }
+                    s += 1;
+                }
+                None
+            }
+        }
+    }
+
+    /// The bit of a prepacked word that holds bit `field` (0 m, 1 e0, 2 e1, 3 sign) of element `i`
+    /// (0..8) of the word: the prepack's layout.
+    pub const fn source_bit(&self, i: u32, field: u32) -> u32 {
+        let target = self.field_bits[field as usize] + 16 * (i / 4);
+        match self.source_of((i % 4) as usize, target) {
+            Some(s) => s,
+            None => panic!("a field no step reaches"),
+        }
+    }
+
+    /// For every [`WordStep::MaskMultiply`]: its mask is exactly the bits of its word's two
+    /// values, and the copies the multiplier makes of it share no bit below 32, so the product
+    /// is their OR (no carries) for every word. With the layout a bijection (a host test), the one
+    /// copy that lands on a kept bit carries that field.
+    pub const fn copies_are_disjoint(&self) -> bool {
+        let mut k = 0;
+        while k < 4 {
+            if let WordStep::MaskMultiply { mask, multiplier } = self.steps[k] {
+                let mut sources = 0u32;
+                let mut f = 0;
+                while f < 8 {
+                    sources |= 1 << self.source_bit(k as u32 + 4 * (f / 4), f % 4);
+                    f += 1;
+                }
+                if sources != mask {
+                    return false;
+                }
+                let mut seen = 0u32;
+                let mut t = 0;
+                while t < 32 {
+                    if multiplier >> t & 1 != 0 {
+                        let copy = mask << t;
+                        if copy & seen != 0 {
+                            return false;
+                        }
+                        seen |= copy;
+                    }
+                    t += 1;
+                }
+            }
+            k += 1;
+        }
+        true
+    }
+}
+
+const _: () = assert!(F16_DECODER.copies_are_disjoint() && BF16_DECODER.copies_are_disjoint());
+
+/// The prepacked scale word of row `r` of a 128-row scale block (`r % 16 < 8`: the rows whose
+/// consumer thread also holds row `r + 8`) and of row `r + 8` hold both rows' four chunk scales,
+/// paired for the decoder: byte `b` of the word of row `r + 8·second` (`second` 0 or 1) is the
+/// scale of row `r + 8·row_step` for block `block` of the chunk, `(row_step, block)` as
+/// returned. f16: `[r.0, r8.0, r.1, r8.1]` then `[r.2, r8.2, r.3, r8.3]` — each half-word is the
+/// pair (row `r`, row `r + 8`) of one k-step, converted by one `cvt.rn.f16x2.e4m3x2`; bf16:
+/// `[r.0, r.1, r8.0, r8.1]` then `[r.2, r.3, r8.2, r8.3]` — shifting the word left or right by 4
+/// puts both rows' byte of one k-step under the mask of `scale_bf16_bits`.
+pub const fn scale_source(activations: Activations, second: u32, byte: u32) -> (u32, u32) {
+    let (row_step, block) = match activations {
+        Activations::F16 => (byte % 2, byte / 2),
+        Activations::Bf16 => (byte / 2, byte % 2),
+    };
+    (row_step, 2 * second + block)
 }
 
 /// Columns per chunk row, and bytes.
@@ -140,12 +308,18 @@ pub const fn scale_bf16_bits(byte: u8) -> u16 {
 }
 
 /// Prepacks one chunk row (32 bytes of packed e2m1, natural order: column `2b` in the low nibble
-/// of byte `b`) into `out`, flipping every code's sign when `negate[block]` and zeroing every code
-/// when `zero[block]` (`block` = column / 16).
-pub fn prepack_chunk_row(row: &[u8; CHUNK_BYTES as usize], negate: [bool; 4], zero: [bool; 4]) -> [u8; 32] {
-    let mut out = [0u8; CHUNK_BYTES as usize];
-    let mut c = 0;
-    while c < CHUNK_K {
+/// of byte `b`) for `activations` into `out`: each code's bits where [`Decoder::source_bit`] puts
+/// them in its thread's word ([`packed_place`]), every code's sign flipped when `negate[block]`
+/// and every code zeroed when `zero[block]` (`block` = column / 16).
+pub fn prepack_chunk_row(
+    row: &[u8; CHUNK_BYTES as usize],
+    negate: [bool; 4],
+    zero: [bool; 4],
+    activations: Activations,
+) -> [u8; 32] {
+    let decoder = Decoder::of(activations);
+    let mut words = [0u32; 8];
+    for c in 0..CHUNK_K {
         let mut code = (row[(c / 2) as usize] >> (4 * (c % 2))) & 0xF;
         let block = (c / 16) as usize;
         if zero[block] {
@@ -153,9 +327,14 @@ pub fn prepack_chunk_row(row: &[u8; CHUNK_BYTES as usize], negate: [bool; 4], ze
         } else if negate[block] {
             code ^= 8;
         }
-        let (byte, shift) = packed_position(c);
-        out[byte as usize] |= code << shift;
-        c += 1;
+        let (q, h, i) = packed_place(c);
+        for field in 0..4 {
+            words[(2 * q + h) as usize] |= u32::from(code >> field & 1) << decoder.source_bit(i, field);
+        }
+    }
+    let mut out = [0u8; CHUNK_BYTES as usize];
+    for (w, word) in words.iter().enumerate() {
+        out[4 * w..4 * w + 4].copy_from_slice(&word.to_le_bytes());
     }
     out
 }
@@ -165,7 +344,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn packed_positions_are_a_bijection_and_invert_packed_column() {
+    fn packed_places_are_a_bijection_and_invert_packed_column() {
         let mut seen = [false; 64];
         for q in 0..4 {
             for h in 0..2 {
@@ -173,7 +352,7 @@ mod tests {
                     let c = packed_column(q, h, i);
                     assert!(!seen[c as usize], "column {c} twice");
                     seen[c as usize] = true;
-                    assert_eq!(packed_position(c), (8 * q + 4 * h + i / 2, 4 * (i % 2)), "q {q} h {h} i {i}");
+                    assert_eq!(packed_place(c), (q, h, i), "q {q} h {h} i {i}");
                 }
             }
         }
@@ -250,20 +429,90 @@ mod tests {
         }
     }
 
+    /// Each decoder's layout puts the 32 code bits of a word's 8 elements on distinct bits, and
+    /// decoding any word gives each element's code bits at its fields (both halves), nothing
+    /// else: for every element, every code, the other elements random.
+    #[test]
+    fn decoders_read_every_code_bit_from_the_prepacked_layout() {
+        for (name, d) in [("f16", F16_DECODER), ("bf16", BF16_DECODER)] {
+            let mut used = 0u64;
+            for i in 0..8 {
+                for f in 0..4 {
+                    let b = d.source_bit(i, f);
+                    assert!(b < 32 && used >> b & 1 == 0, "{name}: bit {b} twice");
+                    used |= 1 << b;
+                }
+            }
+            assert_eq!(used, 0xFFFF_FFFF, "{name}");
+            assert!(d.copies_are_disjoint(), "{name}");
+            let place = |codes: [u32; 8]| {
+                (0..8)
+                    .fold(0u32, |w, i| (0..4).fold(w, |w, f| w | ((codes[i as usize] >> f & 1) << d.source_bit(i, f))))
+            };
+            let field = |code: u32| (0..4).fold(0u32, |x, f| x | ((code >> f & 1) << d.field_bits[f as usize]));
+            let mut state = 0x9E37_79B9_7F4A_7C15u64;
+            for i in 0..8u32 {
+                for code in 0..16u32 {
+                    for _ in 0..64 {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let mut codes: [u32; 8] = core::array::from_fn(|e| (state >> (4 * e + 20)) as u32 & 0xF);
+                        codes[i as usize] = code;
+                        let w = place(codes);
+                        for k in 0..4 {
+                            let want = field(codes[k]) | (field(codes[k + 4]) << 16);
+                            assert_eq!(d.word(w, k), want, "{name}: word {k} of {w:#010x}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Scale words: over one 16-row group, every (row, block) byte appears once, the f16 half-words
+    /// and the bf16 shifted bytes pair rows `r` and `r + 8` of one block.
+    #[test]
+    fn scale_words_pair_the_rows_of_one_thread() {
+        for act in [Activations::F16, Activations::Bf16] {
+            let mut seen = [[false; 4]; 2];
+            for second in 0..2 {
+                for byte in 0..4 {
+                    let (r, b) = scale_source(act, second, byte);
+                    assert!(!seen[r as usize][b as usize]);
+                    seen[r as usize][b as usize] = true;
+                }
+            }
+            for j in 0..4 {
+                let (second, half) = (j / 2, j % 2);
+                let bytes = match act {
+                    // Half-word `half`: bytes 2·half, 2·half + 1 (low value first).
+                    Activations::F16 => [2 * half, 2 * half + 1],
+                    // Shifted left (j even) or right by 4: byte `half` and byte `2 + half`.
+                    Activations::Bf16 => [half, 2 + half],
+                };
+                assert_eq!(scale_source(act, second, bytes[0]), (0, j), "{act:?} k-step {j}");
+                assert_eq!(scale_source(act, second, bytes[1]), (1, j), "{act:?} k-step {j}");
+            }
+        }
+    }
+
     #[test]
     fn chunk_rows_move_every_code_and_fold_signs_and_zeros() {
         let row: [u8; 32] = core::array::from_fn(|b| (b as u8).wrapping_mul(37).wrapping_add(11));
         let code = |r: &[u8; 32], c: u32| (r[(c / 2) as usize] >> (4 * (c % 2))) & 0xF;
-        let packed = prepack_chunk_row(&row, [false, true, false, false], [false, false, true, false]);
-        for c in 0..64 {
-            let (byte, shift) = packed_position(c);
-            let got = (packed[byte as usize] >> shift) & 0xF;
-            let want = match c / 16 {
-                1 => code(&row, c) ^ 8,
-                2 => 0,
-                _ => code(&row, c),
-            };
-            assert_eq!(got, want, "column {c}");
+        for act in [Activations::F16, Activations::Bf16] {
+            let d = Decoder::of(act);
+            let packed = prepack_chunk_row(&row, [false, true, false, false], [false, false, true, false], act);
+            for c in 0..64 {
+                let (q, h, i) = packed_place(c);
+                let w = u32::from_le_bytes(packed[(8 * q + 4 * h) as usize..][..4].try_into().unwrap());
+                let got = (0..4).fold(0, |x, f| x | ((w >> d.source_bit(i, f) & 1) << f)) as u8;
+                let want = match c / 16 {
+                    1 => code(&row, c) ^ 8,
+                    2 => 0,
+                    _ => code(&row, c),
+                };
+                assert_eq!(got, want, "{act:?} column {c}");
+            }
         }
     }
 }

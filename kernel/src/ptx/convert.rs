@@ -179,40 +179,100 @@ fn e4m3x2_selected_to_f16x2(a: u32, b: u32, sel: u32) -> u32 {
     d
 }
 
-/// Decodes eight e2m1 values (the nibbles of `q`, element 0 in the low nibble) to four bf16x2
-/// words scaled by 2⁻¹²⁶: word `k` holds elements `k` (low half) and `k + 4` (high half), the
-/// pairs of [`e2m1x8_to_f16x2_scaled`] (W4A16 with bf16 activations, docs/w4a16.md §2).
-///
-/// An e2m1 magnitude `eem` placed at bf16 bits 8..6 is a bf16 with exponent field `ee` and top
-/// mantissa bit `m`: exactly the e2m1 value times 2⁻¹²⁶ (0.5 becomes the subnormal 2⁻¹²⁷); the
-/// sign goes to bit 15. Elements `k` and `k + 4` sit 16 bits apart in `q`, so one shift places
-/// both magnitudes (`6 − 4k` bits) and one both signs (`12 − 4k`); a mask keeps each, an OR joins
-/// them: 15 integer operations per 8 values (the signs of word 3 need no shift). The f16
-/// decoder's trick of one shift per word does not carry over: a sign would have to sit 6 bits
-/// above its magnitude, inside the next nibble.
+/// Decodes one prepacked W4A16 word — eight e2m1 codes with their bits where
+/// `nvfp4_gemm_abi::sm90::w4a16::Decoder::source_bit` puts them — to four 16x2 words, word `k`
+/// holding elements `k` (low half) and `k + 4` (high half): f16 values times 2⁻¹⁴ (bits 9–11 and
+/// 15: exponent field `ee`, top mantissa bit `m`, sign), or (`BF16`) bf16 values times 2⁻¹²⁶
+/// (bits 6–8 and 15; 0.5 is the subnormal 2⁻¹²⁷). Each word is one step of the decoder
+/// (`WordStep`: the word itself, a rotation, or a masked copy times a sum of powers of two, whose
+/// copies share no bit) and one mask: 9 operations per 8 values for f16, 8 for bf16.
 #[inline(always)]
-pub fn e2m1x8_to_bf16x2_scaled(q: u32) -> [u32; 4] {
-    const MAGNITUDE: u32 = 0x01C0_01C0;
-    const SIGN: u32 = 0x8000_8000;
-    [
-        ((q << 6) & MAGNITUDE) | ((q << 12) & SIGN),
-        ((q << 2) & MAGNITUDE) | ((q << 8) & SIGN),
-        ((q >> 2) & MAGNITUDE) | ((q << 4) & SIGN),
-        ((q >> 6) & MAGNITUDE) | (q & SIGN),
-    ]
+pub fn prepacked_e2m1x8_to_16x2<const BF16: bool>(w: u32) -> [u32; 4] {
+    use nvfp4_gemm_abi::sm90::w4a16::{WordStep, BF16_DECODER, F16_DECODER};
+    let d = if BF16 { BF16_DECODER } else { F16_DECODER };
+    let step = |k: usize| match d.steps[k] {
+        WordStep::Identity => w,
+        WordStep::RotateRight(r) => w.rotate_right(r),
+        WordStep::MaskMultiply { mask, multiplier } => mul_lo(w & mask, multiplier),
+    };
+    [step(0) & d.keep(), step(1) & d.keep(), step(2) & d.keep(), step(3) & d.keep()]
 }
 
-/// The prepacked scale bytes `j` (0..4) of `w0` and of `w1` as bf16, `w0`'s in the low half
-/// (`nvfp4_gemm_abi::sm90::w4a16::scale_bf16_bits`: `(byte << 4) + 0x7000` is `|scale| · 2¹¹⁹`):
-/// one `prmt` puts the two bytes at bits 0..7 and 16..23, then the shift, a mask that drops the
-/// other bytes, and the exponent's top bits ORed in (no carry: the fields do not overlap). Times
-/// [`e2m1x8_to_bf16x2_scaled`]'s values (×2⁻¹²⁶) the products are `value · |scale| · 2⁻⁷`, exact in
-/// bf16 (normal, at most 6 significant bits).
+/// `mul.lo.u32 d, a, b;` (PTX ISA, "Integer Arithmetic Instructions: mul"): one `IMAD` on the FMA
+/// pipe, beside the logic pipe's shifts and masks. Written as `asm!` so that LLVM keeps the
+/// multiplication by a constant instead of splitting it into shifts and adds.
 #[inline(always)]
-#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-pub fn e5m3_bytes_to_bf16x2(w0: u32, w1: u32, j: u32) -> u32 {
-    let t = prmt(w0, w1, j | ((j + 4) << 8));
-    ((t << 4) & 0x0FF0_0FF0) | 0x7000_7000
+fn mul_lo(a: u32, b: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("mul.lo.u32 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
+                 options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = a.wrapping_mul(b);
+    d
+}
+
+/// The two e4m3 bytes of half `HIGH` of `w` (a prepacked W4A16 scale word for f16 activations:
+/// rows `r` and `r + 8` of one k-step, `nvfp4_gemm_abi::sm90::w4a16::scale_source`) as f16x2,
+/// the low byte in the low half: one `cvt.rn.f16x2.e4m3x2` (PTX ISA 7.8, sm_89) on the half-word.
+#[inline(always)]
+pub fn e4m3x2_half_to_f16x2<const HIGH: bool>(w: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            if HIGH {
+                asm!("{{", ".reg .b16 l, h;", "mov.b32 {{l, h}}, {w};", "cvt.rn.f16x2.e4m3x2 {d}, h;", "}}",
+                     w = in(reg32) w, d = out(reg32) d, options(pure, nomem, nostack));
+            } else {
+                asm!("{{", ".reg .b16 l, h;", "mov.b32 {{l, h}}, {w};", "cvt.rn.f16x2.e4m3x2 {d}, l;", "}}",
+                     w = in(reg32) w, d = out(reg32) d, options(pure, nomem, nostack));
+            }
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::cvt_f16x2_e4m3x2(if HIGH { (w >> 16) as u16 } else { w as u16 });
+    d
+}
+
+/// The prepacked scale bytes of one k-step in `w` (a W4A16 scale word for bf16 activations:
+/// bytes 0 and 2, or with `HIGH` bytes 1 and 3, `nvfp4_gemm_abi::sm90::w4a16::scale_source`) as
+/// bf16x2, the lower byte's in the low half: the word shifted by 4 (left, or right for `HIGH`),
+/// then one `lop3` keeps the two bytes' bits and ORs in the exponent's top bits
+/// (`nvfp4_gemm_abi::sm90::w4a16::scale_bf16_bits`: `(byte << 4) + 0x7000`, no carry) — the value
+/// `|scale| · 2¹¹⁹`. Times [`prepacked_e2m1x8_to_16x2`]'s bf16 values (×2⁻¹²⁶) the products are
+/// `value · |scale| · 2⁻⁷`, exact in bf16 (normal, at most 6 significant bits).
+#[inline(always)]
+pub fn e5m3_pair_to_bf16x2<const HIGH: bool>(w: u32) -> u32 {
+    let t = if HIGH { w >> 4 } else { w << 4 };
+    and_or(t, 0x0FF0_0FF0, 0x7000_7000)
+}
+
+/// `(a & mask) | bits` as one `lop3.b32 d, a, mask, bits, 0xEA;` (table `(a & b) | c`), kept
+/// from LLVM, which would narrow the constants and leave ptxas two instructions.
+#[inline(always)]
+fn and_or(a: u32, mask: u32, bits: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let d = {
+        let d: u32;
+        // SAFETY: register arithmetic only.
+        unsafe {
+            asm!("lop3.b32 {d}, {a}, {b}, {c}, 0xEA;", d = out(reg32) d, a = in(reg32) a, b = in(reg32) mask,
+                 c = in(reg32) bits, options(pure, nomem, nostack));
+        }
+        d
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let d = model::lop3(a, mask, bits, 0xEA);
+    d
 }
 
 /// `prmt.b32 d, a, b, sel;` (PTX ISA, "Data Movement and Conversion Instructions: prmt", default

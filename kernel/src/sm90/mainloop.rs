@@ -155,25 +155,20 @@ fn dequant16<const HIGH: bool>(w: [u32; 2], s: u32) -> [u32; 8] {
     [m(lo[0], s), m(lo[1], s), m(lo[2], s), m(lo[3], s), m(hi[0], s), m(hi[1], s), m(hi[2], s), m(hi[3], s)]
 }
 
-/// [`dequant16`] with the scale of pair `p` in `s[p / 2]` (one half, `HIGH`): W4A16's prepacked
-/// weights give pair `p` the natural columns of k-step `p / 2`, which lie in scale block `p / 2`
-/// (`nvfp4_gemm_abi::sm90::w4a16::packed_column`). `BF16`: decoded to bf16
-/// (`convert::e2m1x8_to_bf16x2_scaled`, values ×2⁻¹²⁶) and multiplied by bf16 scales
-/// (`convert::e5m3_bytes_to_bf16x2`), the products `value · scale · 2⁻⁷`, exact in bf16.
+/// [`dequant16`] for W4A16's prepacked weights, with the scale of pair `p` in `s[p / 2]` (one
+/// half, `HIGH`): pair `p` holds the natural columns of k-step `p / 2`, which lie in scale block
+/// `p / 2` (`nvfp4_gemm_abi::sm90::w4a16::packed_column`). Decoded by
+/// `convert::prepacked_e2m1x8_to_16x2` (f16 values ×2⁻¹⁴, or `BF16` values ×2⁻¹²⁶) and multiplied
+/// by the scales (f16 e4m3 scales, or bf16 `|scale|·2¹¹⁹`): the products `value · scale · 2⁻¹⁴`
+/// (f16) or `value · |scale| · 2⁻⁷` (bf16), exact in the 16-bit type.
 #[inline(always)]
 fn dequant16_per_step<const HIGH: bool, const BF16: bool>(w: [u32; 2], s: [u32; 4]) -> [u32; 8] {
-    let (lo, hi, m) = if BF16 {
-        (
-            convert::e2m1x8_to_bf16x2_scaled(w[0]),
-            convert::e2m1x8_to_bf16x2_scaled(w[1]),
-            convert::mul_bf16x2_by_half::<HIGH> as fn(u32, u32) -> u32,
-        )
+    let lo = convert::prepacked_e2m1x8_to_16x2::<BF16>(w[0]);
+    let hi = convert::prepacked_e2m1x8_to_16x2::<BF16>(w[1]);
+    let m = if BF16 {
+        convert::mul_bf16x2_by_half::<HIGH> as fn(u32, u32) -> u32
     } else {
-        (
-            convert::e2m1x8_to_f16x2_scaled(w[0]),
-            convert::e2m1x8_to_f16x2_scaled(w[1]),
-            convert::mul_f16x2_by_half::<HIGH> as fn(u32, u32) -> u32,
-        )
+        convert::mul_f16x2_by_half::<HIGH> as fn(u32, u32) -> u32
     };
     [
         m(lo[0], s[0]),
@@ -368,12 +363,24 @@ unsafe fn consume_stage<V: Variant, S: MmaShape>(
                 ahead = load(c + 1);
             }
             // Both rows' block scales, see `dequant16`: block `q` for every pair (the tokens are
-            // permuted so), or in W4A16 block `j` for the pairs of k-step `j` (natural order).
+            // permuted so), or in W4A16 block `j` for the pairs of k-step `j` (natural order),
+            // whose prepacked scale words pair rows `r0` and `r1` of one k-step
+            // (`nvfp4_gemm_abi::sm90::w4a16::scale_source`): k-steps 0, 1 in `sw[0]`, 2, 3 in `sw[1]`.
             let (a0, a1) = if V::W4A16 && V::BF16_ACTIVATIONS {
-                let scales: [u32; 4] = core::array::from_fn(|j| convert::e5m3_bytes_to_bf16x2(sw[0], sw[1], j as u32));
+                let scales = [
+                    convert::e5m3_pair_to_bf16x2::<false>(sw[0]),
+                    convert::e5m3_pair_to_bf16x2::<true>(sw[0]),
+                    convert::e5m3_pair_to_bf16x2::<false>(sw[1]),
+                    convert::e5m3_pair_to_bf16x2::<true>(sw[1]),
+                ];
                 (dequant16_per_step::<false, true>(rw[0], scales), dequant16_per_step::<true, true>(rw[1], scales))
             } else if V::W4A16 {
-                let scales: [u32; 4] = core::array::from_fn(|j| convert::e4m3_bytes_to_f16x2(sw[0], sw[1], j as u32));
+                let scales = [
+                    convert::e4m3x2_half_to_f16x2::<false>(sw[0]),
+                    convert::e4m3x2_half_to_f16x2::<true>(sw[0]),
+                    convert::e4m3x2_half_to_f16x2::<false>(sw[1]),
+                    convert::e4m3x2_half_to_f16x2::<true>(sw[1]),
+                ];
                 (dequant16_per_step::<false, false>(rw[0], scales), dequant16_per_step::<true, false>(rw[1], scales))
             } else {
                 let scales = convert::e4m3_bytes_to_f16x2(sw[0], sw[1], q);

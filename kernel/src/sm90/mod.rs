@@ -67,7 +67,7 @@ trait Variant {
     /// scale blocks (one per k-step) instead of block `q`.
     const W4A16: bool = false;
     /// W4A16 with bf16 activations: the prepacked weights decode to bf16
-    /// (`convert::e2m1x8_to_bf16x2_scaled`, the scales `convert::e5m3_bytes_to_bf16x2`) and the
+    /// (`convert::prepacked_e2m1x8_to_16x2`, the scales `convert::e5m3_pair_to_bf16x2`) and the
     /// MMAs are `wgmma ... .f32.bf16.bf16`.
     const BF16_ACTIVATIONS: bool = false;
     /// The power of two the consumers' products lack, which the epilogue multiplies back:
