@@ -424,21 +424,25 @@ impl Bench {
         };
         let check = reference.as_ref().map(|_| texts.join(" | "));
 
-        step("timing (a) GemmPlan");
-        let t = self.timer.each(3, o.iters, true, &mut || calls.host_sized(&mut gemm, &mut bufs))?;
-        let plan_us = stats(&t, "GemmPlan")?;
-        step("timing (b) MoePlan");
-        let mut moe_times = vec![];
-        for moe in moes.iter_mut() {
-            let t = self.timer.each(3, o.iters, true, &mut || calls.device_sized(moe, &mut bufs))?;
-            moe_times.push(stats(&t, "MoePlan")?);
+        // (a), (b) and (c) alternate in rounds, so that every column sees the same clock: the
+        // H200's speed on these GEMMs drifts by up to ~10% over seconds, which timed one column
+        // after the other shows as a ratio between them.
+        step("timing (a) GemmPlan, (b) MoePlan, (c) graph replay, alternated");
+        const ROUNDS: usize = 5;
+        let per = o.iters.div_ceil(ROUNDS);
+        let (mut t_plan, mut t_moe, mut t_graph) = (vec![], vec![vec![]; moes.len()], vec![vec![]; graphs.len()]);
+        for _ in 0..ROUNDS {
+            t_plan.extend(self.timer.each(1, per, true, &mut || calls.host_sized(&mut gemm, &mut bufs))?);
+            for (moe, t) in moes.iter_mut().zip(t_moe.iter_mut()) {
+                t.extend(self.timer.each(1, per, true, &mut || calls.device_sized(moe, &mut bufs))?);
+            }
+            for (graph, t) in graphs.iter().zip(t_graph.iter_mut()) {
+                t.extend(self.timer.each(1, per, true, &mut || graph.launch().map_err(drv("launching the graph")))?);
+            }
         }
-        step("timing (c) graph replay");
-        let mut graph_times = vec![];
-        for graph in &graphs {
-            let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
-            graph_times.push(stats(&t, "graph replay")?);
-        }
+        let plan_us = stats(&t_plan, "GemmPlan")?;
+        let moe_times = t_moe.iter().map(|t| stats(t, "MoePlan")).collect::<Result<Vec<_>>>()?;
+        let graph_times = t_graph.iter().map(|t| stats(t, "graph replay")).collect::<Result<Vec<_>>>()?;
 
         step("host overhead");
         let (batches, per) = (o.host_batches, o.host_calls);

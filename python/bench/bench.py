@@ -13,7 +13,8 @@ Per shape (b0..b3, the task's generator, `tests/nvfp4_ref.py`):
 Per MoE row (bf16 activations sorted by expert, fp16 out; routing from the Rust bench's
 `moe-routing.json` when --routing names it, else drawn here with the same ranges):
 - moe_us: `MoE.__call__` (quantize + GEMM, sizes on the device), flushed, events, median;
-- graph_us: the same captured once in a CUDA graph and replayed; host_us of the eager call.
+- graph_us: the same captured once in a CUDA graph and replayed, its samples alternated with
+  moe_us's in rounds (the GPU's speed drifts over seconds); host_us of the eager call.
 
 Prints a table and writes `DIR/python-bench.json`.
 """
@@ -33,6 +34,7 @@ import nvfp4_ref  # noqa: E402
 import nvfp4_gemm  # noqa: E402
 
 SHAPES = dict(zip(["b0", "b1", "b2", "b3"], nvfp4_ref.TASK_BENCH))
+MOE_ROUNDS = 5
 MOE = {"m0": (64, (1, 16), 7168, 2048), "m1": (256, (1, 8), 7168, 2048), "m2": (64, (1, 16), 4096, 7168), "m3": (256, (1, 8), 4096, 7168)}
 
 
@@ -55,10 +57,13 @@ class Timer:
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / calls
 
-    def median(self, fn, n, calls=1, warm=3):
+    def samples(self, fn, n, calls=1, warm=3):
         for _ in range(warm):
             self.region(fn, calls)
-        return stats([self.region(fn, calls) for _ in range(n)])
+        return [self.region(fn, calls) for _ in range(n)]
+
+    def median(self, fn, n, calls=1, warm=3):
+        return stats(self.samples(fn, n, calls, warm))
 
 
 def host_us(fn, calls=50, batches=20):
@@ -145,12 +150,18 @@ def bench_moe(name, timer, args):
     ref = x[:rows].double() @ nvfp4_ref.dequant(w[0], plain, n, k).T
     ok = bool(((out[:rows].double() - ref).abs() <= 1e-3 + 1e-3 * ref.abs()).all())
     row = {"name": name, "experts": experts, "n": n, "k": k, "tokens": tokens, "counts": counts, "check": "PASS" if ok else "FAIL"}
-    row["moe_us"] = timer.median(lambda: layer(x, offs, out=out), args.iters)
-    row["host_us"] = host_us(lambda: layer(x, offs, out=out))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         layer(x, offs, out=out)
-    row["graph_us"] = timer.median(graph.replay, args.iters)
+    # Eager calls and graph replays alternate in rounds, so that both columns see the same clock
+    # (the H200's speed on these GEMMs drifts by up to ~10% over seconds).
+    eager, replay = [], []
+    per = max(1, -(-args.iters // MOE_ROUNDS))
+    for _ in range(MOE_ROUNDS):
+        eager += timer.samples(lambda: layer(x, offs, out=out), per, warm=1)
+        replay += timer.samples(graph.replay, per, warm=1)
+    row["moe_us"], row["graph_us"] = stats(eager), stats(replay)
+    row["host_us"] = host_us(lambda: layer(x, offs, out=out))
     row["kernel"] = layer.kernel
     row["weight_bytes"] = w.numel() + ws.numel()
     return row
