@@ -404,7 +404,7 @@ fn setmaxnreg_moves_registers_within_the_cta_pool() {
     let e = run(48, Schedule::default()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Deadlock, "{e}");
     assert!(e.report.contains("setmaxnreg.inc to 232 registers per thread"), "{}", e.report);
-    // Without a register count the model does not check (as before this check existed).
+    // A launch with no register count (0) is not checked: the model has nothing to compare with.
     let mut c = cfg(1, 64, 1024);
     c.registers = 0;
     launch(&c, || warp::setmaxnreg_inc(256)).unwrap();
