@@ -123,6 +123,13 @@ impl Streams {
     }
 }
 
+/// Waits for the null stream, where every plan allocates, zeroes and fills its device memory, so
+/// that the caller's streams (not ordered after it: torch's side streams are non-blocking) find
+/// the plan ready at its first call.
+fn plan_memory_ready(gpu: &nvfp4_gemm::Gpu) -> PyResult<()> {
+    gpu.context().default_stream().synchronize().map_err(|e| CudaError::new_err(e.to_string()))
+}
+
 /// A GPU with this library's kernels and its quantizer (`raw::Nvfp4Device`).
 #[pyclass(module = "nvfp4_gemm._native", frozen)]
 struct Device {
@@ -345,8 +352,7 @@ impl GemmPlan {
         let p = problem(&shapes, bf16)?;
         let gpu = device.dev.gpu();
         let plan = nvfp4_gemm::GemmPlan::new(gpu, p).map_err(py_err)?;
-        // The plan's memory was allocated and zeroed on the null stream: done before any use.
-        gpu.context().default_stream().synchronize().map_err(|e| CudaError::new_err(e.to_string()))?;
+        plan_memory_ready(gpu)?;
         let kernel = plan.summary().kernel.clone();
         let inner = GemmInner { planned: Planned::new(plan, gpu, output_type(bf16)), bound: None };
         Ok(GemmPlan { inner: Mutex::new(inner), groups: shapes.len(), kernel })
@@ -599,8 +605,8 @@ impl MoePlan {
         let problem = moe_problem(groups, n, k, masked, bound, bf16, &weights, &alphas)?;
         let gpu = device.dev.gpu();
         let plan = nvfp4_gemm::MoePlan::new(gpu, problem.clone()).map_err(py_err)?;
+        plan_memory_ready(gpu)?;
         let stream = gpu.context().default_stream();
-        stream.synchronize().map_err(|e| CudaError::new_err(e.to_string()))?;
         let status_address = plan.status().device_ptr(&stream).0;
         let kernel = plan.summary().kernel.clone();
         // On sm_100a the token map holds A's address.
@@ -764,6 +770,7 @@ impl W4a16Plan {
         let p = problem(&shapes, bf16)?;
         let gpu = device.dev.gpu();
         let plan = nvfp4_gemm::w4a16::W4a16Plan::new(gpu, p, activations(bf16_activations)).map_err(py_err)?;
+        plan_memory_ready(gpu)?;
         let kernel = plan.kernel().to_string();
         Ok(W4a16Plan { inner: Mutex::new(Planned::new(plan, gpu, output_type(bf16))), kernel })
     }
@@ -833,6 +840,7 @@ impl W4a16MoePlan {
         let problem = moe_problem(groups, n, k, masked, bound, bf16, &weights, &alphas)?;
         let gpu = device.dev.gpu();
         let plan = nvfp4_gemm::w4a16::W4a16MoePlan::new(gpu, problem, activations(bf16_activations)).map_err(py_err)?;
+        plan_memory_ready(gpu)?;
         let stream = gpu.context().default_stream();
         let status_address = plan.status().device_ptr(&stream).0;
         let kernel = plan.summary().kernel.clone();
