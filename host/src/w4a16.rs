@@ -666,7 +666,7 @@ mod tests {
                 let d = Decoder::of(act);
                 let bytes = &w.values[i * k / 2 + c * 32 + 8 * q as usize..][..8];
                 let word = u32::from_le_bytes(bytes[4 * (p / 4) as usize..][..4].try_into().unwrap());
-                let code = (0..4).fold(0u32, |x, f| x | ((word >> d.source_bit(e, f) & 1) << f)) as u8;
+                let code = d.code(word, e) as u8;
                 let col = 64 * c + packed_column(q, p / 4, e) as usize;
                 let (j, second_row) = ((p / 2) as usize, i % 16 / 8);
                 let word_row = i - 8 * second_row + 8 * (j / 2);

@@ -133,16 +133,13 @@ fn model_sm90_dequantized_tokens_are_exact() {
 /// included, other elements never leaking in.
 #[test]
 fn model_sm90_w4a16_decoders_every_code_every_position() {
-    use nvfp4_gemm_abi::sm90::w4a16::{Decoder, BF16_DECODER, F16_DECODER};
+    use nvfp4_gemm_abi::sm90::w4a16::{BF16_DECODER, F16_DECODER};
     use nvfp4_gemm_kernel::ptx::convert::prepacked_e2m1x8_to_16x2;
-    let place = |d: &Decoder, codes: [u32; 8]| {
-        (0..8).fold(0u32, |w, e| (0..4).fold(w, |w, f| w | ((codes[e as usize] >> f & 1) << d.source_bit(e, f))))
-    };
     for code in 0..16u32 {
         for pos in 0..8u32 {
             let codes: [u32; 8] =
                 core::array::from_fn(|p| if p as u32 == pos { code } else { (code + 5 * p as u32 + 3) % 16 });
-            let (wf, wb) = (place(&F16_DECODER, codes), place(&BF16_DECODER, codes));
+            let (wf, wb) = (F16_DECODER.place(codes), BF16_DECODER.place(codes));
             let (f, b) = (prepacked_e2m1x8_to_16x2::<false>(wf), prepacked_e2m1x8_to_16x2::<true>(wb));
             for e in 0..8u32 {
                 let c = codes[e as usize];
@@ -197,11 +194,8 @@ fn model_sm90_w4a16_scales_are_exact() {
             }
         }
     }
-    // A bf16 word whose every element holds `code`: all 32 bits set as the layout says.
-    let all = |code: u32| {
-        use nvfp4_gemm_abi::sm90::w4a16::BF16_DECODER as D;
-        (0..8).fold(0u32, |w, e| (0..4).fold(w, |w, f| w | ((code >> f & 1) << D.source_bit(e, f))))
-    };
+    // A bf16 word whose every element holds `code`.
+    let all = |code: u32| nvfp4_gemm_abi::sm90::w4a16::BF16_DECODER.place([code; 8]);
     for byte in (0..=255u8).filter(|b| b & 0x7F != 0x7F) {
         let scale = e4m3_to_f32(byte).abs() as f64;
         let s = e5m3_pair_to_bf16x2::<false>(prepacked_scale(byte) as u32);

@@ -144,17 +144,20 @@ def _output(t, rows, n, dtype):
     t.require_aligned()
 
 
-def _group_lists(a, b, a_scales, b_scales, out):
-    lists = {"a": a, "b": b, "a_scales": a_scales, "b_scales": b_scales}
+def _group_lists(lists, out):
+    """Checks that every argument of ``lists`` (name to value; the first one counts the groups)
+    and ``out`` (unless None) is a list of one tensor per group; returns the group count."""
+    lists = dict(lists)
     if out is not None:
         lists["out"] = out
     for name, v in lists.items():
         if not isinstance(v, (list, tuple)):
             raise TypeError(f"{name}: {type(v).__name__}; expected a list with one tensor per group")
-    groups = len(a)
+    first = next(iter(lists))
+    groups = len(lists[first])
     for name, v in lists.items():
         if len(v) != groups:
-            raise ValueError(f"{name}: {len(v)} tensors but `a` has {groups} groups")
+            raise ValueError(f"{name}: {len(v)} tensors but `{first}` has {groups} groups")
     return groups
 
 
@@ -163,7 +166,7 @@ def _collect(a, b, a_scales, b_scales, alpha, out, out_dtype, scale_layout):
     output dtype, the native layer's flat buffer list, alphas (host floats and the device
     tensor's ``(address, length)`` or None), outputs (new ones allocated) and the converted
     scales to keep alive."""
-    groups = _group_lists(a, b, a_scales, b_scales, out)
+    groups = _group_lists({"a": a, "b": b, "a_scales": a_scales, "b_scales": b_scales}, out)
     if out is not None and groups:
         first = describe(out[0], "group 0: `out`")
         dtype = _out_dtype(out_dtype, first.dtype if first.dtype in DENSE else "float16")

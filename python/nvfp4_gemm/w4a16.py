@@ -14,7 +14,17 @@ import collections
 import ctypes
 
 from . import _native
-from ._core import MAX_PLANS, _captured_plan, _lock, _out_dtype, _output, _refuse_in_capture, _values, device
+from ._core import (
+    MAX_PLANS,
+    _captured_plan,
+    _group_lists,
+    _lock,
+    _out_dtype,
+    _output,
+    _refuse_in_capture,
+    _values,
+    device,
+)
 from ._tensors import (
     DENSE,
     SCALES,
@@ -126,16 +136,7 @@ def grouped_gemm(x, b, b_scales, alpha=None, *, out=None, out_dtype=None, stream
     Everything is checked before any launch; the plan is cached per (device, shapes, output and
     activation types). Returns the outputs.
     """
-    lists = {"x": x, "b": b, "b_scales": b_scales}
-    if out is not None:
-        lists["out"] = out
-    for name, v in lists.items():
-        if not isinstance(v, (list, tuple)):
-            raise TypeError(f"{name}: {type(v).__name__}; expected a list with one tensor per group")
-    groups = len(x)
-    for name, v in lists.items():
-        if len(v) != groups:
-            raise ValueError(f"{name}: {len(v)} tensors but `x` has {groups} groups")
+    groups = _group_lists({"x": x, "b": b, "b_scales": b_scales}, out)
     if not groups:
         return []
     tx = [describe(t, f"group {g}: `x`") for g, t in enumerate(x)]

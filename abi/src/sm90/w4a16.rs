@@ -112,7 +112,8 @@ impl Decoder {
         keep
     }
 
-    /// Output word `k` of prepacked word `w` (what the kernel computes, as plain arithmetic).
+    /// Output word `k` of prepacked word `w`, as plain arithmetic (the kernel's
+    /// `convert::prepacked_e2m1x8_to_16x2` does the same with `mul.lo.u32` in `asm!`).
     pub const fn word(&self, w: u32, k: usize) -> u32 {
         let moved = match self.steps[k] {
             WordStep::Identity => w,
@@ -120,6 +121,16 @@ impl Decoder {
             WordStep::MaskMultiply { mask, multiplier } => (w & mask).wrapping_mul(multiplier),
         };
         moved & self.keep()
+    }
+
+    /// The prepacked word of eight codes (`codes[i]`: element `i`'s 4-bit code).
+    pub fn place(&self, codes: [u32; 8]) -> u32 {
+        (0..8u32).fold(0, |w, i| (0..4).fold(w, |w, f| w | ((codes[i as usize] >> f & 1) << self.source_bit(i, f))))
+    }
+
+    /// Element `i`'s 4-bit code in prepacked word `w` (the inverse of [`Decoder::place`]).
+    pub fn code(&self, w: u32, i: u32) -> u32 {
+        (0..4).fold(0, |x, f| x | ((w >> self.source_bit(i, f) & 1) << f))
     }
 
     /// The bit of a prepacked word that output word `k` moves to `target` (a bit of
@@ -318,7 +329,8 @@ pub fn prepack_chunk_row(
     activations: Activations,
 ) -> [u8; 32] {
     let decoder = Decoder::of(activations);
-    let mut words = [0u32; 8];
+    // The codes of each thread's word `2q + h`, by element.
+    let mut codes = [[0u32; 8]; 8];
     for c in 0..CHUNK_K {
         let mut code = (row[(c / 2) as usize] >> (4 * (c % 2))) & 0xF;
         let block = (c / 16) as usize;
@@ -328,13 +340,11 @@ pub fn prepack_chunk_row(
             code ^= 8;
         }
         let (q, h, i) = packed_place(c);
-        for field in 0..4 {
-            words[(2 * q + h) as usize] |= u32::from(code >> field & 1) << decoder.source_bit(i, field);
-        }
+        codes[(2 * q + h) as usize][i as usize] = u32::from(code);
     }
     let mut out = [0u8; CHUNK_BYTES as usize];
-    for (w, word) in words.iter().enumerate() {
-        out[4 * w..4 * w + 4].copy_from_slice(&word.to_le_bytes());
+    for (w, codes) in codes.iter().enumerate() {
+        out[4 * w..4 * w + 4].copy_from_slice(&decoder.place(*codes).to_le_bytes());
     }
     out
 }
@@ -445,10 +455,6 @@ mod tests {
             }
             assert_eq!(used, 0xFFFF_FFFF, "{name}");
             assert!(d.copies_are_disjoint(), "{name}");
-            let place = |codes: [u32; 8]| {
-                (0..8)
-                    .fold(0u32, |w, i| (0..4).fold(w, |w, f| w | ((codes[i as usize] >> f & 1) << d.source_bit(i, f))))
-            };
             let field = |code: u32| (0..4).fold(0u32, |x, f| x | ((code >> f & 1) << d.field_bits[f as usize]));
             let mut state = 0x9E37_79B9_7F4A_7C15u64;
             for i in 0..8u32 {
@@ -457,7 +463,7 @@ mod tests {
                         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                         let mut codes: [u32; 8] = core::array::from_fn(|e| (state >> (4 * e + 20)) as u32 & 0xF);
                         codes[i as usize] = code;
-                        let w = place(codes);
+                        let w = d.place(codes);
                         for k in 0..4 {
                             let want = field(codes[k]) | (field(codes[k + 4]) << 16);
                             assert_eq!(d.word(w, k), want, "{name}: word {k} of {w:#010x}");
@@ -505,7 +511,7 @@ mod tests {
             for c in 0..64 {
                 let (q, h, i) = packed_place(c);
                 let w = u32::from_le_bytes(packed[(8 * q + 4 * h) as usize..][..4].try_into().unwrap());
-                let got = (0..4).fold(0, |x, f| x | ((w >> d.source_bit(i, f) & 1) << f)) as u8;
+                let got = d.code(w, i) as u8;
                 let want = match c / 16 {
                     1 => code(&row, c) ^ 8,
                     2 => 0,
