@@ -29,7 +29,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nvfp4_format::layout::blocked_offset;
 use nvfp4_format::Nvfp4Matrix;
 pub use nvfp4_gemm_abi::sm90::w4a16::Activations;
-use nvfp4_gemm_abi::sm90::w4a16::{prepack_chunk_row, prepacked_scale, scale_source};
+use nvfp4_gemm_abi::sm90::w4a16::{prepack_chunk_row, prepacked_scale, scale_source, Decoder};
 use nvfp4_gemm_abi::sm90::{GemmConfig, GroupParams, CHUNK_K};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use std::sync::Arc;
@@ -63,6 +63,7 @@ pub fn prepack(m: &Nvfp4Matrix, activations: Activations) -> Result<W4a16Weights
         return Err(Error::InvalidProblem(format!("k = {k} is not a multiple of {CHUNK_K}")));
     }
     let chunk_bytes = CHUNK_K as usize / 2;
+    let layout = Decoder::of(activations).layout();
     let mut values = vec![0u8; m.values().len()];
     for i in 0..rows {
         for c in 0..k / CHUNK_K as usize {
@@ -72,7 +73,7 @@ pub fn prepack(m: &Nvfp4Matrix, activations: Activations) -> Result<W4a16Weights
             let fold = activations == Activations::Bf16;
             let negate = core::array::from_fn(|b| fold && scale(b) & 0x80 != 0);
             let zero = core::array::from_fn(|b| fold && scale(b) & 0x7F == 0);
-            values[at..at + chunk_bytes].copy_from_slice(&prepack_chunk_row(row, negate, zero, activations));
+            values[at..at + chunk_bytes].copy_from_slice(&prepack_chunk_row(row, negate, zero, &layout));
         }
     }
     Ok(W4a16Weights {
@@ -663,10 +664,9 @@ mod tests {
             // `e` of pair `p`, the natural column it stands for, and the scale byte of k-step
             // `p / 2`.
             let view = |w: &W4a16Weights, act: Activations, i: usize, c: usize, q: u32, p: u32, e: u32| {
-                let d = Decoder::of(act);
                 let bytes = &w.values[i * k / 2 + c * 32 + 8 * q as usize..][..8];
                 let word = u32::from_le_bytes(bytes[4 * (p / 4) as usize..][..4].try_into().unwrap());
-                let code = d.code(word, e) as u8;
+                let code = Decoder::of(act).layout().code(word, e) as u8;
                 let col = 64 * c + packed_column(q, p / 4, e) as usize;
                 let (j, second_row) = ((p / 2) as usize, i % 16 / 8);
                 let word_row = i - 8 * second_row + 8 * (j / 2);

@@ -139,7 +139,7 @@ fn model_sm90_w4a16_decoders_every_code_every_position() {
         for pos in 0..8u32 {
             let codes: [u32; 8] =
                 core::array::from_fn(|p| if p as u32 == pos { code } else { (code + 5 * p as u32 + 3) % 16 });
-            let (wf, wb) = (F16_DECODER.place(codes), BF16_DECODER.place(codes));
+            let (wf, wb) = (F16_DECODER.layout().place(codes), BF16_DECODER.layout().place(codes));
             let (f, b) = (prepacked_e2m1x8_to_16x2::<false>(wf), prepacked_e2m1x8_to_16x2::<true>(wb));
             for e in 0..8u32 {
                 let c = codes[e as usize];
@@ -195,7 +195,8 @@ fn model_sm90_w4a16_scales_are_exact() {
         }
     }
     // A bf16 word whose every element holds `code`.
-    let all = |code: u32| nvfp4_gemm_abi::sm90::w4a16::BF16_DECODER.place([code; 8]);
+    let layout = nvfp4_gemm_abi::sm90::w4a16::BF16_DECODER.layout();
+    let all = |code: u32| layout.place([code; 8]);
     for byte in (0..=255u8).filter(|b| b & 0x7F != 0x7F) {
         let scale = e4m3_to_f32(byte).abs() as f64;
         let s = e5m3_pair_to_bf16x2::<false>(prepacked_scale(byte) as u32);

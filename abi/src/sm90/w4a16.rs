@@ -123,14 +123,20 @@ impl Decoder {
         moved & self.keep()
     }
 
-    /// The prepacked word of eight codes (`codes[i]`: element `i`'s 4-bit code).
-    pub fn place(&self, codes: [u32; 8]) -> u32 {
-        (0..8u32).fold(0, |w, i| (0..4).fold(w, |w, f| w | ((codes[i as usize] >> f & 1) << self.source_bit(i, f))))
-    }
-
-    /// Element `i`'s 4-bit code in prepacked word `w` (the inverse of [`Decoder::place`]).
-    pub fn code(&self, w: u32, i: u32) -> u32 {
-        (0..4).fold(0, |x, f| x | ((w >> self.source_bit(i, f) & 1) << f))
+    /// Every element's source bits ([`Decoder::source_bit`]), computed once for loops over many
+    /// words.
+    pub const fn layout(&self) -> BitLayout {
+        let mut bits = [[0u32; 4]; 8];
+        let mut i = 0;
+        while i < 8 {
+            let mut f = 0;
+            while f < 4 {
+                bits[i][f] = self.source_bit(i as u32, f as u32);
+                f += 1;
+            }
+            i += 1;
+        }
+        BitLayout { bits }
     }
 
     /// The bit of a prepacked word that output word `k` moves to `target` (a bit of
@@ -199,6 +205,32 @@ impl Decoder {
 }
 
 const _: () = assert!(F16_DECODER.copies_are_disjoint() && BF16_DECODER.copies_are_disjoint());
+
+/// Where a decoder's prepacked word keeps the four code bits of each of its 8 elements
+/// ([`Decoder::layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitLayout {
+    /// `bits[i][field]`: the bit of field `field` (0 m, 1 e0, 2 e1, 3 sign) of element `i`.
+    bits: [[u32; 4]; 8],
+}
+
+impl BitLayout {
+    /// The prepacked word of eight codes (`codes[i]`: element `i`'s 4-bit code).
+    pub fn place(&self, codes: [u32; 8]) -> u32 {
+        let mut w = 0;
+        for (code, bits) in codes.iter().zip(&self.bits) {
+            for (f, bit) in bits.iter().enumerate() {
+                w |= (code >> f & 1) << bit;
+            }
+        }
+        w
+    }
+
+    /// Element `i`'s 4-bit code in prepacked word `w` (the inverse of [`BitLayout::place`]).
+    pub fn code(&self, w: u32, i: u32) -> u32 {
+        self.bits[i as usize].iter().enumerate().fold(0, |x, (f, bit)| x | ((w >> bit & 1) << f))
+    }
+}
 
 /// The prepacked scale word of row `r` of a 128-row scale block (`r % 16 < 8`: the rows whose
 /// consumer thread also holds row `r + 8`) and of row `r + 8` hold both rows' four chunk scales,
@@ -319,16 +351,15 @@ pub const fn scale_bf16_bits(byte: u8) -> u16 {
 }
 
 /// Prepacks one chunk row (32 bytes of packed e2m1, natural order: column `2b` in the low nibble
-/// of byte `b`) for `activations` into `out`: each code's bits where [`Decoder::source_bit`] puts
-/// them in its thread's word ([`packed_place`]), every code's sign flipped when `negate[block]`
-/// and every code zeroed when `zero[block]` (`block` = column / 16).
+/// of byte `b`) into `out`, each code's bits where `layout` (the activation type's
+/// [`Decoder::layout`]) puts them in its thread's word ([`packed_place`]), every code's sign
+/// flipped when `negate[block]` and every code zeroed when `zero[block]` (`block` = column / 16).
 pub fn prepack_chunk_row(
     row: &[u8; CHUNK_BYTES as usize],
     negate: [bool; 4],
     zero: [bool; 4],
-    activations: Activations,
+    layout: &BitLayout,
 ) -> [u8; 32] {
-    let decoder = Decoder::of(activations);
     // The codes of each thread's word `2q + h`, by element.
     let mut codes = [[0u32; 8]; 8];
     for c in 0..CHUNK_K {
@@ -344,7 +375,7 @@ pub fn prepack_chunk_row(
     }
     let mut out = [0u8; CHUNK_BYTES as usize];
     for (w, codes) in codes.iter().enumerate() {
-        out[4 * w..4 * w + 4].copy_from_slice(&decoder.place(*codes).to_le_bytes());
+        out[4 * w..4 * w + 4].copy_from_slice(&layout.place(*codes).to_le_bytes());
     }
     out
 }
@@ -455,6 +486,7 @@ mod tests {
             }
             assert_eq!(used, 0xFFFF_FFFF, "{name}");
             assert!(d.copies_are_disjoint(), "{name}");
+            let layout = d.layout();
             let field = |code: u32| (0..4).fold(0u32, |x, f| x | ((code >> f & 1) << d.field_bits[f as usize]));
             let mut state = 0x9E37_79B9_7F4A_7C15u64;
             for i in 0..8u32 {
@@ -463,7 +495,7 @@ mod tests {
                         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                         let mut codes: [u32; 8] = core::array::from_fn(|e| (state >> (4 * e + 20)) as u32 & 0xF);
                         codes[i as usize] = code;
-                        let w = d.place(codes);
+                        let w = layout.place(codes);
                         for k in 0..4 {
                             let want = field(codes[k]) | (field(codes[k + 4]) << 16);
                             assert_eq!(d.word(w, k), want, "{name}: word {k} of {w:#010x}");
@@ -506,12 +538,12 @@ mod tests {
         let row: [u8; 32] = core::array::from_fn(|b| (b as u8).wrapping_mul(37).wrapping_add(11));
         let code = |r: &[u8; 32], c: u32| (r[(c / 2) as usize] >> (4 * (c % 2))) & 0xF;
         for act in [Activations::F16, Activations::Bf16] {
-            let d = Decoder::of(act);
-            let packed = prepack_chunk_row(&row, [false, true, false, false], [false, false, true, false], act);
+            let layout = Decoder::of(act).layout();
+            let packed = prepack_chunk_row(&row, [false, true, false, false], [false, false, true, false], &layout);
             for c in 0..64 {
                 let (q, h, i) = packed_place(c);
                 let w = u32::from_le_bytes(packed[(8 * q + 4 * h) as usize..][..4].try_into().unwrap());
-                let got = d.code(w, i) as u8;
+                let got = layout.code(w, i) as u8;
                 let want = match c / 16 {
                     1 => code(&row, c) ^ 8,
                     2 => 0,
