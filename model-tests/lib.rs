@@ -14,18 +14,24 @@
 
 use half::{bf16, f16};
 use nvfp4_format::{compare, Group, GroupOutput, GroupShape, HostFloat, InputDistribution, Tolerance};
+use nvfp4_gemm::driver::launch::Start;
 use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
 use nvfp4_gemm::layout::{
-    DeviceSizedLayout, DeviceSizedTables, Sm100DeviceLayout, Sm100Layout, Sm90DeviceLayout, Sm90Layout,
+    encode_tables, schedule_geometry, Launch, Layout, Sm100DeviceLayout, Sm100Layout, Sm90DeviceLayout, Sm90Layout,
+    Tables, WorkList,
 };
 use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers, MoeOptions, MoeTokens};
 use nvfp4_gemm::problem::{BufferView, GroupBuffers};
 use nvfp4_gemm::w4a16::Activations;
-use nvfp4_gemm::{MoeProblem, SizeStatus};
+use nvfp4_gemm::{MoeProblem, SizeStatus, TokenKind};
 use nvfp4_gemm::{OutputType, Problem};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
+use nvfp4_gemm_abi::moe::schedule::Sm100ScheduleParams;
+use nvfp4_gemm_abi::moe::sm90::Sm90ScheduleParams;
 use nvfp4_gemm_abi::sm100::params::GroupParams as Sm100GroupParams;
-use nvfp4_gemm_abi::sm100::params::{KernelLayout, N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
+use nvfp4_gemm_abi::sm100::params::{
+    KernelLayout, KERNELS, N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL,
+};
 use nvfp4_gemm_abi::sm100::{build_work_list, slots_per_m_tile, work_list_len, GroupShape as AbiGroupShape, WorkItem};
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TensorMapSwizzle, TiledMap};
 use nvfp4_gemm_abi::work::KernelParams;
@@ -63,6 +69,11 @@ impl TiledMapEncoder for ModelEncoder {
         )
         .map(TensorMap)
         .map_err(|e| nvfp4_gemm::Error::InvalidProblem(format!("model tensor map {map:?}: {e}")))
+    }
+
+    fn replace_address(&self, map: &mut TensorMap, base: u64) -> nvfp4_gemm::Result<()> {
+        nvfp4_gemm_model::tensor_map::replace_address(&mut map.0, base)
+            .map_err(|e| nvfp4_gemm::Error::InvalidProblem(format!("model tensor map at {base:#x}: {e}")))
     }
 }
 
@@ -177,6 +188,7 @@ impl Operands {
             .iter()
             .enumerate()
             .map(|(g, s)| GroupBuffers {
+                a_kind: TokenKind::Nvfp4,
                 a_values: self.a_values[g].view(self.a_values[g].bytes),
                 a_scales: self.a_scales[g].view(self.a_scales[g].bytes),
                 b_values: self.b_values[g].view(self.b_values[g].bytes),
@@ -363,32 +375,60 @@ pub fn run_sm90_with(
 }
 
 fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
-    use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    let problem = &ops.problem;
-    let workspace = DeviceBuf::zeroed(layout.workspace_bytes);
+    assert_eq!(layout.problem, ops.problem, "the layout plans the operands' problem");
     let buffers = ops.buffers();
-    let (params, maps) = layout.encode_with(&ModelEncoder, problem, &buffers, workspace.addr()).expect("sm90 tables");
-    let work = layout.work.clone();
-    let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
+    run_sm90_host_sized(&layout, &buffers, run)
+}
+
+/// Runs every launch of a host-sized sm_90a `layout` (`sm90_dequant_tokens` when its tokens are
+/// NVFP4, then the GEMM) on `buffers`, over plan memory and tables as the library's plan engine
+/// lays them out ([`PlanTables`]).
+fn run_sm90_host_sized(
+    layout: &Sm90Layout,
+    buffers: &[GroupBuffers],
+    run: &ModelRun,
+) -> Result<Vec<Launched>, Failure> {
+    let tables = PlanTables::new(layout, buffers);
+    let workspace = (tables.workspace.addr(), layout.workspace_bytes as u64);
     let mut launched = vec![];
-    if layout.dequant_grid > 0 {
-        let cfg = launch_config(Arch::Sm90a, layout.dequant, 1, run);
-        launched.push(launch_one("sm90_dequant_tokens", &cfg, layout.dequant, kp, sm90_dequant_tokens)?);
-    }
-    if !work.is_empty() {
-        // The variant the layout chose (the decode one when every group has at most 16 tokens).
-        let name = layout.config.kernel_name();
-        let entry = sm90_entry(name);
-        let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
-        cfg.registers = sm90_registers(name);
-        if layout.dequant_grid > 0 && nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY {
-            // The GEMM may start while the token dequantization still writes the workspace.
-            cfg.predecessor_writes = vec![(workspace.addr(), layout.workspace_bytes as u64)];
+    for l in plan_launches(layout, buffers, &tables) {
+        let gemm = l.kernel != nvfp4_gemm_abi::sm90::DEQUANT_KERNEL;
+        // The GEMM is the variant the layout chose (the decode one when every group has at most
+        // 16 tokens), with its CTAs per SM and register cap.
+        let ctas_per_sm = if gemm { layout.config.ctas_per_sm() } else { 1 };
+        let mut cfg = launch_config(Arch::Sm90a, l.geometry, ctas_per_sm, run);
+        if gemm {
+            cfg.registers = sm90_registers(l.kernel);
+            if l.start == Start::Early {
+                // As the library launches it: the GEMM may start while the token dequantization
+                // still writes the workspace.
+                cfg.predecessor_writes = vec![workspace];
+            }
         }
-        launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
+        launched.push(launch_one(l.kernel, &cfg, l.geometry, kernel_params_of(&l), sm90_entry(l.kernel))?);
     }
-    drop(workspace);
+    drop(tables);
     Ok(launched)
+}
+
+/// `layout`'s launches of `call` over `tables`, as the plan engine makes them.
+pub fn plan_launches<L: Layout>(layout: &L, call: &L::Call, tables: &PlanTables<L::Group>) -> Vec<Launch> {
+    let mut launches = vec![];
+    layout.launches(Some(call), &tables.addresses(), &mut launches);
+    launches
+}
+
+/// The [`KernelParams`] of a launch that takes them (every GEMM and the dequantization).
+fn kernel_params_of(l: &Launch) -> KernelParams {
+    l.params
+        .get::<KernelParams>()
+        .unwrap_or_else(|| panic!("{}: parameters of another type ({:?})", l.kernel, l.params))
+}
+
+/// `problem` with W4A16's `activations` as its tokens (the same shapes and output).
+pub fn w4a16_problem(problem: &Problem, activations: Activations) -> Problem {
+    Problem::with_tokens(problem.groups().to_vec(), problem.output(), TokenKind::Dense(activations))
+        .expect("a valid W4A16 problem")
 }
 
 /// Runs the sm_90a W4A16 GEMM (f16 activations, `nvfp4_gemm::w4a16`) on `ops` as its layout
@@ -396,7 +436,7 @@ fn run_sm90_layout(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result
 /// (exact in f16; A's global scale stays in the group's alpha), its weights B prepacked. The
 /// result compares with the same reference as W4A4's ([`Outputs::check`]).
 pub fn run_sm90_w4a16(ops: &Operands, sm_count: u32, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
-    run_sm90_w4a16_typed(ops, nvfp4_gemm::w4a16::layout(&ops.problem, sm_count), Activations::F16, run)
+    run_sm90_w4a16_typed(ops, Sm90Layout::new(&w4a16_problem(&ops.problem, Activations::F16), sm_count), run)
 }
 
 /// [`run_sm90_w4a16`] with the variant `config` whatever the cost model prefers.
@@ -406,21 +446,24 @@ pub fn run_sm90_w4a16_with(
     config: nvfp4_gemm_abi::sm90::GemmConfig,
     run: &ModelRun,
 ) -> Result<Vec<Launched>, Failure> {
-    let layout = nvfp4_gemm::w4a16::layout_with(&ops.problem, sm_count, config).expect("the variant runs the problem");
-    run_sm90_w4a16_typed(ops, layout, Activations::F16, run)
+    let problem = w4a16_problem(&ops.problem, Activations::F16);
+    let layout = Sm90Layout::with_config(&problem, sm_count, config).expect("the variant runs the problem");
+    run_sm90_w4a16_typed(ops, layout, run)
 }
 
-/// [`run_sm90_w4a16`] on `layout` with `activations` (bf16: A with its block scales applied as
-/// bf16, also exact, and B prepacked for bf16).
-pub fn run_sm90_w4a16_typed(
-    ops: &Operands,
-    layout: Sm90Layout,
-    activations: Activations,
-    run: &ModelRun,
-) -> Result<Vec<Launched>, Failure> {
+/// [`run_sm90_w4a16`] on `layout`, a layout of `ops`' shapes with W4A16 tokens
+/// ([`w4a16_problem`]) of either type (bf16: A with its block scales applied as bf16, also exact,
+/// and B prepacked for bf16).
+pub fn run_sm90_w4a16_typed(ops: &Operands, layout: Sm90Layout, run: &ModelRun) -> Result<Vec<Launched>, Failure> {
     use nvfp4_format::Nvfp4Matrix;
-    use nvfp4_gemm::w4a16::{prepack, tables_with};
-    let problem = &ops.problem;
+    use nvfp4_gemm::w4a16::prepack;
+    let problem = &layout.problem;
+    let TokenKind::Dense(activations) = problem.tokens() else { panic!("not a W4A16 layout: {:?}", problem.tokens()) };
+    assert_eq!(
+        (problem.groups(), problem.output()),
+        (ops.problem.groups(), ops.problem.output()),
+        "the layout plans the operands' shapes"
+    );
     let matrix = |rows: usize, k: usize, v: &DeviceBuf, s: &DeviceBuf| {
         Nvfp4Matrix::new(rows, k, v.bytes()[..rows * k / 2].to_vec(), s.bytes().to_vec(), 1.0).expect("an operand")
     };
@@ -436,23 +479,23 @@ pub fn run_sm90_w4a16_typed(
         b_values.push(DeviceBuf::from_bytes(&w.values));
         b_scales.push(DeviceBuf::from_bytes(&w.scales));
     }
+    // A W4A16 call's buffers: the activations as A (16-bit elements, no scales), the prepacked
+    // weights as B, validated as the library validates them.
     let mut buffers = ops.buffers();
-    for (g, b) in buffers.iter_mut().enumerate() {
+    for (g, (b, s)) in buffers.iter_mut().zip(problem.groups()).enumerate() {
+        b.a_kind = problem.tokens();
+        b.a_values = tokens_bufs[g].view(s.m * s.k);
+        b.a_scales = BufferView { ptr: 0, len: 0 };
         b.b_values = b_values[g].view(b_values[g].bytes);
         b.b_scales = b_scales[g].view(b_scales[g].bytes);
     }
-    let tokens: Vec<u64> = tokens_bufs.iter().map(DeviceBuf::addr).collect();
-    let (params, maps) = tables_with(&layout, &ModelEncoder, problem, &buffers, &tokens).expect("w4a16 tables");
-    let work = layout.work.clone();
-    let kp = layout.kernel_params(params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
-    let mut launched = vec![];
-    if !work.is_empty() {
-        let name = nvfp4_gemm::w4a16::kernel_name(&layout, activations);
-        let entry = sm90_entry(name);
-        let mut cfg = launch_config(Arch::Sm90a, layout.gemm, layout.config.ctas_per_sm(), run);
-        cfg.registers = sm90_registers(name);
-        launched.push(launch_one(name, &cfg, layout.gemm, kp, entry)?);
-    }
+    nvfp4_gemm::problem::validate_buffers(problem, &buffers).expect("valid W4A16 buffers");
+    let launched = run_sm90_host_sized(&layout, &buffers, run)?;
+    assert!(
+        launched.iter().all(|l| l.kernel == layout.gemm_kernel()),
+        "a W4A16 call runs its GEMM alone: {:?}",
+        launched.iter().map(|l| l.kernel).collect::<Vec<_>>()
+    );
     drop((tokens_bufs, b_values, b_scales));
     Ok(launched)
 }
@@ -531,19 +574,23 @@ pub fn run_sm100_with(
     run: &ModelRun,
     edit: impl FnOnce(&mut Sm100Layout),
 ) -> Result<Vec<Launched>, Failure> {
-    let problem = &ops.problem;
-    let mut layout = Sm100Layout::new(problem, |k| residency.of(k)).expect("sm100 layout");
+    let mut layout = Sm100Layout::new(&ops.problem, |k| residency.of(k)).expect("sm100 layout");
     edit(&mut layout);
     let buffers = ops.buffers();
-    let (params, maps) = layout.encode_with(&ModelEncoder, problem, &buffers).expect("sm100 tables");
+    let tables = PlanTables::new(&layout, &buffers[..]);
     let mut launched = vec![];
-    for (i, l) in layout.launches.iter().enumerate() {
-        let work = l.work.clone();
-        let kp = layout.kernel_params(i, params.as_ptr() as u64, maps.as_ptr() as u64, work.as_ptr() as u64, problem);
-        let cfg = launch_config(Arch::Sm100a, l.geometry, l.kernel.config().max_ctas_per_sm(), run);
-        launched.push(launch_one(l.kernel.kernel_name(), &cfg, l.geometry, kp, sm100_entry(l.kernel))?);
+    for l in plan_launches(&layout, &buffers[..], &tables) {
+        let kernel = sm100_kernel(l.kernel);
+        let cfg = launch_config(Arch::Sm100a, l.geometry, kernel.config().max_ctas_per_sm(), run);
+        launched.push(launch_one(l.kernel, &cfg, l.geometry, kernel_params_of(&l), sm100_entry(kernel))?);
     }
+    drop(tables);
     Ok(launched)
+}
+
+/// The sm_100a GEMM variant exported as `name`.
+pub fn sm100_kernel(name: &str) -> KernelLayout {
+    KERNELS.into_iter().find(|k| k.kernel_name() == name).unwrap_or_else(|| panic!("no sm_100a GEMM kernel {name}"))
 }
 
 /// Random groups of `shapes` (competition distribution unless `dist` says otherwise).
@@ -785,8 +832,14 @@ impl MoeOperands {
             weights: inputs.weights.iter().map(|(v, s)| (v.view(v.bytes), s.view(s.bytes))).collect(),
             ..self.buffers()
         };
-        validate_moe_buffers(&self.problem, &b).expect("valid buffers");
+        validate_moe_buffers(&self.w4a16_problem(inputs.kind), &b).expect("valid buffers");
         b
+    }
+
+    /// The problem with W4A16's `kind` activations as its tokens (the same bounds, N, K and
+    /// output).
+    pub fn w4a16_problem(&self, kind: Activations) -> MoeProblem {
+        self.problem.clone().with_tokens(TokenKind::Dense(kind))
     }
 }
 
@@ -805,15 +858,18 @@ pub struct ScheduleOutcome<G> {
     pub status: u32,
 }
 
-/// The tables of a device-sized plan (either architecture) in "device" memory: the group table
-/// and maps as the library's layout encodes them (with the model's encoder), and the words the
-/// scheduler writes (the list filled with `u32::MAX` so that unwritten items show).
-pub struct MoeTables<G> {
+/// A plan's memory (either architecture, host- or device-sized) in "device" memory, laid out as
+/// the library's plan engine asks for it (`Layout::memory`): the group table and maps as
+/// `encode_tables` writes them for the call (with the model's encoder: the maps no call changes,
+/// then the call's group entries and map addresses), the work lists (host-built ones as the layout
+/// gives them; a list a scheduler writes filled with `u32::MAX` so that unwritten items show),
+/// the work-length and status words, the scheduler's scratch and the sm_90a token workspace.
+pub struct PlanTables<G> {
     /// The group table.
     pub groups: Vec<G>,
     /// The tensor maps.
     pub maps: Vec<TensorMap>,
-    work: DeviceBuf,
+    work: [DeviceBuf; 2],
     work_len: DeviceBuf,
     status: DeviceBuf,
     ranks: DeviceBuf,
@@ -821,33 +877,48 @@ pub struct MoeTables<G> {
     pub workspace: DeviceBuf,
 }
 
-impl<G: Copy> MoeTables<G> {
-    /// The tables `layout` asks for, encoded for `buffers`.
-    pub fn new<L: DeviceSizedLayout<Group = G>>(layout: &L, problem: &MoeProblem, buffers: &MoeBuffers) -> Self {
-        let sizes = layout.table_sizes();
-        let mut work = DeviceBuf::zeroed(sizes.work_items.max(1) * std::mem::size_of::<WorkItem>());
-        work.bytes_mut().fill(0xff);
-        let mut tables = MoeTables {
-            groups: vec![],
-            maps: vec![],
+/// The tables of a device-sized plan.
+pub type MoeTables<G> = PlanTables<G>;
+
+impl<G: Copy + Default> PlanTables<G> {
+    /// The memory `layout` asks for, its tables encoded for `call`.
+    pub fn new<L: Layout<Group = G>>(layout: &L, call: &L::Call) -> Self {
+        let memory = layout.memory();
+        let work = [0, 1].map(|i| match &memory.work[i] {
+            WorkList::Items(items) => DeviceBuf::from_bytes(items),
+            WorkList::Capacity(bytes) => {
+                let mut list = DeviceBuf::zeroed((*bytes).max(16));
+                list.bytes_mut().fill(0xff);
+                list
+            }
+            WorkList::None => DeviceBuf::zeroed(16),
+        });
+        let mut tables = PlanTables {
+            // Allocated before the encoding, so that the addresses it is given are final.
+            groups: vec![G::default(); memory.groups],
+            maps: vec![TensorMap::ZERO; memory.maps],
             work,
             work_len: DeviceBuf::zeroed(8),
             status: DeviceBuf::zeroed(4),
-            ranks: DeviceBuf::zeroed(4 * sizes.ranks.max(1)),
-            workspace: DeviceBuf::zeroed(sizes.workspace_bytes.max(16)),
+            ranks: DeviceBuf::zeroed(4 * memory.ranks.max(1)),
+            workspace: DeviceBuf::zeroed(memory.workspace_bytes.max(16)),
         };
         let (groups, maps) =
-            layout.encode_with(&ModelEncoder, problem, buffers, &tables.addresses()).expect("device-sized tables");
-        (tables.groups, tables.maps) = (groups, maps);
+            encode_tables(layout, &ModelEncoder, call, &tables.addresses()).expect("the plan's tables");
+        assert_eq!((groups.len(), maps.len()), (memory.groups, memory.maps), "tables of the sizes `memory` gives");
+        tables.groups.copy_from_slice(&groups);
+        tables.maps.copy_from_slice(&maps);
         tables
     }
+}
 
+impl<G: Copy> PlanTables<G> {
     /// Their addresses.
-    pub fn addresses(&self) -> DeviceSizedTables {
-        DeviceSizedTables {
+    pub fn addresses(&self) -> Tables {
+        Tables {
             groups: self.groups.as_ptr() as u64,
             maps: self.maps.as_ptr() as u64,
-            work: self.work.addr(),
+            work: [self.work[0].addr(), self.work[1].addr()],
             work_len: [self.work_len.addr(), self.work_len.addr() + 4],
             status: self.status.addr(),
             ranks: self.ranks.addr(),
@@ -860,8 +931,7 @@ impl<G: Copy> MoeTables<G> {
         let word = |b: &[u8], i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
         let work_lens = [word(self.work_len.bytes(), 0), word(self.work_len.bytes(), 1)];
         let work_len = work_lens[0].max(work_lens[1]);
-        let items: Vec<WorkItem> = self
-            .work
+        let items: Vec<WorkItem> = self.work[0]
             .bytes()
             .chunks_exact(12)
             .take(work_len as usize)
@@ -896,37 +966,54 @@ pub fn expected_device_list(layout: &Sm100DeviceLayout, problem: &MoeProblem, ro
     list
 }
 
-/// Runs `layout`'s scheduler (`entry`) in the model on `tables`.
-pub fn run_schedule<L: DeviceSizedLayout>(
-    layout: &L,
-    problem: &MoeProblem,
-    buffers: &MoeBuffers,
-    tables: &MoeTables<L::Group>,
-    run: &ModelRun,
-    entry: unsafe fn(L::Schedule),
-) -> Result<Launched, Failure>
-where
-    L::Schedule: Sync,
-{
-    let sp = layout.schedule_params(problem, buffers, &tables.addresses());
-    let geometry = L::schedule_geometry(problem.groups() as u32);
-    let cfg = launch_config(model_arch(L::ARCH), geometry, 1, run);
-    // SAFETY: the parameters point at live tables sized by the layout, and at the validated
-    // buffers; the model checks every device access.
-    nvfp4_gemm_model::launch(&cfg, || unsafe { entry(sp) })
-        .map(|stats| Launched { kernel: L::SCHEDULE, geometry, stats })
-        .map_err(|error| Failure { kernel: L::SCHEDULE, error })
+/// The scheduler's launch, the first of a device-sized plan's `launches`: `name`, one CTA with
+/// the shared memory for `groups` groups.
+fn scheduler_launch(launches: &[Launch], name: &str, groups: u32) -> Launch {
+    let l = *launches.first().expect("a device-sized plan launches its scheduler first");
+    assert_eq!((l.kernel, l.geometry), (name, schedule_geometry(groups)), "the first launch is the scheduler");
+    l
 }
 
-/// Runs `sm100_schedule` in the model for `ops`' sizes, as [`Sm100DeviceLayout`] plans it.
+/// Runs the scheduler launch `l` (`entry` with `params`, its parameters) in the model.
+fn run_scheduler<S: Copy + Sync>(
+    arch: nvfp4_gemm::Arch,
+    l: &Launch,
+    params: S,
+    run: &ModelRun,
+    entry: unsafe fn(S),
+) -> Result<Launched, Failure> {
+    let (kernel, geometry) = (l.kernel, l.geometry);
+    let cfg = launch_config(model_arch(arch), geometry, 1, run);
+    // SAFETY: the parameters point at live tables sized by the layout, and at the validated
+    // buffers; the model checks every device access.
+    nvfp4_gemm_model::launch(&cfg, || unsafe { entry(params) })
+        .map(|stats| Launched { kernel, geometry, stats })
+        .map_err(|error| Failure { kernel, error })
+}
+
+/// Runs `sm100_schedule` in the model for `buffers`' sizes, as [`Sm100DeviceLayout`] launches it
+/// (the first launch of its call) on `tables`.
 pub fn run_sm100_schedule(
     layout: &Sm100DeviceLayout,
-    problem: &MoeProblem,
     buffers: &MoeBuffers,
     tables: &MoeTables<Sm100GroupParams>,
     run: &ModelRun,
 ) -> Result<Launched, Failure> {
-    run_schedule(layout, problem, buffers, tables, run, nvfp4_gemm_kernel::sm100::schedule::sm100_schedule)
+    let launches = plan_launches(layout, buffers, tables);
+    run_sm100_schedule_launch(layout, buffers, tables, &launches, run)
+}
+
+fn run_sm100_schedule_launch(
+    layout: &Sm100DeviceLayout,
+    buffers: &MoeBuffers,
+    tables: &MoeTables<Sm100GroupParams>,
+    launches: &[Launch],
+    run: &ModelRun,
+) -> Result<Launched, Failure> {
+    let l = scheduler_launch(launches, "sm100_schedule", layout.problem.groups() as u32);
+    let params = l.params.get::<Sm100ScheduleParams>().expect("sm100_schedule's parameters");
+    assert_eq!(params, layout.schedule_params(buffers, &tables.addresses()));
+    run_scheduler(Sm100DeviceLayout::ARCH, &l, params, run, nvfp4_gemm_kernel::sm100::schedule::sm100_schedule)
 }
 
 /// Runs a device-sized sm_100a call in the model: the scheduler, then the GEMM variant the layout
@@ -936,14 +1023,16 @@ pub fn run_sm100_moe(
     residency: Residency,
     run: &ModelRun,
 ) -> Result<(Vec<Launched>, ScheduleOutcome<Sm100GroupParams>, Sm100DeviceLayout), Failure> {
-    let problem = &ops.problem;
-    let layout = Sm100DeviceLayout::new(problem, |k| residency.of(k)).expect("sm100 device layout");
+    let layout = Sm100DeviceLayout::new(&ops.problem, |k| residency.of(k)).expect("sm100 device layout");
     let buffers = ops.buffers();
-    let tables = MoeTables::new(&layout, problem, &buffers);
-    let mut launched = vec![run_sm100_schedule(&layout, problem, &buffers, &tables, run)?];
-    for l in layout.launches(&tables.addresses(), problem.output()) {
-        let cfg = launch_config(Arch::Sm100a, l.geometry, layout.kernel.config().max_ctas_per_sm(), run);
-        launched.push(launch_one(l.kernel, &cfg, l.geometry, l.params, sm100_entry(layout.kernel))?);
+    let tables = MoeTables::new(&layout, &buffers);
+    let launches = plan_launches(&layout, &buffers, &tables);
+    let mut launched = vec![run_sm100_schedule_launch(&layout, &buffers, &tables, &launches, run)?];
+    for l in &launches[1..] {
+        let kernel = sm100_kernel(l.kernel);
+        assert_eq!(kernel, layout.kernel, "the GEMM the layout chose");
+        let cfg = launch_config(Arch::Sm100a, l.geometry, kernel.config().max_ctas_per_sm(), run);
+        launched.push(launch_one(l.kernel, &cfg, l.geometry, kernel_params_of(l), sm100_entry(kernel))?);
     }
     Ok((launched, tables.outcome(), layout))
 }
@@ -997,15 +1086,29 @@ pub fn schedule_only_buffers(problem: &MoeProblem, sizes: &[u32]) -> (DeviceBuf,
     (sizes_buf, buffers)
 }
 
-/// Runs `sm90_schedule` in the model for `ops`' sizes, as `layout` plans it.
+/// Runs `sm90_schedule` in the model for `buffers`' sizes, as `layout` launches it (the first
+/// launch of its call) on `tables`.
 pub fn run_sm90_schedule(
     layout: &Sm90DeviceLayout,
-    problem: &MoeProblem,
     buffers: &MoeBuffers,
     tables: &MoeTables<nvfp4_gemm_abi::sm90::GroupParams>,
     run: &ModelRun,
 ) -> Result<Launched, Failure> {
-    run_schedule(layout, problem, buffers, tables, run, nvfp4_gemm_kernel::sm90::schedule::sm90_schedule)
+    let launches = plan_launches(layout, buffers, tables);
+    run_sm90_schedule_launch(layout, buffers, tables, &launches, run)
+}
+
+fn run_sm90_schedule_launch(
+    layout: &Sm90DeviceLayout,
+    buffers: &MoeBuffers,
+    tables: &MoeTables<nvfp4_gemm_abi::sm90::GroupParams>,
+    launches: &[Launch],
+    run: &ModelRun,
+) -> Result<Launched, Failure> {
+    let l = scheduler_launch(launches, "sm90_schedule", layout.problem.groups() as u32);
+    let params = l.params.get::<Sm90ScheduleParams>().expect("sm90_schedule's parameters");
+    assert_eq!(params, layout.schedule_params(buffers, &tables.addresses()));
+    run_scheduler(Sm90DeviceLayout::ARCH, &l, params, run, nvfp4_gemm_kernel::sm90::schedule::sm90_schedule)
 }
 
 /// What a device-sized sm_90a call in the model returns: what ran, what the scheduler wrote, and
@@ -1022,12 +1125,12 @@ pub fn run_sm90_moe(
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
     let layout = Sm90DeviceLayout::new(&ops.problem, sm_count, options).expect("sm90 device layout");
-    run_sm90_device_sized(&ops.problem, layout, &ops.buffers(), run)
+    run_sm90_device_sized(layout, &ops.buffers(), run)
 }
 
-/// [`run_sm90_moe`] for W4A16 ([`Sm90DeviceLayout::w4a16`], `inputs`' activation type):
-/// `sm90_schedule`, then the W4A16 GEMMs on `inputs` ([`MoeOperands::w4a16_inputs`]), no
-/// dequantization.
+/// [`run_sm90_moe`] for W4A16 (the layout of [`MoeOperands::w4a16_problem`], `inputs`'
+/// activation type): `sm90_schedule`, then the W4A16 GEMMs on `inputs`
+/// ([`MoeOperands::w4a16_inputs`]), no dequantization.
 pub fn run_sm90_moe_w4a16(
     ops: &MoeOperands,
     inputs: &W4a16MoeInputs,
@@ -1035,29 +1138,30 @@ pub fn run_sm90_moe_w4a16(
     options: &MoeOptions,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let layout = Sm90DeviceLayout::w4a16(&ops.problem, sm_count, options, inputs.kind).expect("w4a16 layout");
-    run_sm90_device_sized(&ops.problem, layout, &ops.w4a16_buffers(inputs), run)
+    let layout = Sm90DeviceLayout::new(&ops.w4a16_problem(inputs.kind), sm_count, options).expect("w4a16 layout");
+    assert_eq!(layout.activations, Some(inputs.kind));
+    run_sm90_device_sized(layout, &ops.w4a16_buffers(inputs), run)
 }
 
 fn run_sm90_device_sized(
-    problem: &MoeProblem,
     layout: Sm90DeviceLayout,
     buffers: &MoeBuffers,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let tables = MoeTables::new(&layout, problem, buffers);
-    let mut launched = vec![run_sm90_schedule(&layout, problem, buffers, &tables, run)?];
+    let tables = MoeTables::new(&layout, buffers);
+    let launches = plan_launches(&layout, buffers, &tables);
+    let mut launched = vec![run_sm90_schedule_launch(&layout, buffers, &tables, &launches, run)?];
     // The schedule as it was before the other kernels ran (the dequantization writes nothing the
     // scheduler wrote; the outcome is read now so that a fault later still shows it).
     let outcome = tables.outcome();
     let workspace = (tables.workspace.addr(), layout.workspace_bytes as u64);
-    for l in layout.launches(&tables.addresses(), problem.output()) {
-        let gemm = l.kernel != "sm90_dequant_tokens";
+    for l in &launches[1..] {
+        let gemm = l.kernel != nvfp4_gemm_abi::sm90::DEQUANT_KERNEL;
         let ctas_per_sm = if l.kernel.ends_with("_decode") { 2 } else { 1 };
         let mut cfg = launch_config(Arch::Sm90a, l.geometry, ctas_per_sm, run);
         if gemm {
             cfg.registers = sm90_registers(l.kernel);
-            if nvfp4_gemm_abi::sm90::GEMM_STARTS_EARLY && layout.activations.is_none() {
+            if l.start == Start::Early && layout.activations.is_none() {
                 // As the library launches it: while the launch before may still write the
                 // workspace (the dequantization, or for the second GEMM the chain through the
                 // first). W4A16 GEMMs read nothing a launch of the call writes but the
@@ -1065,8 +1169,9 @@ fn run_sm90_device_sized(
                 cfg.predecessor_writes = vec![workspace];
             }
         }
-        launched.push(launch_one(l.kernel, &cfg, l.geometry, l.params, sm90_entry(l.kernel))?);
+        launched.push(launch_one(l.kernel, &cfg, l.geometry, kernel_params_of(l), sm90_entry(l.kernel))?);
     }
+    drop(tables);
     Ok((launched, outcome, layout))
 }
 

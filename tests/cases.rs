@@ -185,7 +185,7 @@ pub fn empty_groups_and_bad_buffers(test: &str, arch: Arch) {
     // Only the empty group: nothing to do, nothing written.
     let mut empty = GemmPlan::new(&gpu, Problem::new(vec![shapes[0]], OutputType::F16).unwrap()).unwrap();
     let mut args =
-        vec![GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 }];
+        vec![GroupArgs { a: dev[0].0.operand().into(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 }];
     empty.run(&stream, &mut args).unwrap();
     drop(args);
     stream.synchronize().unwrap();
@@ -196,8 +196,8 @@ pub fn empty_groups_and_bad_buffers(test: &str, arch: Arch) {
     let mut short = stream.clone_htod(&vec![poison; 23 * 136]).unwrap();
     {
         let mut args = vec![
-            GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
-            GroupArgs { a: dev[1].0.operand(), b: dev[1].1.operand(), c: Output::F16(&mut short), alpha: 1.0 },
+            GroupArgs { a: dev[0].0.operand().into(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
+            GroupArgs { a: dev[1].0.operand().into(), b: dev[1].1.operand(), c: Output::F16(&mut short), alpha: 1.0 },
         ];
         let err = plan.run(&stream, &mut args).unwrap_err();
         assert!(matches!(err, Error::InvalidGroup { group: 1, field: "c", .. }), "{err}");
@@ -208,8 +208,13 @@ pub fn empty_groups_and_bad_buffers(test: &str, arch: Arch) {
     let mut wrong_type = stream.clone_htod(&vec![bf16::from_bits(crate::POISON); 24 * 136]).unwrap();
     {
         let mut args = vec![
-            GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
-            GroupArgs { a: dev[1].0.operand(), b: dev[1].1.operand(), c: Output::Bf16(&mut wrong_type), alpha: 1.0 },
+            GroupArgs { a: dev[0].0.operand().into(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
+            GroupArgs {
+                a: dev[1].0.operand().into(),
+                b: dev[1].1.operand(),
+                c: Output::Bf16(&mut wrong_type),
+                alpha: 1.0,
+            },
         ];
         let err = plan.run(&stream, &mut args).unwrap_err();
         assert!(matches!(err, Error::InvalidGroup { group: 1, field: "c", .. }), "{err}");
@@ -219,8 +224,8 @@ pub fn empty_groups_and_bad_buffers(test: &str, arch: Arch) {
     {
         let b = nvfp4_gemm::Nvfp4Operand { values: &short_b, scales: &dev[1].1.scales };
         let mut args = vec![
-            GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
-            GroupArgs { a: dev[1].0.operand(), b, c: Output::F16(&mut c1), alpha: 1.0 },
+            GroupArgs { a: dev[0].0.operand().into(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
+            GroupArgs { a: dev[1].0.operand().into(), b, c: Output::F16(&mut c1), alpha: 1.0 },
         ];
         let err = plan.run(&stream, &mut args).unwrap_err();
         assert!(matches!(err, Error::InvalidGroup { group: 1, field: "b.values", .. }), "{err}");
@@ -230,8 +235,8 @@ pub fn empty_groups_and_bad_buffers(test: &str, arch: Arch) {
     assert!(untouched(&c0), "an empty group's C was written");
     {
         let mut args = vec![
-            GroupArgs { a: dev[0].0.operand(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
-            GroupArgs { a: dev[1].0.operand(), b: dev[1].1.operand(), c: Output::F16(&mut c1), alpha: 1.0 },
+            GroupArgs { a: dev[0].0.operand().into(), b: dev[0].1.operand(), c: Output::F16(&mut c0), alpha: 1.0 },
+            GroupArgs { a: dev[1].0.operand().into(), b: dev[1].1.operand(), c: Output::F16(&mut c1), alpha: 1.0 },
         ];
         plan.run(&stream, &mut args).unwrap();
     }
@@ -285,7 +290,7 @@ pub fn stacked_buffers(test: &str, arch: Arch) {
             let values = a_values.slice(..a_values.len() - usize::from(short));
             let mut view = c.slice_mut(GUARD..GUARD + total.c_elements);
             let mut args = StackedArgs {
-                a: Nvfp4Operand { values: &values, scales: &a_scales },
+                a: Nvfp4Operand { values: &values, scales: &a_scales }.into(),
                 b: Nvfp4Operand { values: &b_values, scales: &b_scales },
                 c: Output::F16(&mut view),
                 alphas,

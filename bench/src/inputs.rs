@@ -140,7 +140,7 @@ pub(crate) fn run_set(plan: &mut GemmPlan, stream: &Arc<CudaStream>, set: &mut D
         .zip(set.c.iter_mut())
         .zip(&set.alphas)
         .map(|((d, c), &alpha)| GroupArgs {
-            a: Nvfp4Operand { values: &d.a_values, scales: &d.a_scales },
+            a: Nvfp4Operand { values: &d.a_values, scales: &d.a_scales }.into(),
             b: Nvfp4Operand { values: &d.b_values, scales: &d.b_scales },
             c: Output::F16(c),
             alpha,
@@ -201,7 +201,7 @@ pub(crate) fn run_stacked_set(plan: &mut GemmPlan, stream: &Arc<CudaStream>, set
     let (bv, bs) = (set.b_values.slice(..total.b_values), set.b_scales.slice(..total.b_scales));
     let mut c = set.c.slice_mut(..total.c_elements);
     let mut args = StackedArgs {
-        a: Nvfp4Operand { values: &av, scales: &a_s },
+        a: Nvfp4Operand { values: &av, scales: &a_s }.into(),
         b: Nvfp4Operand { values: &bv, scales: &bs },
         c: Output::F16(&mut c),
         alphas: &set.alphas,

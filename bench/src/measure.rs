@@ -263,15 +263,15 @@ impl Bench {
         o: &Options,
         env: &Environment,
     ) -> Result<W4a16Result> {
-        use nvfp4_gemm::w4a16::{activations_of, prepack, W4a16Args, W4a16Plan};
-        use nvfp4_gemm::{Nvfp4Operand, Output};
+        use nvfp4_gemm::w4a16::{activations_of, prepack};
+        use nvfp4_gemm::{GemmPlan, GroupArgs, Nvfp4Operand, Output, TokenKind};
         let stream = self.stream();
         let lib = |during: &'static str| move |e: nvfp4_gemm::Error| format!("W4A16 {during}: {e}");
         let shapes: Vec<nvfp4_gemm::GroupShape> =
             groups.iter().map(|g| nvfp4_gemm::GroupShape::new(g.m(), g.n(), g.k())).collect();
-        let problem = Problem::new(shapes, OutputType::F16).map_err(lib("problem"))?;
         let kind = activations_of::<A>();
-        let mut plan = W4a16Plan::new(&self.gpu, problem, kind).map_err(lib("planning"))?;
+        let problem = Problem::with_tokens(shapes, OutputType::F16, TokenKind::Dense(kind)).map_err(lib("problem"))?;
+        let mut plan = GemmPlan::new(&self.gpu, problem).map_err(lib("planning"))?;
         let up = |b: &[u8]| if b.is_empty() { stream.alloc_zeros::<u8>(16) } else { stream.clone_htod(b) };
         let mut ops = vec![];
         for g in groups {
@@ -292,13 +292,13 @@ impl Bench {
         let alphas: Vec<f32> = groups.iter().map(nvfp4_format::Group::effective_alpha_f32).collect();
         let mut run = |cs: &mut Vec<CudaSlice<f16>>| {
             let mut views: Vec<_> = cs.iter_mut().zip(groups).map(|(c, g)| c.slice_mut(0..g.m() * g.n())).collect();
-            let mut args: Vec<W4a16Args<A>> = ops
+            let mut args: Vec<GroupArgs> = ops
                 .iter()
                 .zip(views.iter_mut())
                 .zip(&alphas)
-                .map(|(((a, v, s), c), &alpha)| W4a16Args {
-                    activations: a,
-                    weights: Nvfp4Operand { values: v, scales: s },
+                .map(|(((a, v, s), c), &alpha)| GroupArgs {
+                    a: A::tokens(a),
+                    b: Nvfp4Operand { values: v, scales: s },
                     c: Output::F16(c),
                     alpha,
                 })
@@ -337,7 +337,7 @@ impl Bench {
             .sum();
         Ok(W4a16Result {
             activations: format!("{kind:?}").to_lowercase(),
-            kernel: plan.kernel().to_owned(),
+            kernel: plan.summary().launches.last().map_or("", |l| l.kernel).to_owned(),
             check,
             kernel_us: stats(&t, "W4A16 kernel-only")?,
             floor_bytes_us: bytes / (env.copy_tb_s * 1e12) * 1e6,

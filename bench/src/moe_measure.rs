@@ -25,7 +25,7 @@ use nvfp4_format::{
 };
 use nvfp4_gemm::moe::{GroupRows, MoeArgs, MoePlan, MoeProblem, TokenLayout};
 use nvfp4_gemm::quantize::Quantizer;
-use nvfp4_gemm::w4a16::{activations_of, prepack, W4a16MoeArgs, W4a16MoePlan, W4a16Weights};
+use nvfp4_gemm::w4a16::{activations_of, prepack, W4a16Weights};
 use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, GroupShape, Nvfp4Operand, Output, OutputType, Problem};
 use std::sync::Arc;
 
@@ -91,7 +91,7 @@ impl Calls<'_> {
             .zip(self.weights)
             .zip(self.alphas)
             .map(|(((a, c), w), &alpha)| GroupArgs {
-                a: Nvfp4Operand { values: &a.0, scales: &a.1 },
+                a: Nvfp4Operand { values: &a.0, scales: &a.1 }.into(),
                 b: *w,
                 c: Output::F16(c),
                 alpha,
@@ -105,7 +105,7 @@ impl Calls<'_> {
         self.quantize(b)?;
         let mut args = MoeArgs {
             sizes: &b.sizes,
-            a: b.a.operand(),
+            a: b.a.operand().into(),
             weights: self.weights,
             alphas: self.alphas,
             c: Output::F16(&mut b.c_moe),
@@ -179,7 +179,7 @@ impl Bench {
         Ok(stream)
     }
 
-    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): `W4a16MoePlan` (activations of type `A`)
+    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): `W4A16 MoePlan` (activations of type `A`)
     /// with the first `--moe-kernels` option on `inputs`, checked once and as a graph replay against `reference`
     /// (C is the row's `c_moe`), then both timed.
     fn moe_w4a16<A: W4a16Activation>(
@@ -193,21 +193,21 @@ impl Bench {
         let stream = &calls.stream;
         let options = o.moe_kernels.first().map(|(_, opt)| *opt).unwrap_or_default();
         let kind = activations_of::<A>();
-        let mut plan = W4a16MoePlan::with_options(&self.gpu, calls.problem.clone(), kind, &options)
-            .map_err(lib("planning (W4a16MoePlan)"))?;
+        let problem = calls.problem.clone().with_tokens(nvfp4_gemm::TokenKind::Dense(kind));
+        let mut plan = MoePlan::with_options(&self.gpu, problem, &options).map_err(lib("planning (W4A16 MoePlan)"))?;
         // The plan allocates its tables on the default stream.
         self.gpu.context().synchronize().map_err(drv("planning"))?;
         let weights: Vec<Nvfp4Operand> =
             inputs.packed.iter().map(|(values, scales)| Nvfp4Operand { values, scales }).collect();
-        let run = |plan: &mut W4a16MoePlan, c: &mut CudaSlice<f16>| {
-            let mut args = W4a16MoeArgs {
+        let run = |plan: &mut MoePlan, c: &mut CudaSlice<f16>| {
+            let mut args = MoeArgs {
                 sizes: &bufs.sizes,
-                activations: &inputs.x,
+                a: A::tokens(&inputs.x),
                 weights: &weights,
                 alphas: calls.alphas,
                 c: Output::F16(c),
             };
-            plan.run(stream, &mut args).map_err(lib("W4a16MoePlan::run"))
+            plan.run(stream, &mut args).map_err(lib("W4A16 MoePlan::run"))
         };
         let n = calls.problem.n();
         if reference.is_some() {
@@ -235,19 +235,19 @@ impl Bench {
                 let (b, c) = (compared(&got, r)?, compared(&got_graph, r)?);
                 let pass = b.passed() && c.passed() && status.is_ok();
                 Some(format!(
-                    "{} W4a16MoePlan {b} | graph replay {c} | status {status}",
+                    "{} W4A16 MoePlan {b} | graph replay {c} | status {status}",
                     if pass { "PASS" } else { "FAIL" }
                 ))
             }
         };
         let c = &mut bufs.c_moe;
         let t = self.timer.each(3, o.iters, true, &mut || run(&mut plan, c))?;
-        let moe_us = stats(&t, "W4a16MoePlan")?;
+        let moe_us = stats(&t, "W4A16 MoePlan")?;
         let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
         let graph_us = stats(&t, "W4A16 graph replay")?;
         let after = plan.read_status(stream).map_err(lib("reading the status"))?;
         if !after.is_ok() {
-            return Err(format!("the W4a16MoePlan status word after the timed calls: {after}"));
+            return Err(format!("the W4A16 MoePlan status word after the timed calls: {after}"));
         }
         let activations = format!("{kind:?}").to_lowercase();
         Ok(MoeW4a16 { activations, kernel: plan.summary().kernel.clone(), check, moe_us, graph_us })

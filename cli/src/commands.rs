@@ -230,7 +230,7 @@ fn run_typed<T: DeviceRepr + ValidAsZeroBits + Copy>(
             .zip(cs.iter_mut())
             .zip(groups)
             .map(|((d, c), g)| GroupArgs {
-                a: Nvfp4Operand { values: &d.a_values, scales: &d.a_scales },
+                a: Nvfp4Operand { values: &d.a_values, scales: &d.a_scales }.into(),
                 b: Nvfp4Operand { values: &d.b_values, scales: &d.b_scales },
                 c: wrap(c),
                 alpha: g.effective_alpha_f32(),

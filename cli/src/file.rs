@@ -175,12 +175,12 @@ fn values_tensor(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<
         }
     };
     let k = k.ok_or_else(|| CliError::Invalid { name: name.to_owned(), reason: "k is too large".into() })?;
-    if k == 0 || k % nvfp4_format::GEMM_K_MULTIPLE != 0 {
+    if !nvfp4_gemm::rules::k_is_valid(k) {
         return Err(CliError::Invalid {
             name: name.to_owned(),
             reason: format!(
                 "k = {k} values per row; the grouped GEMM needs k to be a positive multiple of {}",
-                nvfp4_format::GEMM_K_MULTIPLE
+                nvfp4_gemm::rules::K_MULTIPLE
             ),
         });
     }
@@ -283,10 +283,13 @@ pub fn parse_groups(bytes: &[u8]) -> Result<GroupsFile, CliError> {
                 reason: format!("has k = {kb} values per row but `g{i}.a` has k = {k}; A and B must share k"),
             });
         }
-        if n == 0 || n % 8 != 0 {
+        if !nvfp4_gemm::rules::n_is_valid(n) {
             return Err(CliError::Invalid {
                 name: b_name,
-                reason: format!("n = {n} rows; the grouped GEMM needs n to be a positive multiple of 8"),
+                reason: format!(
+                    "n = {n} rows; the grouped GEMM needs n to be a positive multiple of {}",
+                    nvfp4_gemm::rules::N_MULTIPLE
+                ),
             });
         }
         let a_scale_name = format!("g{i}.a_scale");

@@ -18,8 +18,9 @@ use crate::error::FormatError;
 use crate::layout::SCALE_VEC;
 use crate::matrix::Nvfp4Matrix;
 
-/// K must be a positive multiple of this for the grouped GEMM (one 4-scale word per 64 values).
-pub const GEMM_K_MULTIPLE: usize = 64;
+/// K must be a positive multiple of this for the grouped GEMM (one 4-scale word per 64 values):
+/// the abi's number, which the kernels and the host's rules (`nvfp4_gemm::rules`) share.
+pub const GEMM_K_MULTIPLE: usize = nvfp4_gemm_abi::quantize::K_MULTIPLE as usize;
 
 /// One problem of a grouped GEMM: `C[m, n] = alpha · A[m, k] · B[n, k]ᵀ` (both operands K-major).
 ///

@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .zip(cs.iter_mut())
         .zip(&groups)
         .map(|(([av, asc, bv, bsc], c), g)| GroupArgs {
-            a: Nvfp4Operand { values: av, scales: asc },
+            a: Nvfp4Operand { values: av, scales: asc }.into(),
             b: Nvfp4Operand { values: bv, scales: bsc },
             c: Output::F16(c),
             alpha: g.effective_alpha_f32(),

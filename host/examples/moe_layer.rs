@@ -46,7 +46,8 @@ fn moe_layer(
 ) -> nvfp4_gemm::Result<()> {
     let problem = plan.problem().clone();
     quantizer.quantize_grouped(stream, &bufs.x, &problem, &bufs.offsets, G_X, bufs.a.operand_mut())?;
-    let mut args = MoeArgs { sizes: &bufs.offsets, a: bufs.a.operand(), weights, alphas, c: Output::Bf16(&mut bufs.c) };
+    let mut args =
+        MoeArgs { sizes: &bufs.offsets, a: bufs.a.operand().into(), weights, alphas, c: Output::Bf16(&mut bufs.c) };
     plan.run(stream, &mut args)
 }
 

@@ -131,3 +131,8 @@ impl Gpu {
         self.module.function(name).map_err(|e| Error::driver("looking up a kernel", e))
     }
 }
+
+/// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
+pub fn is_capturing(stream: &cudarc::driver::CudaStream) -> Result<bool> {
+    crate::driver::graph::is_capturing(stream)
+}

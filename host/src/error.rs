@@ -63,6 +63,21 @@ pub enum Error {
         /// The buffer it overlaps.
         other: BufferName,
     },
+    /// An argument has the wrong type (a tensor of another element type, a value of another
+    /// kind); nothing was launched.
+    WrongType {
+        /// The call.
+        call: &'static str,
+        /// The group, for per-group arguments.
+        group: Option<usize>,
+        /// The argument.
+        field: &'static str,
+        /// What it is and what was expected.
+        reason: String,
+    },
+    /// A call inside a CUDA graph capture that the plan cannot take there (it would have to
+    /// allocate); nothing was captured. Call the plan once outside capture first.
+    Capture(String),
     /// An argument of a single-tensor call (quantize, dequantize) is invalid; nothing was launched.
     InvalidArgument {
         /// The call (`"quantize"`, `"dequantize"`).
@@ -124,6 +139,9 @@ impl fmt::Display for Error {
             Error::InvalidGroup { group, field, reason } => write!(f, "group {group}: `{field}`: {reason}"),
             Error::InvalidProblem(reason) => write!(f, "invalid problem: {reason}"),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
+            Error::Capture(why) => write!(f, "inside CUDA graph capture: {why}"),
+            Error::WrongType { group: Some(g), field, reason, .. } => write!(f, "group {g}: `{field}`: {reason}"),
+            Error::WrongType { call, group: None, field, reason } => write!(f, "{call}: `{field}`: {reason}"),
             Error::InvalidArgument { call, field, reason } => write!(f, "{call}: `{field}`: {reason}"),
             Error::TooLarge { group, field, value, limit } => {
                 if let Some(g) = group {

@@ -35,8 +35,10 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod capi;
 pub mod device;
 mod device_sizes;
+mod engine;
 pub mod error;
 pub mod moe;
 mod moe_problem;
@@ -45,12 +47,11 @@ pub mod plan;
 mod preview;
 pub mod problem;
 pub mod quantize;
-pub mod raw;
 pub mod rules;
 mod sm100;
 mod sm90;
 mod summary;
-mod tables;
+pub mod tensor;
 pub mod upload;
 pub mod w4a16;
 
@@ -78,17 +79,21 @@ pub mod smoke;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod layout {
-    pub use crate::device_sizes::{kernel_params, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedTables, TableSizes};
+    pub use crate::device_sizes::{kernel_params, schedule_common, schedule_geometry};
+    pub use crate::engine::{encode_tables, summary, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
     pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100Launch, Sm100Layout};
     pub use crate::sm90::{Sm90DeviceLayout, Sm90Layout};
 }
 
-pub use device::{driver_present, Arch, Gpu};
+pub use device::{driver_present, is_capturing, Arch, Gpu};
 pub use error::{BufferName, Error, Result};
-pub use moe::{MoeArgs, MoePlan, MoeProblem, SizeStatus, TokenLayout};
+pub use moe::{MoeArgs, MoeKernels, MoeOptions, MoePlan, MoeProblem, SizeStatus, TokenLayout};
 pub use nvfp4_format as format;
 pub use nvfp4_gemm_abi::launch::LaunchGeometry;
-pub use plan::{GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanOptions, PlanSummary, StackedArgs};
+pub use plan::{
+    GemmPlan, GroupArgs, KernelLaunch, Nvfp4Operand, Output, PlanOptions, PlanSummary, StackedArgs, StackedViews,
+    TokenOperand,
+};
 pub use preview::{plan_summary, reference_sm_count};
-pub use problem::{GroupShape, OutputType, Problem};
+pub use problem::{Activations, GroupShape, OutputType, Problem, TokenKind};
 pub use upload::{DeviceGroup, DeviceNvfp4};

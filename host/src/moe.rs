@@ -49,7 +49,7 @@
 //!
 //! let mut layer = |plan: &mut MoePlan, a: &mut DeviceNvfp4, c: &mut cudarc::driver::CudaSlice<half::bf16>| {
 //!     quantizer.quantize_grouped(&stream, &x, &problem, &offsets, g_x, a.operand_mut())?;
-//!     let mut args = MoeArgs { sizes: &offsets, a: a.operand(), weights: &b, alphas: &alphas, c: Output::Bf16(c) };
+//!     let mut args = MoeArgs { sizes: &offsets, a: a.operand().into(), weights: &b, alphas: &alphas, c: Output::Bf16(c) };
 //!     plan.run(&stream, &mut args)
 //! };
 //! layer(&mut plan, &mut a, &mut c)?; // once outside capture: uploads the weights' tables
@@ -64,20 +64,20 @@
 
 use crate::device::{Arch, Gpu};
 pub use crate::device_sizes::{MoeKernels, MoeOptions};
+use crate::engine::{Alphas, Engine};
 use crate::error::{Error, Result};
 use crate::moe_problem::invalid;
 use crate::overlap::{self, Span};
-use crate::plan::{Nvfp4Operand, Output};
-use crate::problem::{BufferView, CallBuffers, OutputType, BUFFER_ALIGN};
+use crate::plan::{w4a16_unsupported, Nvfp4Operand, Output, TokenOperand};
+use crate::problem::{BufferView, CallBuffers, TokenKind, BUFFER_ALIGN};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Quantizer};
-use crate::sm100::Sm100DevicePlan;
-use crate::sm90::Sm90DevicePlan;
+use crate::sm100::{resident_ctas, Sm100DeviceLayout};
+use crate::sm90::Sm90DeviceLayout;
 use crate::summary::PlanSummary;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
-use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use std::sync::Arc;
 
 pub use crate::moe_problem::{validate_moe_buffers, MoeBuffers, MoeProblem, MoeTokens, SizeStatus, TokenLayout};
@@ -88,10 +88,12 @@ pub use crate::rules::MAX_GROUPS;
 pub struct MoeArgs<'a> {
     /// `offsets[G + 1]` or `counts[G]` ([`MoeProblem::sizes_len`] `u32`s), read on the device.
     pub sizes: &'a dyn DevicePtr<u32>,
-    /// The token tensor A in the problem's layout ([`MoeProblem::a_sizes`]), e.g. written by
-    /// [`Quantizer::quantize_grouped`] with the same sizes.
-    pub a: Nvfp4Operand<'a>,
-    /// Each group's weights B (`N x K`, [`MoeProblem::b_sizes`]), `G` of them.
+    /// The token tensor A in the problem's layout: NVFP4 ([`MoeProblem::a_sizes`], e.g. written by
+    /// [`Quantizer::quantize_grouped`] with the same sizes), or for a W4A16 problem its 16-bit
+    /// activations `[token_rows, K]`.
+    pub a: TokenOperand<'a>,
+    /// Each group's weights B (`N x K`, [`MoeProblem::b_sizes`]; for W4A16 prepacked), `G` of
+    /// them.
     pub weights: &'a [Nvfp4Operand<'a>],
     /// Each group's alpha (`g_a · g_b`), `G` finite values.
     pub alphas: &'a [f32],
@@ -100,52 +102,10 @@ pub struct MoeArgs<'a> {
     pub c: Output<'a>,
 }
 
-/// One architecture's device-sized plan.
+/// One architecture's device-sized plan: the engine over its layout.
 enum DevicePlan {
-    Sm90(Sm90DevicePlan),
-    Sm100(Sm100DevicePlan),
-}
-
-impl DevicePlan {
-    fn summary(&self, output: OutputType) -> PlanSummary {
-        match self {
-            DevicePlan::Sm90(p) => p.summary(output),
-            DevicePlan::Sm100(p) => p.summary(output),
-        }
-    }
-
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
-        match self {
-            DevicePlan::Sm90(p) => p.upload(stream, problem, buffers),
-            DevicePlan::Sm100(p) => p.upload(stream, problem, buffers),
-        }
-    }
-
-    /// # Safety
-    /// As the architectures' `launch`.
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match self {
-                DevicePlan::Sm90(p) => p.launch(stream, problem, buffers),
-                DevicePlan::Sm100(p) => p.launch(stream, problem, buffers),
-            }
-        }
-    }
-
-    fn status(&self) -> &CudaSlice<u32> {
-        match self {
-            DevicePlan::Sm90(p) => p.status(),
-            DevicePlan::Sm100(p) => p.status(),
-        }
-    }
-
-    fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        match self {
-            DevicePlan::Sm90(p) => p.clear_status(stream),
-            DevicePlan::Sm100(p) => p.clear_status(stream),
-        }
-    }
+    Sm90(Engine<Sm90DeviceLayout>),
+    Sm100(Engine<Sm100DeviceLayout>),
 }
 
 /// A [`MoeProblem`] planned for one GPU: kernels, the group table, the tensor maps, the work
@@ -153,23 +113,22 @@ impl DevicePlan {
 /// workspace) — all allocated once by [`MoePlan::new`].
 ///
 /// [`MoePlan::run`] launches the scheduler (sizes → group table, work list, work length,
-/// status), then on sm_90a the token dequantization and the GEMM, on sm_100a the GEMM (which
-/// reads A through a tensor map). A call whose weights and alphas (and on sm_100a A's address)
-/// are those of the previous call copies nothing from the host, so it can be captured in a CUDA
-/// graph (run once before capturing); the sizes and C (and on sm_90a A) are kernel parameters
-/// and may change freely.
+/// status), then on sm_90a the token dequantization (NVFP4 tokens) and the GEMM, on sm_100a the
+/// GEMM (which reads A through a tensor map). A call whose weights and alphas (and, where the
+/// maps hold it, A's address: sm_100a, and W4A16's activations) are those of the previous call
+/// copies nothing from the host; the sizes and C (and on sm_90a NVFP4 A) are kernel parameters
+/// and may change freely. Inside a CUDA graph capture every call is captured; the graph keeps the
+/// tables it read (run the plan once outside capture first, with the weights, so that the graph
+/// needs no upload of its own).
 ///
 /// ⚠ The sm_100a path has never run on a GPU (no B200 was available): its kernels are checked
 /// by ptxas and run in the CPU model of the device (`model-tests/`), not on hardware.
 pub struct MoePlan {
     problem: MoeProblem,
     plan: DevicePlan,
-    summary: PlanSummary,
-    /// The token operand's type: `None` NVFP4, else W4A16's activations.
-    activations: Option<Activations>,
-    /// Weight addresses and alphas (and the token tensor's address where the maps hold it) of the
-    /// last call, to skip re-uploading.
-    signature: Vec<u64>,
+    /// The last call's weights and alphas, their memory reused so that a call allocates nothing.
+    weights: Vec<(BufferView, BufferView)>,
+    alphas: Vec<f32>,
 }
 
 impl MoePlan {
@@ -181,26 +140,22 @@ impl MoePlan {
     /// [`MoePlan::new`] with `options` (on sm_90a: which GEMM kernels a call may run).
     pub fn with_options(gpu: &Gpu, problem: MoeProblem, options: &MoeOptions) -> Result<MoePlan> {
         let plan = match gpu.arch() {
-            Arch::Sm90a => DevicePlan::Sm90(Sm90DevicePlan::with_options(gpu, &problem, options)?),
-            Arch::Sm100a => DevicePlan::Sm100(Sm100DevicePlan::with_options(gpu, &problem, options)?),
+            Arch::Sm90a => {
+                DevicePlan::Sm90(Engine::new(gpu, Sm90DeviceLayout::new(&problem, gpu.sm_count(), options)?)?)
+            }
+            Arch::Sm100a => {
+                if problem.tokens() != TokenKind::Nvfp4 {
+                    return Err(w4a16_unsupported(gpu.arch()));
+                }
+                let resident = resident_ctas(gpu)?;
+                let layout = Sm100DeviceLayout::new(&problem, |k| {
+                    resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c)
+                })?;
+                DevicePlan::Sm100(Engine::new(gpu, layout)?)
+            }
         };
-        Ok(Self::of(problem, plan, None))
-    }
-
-    /// A W4A16 plan ([`crate::w4a16::W4a16MoePlan`]): sm_90a only (checked by the caller).
-    pub(crate) fn w4a16(
-        gpu: &Gpu,
-        problem: MoeProblem,
-        options: &MoeOptions,
-        activations: Activations,
-    ) -> Result<MoePlan> {
-        let plan = DevicePlan::Sm90(Sm90DevicePlan::w4a16(gpu, &problem, options, activations)?);
-        Ok(Self::of(problem, plan, Some(activations)))
-    }
-
-    fn of(problem: MoeProblem, plan: DevicePlan, activations: Option<Activations>) -> MoePlan {
-        let summary = plan.summary(problem.output());
-        MoePlan { problem, plan, summary, activations, signature: vec![] }
+        let (weights, alphas) = (Vec::with_capacity(problem.groups()), Vec::with_capacity(problem.groups()));
+        Ok(MoePlan { problem, plan, weights, alphas })
     }
 
     /// The problem this plan was built for.
@@ -210,12 +165,10 @@ impl MoePlan {
 
     /// What the planner chose (`tiles`: the work list's capacity).
     pub fn summary(&self) -> &PlanSummary {
-        &self.summary
-    }
-
-    /// The type of a W4A16 plan's activations, `None` for NVFP4 tokens.
-    pub(crate) fn activations(&self) -> Option<Activations> {
-        self.activations
+        match &self.plan {
+            DevicePlan::Sm90(e) => e.summary(),
+            DevicePlan::Sm100(e) => e.summary(),
+        }
     }
 
     /// Runs the grouped GEMM on `stream` for the sizes in `args.sizes` as they are when the
@@ -223,80 +176,67 @@ impl MoePlan {
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut MoeArgs<'_>) -> Result<()> {
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream_arc);
-        let a = call.read(args.a.values);
-        let a = MoeTokens::Nvfp4 { values: a, scales: call.read(args.a.scales) };
-        self.run_with(stream_arc, call, args.sizes, a, args.weights, args.alphas, &mut args.c)
+        let a = match args.a.views(&mut call) {
+            (TokenKind::Nvfp4, values, scales) => MoeTokens::Nvfp4 { values, scales },
+            (TokenKind::Dense(kind), activations, _) => MoeTokens::Dense { activations, kind },
+        };
+        let sizes = call.read(args.sizes);
+        self.weights.clear();
+        for w in args.weights {
+            self.weights.push((call.read(w.values), call.read(w.scales)));
+        }
+        let (c, c_type) = call.output(&mut args.c);
+        self.alphas.clear();
+        self.alphas.extend_from_slice(args.alphas);
+        let (weights, alphas) = (std::mem::take(&mut self.weights), std::mem::take(&mut self.alphas));
+        let buffers = MoeBuffers { sizes, a, weights, alphas, c, c_type };
+        // SAFETY: the guards in `call` keep the buffers alive until the launches are enqueued,
+        // stream order for the work.
+        let result = unsafe { self.run_views(stream_arc, &buffers) };
+        (self.weights, self.alphas) = (buffers.weights, buffers.alphas);
+        result
     }
 
-    /// Reads the call's other buffers into `call` (whose stream-ordering guards live until the
-    /// launches are enqueued), validates them with the token operand `a`, uploads the tables when
-    /// the weights, alphas or (where the maps hold it) A's address changed, and launches.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run_with<'s>(
-        &mut self,
-        stream_arc: &'s Arc<CudaStream>,
-        mut call: CallBuffers<'s>,
-        sizes: &'s dyn DevicePtr<u32>,
-        a: MoeTokens,
-        weights: &'s [Nvfp4Operand<'s>],
-        alphas: &[f32],
-        c: &'s mut Output<'_>,
-    ) -> Result<()> {
-        let stream: &CudaStream = stream_arc;
-        let sizes = call.read(sizes);
-        let weights: Vec<(BufferView, BufferView)> =
-            weights.iter().map(|w| (call.read(w.values), call.read(w.scales))).collect();
-        let (c, c_type) = call.output(c);
-        let buffers = MoeBuffers { sizes, a, weights, alphas: alphas.to_vec(), c, c_type };
-        validate_moe_buffers(&self.problem, &buffers)?;
-        if buffers.a.dense_kind() != self.activations {
-            let (field, what) = match buffers.a.dense_kind() {
-                Some(kind) => ("activations", format!("{kind:?} activations")),
-                None => ("a", "NVFP4 tokens".to_owned()),
-            };
-            let plan = match self.activations {
-                Some(kind) => format!("a W4A16 plan of {kind:?} activations"),
-                None => "a plan of NVFP4 tokens".to_owned(),
-            };
-            return Err(invalid("moe run", field, format!("{what} given to {plan}")));
+    /// [`MoePlan::run`] on buffers given as addresses and lengths: the typed entry of bindings,
+    /// with the same checks.
+    ///
+    /// # Safety
+    /// As [`crate::GemmPlan::run_views`], for every buffer of `buffers`.
+    pub unsafe fn run_views(&mut self, stream: &Arc<CudaStream>, buffers: &MoeBuffers) -> Result<()> {
+        validate_moe_buffers(&self.problem, buffers)?;
+        // SAFETY: validated against the problem; the caller's contract for the memory.
+        unsafe {
+            match &mut self.plan {
+                DevicePlan::Sm90(e) => e.run(stream, buffers, Alphas::Host),
+                DevicePlan::Sm100(e) => e.run(stream, buffers, Alphas::Host),
+            }
         }
-        let mut signature: Vec<u64> = buffers
-            .weights
-            .iter()
-            .zip(&buffers.alphas)
-            .flat_map(|((v, s), a)| [v.ptr, s.ptr, a.to_bits() as u64])
-            .collect();
-        if matches!(self.plan, DevicePlan::Sm100(_)) || self.activations.is_some() {
-            // The token maps hold A's address.
-            signature.push(buffers.a.base());
-        }
-        if signature != self.signature {
-            self.plan.upload(stream_arc, &self.problem, &buffers)?;
-            self.signature = signature;
-        }
-        // SAFETY: the tables hold these validated weights (uploaded now, or by an earlier call with
-        // the same addresses and alphas); A, C and the sizes were validated against the problem.
-        unsafe { self.plan.launch(stream, &self.problem, &buffers) }
     }
 
     /// The plan's status word on the device (`u32`, [`SizeStatus`] bits), e.g. to copy it inside
     /// a graph.
     pub fn status(&self) -> &CudaSlice<u32> {
-        self.plan.status()
+        match &self.plan {
+            DevicePlan::Sm90(e) => e.status(),
+            DevicePlan::Sm100(e) => e.status(),
+        }
     }
 
     /// Copies the status word to the host. Synchronizes `stream` (call it outside capture, when
     /// the results are wanted anyway).
     pub fn read_status(&self, stream: &Arc<CudaStream>) -> Result<SizeStatus> {
         let d = |e| Error::driver("reading the plan's status word", e);
-        let v = stream.clone_dtoh(self.plan.status()).map_err(d)?;
+        let v = stream.clone_dtoh(self.status()).map_err(d)?;
         stream.synchronize().map_err(d)?;
         Ok(SizeStatus(v[0]))
     }
 
     /// Resets the status word on `stream` (an asynchronous memset: capturable).
     pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.plan.clear_status(stream)
+        match &mut self.plan {
+            DevicePlan::Sm90(e) => e.clear_status(stream),
+            DevicePlan::Sm100(e) => e.clear_status(stream),
+        }
     }
 }
 
@@ -331,6 +271,31 @@ impl Quantizer {
         let items = params.convert.rows as u64 * (params.convert.k / qabi::BLOCK) as u64;
         // SAFETY: the validation checked every length, alignment and overlap the kernel relies on
         // (its `# Safety`); the guards keep the buffers alive past the launch.
+        unsafe { self.launch_grouped(stream, items, &params) }
+    }
+}
+
+impl Quantizer {
+    /// [`Quantizer::quantize_grouped`] on buffers given as addresses and lengths (`input`: f16, or
+    /// bf16 when `bf16`), as [`Quantizer::quantize_views`].
+    ///
+    /// # Safety
+    /// As [`crate::GemmPlan::run_views`], for every buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn quantize_grouped_views(
+        &self,
+        stream: &CudaStream,
+        input: BufferView,
+        bf16: bool,
+        problem: &MoeProblem,
+        sizes: BufferView,
+        global_scale: f32,
+        values: BufferView,
+        scales: BufferView,
+    ) -> Result<()> {
+        let params = validate_grouped_quantize(problem, input, sizes, values, scales, global_scale, bf16)?;
+        let items = params.convert.rows as u64 * (params.convert.k / qabi::BLOCK) as u64;
+        // SAFETY: validated; the caller's contract for the memory.
         unsafe { self.launch_grouped(stream, items, &params) }
     }
 }
@@ -388,6 +353,7 @@ fn validate_grouped_quantize(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::OutputType;
 
     #[test]
     fn grouped_quantize_arguments() {

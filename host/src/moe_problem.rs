@@ -6,7 +6,7 @@
 
 use crate::error::{within, BufferName, Error, Result};
 use crate::overlap::{self, Span};
-use crate::problem::{BufferView, Nvfp4Sizes, OutputType, BUFFER_ALIGN};
+use crate::problem::{BufferView, Nvfp4Sizes, OutputType, TokenKind, BUFFER_ALIGN};
 use crate::rules::{self, Limit};
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupRows};
 use nvfp4_gemm_abi::scale_layout::blocked_bytes;
@@ -14,7 +14,7 @@ use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use std::fmt;
 
 /// Where the groups' tokens are in the token tensor A (and their outputs in C).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TokenLayout {
     /// A is `[max_tokens, K]`, C `[max_tokens, N]`; the device array `offsets[G + 1]` (`u32`)
     /// says group `g` owns rows `offsets[g] .. offsets[g + 1]` (a router's sort). Offsets above
@@ -39,13 +39,14 @@ pub enum TokenLayout {
 /// most [`crate::rules::MAX_DIM`]; A, C and the work list's capacity small enough for the
 /// kernels' 32-bit indexing (`token_rows · K`, `scale_rows · K`, `token_rows · N` and the most
 /// output tiles below `2^31`); every buffer together within [`crate::rules::MAX_DEVICE_BYTES`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MoeProblem {
     groups: usize,
     n: usize,
     k: usize,
     layout: TokenLayout,
     output: OutputType,
+    tokens: TokenKind,
 }
 
 fn problem_error(reason: String) -> Error {
@@ -85,7 +86,7 @@ impl MoeProblem {
         within(None, "a.values", rows * k64, Limit::Index32)?;
         within(None, "c", rows * n64, Limit::Index32)?;
         // From here every row count fits the abi's `u32` formulas (rows < 2^25, G ≤ 2^12).
-        let p = MoeProblem { groups, n, k, layout, output };
+        let p = MoeProblem { groups, n, k, layout, output, tokens: TokenKind::Nvfp4 };
         let scale_rows = p.scale_rows() as u64;
         within(None, "a.scales", scale_rows * k64, Limit::Index32)?;
         let tiles = abi::max_m_tiles(&p.device_sizes(0)) * nvfp4_gemm_abi::sm90::n_tiles(n as u32) as u64;
@@ -126,6 +127,19 @@ impl MoeProblem {
     /// The output type.
     pub fn output(&self) -> OutputType {
         self.output
+    }
+
+    /// The token operand (NVFP4 unless [`MoeProblem::with_tokens`] said otherwise).
+    pub fn tokens(&self) -> TokenKind {
+        self.tokens
+    }
+
+    /// This problem with the token operand `tokens`: NVFP4 tokens in the layout's token tensor,
+    /// or W4A16's 16-bit activations `[token_rows, K]` read as they are (no quantization, no
+    /// workspace; sm_90a). The limits checked by [`MoeProblem::new`] hold for either.
+    pub fn with_tokens(mut self, tokens: TokenKind) -> MoeProblem {
+        self.tokens = tokens;
+        self
     }
 
     /// The sizes the device kernels read (`sizes`: the device address of the sizes array).
@@ -246,7 +260,7 @@ pub enum MoeTokens {
         scales: BufferView,
     },
     /// 16-bit activations `[token_rows, K]` of type `kind`, read as they are (W4A16,
-    /// [`W4a16MoePlan`](crate::w4a16::W4a16MoePlan); elements).
+    /// a W4A16 [`MoePlan`](crate::moe::MoePlan); elements).
     Dense {
         /// The activations.
         activations: BufferView,
@@ -303,6 +317,17 @@ pub struct MoeBuffers {
 /// Pure: runs on the CPU.
 pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
     const CALL: &str = "moe run";
+    if b.a.dense_kind() != p.tokens.activations() {
+        let (field, what) = match b.a.dense_kind() {
+            Some(kind) => ("activations", format!("{kind:?} activations")),
+            None => ("a", "NVFP4 tokens".to_owned()),
+        };
+        let plan = match p.tokens.activations() {
+            Some(kind) => format!("a W4A16 plan of {kind:?} activations"),
+            None => "a plan of NVFP4 tokens".to_owned(),
+        };
+        return Err(invalid(CALL, field, format!("{what} given to {plan}")));
+    }
     let a = p.a_sizes();
     let none = BufferView { ptr: 0, len: 0 };
     // The token operand's buffers: (field, view, elements, element bytes); an empty second one
@@ -460,10 +485,21 @@ mod tests {
     /// `activations`; C may not overlap them (2 bytes per element).
     #[test]
     fn activations_are_checked_like_a() {
-        let p = contiguous(3, 300);
-        let mut b = good_buffers(&p);
+        let nvfp4 = contiguous(3, 300);
+        let p = nvfp4.clone().with_tokens(TokenKind::Dense(Activations::F16));
+        let mut b = good_buffers(&nvfp4);
+        let nvfp4_buffers = b.clone();
         b.a = MoeTokens::Dense { activations: BufferView { ptr: 0x2000_0000, len: 300 * 512 }, kind: Activations::F16 };
         assert!(validate_moe_buffers(&p, &b).is_ok());
+        // The token operand must be the problem's: activations of its type, or NVFP4 tokens.
+        let refused = |p: &MoeProblem, b: &MoeBuffers| match validate_moe_buffers(p, b).unwrap_err() {
+            Error::InvalidArgument { field, reason, .. } => format!("{field}: {reason}"),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(&nvfp4, &b), "activations: F16 activations given to a plan of NVFP4 tokens");
+        assert_eq!(refused(&p, &nvfp4_buffers), "a: NVFP4 tokens given to a W4A16 plan of F16 activations");
+        let bf16 = nvfp4.clone().with_tokens(TokenKind::Dense(Activations::Bf16));
+        assert_eq!(refused(&bf16, &b), "activations: F16 activations given to a W4A16 plan of Bf16 activations");
         let field = |b: &MoeBuffers| match validate_moe_buffers(&p, b).unwrap_err() {
             Error::InvalidArgument { field, .. } => field,
             Error::Overlap { other, .. } => other.field,

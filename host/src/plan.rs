@@ -2,15 +2,17 @@
 //! tables and workspace; and the launch.
 
 use crate::device::{Arch, Gpu};
+use crate::engine::{Alphas, Engine};
 use crate::error::{Error, Result};
 use crate::problem::{
-    stacked_parts, validate_device_alphas, AlphaSource, BufferCache, BufferSizes, BufferView, CallBuffers,
-    GroupBuffers, OutputType, Problem, TablesState, DEVICE_ALPHA_PLACEHOLDER,
+    stacked_parts, validate_device_alphas, BufferCache, BufferSizes, BufferView, CallBuffers, GroupBuffers, OutputType,
+    Problem, TokenKind, DEVICE_ALPHA_PLACEHOLDER,
 };
-use crate::sm100::Sm100Plan;
-use crate::sm90::Sm90Plan;
+use crate::sm100::{resident_ctas, Sm100Layout};
+use crate::sm90::Sm90Layout;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
+use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use std::sync::Arc;
 
 pub use crate::summary::{KernelLaunch, PlanSummary};
@@ -25,6 +27,38 @@ pub struct Nvfp4Operand<'a> {
     pub scales: &'a dyn DevicePtr<u8>,
 }
 
+/// The token operand A of a call: NVFP4 tokens, or W4A16's 16-bit activations (row-major, used as
+/// they are), as the problem's [`TokenKind`] says.
+#[derive(Clone, Copy)]
+pub enum TokenOperand<'a> {
+    /// NVFP4 tokens.
+    Nvfp4(Nvfp4Operand<'a>),
+    /// f16 activations.
+    F16(&'a dyn DevicePtr<f16>),
+    /// bf16 activations.
+    Bf16(&'a dyn DevicePtr<bf16>),
+}
+
+impl<'a> From<Nvfp4Operand<'a>> for TokenOperand<'a> {
+    fn from(op: Nvfp4Operand<'a>) -> TokenOperand<'a> {
+        TokenOperand::Nvfp4(op)
+    }
+}
+
+impl<'s> TokenOperand<'s> {
+    /// What the operand is, and the views of its buffers (A's values and scales, or the
+    /// activations and an empty view) for a call on `call`'s stream.
+    #[inline(always)]
+    pub(crate) fn views(self, call: &mut CallBuffers<'s>) -> (TokenKind, BufferView, BufferView) {
+        const NONE: BufferView = BufferView { ptr: 0, len: 0 };
+        match self {
+            TokenOperand::Nvfp4(op) => (TokenKind::Nvfp4, call.read(op.values), call.read(op.scales)),
+            TokenOperand::F16(x) => (TokenKind::Dense(Activations::F16), call.read(x), NONE),
+            TokenOperand::Bf16(x) => (TokenKind::Dense(Activations::Bf16), call.read(x), NONE),
+        }
+    }
+}
+
 /// The output buffer of one group, `m · n` elements, row-major.
 pub enum Output<'a> {
     /// fp16 output.
@@ -35,9 +69,9 @@ pub enum Output<'a> {
 
 /// The device buffers of one group. Borrowed for the call, never copied.
 pub struct GroupArgs<'a> {
-    /// A (`m × k`, tokens).
-    pub a: Nvfp4Operand<'a>,
-    /// B (`n × k`, weights).
+    /// A (`m × k`, tokens): NVFP4, or activations for a W4A16 problem.
+    pub a: TokenOperand<'a>,
+    /// B (`n × k`, weights; for W4A16 prepacked by [`crate::w4a16::prepack`]).
     pub b: Nvfp4Operand<'a>,
     /// C (`m × n`).
     pub c: Output<'a>,
@@ -47,15 +81,15 @@ pub struct GroupArgs<'a> {
 }
 
 /// Choices a plan makes that a caller may take over (the default: the library's own).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct PlanOptions {
     /// The sm_90a GEMM kernel to run instead of the cost model's choice, by its exported name
     /// (`sm90_grouped_gemm`, `sm90_grouped_gemm_t64`, `sm90_grouped_gemm_n192`, or
-    /// `sm90_grouped_gemm_decode` where every group has at most 16 tokens), for measuring one
-    /// variant against another on the same problem. A name that is no sm_90a GEMM kernel, or a
-    /// variant that cannot run the problem, is an error of [`GemmPlan::with_options`]. Ignored
-    /// on sm_100a.
+    /// `sm90_grouped_gemm_decode` where every group has at most 16 tokens; a W4A16 problem runs
+    /// the named variant's W4A16 twin), for measuring one variant against another on the same
+    /// problem. A name that is no sm_90a GEMM kernel, or a variant that cannot run the problem,
+    /// is an error of [`GemmPlan::with_options`]. Ignored on sm_100a.
     pub sm90_kernel: Option<String>,
 }
 
@@ -74,14 +108,35 @@ impl PlanOptions {
 /// `[G, N, K/2]` tensor with one tensor of their scales, the tokens sorted by expert, C as one
 /// `[T, N]` tensor.
 pub struct StackedArgs<'a> {
-    /// Every group's A: values `Σ m·k/2` bytes, scales `Σ ceil(m/128)·128·k/16` bytes.
-    pub a: Nvfp4Operand<'a>,
+    /// Every group's A: values `Σ m·k/2` bytes, scales `Σ ceil(m/128)·128·k/16` bytes; or W4A16's
+    /// activations, `Σ m·k` elements.
+    pub a: TokenOperand<'a>,
     /// Every group's B: values `Σ n·k/2` bytes, scales `Σ ceil(n/128)·128·k/16` bytes.
     pub b: Nvfp4Operand<'a>,
     /// Every group's C: `Σ m·n` elements.
     pub c: Output<'a>,
     /// One alpha per group. Not read by [`GemmPlan::run_stacked_with_device_alphas`].
     pub alphas: &'a [f32],
+}
+
+/// Every group's buffers stacked ([`StackedArgs`]) as addresses and lengths, for
+/// [`GemmPlan::run_stacked_views`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackedViews {
+    /// What A is.
+    pub a_kind: TokenKind,
+    /// A's values (bytes) or activations (elements).
+    pub a_values: BufferView,
+    /// A's scales (bytes; empty for activations).
+    pub a_scales: BufferView,
+    /// B's values (bytes).
+    pub b_values: BufferView,
+    /// B's scales (bytes).
+    pub b_scales: BufferView,
+    /// C (elements).
+    pub c: BufferView,
+    /// C's type.
+    pub c_type: OutputType,
 }
 
 /// [`Error::InvalidArgument`] of `call` for the first stacked buffer `(field, length, the
@@ -97,19 +152,6 @@ pub(crate) fn check_stacked_lengths(call: &'static str, lengths: &[(&'static str
 }
 
 impl<'s> CallBuffers<'s> {
-    /// The views of A's and B's values and scales, and of C with its type, for this call.
-    #[inline(always)]
-    fn operands(
-        &mut self,
-        a: Nvfp4Operand<'s>,
-        b: Nvfp4Operand<'s>,
-        c: &'s mut Output<'_>,
-    ) -> ([BufferView; 4], BufferView, OutputType) {
-        let ab = [self.read(a.values), self.read(a.scales), self.read(b.values), self.read(b.scales)];
-        let (c, c_type) = self.output(c);
-        (ab, c, c_type)
-    }
-
     /// The view of C and its type, for this call.
     #[inline(always)]
     pub(crate) fn output(&mut self, c: &'s mut Output<'_>) -> (BufferView, OutputType) {
@@ -120,86 +162,32 @@ impl<'s> CallBuffers<'s> {
     }
 }
 
-/// One architecture's plan: a pure layout (work lists, geometry, parameter encoding) and its
-/// device part (tables, uploads, launches), with the same methods on both architectures. `Send`
-/// (both are), so that a [`GemmPlan`] can move between threads (bindings hand it to whichever
-/// thread calls).
+/// One architecture's plan: the engine over its host-sized layout. Both are `Send`, so that a
+/// [`GemmPlan`] can move between threads (bindings hand it to whichever thread calls).
 // One per plan, made once: the variants' sizes differ by a few hundred bytes, not worth a box.
 #[allow(clippy::large_enum_variant)]
 enum ArchPlan {
-    Sm90(Sm90Plan),
-    Sm100(Sm100Plan),
-}
-
-impl ArchPlan {
-    /// Whether any launch runs (false when no group has an output tile).
-    fn has_work(&self) -> bool {
-        match self {
-            ArchPlan::Sm90(p) => p.has_work(),
-            ArchPlan::Sm100(p) => p.has_work(),
-        }
-    }
-
-    /// Encodes the group parameters and tensor maps for `buffers` (validated by the caller) and
-    /// copies them to the plan's tables on `stream`.
-    fn upload(&mut self, stream: &Arc<CudaStream>, problem: &Problem, buffers: &[GroupBuffers]) -> Result<()> {
-        match self {
-            ArchPlan::Sm90(p) => p.upload(stream, problem, buffers),
-            ArchPlan::Sm100(p) => p.upload(stream, problem, buffers),
-        }
-    }
-
-    /// Launches every kernel of the plan on `stream`.
-    ///
-    /// # Safety
-    /// `upload` must have run for buffers that are still alive and valid for the problem
-    /// (`validate_buffers`), on this stream or one ordered before it.
-    unsafe fn launch(&mut self, stream: &CudaStream, problem: &Problem) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match self {
-                ArchPlan::Sm90(p) => p.launch(stream, problem),
-                ArchPlan::Sm100(p) => p.launch(stream, problem),
-            }
-        }
-    }
-
-    /// Copies `groups` `f32`s at the device address `alphas` into the group table's alphas on
-    /// `stream` (after an upload, before the launches).
-    ///
-    /// # Safety
-    /// As [`crate::tables::AlphaField::copy`].
-    unsafe fn copy_alphas(&mut self, stream: &CudaStream, alphas: u64, groups: usize) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match self {
-                ArchPlan::Sm90(p) => p.copy_alphas(stream, alphas, groups),
-                ArchPlan::Sm100(p) => p.copy_alphas(stream, alphas, groups),
-            }
-        }
-    }
-
-    /// What runs.
-    fn summary(&self) -> PlanSummary {
-        match self {
-            ArchPlan::Sm90(p) => p.summary(),
-            ArchPlan::Sm100(p) => p.summary(),
-        }
-    }
+    Sm90(Engine<Sm90Layout>),
+    Sm100(Engine<Sm100Layout>),
 }
 
 /// A grouped GEMM problem planned for one GPU. Build it once per set of shapes and call
-/// [`GemmPlan::run`] as often as needed: a call whose buffer addresses and alphas equal the previous
-/// call's makes no copies at all, only the launches (so it can be captured in a CUDA graph); other
-/// calls re-encode the tensor maps and upload the parameter tables on the stream first. Alphas
-/// may also live on the device ([`GemmPlan::run_with_device_alphas`]): each call then copies them
-/// into the tables on the stream, so a captured graph reads new values at every replay. No call
-/// allocates device memory or synchronizes the host.
+/// [`GemmPlan::run`] as often as needed: a call whose buffer addresses and alphas equal the
+/// previous call's only launches; a call with other buffers patches the plan's tables on the host
+/// and copies them to the device on the stream first (one copy of a few kilobytes, staged by the
+/// driver at the call). Alphas may also live on the device ([`GemmPlan::run_with_device_alphas`]):
+/// each call then copies them into the tables on the stream, so a captured graph reads new values
+/// at every replay. No call allocates device memory or synchronizes the host (but the first one
+/// outside capture after a capture, which gives the plan new tables: the captured graph keeps the
+/// old ones).
+///
+/// The token operand is the problem's ([`Problem::with_tokens`]): NVFP4 tokens (W4A4), or on
+/// sm_90a 16-bit activations times weights prepacked by [`crate::w4a16::prepack`] (W4A16; the
+/// same tiles and work list, no token dequantization).
 pub struct GemmPlan {
     problem: Problem,
     plan: ArchPlan,
-    summary: PlanSummary,
-    /// The last valid call's buffers, to skip validating and re-encoding unchanged ones.
+    /// The last valid call's buffers, to skip validating unchanged ones.
     cache: BufferCache,
     /// [`Problem::stacked_offsets`], for [`GemmPlan::run_stacked`].
     stacked: Vec<BufferSizes>,
@@ -207,7 +195,7 @@ pub struct GemmPlan {
 
 impl GemmPlan {
     /// Plans `problem` for `gpu`: chooses the kernel configuration, builds the work list, and
-    /// allocates the parameter tables and the workspace (once).
+    /// allocates the tables and the workspace (once).
     pub fn new(gpu: &Gpu, problem: Problem) -> Result<GemmPlan> {
         GemmPlan::with_options(gpu, problem, PlanOptions::default())
     }
@@ -215,15 +203,26 @@ impl GemmPlan {
     /// [`GemmPlan::new`] with the choices `options` takes over.
     pub fn with_options(gpu: &Gpu, problem: Problem, options: PlanOptions) -> Result<GemmPlan> {
         let plan = match gpu.arch() {
-            Arch::Sm90a => ArchPlan::Sm90(Sm90Plan::new(gpu, &problem, options.sm90_kernel.as_deref())?),
+            Arch::Sm90a => {
+                let layout = Sm90Layout::named(&problem, gpu.sm_count(), options.sm90_kernel.as_deref())?;
+                ArchPlan::Sm90(Engine::new(gpu, layout)?)
+            }
             // Built and statically checked (ptxas, PTX/SASS contents, host-tested encodings);
             // never run: there is no B200 here.
-            Arch::Sm100a => ArchPlan::Sm100(Sm100Plan::new(gpu, &problem)?),
+            Arch::Sm100a => {
+                // W4A16 is refused before the driver is asked anything.
+                if problem.tokens() != TokenKind::Nvfp4 {
+                    return Err(w4a16_unsupported(gpu.arch()));
+                }
+                let resident = resident_ctas(gpu)?;
+                let layout =
+                    Sm100Layout::new(&problem, |k| resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c))?;
+                ArchPlan::Sm100(Engine::new(gpu, layout)?)
+            }
         };
-        let summary = plan.summary();
         let cache = BufferCache::new(problem.groups().len());
         let stacked = problem.stacked_offsets();
-        Ok(GemmPlan { problem, plan, summary, cache, stacked })
+        Ok(GemmPlan { problem, plan, cache, stacked })
     }
 
     /// The problem this plan was built for.
@@ -233,7 +232,10 @@ impl GemmPlan {
 
     /// What the planner chose.
     pub fn summary(&self) -> &PlanSummary {
-        &self.summary
+        match &self.plan {
+            ArchPlan::Sm90(e) => e.summary(),
+            ArchPlan::Sm100(e) => e.summary(),
+        }
     }
 
     /// Runs the grouped GEMM on `stream` with the given buffers (one entry per group, in order).
@@ -279,11 +281,13 @@ impl GemmPlan {
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream);
         let alphas = alphas.map(|a| call.read(a));
-        let buffers = self.cache.start(if alphas.is_some() { AlphaSource::Device } else { AlphaSource::Host });
+        let buffers = self.cache.start();
         for args in groups.iter_mut() {
-            let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
+            let (a_kind, a_values, a_scales) = args.a.views(&mut call);
+            let (b_values, b_scales) = (call.read(args.b.values), call.read(args.b.scales));
+            let (c, c_type) = call.output(&mut args.c);
             let alpha = if alphas.is_some() { DEVICE_ALPHA_PLACEHOLDER } else { args.alpha };
-            buffers.push(GroupBuffers { a_values, a_scales, b_values, b_scales, c, c_type, alpha });
+            buffers.push(GroupBuffers { a_kind, a_values, a_scales, b_values, b_scales, c, c_type, alpha });
         }
         self.launch_checked(stream_arc, call_name, alphas)
     }
@@ -317,7 +321,7 @@ impl GemmPlan {
     /// let mut c = stream.alloc_zeros::<half::bf16>(total.c_elements)?;
     /// let alphas: Vec<f32> = groups.iter().map(|g| g.effective_alpha_f32()).collect();
     /// let mut args = StackedArgs {
-    ///     a: Nvfp4Operand { values: &a_values, scales: &a_scales },
+    ///     a: Nvfp4Operand { values: &a_values, scales: &a_scales }.into(),
     ///     b: Nvfp4Operand { values: &b_values, scales: &b_scales },
     ///     c: Output::Bf16(&mut c),
     ///     alphas: &alphas,
@@ -352,65 +356,132 @@ impl GemmPlan {
     ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let mut call = CallBuffers::new(stream);
-        let ([a_values, a_scales, b_values, b_scales], c, c_type) = call.operands(args.a, args.b, &mut args.c);
+        let (a_kind, a_values, a_scales) = args.a.views(&mut call);
+        let (b_values, b_scales) = (call.read(args.b.values), call.read(args.b.scales));
+        let (c, c_type) = call.output(&mut args.c);
         let alphas = alphas.map(|a| call.read(a));
+        let views = StackedViews { a_kind, a_values, a_scales, b_values, b_scales, c, c_type };
+        self.stacked_call(stream_arc, &views, args.alphas, alphas, call_name)
+    }
+
+    /// A stacked call (`call`): its buffers' lengths checked against the groups' totals, each
+    /// group's parts validated and run (alphas from `host_alphas`, or `device_alphas`).
+    fn stacked_call(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        v: &StackedViews,
+        host_alphas: &[f32],
+        device_alphas: Option<BufferView>,
+        call: &'static str,
+    ) -> Result<()> {
         let groups = self.problem.groups().len();
         let total = self.stacked[groups];
+        let nvfp4 = v.a_kind == TokenKind::Nvfp4;
         let lengths = [
-            ("a.values", a_values.len, total.a_values, "bytes"),
-            ("a.scales", a_scales.len, total.a_scales, "bytes"),
-            ("b.values", b_values.len, total.b_values, "bytes"),
-            ("b.scales", b_scales.len, total.b_scales, "bytes"),
-            ("c", c.len, total.c_elements, "elements"),
+            (
+                if nvfp4 { "a.values" } else { "activations" },
+                v.a_values.len,
+                total.a_values,
+                if nvfp4 { "bytes" } else { "elements" },
+            ),
+            ("a.scales", v.a_scales.len, total.a_scales, "bytes"),
+            ("b.values", v.b_values.len, total.b_values, "bytes"),
+            ("b.scales", v.b_scales.len, total.b_scales, "bytes"),
+            ("c", v.c.len, total.c_elements, "elements"),
         ];
-        check_stacked_lengths(call_name, &lengths)?;
-        let whole = [a_values, a_scales, b_values, b_scales];
-        if alphas.is_some() {
-            let buffers = self.cache.start(AlphaSource::Device);
-            let placeholders = std::iter::repeat(DEVICE_ALPHA_PLACEHOLDER);
-            stacked_parts(&self.stacked, whole, c, c_type, placeholders, buffers);
-        } else {
-            if args.alphas.len() != groups {
-                let reason = format!("{} alphas for {groups} groups", args.alphas.len());
-                return Err(Error::InvalidArgument { call: call_name, field: "alphas", reason });
-            }
-            let buffers = self.cache.start(AlphaSource::Host);
-            stacked_parts(&self.stacked, whole, c, c_type, args.alphas.iter().copied(), buffers);
+        if v.a_kind == self.problem.tokens() {
+            check_stacked_lengths(call, &lengths)?;
         }
-        self.launch_checked(stream_arc, call_name, alphas)
+        if device_alphas.is_none() && host_alphas.len() != groups {
+            let reason = format!("{} alphas for {groups} groups", host_alphas.len());
+            return Err(Error::InvalidArgument { call, field: "alphas", reason });
+        }
+        let whole = [v.a_values, v.a_scales, v.b_values, v.b_scales];
+        let buffers = self.cache.start();
+        match device_alphas {
+            None => stacked_parts(&self.stacked, v.a_kind, whole, v.c, v.c_type, host_alphas.iter().copied(), buffers),
+            Some(_) => {
+                let placeholders = std::iter::repeat(DEVICE_ALPHA_PLACEHOLDER);
+                stacked_parts(&self.stacked, v.a_kind, whole, v.c, v.c_type, placeholders, buffers)
+            }
+        }
+        self.launch_checked(stream, call, device_alphas)
+    }
+
+    /// [`GemmPlan::run`] (or, with `device_alphas`, [`GemmPlan::run_with_device_alphas`]) on
+    /// buffers given as addresses and lengths: the typed entry of bindings (the Python package,
+    /// the C interface), with the same checks. With device alphas each group's `alpha` is not
+    /// read.
+    ///
+    /// # Safety
+    /// Every view must be device memory of its length (in elements of its buffer's type) in
+    /// `stream`'s context, alive and not written by anything else until the work enqueued now has
+    /// completed; the checks cover lengths, alignment and overlaps, not that the memory exists.
+    pub unsafe fn run_views(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        groups: &[GroupBuffers],
+        device_alphas: Option<BufferView>,
+    ) -> Result<()> {
+        let buffers = self.cache.start();
+        buffers.extend_from_slice(groups);
+        if device_alphas.is_some() {
+            buffers.iter_mut().for_each(|b| b.alpha = DEVICE_ALPHA_PLACEHOLDER);
+        }
+        let call = if device_alphas.is_some() { "run_with_device_alphas" } else { "run" };
+        self.launch_checked(stream, call, device_alphas)
+    }
+
+    /// [`GemmPlan::run_stacked`] (or [`GemmPlan::run_stacked_with_device_alphas`]) on buffers
+    /// given as addresses and lengths, as [`GemmPlan::run_views`].
+    ///
+    /// # Safety
+    /// As [`GemmPlan::run_views`].
+    pub unsafe fn run_stacked_views(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        views: &StackedViews,
+        host_alphas: &[f32],
+        device_alphas: Option<BufferView>,
+    ) -> Result<()> {
+        let call = if device_alphas.is_some() { "run_stacked_with_device_alphas" } else { "run_stacked" };
+        self.stacked_call(stream, views, host_alphas, device_alphas, call)
     }
 
     /// The common end of a call (`call`) whose buffers are in `self.cache`'s current list:
-    /// validation (or the cache's shortcut), the table upload when they changed, the copy of the
-    /// device alphas `alphas` (if any) into the group table, the launches.
+    /// validation (or the cache's shortcut), the check of the device alphas `alphas` (if any), and
+    /// the engine's run (the tables uploaded when the buffers changed, the device alphas copied,
+    /// the launches).
     fn launch_checked(
         &mut self,
-        stream_arc: &Arc<CudaStream>,
+        stream: &Arc<CudaStream>,
         call: &'static str,
         alphas: Option<BufferView>,
     ) -> Result<()> {
-        let stream: &CudaStream = stream_arc;
-        let tables = self.cache.check(&self.problem, call)?;
+        self.cache.check(&self.problem, call)?;
         if let Some(alphas) = alphas {
             validate_device_alphas(call, &self.problem, alphas, self.cache.buffers())?;
         }
-        if !self.plan.has_work() {
-            return Ok(());
+        let alphas = alphas.map_or(Alphas::Host, |a| Alphas::Device(a.ptr));
+        let buffers = self.cache.buffers();
+        // SAFETY: the buffers were validated against the problem (lengths, alignment, overlaps);
+        // their guards (held by the caller's `CallBuffers`) keep them alive until the launches
+        // are enqueued, and stream order keeps them alive for the work.
+        unsafe {
+            match &mut self.plan {
+                ArchPlan::Sm90(e) if e.has_work() => e.run(stream, buffers, alphas),
+                ArchPlan::Sm100(e) if e.has_work() => e.run(stream, buffers, alphas),
+                _ => Ok(()),
+            }
         }
-        if tables == TablesState::Upload {
-            self.plan.upload(stream_arc, &self.problem, self.cache.buffers())?;
-            self.cache.set_uploaded();
-        }
-        if let Some(alphas) = alphas {
-            // SAFETY: validated: one f32 per group of the plan's table, aligned, overlapping no
-            // output; the caller's buffer lives until the call's work is done (its guard is held by
-            // the caller's `CallBuffers` until the launches are enqueued).
-            unsafe { self.plan.copy_alphas(stream, alphas.ptr, self.problem.groups().len())? };
-        }
-        // SAFETY: the tables hold these validated buffers (uploaded now, or by an earlier call with
-        // the same addresses and alphas, or with device alphas copied just now) on this stream.
-        unsafe { self.plan.launch(stream, &self.problem) }
     }
+}
+
+/// The error of a W4A16 problem on an architecture other than sm_90a.
+pub(crate) fn w4a16_unsupported(arch: Arch) -> Error {
+    Error::Unsupported(format!(
+        "W4A16 runs on sm_90a; this GPU is {arch:?}, which multiplies NVFP4 operands natively (NVFP4 tokens)"
+    ))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! [`GemmPlan`](crate::GemmPlan), for tools that show the choice (`nvfp4-gemm info --arch`).
 
 use crate::device::Arch;
+use crate::engine::summary;
 use crate::error::Result;
 use crate::problem::Problem;
 use crate::summary::PlanSummary;
@@ -24,13 +25,13 @@ pub fn reference_sm_count(arch: Arch) -> u32 {
 /// hold fewer clusters (how clusters fit into GPCs), which shortens the grid of the cluster kernel.
 pub fn plan_summary(arch: Arch, sm_count: u32, problem: &Problem) -> Result<PlanSummary> {
     Ok(match arch {
-        Arch::Sm90a => sm90::summary(&sm90::Sm90Layout::new(problem, sm_count)),
+        Arch::Sm90a => summary(&sm90::Sm90Layout::new(problem, sm_count)),
         Arch::Sm100a => {
             let resident = |kernel: nvfp4_gemm_abi::sm100::params::KernelLayout| {
                 let c = kernel.config();
                 c.resident_ctas(sm_count, c.max_ctas_per_sm(), sm_count / c.cluster_size())
             };
-            sm100::summary(&sm100::Sm100Layout::new(problem, resident)?)
+            summary(&sm100::Sm100Layout::new(problem, resident)?)
         }
     })
 }

@@ -7,9 +7,40 @@ use crate::rules::{self, Limit};
 pub use crate::rules::{MAX_DIM, MAX_GROUPS};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 pub use nvfp4_format::GroupShape;
+pub use nvfp4_gemm_abi::sm90::w4a16::Activations;
+
+/// What a problem's token operand A is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TokenKind {
+    /// NVFP4 tokens: packed e2m1 values and e4m3 block scales in the blocked layout (W4A4).
+    #[default]
+    Nvfp4,
+    /// 16-bit activations of this type, used as they are, times weights prepacked for them
+    /// ([`crate::w4a16::prepack`]): W4A16, an sm_90a path (sm_100a multiplies NVFP4 operands
+    /// natively).
+    Dense(Activations),
+}
+
+impl TokenKind {
+    /// Bytes of one element of A's first buffer (packed values: bytes; activations: 2).
+    pub const fn a_element_bytes(self) -> u64 {
+        match self {
+            TokenKind::Nvfp4 => 1,
+            TokenKind::Dense(_) => 2,
+        }
+    }
+
+    /// The activations' type, `None` for NVFP4 tokens.
+    pub const fn activations(self) -> Option<Activations> {
+        match self {
+            TokenKind::Nvfp4 => None,
+            TokenKind::Dense(a) => Some(a),
+        }
+    }
+}
 
 /// Element type of C.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum OutputType {
     /// IEEE half precision (the default).
     #[default]
@@ -25,10 +56,11 @@ pub enum OutputType {
 /// [`rules::K_MULTIPLE`] (64); `n` a positive multiple of [`rules::N_MULTIPLE`] (8); `m` may be 0 (the group is skipped); at most [`MAX_GROUPS`] groups; no dimension above
 /// [`MAX_DIM`]; the call's buffers within [`rules::MAX_DEVICE_BYTES`] and its output tiles within
 /// [`rules::MAX_TILES`] ([`crate::rules`]). Zero groups is a valid problem that does nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Problem {
     groups: Vec<GroupShape>,
     output: OutputType,
+    tokens: TokenKind,
 }
 
 impl Problem {
@@ -36,6 +68,11 @@ impl Problem {
     /// Errors: [`Error::InvalidGroup`] for a `k` or `n` against the rules, [`Error::TooLarge`]
     /// for a limit exceeded.
     pub fn new(groups: impl Into<Vec<GroupShape>>, output: OutputType) -> Result<Problem> {
+        Problem::with_tokens(groups, output, TokenKind::Nvfp4)
+    }
+
+    /// [`Problem::new`] with the token operand `tokens` (NVFP4, or W4A16's 16-bit activations).
+    pub fn with_tokens(groups: impl Into<Vec<GroupShape>>, output: OutputType, tokens: TokenKind) -> Result<Problem> {
         let groups = groups.into();
         within(None, "groups", groups.len() as u64, Limit::Groups)?;
         for (g, s) in groups.iter().enumerate() {
@@ -46,8 +83,8 @@ impl Problem {
                 return Err(Error::group(g, "n", reason));
             }
         }
-        check_groups(&groups)?;
-        Ok(Problem { groups, output })
+        check_groups(&groups, tokens)?;
+        Ok(Problem { groups, output, tokens })
     }
 
     /// The group shapes.
@@ -60,19 +97,25 @@ impl Problem {
         self.output
     }
 
+    /// The token operand.
+    pub fn tokens(&self) -> TokenKind {
+        self.tokens
+    }
+
     /// Multiply-adds times two, over all groups.
     pub fn flops(&self) -> f64 {
         self.groups.iter().map(|s| 2.0 * s.m as f64 * s.n as f64 * s.k as f64).sum()
     }
 
-    /// Bytes of the NVFP4 operands (values and blocked scales) plus C.
+    /// Bytes of the operands (A's values and blocked scales or its activations, B's values and
+    /// blocked scales) plus C.
     pub fn bytes(&self) -> f64 {
         self.groups
             .iter()
             .map(|s| {
-                let op =
-                    |rows: usize| rows * s.k / 2 + nvfp4_gemm_abi::scale_layout::blocked_bytes(rows as u32, s.k as u32);
-                (op(s.m) + op(s.n) + 2 * s.m * s.n) as f64
+                let z = BufferSizes::with_tokens(s, self.tokens);
+                let a = z.a_values as u64 * self.tokens.a_element_bytes();
+                (a as usize + z.a_scales + z.b_values + z.b_scales + 2 * z.c_elements) as f64
             })
             .sum()
     }
@@ -88,19 +131,19 @@ impl Problem {
         let mut out = Vec::with_capacity(self.groups.len() + 1);
         out.push(at);
         for s in &self.groups {
-            at = at.plus(BufferSizes::of(s));
+            at = at.plus(BufferSizes::with_tokens(s, self.tokens));
             out.push(at);
         }
         out
     }
 }
 
-/// Sizes in bytes each buffer of a group must have.
+/// Sizes each buffer of a group must have: bytes, but for W4A16's activations and C, elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferSizes {
-    /// Packed A values: `m·k/2`.
+    /// Packed A values: `m·k/2` bytes; or W4A16's activations: `m·k` elements.
     pub a_values: usize,
-    /// A scales, 128x4 blocked: `ceil(m/128)·128 · k/16`.
+    /// A scales, 128x4 blocked: `ceil(m/128)·128 · k/16` (none for activations).
     pub a_scales: usize,
     /// Packed B values: `n·k/2`.
     pub b_values: usize,
@@ -111,16 +154,19 @@ pub struct BufferSizes {
 }
 
 impl BufferSizes {
-    /// The sizes for a shape.
+    /// The sizes for a shape with NVFP4 tokens.
     pub fn of(s: &GroupShape) -> BufferSizes {
+        BufferSizes::with_tokens(s, TokenKind::Nvfp4)
+    }
+
+    /// The sizes for a shape with the token operand `tokens`.
+    pub fn with_tokens(s: &GroupShape, tokens: TokenKind) -> BufferSizes {
         let blocked = |rows: usize| nvfp4_gemm_abi::scale_layout::blocked_bytes(rows as u32, s.k as u32);
-        BufferSizes {
-            a_values: s.m * s.k / 2,
-            a_scales: blocked(s.m),
-            b_values: s.n * s.k / 2,
-            b_scales: blocked(s.n),
-            c_elements: s.m * s.n,
-        }
+        let (a_values, a_scales) = match tokens {
+            TokenKind::Nvfp4 => (s.m * s.k / 2, blocked(s.m)),
+            TokenKind::Dense(_) => (s.m * s.k, 0),
+        };
+        BufferSizes { a_values, a_scales, b_values: s.n * s.k / 2, b_scales: blocked(s.n), c_elements: s.m * s.n }
     }
 
     /// All fields zero: where the first group's parts of stacked buffers start.
@@ -139,9 +185,10 @@ impl BufferSizes {
 }
 
 /// Checks the limits of a host-sized problem's groups (whose `k` and `n` follow the shape rules,
-/// [`crate::rules`]): each dimension, then, group by group, the running totals of device bytes
-/// (A, B, C and the sm_90a token workspace) and output tiles. O(groups).
-fn check_groups(groups: &[GroupShape]) -> Result<()> {
+/// [`crate::rules`]) with the token operand `tokens`: each dimension, then, group by group, the
+/// running totals of device bytes (A, B, C and the sm_90a token workspace) and output tiles.
+/// O(groups).
+fn check_groups(groups: &[GroupShape], tokens: TokenKind) -> Result<()> {
     within(None, "groups", groups.len() as u64, Limit::Groups)?;
     let (mut bytes, mut tiles) = (0u64, 0u64);
     for (g, s) in groups.iter().enumerate() {
@@ -149,14 +196,16 @@ fn check_groups(groups: &[GroupShape]) -> Result<()> {
             within(Some(g), field, v as u64, Limit::Dim)?;
         }
         // Within MAX_DIM every product below fits in 64 bits.
-        let z = BufferSizes::of(s);
+        let z = BufferSizes::with_tokens(s, tokens);
+        // W4A16 reads its activations where they are: no token workspace.
+        let workspace = if tokens == TokenKind::Nvfp4 { 2 * s.m as u64 * s.k as u64 } else { 0 };
         let parts = [
-            ("a.values", z.a_values as u64),
+            ("a.values", z.a_values as u64 * tokens.a_element_bytes()),
             ("a.scales", z.a_scales as u64),
             ("b.values", z.b_values as u64),
             ("b.scales", z.b_scales as u64),
             ("c", 2 * z.c_elements as u64),
-            ("workspace", 2 * s.m as u64 * s.k as u64),
+            ("workspace", workspace),
         ];
         for (field, b) in parts {
             bytes += b;
@@ -180,9 +229,11 @@ pub struct Nvfp4Sizes {
 /// The device buffers of one group, as addresses and lengths.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupBuffers {
-    /// Packed A values (bytes).
+    /// What A is (validated against the problem's token operand).
+    pub a_kind: TokenKind,
+    /// Packed A values (bytes), or W4A16's activations (16-bit elements).
     pub a_values: BufferView,
-    /// A scales (bytes, blocked layout).
+    /// A scales (bytes, blocked layout; empty for activations).
     pub a_scales: BufferView,
     /// Packed B values (bytes).
     pub b_values: BufferView,
@@ -203,6 +254,7 @@ pub struct GroupBuffers {
 /// `alphas` gives each group's alpha in order.
 pub(crate) fn stacked_parts(
     at: &[BufferSizes],
+    a_kind: TokenKind,
     whole: [BufferView; 4],
     c: BufferView,
     c_type: OutputType,
@@ -217,7 +269,8 @@ pub(crate) fn stacked_parts(
     for (w, alpha) in at.windows(2).zip(alphas) {
         let (at, next) = (w[0], w[1]);
         out.push(GroupBuffers {
-            a_values: part(a_values, at.a_values, next.a_values, 1),
+            a_kind,
+            a_values: part(a_values, at.a_values, next.a_values, a_kind.a_element_bytes()),
             a_scales: part(a_scales, at.a_scales, next.a_scales, 1),
             b_values: part(b_values, at.b_values, next.b_values, 1),
             b_scales: part(b_scales, at.b_scales, next.b_scales, 1),
@@ -228,8 +281,7 @@ pub(crate) fn stacked_parts(
     }
 }
 
-/// Every device buffer must start on this many bytes (TMA and bulk copies need 16).
-pub const BUFFER_ALIGN: u64 = 16;
+pub use crate::rules::BUFFER_ALIGN;
 
 /// Checks the buffers of every group against the problem: counts, exact lengths, alignment,
 /// output type, finite alpha, and no output overlapping another buffer of the call
@@ -253,12 +305,23 @@ pub(crate) fn validate_buffers_in(
             buffers.len()
         )));
     }
+    let tokens = problem.tokens;
+    let a_field = if tokens == TokenKind::Nvfp4 { "a.values" } else { "activations" };
     for (g, (s, b)) in problem.groups.iter().zip(buffers).enumerate() {
-        let want = BufferSizes::of(s);
+        if b.a_kind != tokens {
+            return Err(Error::group(
+                g,
+                a_field,
+                format!("is {}; the problem's tokens are {}", kind_words(b.a_kind), kind_words(tokens)),
+            ));
+        }
+        let want = BufferSizes::with_tokens(s, tokens);
         let skip_a = s.m == 0;
+        // Activations have no scales: their (empty) scale view is not looked at.
+        let skip_scales = skip_a || tokens != TokenKind::Nvfp4;
         let checks: [(&'static str, BufferView, usize, bool); 5] = [
-            ("a.values", b.a_values, want.a_values, skip_a),
-            ("a.scales", b.a_scales, want.a_scales, skip_a),
+            (a_field, b.a_values, want.a_values, skip_a),
+            ("a.scales", b.a_scales, want.a_scales, skip_scales),
             ("b.values", b.b_values, want.b_values, skip_a),
             ("b.scales", b.b_scales, want.b_scales, skip_a),
             ("c", b.c, want.c_elements, skip_a),
@@ -299,18 +362,29 @@ pub(crate) fn validate_buffers_in(
             push_spans(spans, g, b);
         }
     }
-    overlap::check(call, spans, overlap::group_fields(&GROUP_FIELDS))
+    let fields = if tokens == TokenKind::Nvfp4 { &GROUP_FIELDS } else { &DENSE_GROUP_FIELDS };
+    overlap::check(call, spans, overlap::group_fields(fields))
+}
+
+/// A token operand in words, for errors.
+fn kind_words(kind: TokenKind) -> String {
+    match kind {
+        TokenKind::Nvfp4 => "NVFP4 tokens".into(),
+        TokenKind::Dense(a) => format!("{a:?} activations"),
+    }
 }
 
 /// The fields of a group's buffers, in the order of [`push_spans`].
 const GROUP_FIELDS: [&str; 5] = ["a.values", "a.scales", "b.values", "b.scales", "c"];
+/// [`GROUP_FIELDS`] of a W4A16 problem (whose A is the activations).
+const DENSE_GROUP_FIELDS: [&str; 5] = ["activations", "a.scales", "b.values", "b.scales", "c"];
 
 /// Appends group `g`'s buffers to the overlap check's list (ids `5g ..`, [`GROUP_FIELDS`]).
 #[inline]
 fn push_spans(spans: &mut Vec<Span>, g: usize, b: &GroupBuffers) {
     let id = 5 * g as u32;
     spans.extend([
-        Span::new(id, b.a_values, 1, false),
+        Span::new(id, b.a_values, b.a_kind.a_element_bytes(), false),
         Span::new(id + 1, b.a_scales, 1, false),
         Span::new(id + 2, b.b_values, 1, false),
         Span::new(id + 3, b.b_scales, 1, false),
@@ -430,51 +504,24 @@ impl GroupBuffers {
             | (self.c.len ^ o.c.len))
             == 0
             && self.c_type == o.c_type
+            && self.a_kind == o.a_kind
     }
 }
 
-/// Where a call's alphas come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AlphaSource {
-    /// The host values in [`GroupBuffers::alpha`], uploaded with the group table.
-    Host,
-    /// A device buffer, copied into the group table by every call after any upload; each
-    /// [`GroupBuffers::alpha`] is [`DEVICE_ALPHA_PLACEHOLDER`].
-    Device,
-}
-
-/// What a call must do before its launches, from [`BufferCache::check`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TablesState {
-    /// The device tables hold this call's addresses and alphas already: launch only.
-    Current,
-    /// Encode the tables for this call's buffers and upload them, then
-    /// [`BufferCache::set_uploaded`].
-    Upload,
-}
-
 /// A plan's view of its calls' buffers, so that a call with the buffers of the previous one costs
-/// one flat comparison per group: no validation, no encoding, no allocation.
+/// one flat comparison per group instead of a validation.
 ///
 /// Each call fills [`BufferCache::start`] (its capacity is the plan's group count, so filling
-/// allocates nothing); [`BufferCache::check`] compares it with the last validated call's buffers,
-/// validates it only when anything differs (validation is a pure function of the problem and
-/// these views), and says whether the tables must be encoded again (addresses, alphas or the
-/// alphas' source differ from those the tables were encoded from, or there are none yet). With
-/// device alphas the tables' alphas are the device's, copied by each call after this check: a
-/// call with host alphas after one with device alphas uploads again.
+/// allocates nothing); [`BufferCache::check`] compares it with the last validated call's buffers
+/// and validates it only when anything differs (validation is a pure function of the problem and
+/// these views).
 #[derive(Debug)]
 pub(crate) struct BufferCache {
-    /// The current call's buffers, being filled, and where its alphas come from.
+    /// The current call's buffers, being filled.
     current: Vec<GroupBuffers>,
-    current_alphas: AlphaSource,
-    /// The buffers of the last call that passed validation (meaningful when `validated`), and
-    /// where its alphas came from.
+    /// The buffers of the last call that passed validation (meaningful when `validated`).
     last: Vec<GroupBuffers>,
-    last_alphas: AlphaSource,
     validated: bool,
-    /// Whether the device tables were encoded from `last`'s addresses and alphas.
-    uploaded: bool,
     /// The overlap check's list, kept so that validation allocates nothing.
     spans: Vec<Span>,
 }
@@ -484,63 +531,37 @@ impl BufferCache {
     pub fn new(groups: usize) -> BufferCache {
         BufferCache {
             current: Vec::with_capacity(groups),
-            current_alphas: AlphaSource::Host,
             last: Vec::with_capacity(groups),
-            last_alphas: AlphaSource::Host,
             validated: false,
-            uploaded: false,
             spans: Vec::with_capacity(5 * groups),
         }
     }
 
-    /// The current call's buffers, emptied, to be filled with one entry per group in order; its
-    /// alphas come from `alphas`.
-    pub fn start(&mut self, alphas: AlphaSource) -> &mut Vec<GroupBuffers> {
+    /// The current call's buffers, emptied, to be filled with one entry per group in order.
+    pub fn start(&mut self) -> &mut Vec<GroupBuffers> {
         self.current.clear();
-        self.current_alphas = alphas;
         &mut self.current
     }
 
     /// Checks the current call's buffers: validated against `problem` ([`validate_buffers`],
     /// same errors, for the call `call`) unless equal to the last validated call's in every field
     /// validation reads (addresses, lengths, types, alphas: the overlap rule too depends on
-    /// nothing else). On success they become [`Self::buffers`]; on error the cache is unchanged
-    /// (the last valid call's buffers and what the tables hold).
-    pub fn check(&mut self, problem: &Problem, call: &'static str) -> Result<TablesState> {
-        let (mut same, mut same_tables) = (false, false);
-        if self.validated && self.last.len() == self.current.len() && self.last_alphas == self.current_alphas {
-            (same, same_tables) = (true, true);
-            for (last, now) in self.last.iter().zip(&self.current) {
-                if !last.same_tables(now) {
-                    (same, same_tables) = (false, false);
-                    break;
-                }
-                same &= last.same_lengths(now);
-            }
-        }
+    /// nothing else). On success they become [`Self::buffers`]; on error the cache is unchanged.
+    pub fn check(&mut self, problem: &Problem, call: &'static str) -> Result<()> {
+        let same = self.validated
+            && self.last.len() == self.current.len()
+            && self.last.iter().zip(&self.current).all(|(last, now)| last.same_tables(now) && last.same_lengths(now));
         if !same {
             validate_buffers_in(call, problem, &self.current, &mut self.spans)?;
             std::mem::swap(&mut self.last, &mut self.current);
-            self.last_alphas = self.current_alphas;
             self.validated = true;
         }
-        if self.uploaded && same_tables {
-            Ok(TablesState::Current)
-        } else {
-            // Until the upload succeeds the tables hold nothing known.
-            self.uploaded = false;
-            Ok(TablesState::Upload)
-        }
+        Ok(())
     }
 
     /// The buffers of the last call that passed [`Self::check`].
     pub fn buffers(&self) -> &[GroupBuffers] {
         &self.last
-    }
-
-    /// Records that the device tables now hold the addresses and alphas of [`Self::buffers`].
-    pub fn set_uploaded(&mut self) {
-        self.uploaded = self.validated;
     }
 }
 
@@ -555,6 +576,7 @@ pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffer
     let stride = (largest as u64).next_multiple_of(0x10_0000).max(0x10_0000);
     let v = |i: u64, len| BufferView { ptr: base + stride * i, len };
     GroupBuffers {
+        a_kind: TokenKind::Nvfp4,
         a_values: v(1, z.a_values),
         a_scales: v(2, z.a_scales),
         b_values: v(3, z.b_values),
@@ -568,6 +590,7 @@ pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffer
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Alphas, Layout, Uploads};
 
     fn field_of(e: Error) -> (usize, &'static str) {
         match e {
@@ -705,7 +728,7 @@ mod tests {
                 assert_eq!(got, ("run", output, other), "case {i}");
             }
             // The cache validates it the same way, and keeps the last valid call.
-            let mut cache = BufferCache::new(3);
+            let mut cache = Calls::new(&p);
             assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Upload));
             assert_eq!(call(&mut cache, &p, &b), Err(validate_buffers(&p, &b).unwrap_err()), "case {i}");
             assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current), "case {i}");
@@ -735,7 +758,7 @@ mod tests {
         let whole = [v(1, total.a_values), v(2, total.a_scales), v(3, total.b_values), v(4, total.b_scales)];
         let parts = |whole: [BufferView; 4], c: BufferView| {
             let mut out = vec![];
-            stacked_parts(&at, whole, c, OutputType::F16, [1.0; 3].into_iter(), &mut out);
+            stacked_parts(&at, TokenKind::Nvfp4, whole, c, OutputType::F16, [1.0; 3].into_iter(), &mut out);
             out
         };
         let good = parts(whole, v(5, total.c_elements));
@@ -818,18 +841,48 @@ mod tests {
         assert!(validate_buffers(&p, &[b]).is_ok());
     }
 
-    /// Fills the cache with `bufs` as a call would and checks it.
-    fn call(cache: &mut BufferCache, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
-        cache.start(AlphaSource::Host).extend_from_slice(bufs);
-        cache.check(p, "run")
+    /// What a call must do before its launches: the plan's tables hold its buffers, or not.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum TablesState {
+        Current,
+        Upload,
+    }
+
+    /// What a plan decides per call without a GPU: the validation cache, and the engine's upload
+    /// rule over the sm_90a layout's signature.
+    struct Calls {
+        cache: BufferCache,
+        uploads: Uploads,
+        layout: crate::sm90::Sm90Layout,
+    }
+
+    impl Calls {
+        fn new(p: &Problem) -> Calls {
+            let layout = crate::sm90::Sm90Layout::new(p, 132);
+            Calls { cache: BufferCache::new(p.groups().len()), uploads: Uploads::default(), layout }
+        }
+    }
+
+    /// A call with `bufs` and alphas from `alphas`: validated (or the cache's shortcut), and
+    /// whether its tables must be uploaded.
+    fn call_from(calls: &mut Calls, p: &Problem, alphas: Alphas, bufs: &[GroupBuffers]) -> Result<TablesState> {
+        calls.cache.start().extend_from_slice(bufs);
+        calls.cache.check(p, "run")?;
+        calls.layout.signature(calls.cache.buffers(), calls.uploads.start(alphas));
+        Ok(if calls.uploads.needed() { TablesState::Upload } else { TablesState::Current })
+    }
+
+    /// A call with host alphas, not uploading.
+    fn call(calls: &mut Calls, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
+        call_from(calls, p, Alphas::Host, bufs)
     }
 
     /// A call of a plan with work: check, then upload when asked.
-    fn call_and_upload(cache: &mut BufferCache, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
-        let state = call(cache, p, bufs)?;
+    fn call_and_upload(calls: &mut Calls, p: &Problem, bufs: &[GroupBuffers]) -> Result<TablesState> {
+        let state = call(calls, p, bufs)?;
         if state == TablesState::Upload {
-            assert_eq!(cache.buffers(), bufs, "the tables are encoded from this call's buffers");
-            cache.set_uploaded();
+            assert_eq!(calls.cache.buffers(), bufs, "the tables are encoded from this call's buffers");
+            calls.uploads.done();
         }
         Ok(state)
     }
@@ -844,16 +897,16 @@ mod tests {
     #[test]
     fn the_cache_uploads_once_for_unchanged_buffers() {
         let (p, bufs) = mixed_problem();
-        let mut cache = BufferCache::new(bufs.len());
+        let mut cache = Calls::new(&p);
         assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Upload));
         for _ in 0..3 {
             assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current));
         }
         // Without work (or after a failed upload) nothing is marked uploaded: every call asks.
-        let mut cache = BufferCache::new(bufs.len());
+        let mut cache = Calls::new(&p);
         assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Upload));
         assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Upload));
-        cache.set_uploaded();
+        cache.uploads.done();
         assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Current));
     }
 
@@ -873,7 +926,7 @@ mod tests {
         ];
         for g in 0..bufs.len() {
             for (what, change) in changes {
-                let mut cache = BufferCache::new(bufs.len());
+                let mut cache = Calls::new(&p);
                 let mut start = bufs.clone();
                 if what == "alpha +0 -> -0" {
                     start[g].alpha = 0.0;
@@ -888,7 +941,7 @@ mod tests {
             }
         }
         // A different group count is a different call (and an error).
-        let mut cache = BufferCache::new(bufs.len());
+        let mut cache = Calls::new(&p);
         call_and_upload(&mut cache, &p, &bufs).unwrap();
         assert!(matches!(call_and_upload(&mut cache, &p, &bufs[..2]), Err(Error::InvalidProblem(_))));
         assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current));
@@ -918,7 +971,7 @@ mod tests {
                 let mut bad = bufs.clone();
                 break_it(&mut bad[g]);
                 let want = validate_buffers(&p, &bad).unwrap_err();
-                let mut cache = BufferCache::new(bufs.len());
+                let mut cache = Calls::new(&p);
                 assert_eq!(call_and_upload(&mut cache, &p, &bad), Err(want.clone()), "fresh, group {g} case {i}");
                 assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Upload));
                 assert_eq!(call_and_upload(&mut cache, &p, &bad), Err(want.clone()), "cached, group {g} case {i}");
@@ -928,7 +981,7 @@ mod tests {
             }
         }
         // Group 1 has M = 0: its lengths are not checked, and a length alone does not re-encode.
-        let mut cache = BufferCache::new(bufs.len());
+        let mut cache = Calls::new(&p);
         call_and_upload(&mut cache, &p, &bufs).unwrap();
         let mut other = bufs.clone();
         other[1].b_values.len = 0;
@@ -947,16 +1000,15 @@ mod tests {
         let (p, bufs) = mixed_problem();
         let placeholders: Vec<GroupBuffers> =
             bufs.iter().map(|b| GroupBuffers { alpha: DEVICE_ALPHA_PLACEHOLDER, ..*b }).collect();
-        let mut cache = BufferCache::new(bufs.len());
+        let mut calls = Calls::new(&p);
         let mut call_from = |alphas, bufs: &[GroupBuffers]| {
-            cache.start(alphas).extend_from_slice(bufs);
-            let state = cache.check(&p, "run")?;
+            let state = call_from(&mut calls, &p, alphas, bufs)?;
             if state == TablesState::Upload {
-                cache.set_uploaded();
+                calls.uploads.done();
             }
             Ok::<_, Error>(state)
         };
-        let (host, device) = (AlphaSource::Host, AlphaSource::Device);
+        let (host, device) = (Alphas::Host, Alphas::Device(0x7000_0000));
         assert_eq!(call_from(host, &bufs), Ok(TablesState::Upload));
         assert_eq!(call_from(device, &placeholders), Ok(TablesState::Upload));
         assert_eq!(call_from(device, &placeholders), Ok(TablesState::Current));
@@ -1003,7 +1055,7 @@ mod tests {
         let sets: Vec<Vec<GroupBuffers>> = (0..2u64)
             .map(|set| (0..64).map(|g| fake_buffers(&s, 0x1000_0000 * (2 * g + set), 0.5)).collect())
             .collect();
-        let mut cache = BufferCache::new(64);
+        let mut cache = Calls::new(&p);
         for (name, rotate) in [("same buffers", false), ("alternating buffers", true)] {
             // The best of 20 batches of 1000 calls (the machine may be shared).
             let mut best = f64::INFINITY;
@@ -1032,5 +1084,66 @@ mod tests {
         assert_eq!(z.b_values, 264 * 64);
         assert_eq!(z.b_scales, 384 * 8);
         assert_eq!(z.c_elements, 130 * 264);
+    }
+
+    /// A W4A16 problem's stacked activations split into each group's `m·K` elements, adjacent;
+    /// the parts pass the checks, empty groups with any buffer too; each wrong length,
+    /// misalignment, token kind, output type, alpha and overlap is a typed error naming the group
+    /// and field.
+    #[test]
+    fn w4a16_buffers_are_checked_with_typed_errors() {
+        let shapes = [(3, 136, 192), (0, 256, 64), (130, 64, 128), (1, 8, 64)];
+        let shapes: Vec<GroupShape> = shapes.iter().map(|&(m, n, k)| GroupShape::new(m, n, k)).collect();
+        let kind = TokenKind::Dense(Activations::F16);
+        let p = Problem::with_tokens(shapes, OutputType::F16, kind).unwrap();
+        let at = p.stacked_offsets();
+        let total = at[p.groups().len()];
+        let base = 0x1_0000_0000u64;
+        let v = |ptr: u64, len| BufferView { ptr, len };
+        let whole = [
+            v(base, total.a_values),
+            v(0, 0),
+            v(base + 0x100_0000, total.b_values),
+            v(base + 0x200_0000, total.b_scales),
+        ];
+        let mut buffers = vec![];
+        let alphas = (0..p.groups().len()).map(|g| g as f32);
+        stacked_parts(&at, kind, whole, v(base + 0x300_0000, total.c_elements), OutputType::F16, alphas, &mut buffers);
+        let act: Vec<BufferView> = buffers.iter().map(|b| b.a_values).collect();
+        assert_eq!(act.iter().map(|v| v.len).collect::<Vec<_>>(), [3 * 192, 0, 130 * 128, 64]);
+        assert_eq!(act[2].ptr, base + 2 * 3 * 192);
+        assert!(act.windows(2).all(|w| w[0].ptr + 2 * w[0].len as u64 == w[1].ptr), "adjacent");
+        validate_buffers(&p, &buffers).unwrap();
+        // A group of no rows: whatever its buffers (e.g. a placeholder allocation).
+        let mut empty = buffers.clone();
+        empty[1].a_values = BufferView { ptr: 0x7, len: 8 };
+        validate_buffers(&p, &empty).unwrap();
+        type Edit = fn(&mut GroupBuffers);
+        let cases: [(Edit, &str); 7] = [
+            (|b| b.a_values.len -= 1, "activations"),
+            (|b| b.a_values.ptr += 8, "activations"),
+            (|b| b.a_kind = TokenKind::Dense(Activations::Bf16), "activations"),
+            (|b| b.b_scales.len += 1, "b.scales"),
+            (|b| b.c_type = OutputType::Bf16, "c"),
+            (|b| b.alpha = f32::NAN, "alpha"),
+            (|b| b.b_values.ptr += 4, "b.values"),
+        ];
+        for (edit, field) in cases {
+            let mut b = buffers.clone();
+            edit(&mut b[2]);
+            assert_eq!(field_of(validate_buffers(&p, &b).unwrap_err()), (2, field));
+        }
+        // NVFP4 tokens given to a W4A16 problem.
+        let mut b = buffers.clone();
+        b[0].a_kind = TokenKind::Nvfp4;
+        assert_eq!(field_of(validate_buffers(&p, &b).unwrap_err()), (0, "activations"));
+        // Group 3's C over group 0's activations.
+        let mut b = buffers.clone();
+        b[3].c.ptr = act[0].ptr + 16;
+        assert_eq!(
+            overlap_of(validate_buffers(&p, &b).unwrap_err()),
+            ("run", (Some(3), "c"), (Some(0), "activations"))
+        );
+        assert!(matches!(validate_buffers(&p, &buffers[..3]), Err(Error::InvalidProblem(_))));
     }
 }

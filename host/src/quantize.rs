@@ -33,7 +33,8 @@ use crate::driver::launch::launch;
 use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
 use crate::overlap::{self, Span};
-use crate::plan::Nvfp4Operand;
+use crate::plan::{Nvfp4Operand, TokenOperand};
+use crate::problem::Activations;
 use crate::problem::{BufferView, CallBuffers, BUFFER_ALIGN};
 use crate::upload::DeviceNvfp4;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
@@ -52,14 +53,29 @@ mod sealed {
 pub trait DenseFloat: sealed::Sealed + DeviceRepr + Copy {
     /// True for bf16.
     const BF16: bool;
+    /// The type as W4A16's activations.
+    const ACTIVATIONS: Activations;
+
+    /// A tensor of this type as a call's token operand (W4A16's activations).
+    fn tokens(x: &dyn DevicePtr<Self>) -> TokenOperand<'_>;
 }
 
 impl DenseFloat for f16 {
     const BF16: bool = false;
+    const ACTIVATIONS: Activations = Activations::F16;
+
+    fn tokens(x: &dyn DevicePtr<f16>) -> TokenOperand<'_> {
+        TokenOperand::F16(x)
+    }
 }
 
 impl DenseFloat for bf16 {
     const BF16: bool = true;
+    const ACTIVATIONS: Activations = Activations::Bf16;
+
+    fn tokens(x: &dyn DevicePtr<bf16>) -> TokenOperand<'_> {
+        TokenOperand::Bf16(x)
+    }
 }
 
 /// One NVFP4 tensor being written: packed e2m1 values (`rows · k / 2` bytes) and blocked e4m3
@@ -182,6 +198,57 @@ impl Quantizer {
             return Ok(());
         };
         // SAFETY: as in `quantize`.
+        unsafe { self.launch(&self.dequantize, stream, params, items) }
+    }
+
+    /// [`Quantizer::quantize`] on buffers given as addresses and lengths (`input`: `rows × k`
+    /// elements of f16, or bf16 when `bf16`; `values`, `scales` bytes): the typed entry of
+    /// bindings, with the same checks.
+    ///
+    /// # Safety
+    /// As [`crate::GemmPlan::run_views`], for every buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn quantize_views(
+        &self,
+        stream: &CudaStream,
+        input: BufferView,
+        bf16: bool,
+        rows: usize,
+        k: usize,
+        global_scale: f32,
+        values: BufferView,
+        scales: BufferView,
+    ) -> Result<()> {
+        let buffers = Buffers { dense: input, values, scales };
+        let Some((params, items)) = validate(Direction::Quantize, rows, k, global_scale, bf16, &buffers)? else {
+            return Ok(());
+        };
+        // SAFETY: validated; the caller's contract for the memory.
+        unsafe { self.launch(&self.quantize, stream, params, items) }
+    }
+
+    /// [`Quantizer::dequantize`] on buffers given as addresses and lengths (`output`: `rows × k`
+    /// elements of f16, or bf16 when `bf16`), as [`Quantizer::quantize_views`].
+    ///
+    /// # Safety
+    /// As [`crate::GemmPlan::run_views`], for every buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dequantize_views(
+        &self,
+        stream: &CudaStream,
+        values: BufferView,
+        scales: BufferView,
+        rows: usize,
+        k: usize,
+        global_scale: f32,
+        output: BufferView,
+        bf16: bool,
+    ) -> Result<()> {
+        let buffers = Buffers { dense: output, values, scales };
+        let Some((params, items)) = validate(Direction::Dequantize, rows, k, global_scale, bf16, &buffers)? else {
+            return Ok(());
+        };
+        // SAFETY: validated; the caller's contract for the memory.
         unsafe { self.launch(&self.dequantize, stream, params, items) }
     }
 

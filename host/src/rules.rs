@@ -20,6 +20,16 @@ pub const K_MULTIPLE: usize = nvfp4_gemm_abi::quantize::K_MULTIPLE as usize;
 /// `n` (rows of B, columns of C) is a positive multiple of this: 8 16-bit elements, 16 bytes.
 pub const N_MULTIPLE: usize = 8;
 
+/// Every device buffer a kernel reads or writes starts on this many bytes (TMA and bulk copies
+/// need 16).
+pub const BUFFER_ALIGN: u64 = 16;
+
+/// Bytes of `rows × k/16` e4m3 scales in the 128x4 blocked layout: rows padded to 128, scale
+/// columns to 4 (docs/format.md).
+pub const fn blocked_bytes(rows: usize, k: usize) -> usize {
+    rows.div_ceil(128) * k.div_ceil(64) * 512
+}
+
 /// Whether `k` follows the rule: a positive multiple of [`K_MULTIPLE`].
 pub const fn k_is_valid(k: usize) -> bool {
     k > 0 && k % K_MULTIPLE == 0
@@ -236,5 +246,15 @@ mod tests {
             sm90.config.kernel_name(),
             sm100_time.as_secs_f64()
         );
+    }
+
+    #[test]
+    fn blocked_bytes_is_the_abi_s() {
+        for rows in [0usize, 1, 127, 128, 129, 300] {
+            for k in [64usize, 128, 192, 7168] {
+                let abi = nvfp4_gemm_abi::scale_layout::blocked_bytes(rows as u32, k as u32);
+                assert_eq!(blocked_bytes(rows, k), abi, "{rows} x {k}");
+            }
+        }
     }
 }

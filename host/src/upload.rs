@@ -44,7 +44,7 @@ impl<'a> GroupArgs<'a> {
     /// Multiply `alpha` by any scale of the layer's own.
     pub fn new(a: &'a DeviceNvfp4, b: &'a DeviceNvfp4, c: Output<'a>) -> GroupArgs<'a> {
         let alpha = (f64::from(a.global_scale) * f64::from(b.global_scale)) as f32;
-        GroupArgs { a: a.operand(), b: b.operand(), c, alpha }
+        GroupArgs { a: a.operand().into(), b: b.operand(), c, alpha }
     }
 }
 
@@ -72,6 +72,6 @@ impl DeviceGroup {
 
     /// The call arguments for this group with output `c`.
     pub fn args<'a>(&'a self, c: crate::plan::Output<'a>) -> crate::plan::GroupArgs<'a> {
-        crate::plan::GroupArgs { a: self.a.operand(), b: self.b.operand(), c, alpha: self.alpha }
+        crate::plan::GroupArgs { a: self.a.operand().into(), b: self.b.operand(), c, alpha: self.alpha }
     }
 }

@@ -165,8 +165,8 @@ fn schedule_only(problem: &MoeProblem, sizes: &[u32], rows: &[GroupRows]) -> Sch
     let t = std::time::Instant::now();
     let layout = nvfp4_gemm::layout::Sm100DeviceLayout::new(problem, |k| Residency::deep(148).of(k)).unwrap();
     let (_sizes_buf, buffers) = schedule_only_buffers(problem, sizes);
-    let tables = MoeTables::new(&layout, problem, &buffers);
-    run_sm100_schedule(&layout, problem, &buffers, &tables, &ModelRun::default()).unwrap();
+    let tables = MoeTables::new(&layout, &buffers);
+    run_sm100_schedule(&layout, &buffers, &tables, &ModelRun::default()).unwrap();
     let outcome = tables.outcome();
     let k = problem.k() as u64;
     for (g, (p, r)) in outcome.groups.iter().zip(rows).enumerate() {

@@ -222,8 +222,8 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
         let t = std::time::Instant::now();
         let layout = nvfp4_gemm::layout::Sm90DeviceLayout::new(&problem, sm_count, &options).unwrap();
         let (_sizes_buf, buffers) = schedule_only_buffers(&problem, &sizes);
-        let tables = MoeTables::new(&layout, &problem, &buffers);
-        run_sm90_schedule(&layout, &problem, &buffers, &tables, &ModelRun::default()).unwrap();
+        let tables = MoeTables::new(&layout, &buffers);
+        run_sm90_schedule(&layout, &buffers, &tables, &ModelRun::default()).unwrap();
         let outcome = tables.outcome();
         assert_eq!(outcome.status, status.0, "case {case}");
         let overlapping = status.0 & STATUS_OFFSETS_DECREASING != 0;

@@ -4,12 +4,25 @@
 //! fp64 reference as the W4A4 tests: `C = alpha · A · Bᵀ` (A's global scale in alpha).
 
 use nvfp4_format::InputDistribution;
+use nvfp4_gemm::layout::Sm90Layout;
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, TokenLayout};
-use nvfp4_gemm::w4a16::{layout, layout_with, Activations};
+use nvfp4_gemm::w4a16::Activations;
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
+use nvfp4_gemm::Problem;
 use nvfp4_gemm_abi::sm90::w4a16::kernel_name_of as w4a16_kernel;
 use nvfp4_gemm_abi::sm90::GemmConfig;
 use nvfp4_gemm_model_tests::*;
+
+/// The layout of `problem`'s shapes with `activations` as the tokens on `sm_count` SMs (the
+/// W4A4 layout's variant and work list: every W4A4 variant has its W4A16 twin).
+fn layout(problem: &Problem, activations: Activations, sm_count: u32) -> Sm90Layout {
+    Sm90Layout::new(&w4a16_problem(problem, activations), sm_count)
+}
+
+/// [`layout`] with the variant `config`.
+fn layout_with(problem: &Problem, activations: Activations, sm_count: u32, config: GemmConfig) -> Option<Sm90Layout> {
+    Sm90Layout::with_config(&w4a16_problem(problem, activations), sm_count, config)
+}
 
 /// Tails everywhere: M = 0, M not a multiple of 16 or 128, N = 8 and 8·odd, K = 64 and a K tail
 /// (K % 128 = 64), f16 and bf16 out; the general kernel (a group above 16 tokens).
@@ -62,9 +75,9 @@ fn model_sm90_w4a16_t64_and_n192() {
     }
 }
 
-/// The device-sized W4A16 call (`W4a16MoePlan`): the scheduler, then the W4A16 GEMMs reading the
-/// activations `[token_rows, K]` through maps over the whole tensor (rows of no group are NaN),
-/// no dequantization. Checks C against the reference on every group's rows, rows of no group and
+/// The device-sized W4A16 call (a `MoePlan` of W4A16 tokens): the scheduler, then the W4A16
+/// GEMMs reading the activations `[token_rows, K]` through maps over the whole tensor (rows of no
+/// group are NaN), no dequantization. Checks C against the reference on every group's rows, rows of no group and
 /// C's guards untouched, the status word, and which kernels ran.
 #[allow(clippy::too_many_arguments)]
 fn check_device_sized(
@@ -190,8 +203,8 @@ fn model_sm90_w4a16_bf16_activations() {
     for out in [F16, Bf16] {
         let ran =
             run_and_check(&format!("w4a16 bf16 general {out:?}"), &general, out, &ModelRun::default(), |ops, run| {
-                let l = layout_with(&ops.problem, 3, GemmConfig::GENERAL).expect("general");
-                run_sm90_w4a16_typed(ops, l, bf16, run)
+                let l = layout_with(&ops.problem, bf16, 3, GemmConfig::GENERAL).expect("general");
+                run_sm90_w4a16_typed(ops, l, run)
             });
         assert_eq!(ran[0].kernel, "sm90_w4a16_bf16_gemm");
     }
@@ -199,7 +212,7 @@ fn model_sm90_w4a16_bf16_activations() {
     let full = groups(&shapes, InputDistribution::FullRange, 12);
     let run = ModelRun::ordered(Completion::Random, 12);
     let ran = run_and_check("w4a16 bf16 decode", &full, F16, &run, |ops, run| {
-        run_sm90_w4a16_typed(ops, layout(&ops.problem, 2), bf16, run)
+        run_sm90_w4a16_typed(ops, layout(&ops.problem, bf16, 2), run)
     });
     assert_eq!(ran[0].kernel, "sm90_w4a16_bf16_gemm_decode");
     let shapes = z(&[130, 1, 200], &[328, 64, 136], &[320, 64, 192]);
@@ -208,7 +221,7 @@ fn model_sm90_w4a16_bf16_activations() {
         [(GemmConfig::T64, "sm90_w4a16_bf16_gemm_t64"), (GemmConfig::N192, "sm90_w4a16_bf16_gemm_n192")]
     {
         let ran = run_and_check(&format!("w4a16 bf16 {name}"), &wide, Bf16, &ModelRun::default(), |ops, run| {
-            run_sm90_w4a16_typed(ops, layout_with(&ops.problem, 2, config).expect("the variant"), bf16, run)
+            run_sm90_w4a16_typed(ops, layout_with(&ops.problem, bf16, 2, config).expect("the variant"), run)
         });
         assert_eq!(ran[0].kernel, name);
     }

@@ -267,6 +267,20 @@ pub fn encode_tiled(
     Ok(m)
 }
 
+/// Replaces the global address of an encoded map, as `cuTensorMapReplaceAddress` does (the
+/// rest of the map unchanged). Returns why it cannot: not a map of this model, or an address not
+/// 16-byte aligned.
+pub fn replace_address(m: &mut [u8; 128], global_address: u64) -> Result<(), String> {
+    if &m[0..4] != MAGIC || m[4] != 1 {
+        return Err("not a tensor map encoded by this model".into());
+    }
+    if global_address % 16 != 0 {
+        return Err(format!("global address {global_address:#x} is not 16-byte aligned"));
+    }
+    m[16..24].copy_from_slice(&global_address.to_le_bytes());
+    Ok(())
+}
+
 /// Decodes a map written by [`encode_tiled`].
 pub fn decode(m: &[u8; 128]) -> Result<TensorMapDesc, String> {
     if &m[0..4] != MAGIC || m[4] != 1 {

@@ -16,16 +16,20 @@ one e4m3 scale per 16 values in the 128x4 blocked layout), C fp16 or bf16.
 
 Importing needs nothing but this package; torch is used when torch tensors are passed (never
 imported here). Calls run on the current torch stream of the tensors' device, in its primary
-context, without host synchronization. Bad arguments raise ``TypeError``/``ValueError`` naming
-the group and argument before anything is launched; driver failures raise :class:`CudaError`.
+context, without host synchronization. Every argument is read once and checked by the library's
+own rules (the native module) before anything is launched: bad arguments raise
+``TypeError``/``ValueError`` naming the group and argument; driver failures raise
+:class:`CudaError`. The rules' numbers are the native module's (``_native.K_MULTIPLE``,
+``N_MULTIPLE``, ``ALIGN``, ``MAX_GROUPS``, :func:`blocked_bytes`).
 """
 
-from . import _native, layout, w4a16
+from . import _hooks, _native, layout, w4a16
 from ._core import PreparedGemm, clear_cache, dequantize, device, grouped_gemm, grouped_gemm_stacked, prepare, quantize
-from ._native import CaptureError, CudaError, NoDriverError, UnsupportedError
-from ._tensors import blocked_bytes
+from ._native import CaptureError, CudaError, NoDriverError, UnsupportedError, blocked_bytes
 from .competition import custom_kernel
 from .moe import MoE, offsets_from_counts
+
+_native.set_hooks(_hooks)
 
 __version__ = "0.1.0"
 

@@ -2,50 +2,14 @@
 plain ``[rows, K/16]`` layout to it (and back) on the GPU.
 
 Blocked layout (what the kernels read; cuBLAS's and the GPU MODE task's): rows padded to a
-multiple of 128, scale columns (K/16) to a multiple of 4; the scale of row ``i``, column ``j``
-is at byte ``((i // 128) * rest_k + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4``
-with ``rest_k = ceil(K / 64)``. The GPU MODE task hands the same bytes as a permuted view of
-logical shape ``(32, 4, rest_m, 4, rest_k, 1)``; both are accepted as they are (no copy).
+multiple of 128, scale columns (K/16) to a multiple of 4 (docs/format.md; its size is
+:func:`blocked_bytes`). The GPU MODE task hands the same bytes as a permuted view of logical shape
+``(32, 4, rest_m, 4, rest_k, 1)`` (strides :func:`blocked_view_strides`); the calls accept both as
+they are (no copy). The conversions here are torch operations on the GPU.
 """
 
-from ._tensors import SCALES, blocked_bytes, torch_module
-
-
-def blocked_view_strides(rows, k):
-    """Strides (elements) of the task's permuted ``(32, 4, rest_m, 4, rest_k)`` view."""
-    rest_k = -(-k // 64)
-    return (16, 4, rest_k * 512, 1, 512)
-
-
-def blocked_scales(t, rows, k):
-    """Address and byte count of the blocked scales of a ``rows × k`` operand held by ``t``: a
-    contiguous tensor of exactly that many bytes (any shape), or the task's permuted view of
-    them. ``TypeError``/``ValueError`` naming the argument otherwise."""
-    t.require_dtype(SCALES)
-    want = blocked_bytes(rows, k)
-    if t.contiguous():
-        if t.numel != want:
-            hint = ""
-            if len(t.shape) == 2 and t.shape == (rows, k // 16):
-                hint = " (this is the plain [rows, K/16] layout: pass scale_layout='plain')"
-            raise t.error(
-                f"has {t.numel} bytes (shape {list(t.shape)}); {rows} rows × K={k} need exactly {want} "
-                f"in the 128x4 blocked layout{hint}"
-            )
-        t.require_aligned()
-        return t.ptr, want
-    rest_m, rest_k = -(-rows // 128), -(-k // 64)
-    shape5 = (32, 4, rest_m, 4, rest_k)
-    if t.shape in (shape5, shape5 + (1,)):
-        strides = blocked_view_strides(rows, k)
-        if all(d == 1 or s == w for d, s, w in zip(t.shape, t.strides, strides)):
-            t.require_aligned()
-            return t.ptr, want
-    raise t.error(
-        f"shape {list(t.shape)} with strides {list(t.strides)} is neither contiguous blocked scales "
-        f"({want} bytes) nor the blocked layout's view of shape {list(shape5)} (+1) with strides "
-        f"{list(blocked_view_strides(rows, k))}"
-    )
+from ._hooks import torch_module
+from ._native import blocked_bytes, blocked_view_strides  # noqa: F401  (the library's formulas)
 
 
 def _torch():

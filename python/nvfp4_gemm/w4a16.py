@@ -10,51 +10,25 @@ these calls raise :class:`UnsupportedError` on it.
   GPU.
 """
 
-import collections
-import ctypes
-
 from . import _native
-from ._core import (
-    MAX_PLANS,
-    _captured_plan,
-    _group_lists,
-    _lock,
-    _out_dtype,
-    _output,
-    _refuse_in_capture,
-    _values,
-    device,
-)
-from ._tensors import (
-    DENSE,
-    SCALES,
-    VALUES,
-    blocked_bytes,
-    describe,
-    dtype_name,
-    finite_alphas,
-    same_device,
-    stream_handle,
-    torch_module,
-)
+from ._core import device  # noqa: F401  (the package's device lookup; tests replace it)
+from ._hooks import host_bytes as _host_bytes, torch_module
 
-# Plans by (device, shapes, output bf16, activations bf16), most recently used last.
-_plans = collections.OrderedDict()
+VALUES = ("uint8", "float4_e2m1fn_x2")
+SCALES = ("float8_e4m3fn", "uint8")
 
 
-def _host_bytes(obj):
-    """The bytes of a contiguous uint8-viewable torch tensor, through a host copy."""
-    torch = torch_module()
-    t = obj.contiguous().view(torch.uint8).cpu()
-    return ctypes.string_at(t.data_ptr(), t.numel())
+def _dtype_name(dtype):
+    name = str(dtype)
+    return name[6:] if name.startswith("torch.") else name
 
 
 def _torch_tensor(obj, name, dtypes):
     """The shape of a contiguous torch tensor (on the GPU or the CPU) of one of ``dtypes``."""
     if not all(hasattr(obj, a) for a in ("shape", "dtype", "is_contiguous", "data_ptr")):
         raise TypeError(f"{name}: {type(obj).__name__} is not a torch tensor")
-    if dtype_name(obj.dtype) not in dtypes:
-        raise TypeError(f"{name}: dtype {dtype_name(obj.dtype)}; expected {' or '.join(dtypes)}")
+    if _dtype_name(obj.dtype) not in dtypes:
+        raise TypeError(f"{name}: dtype {_dtype_name(obj.dtype)}; expected {' or '.join(dtypes)}")
     if not obj.is_contiguous():
         raise ValueError(f"{name}: is not contiguous; call .contiguous() first")
     return tuple(obj.shape)
@@ -68,7 +42,7 @@ def _numel(shape):
 
 
 def _activations(dtype_name_, what):
-    if dtype_name_ not in DENSE:
+    if dtype_name_ not in ("float16", "bfloat16"):
         raise TypeError(f"{what}: {dtype_name_}; expected float16 or bfloat16")
     return dtype_name_ == "bfloat16"
 
@@ -79,7 +53,7 @@ def prepack_experts(values, scales, experts, n, k, bf16):
     returns new ``uint8`` tensors on the same device, ``[experts, n, k/2]`` and flat scales."""
     torch = torch_module()
     vb, sb = _host_bytes(values), _host_bytes(scales)
-    wbytes, sbytes = n * k // 2, blocked_bytes(n, k)
+    wbytes, sbytes = n * k // 2, _native.blocked_bytes(n, k)
     out_v, out_s = bytearray(), bytearray()
     for e in range(experts):
         v, s = _native.prepack_w4a16(vb[e * wbytes : (e + 1) * wbytes], sb[e * sbytes : (e + 1) * sbytes], n, k, bf16)
@@ -105,15 +79,13 @@ def prepack(values, scales, activations="bfloat16"):
     Returns ``(values, scales)``: new ``uint8`` tensors of the same sizes on ``values``' device.
     Weights prepacked for one activation type give wrong results with the other.
     """
-    bf16 = _activations(dtype_name(activations), "activations")
+    bf16 = _activations(_dtype_name(activations), "activations")
     shape = _torch_tensor(values, "`values`", VALUES)
     if len(shape) not in (2, 3):
         raise ValueError(f"`values`: shape {list(shape)}; expected [N, K/2] or [E, N, K/2]")
     experts = shape[0] if len(shape) == 3 else 1
     n, k = shape[-2], 2 * shape[-1]
-    if k == 0 or k % 64:
-        raise ValueError(f"`values`: K = 2·{shape[-1]} = {k} is not a positive multiple of 64")
-    want = experts * blocked_bytes(n, k)
+    want = experts * _native.blocked_bytes(n, k)
     if _numel(_torch_tensor(scales, "`scales`", SCALES)) != want:
         raise ValueError(f"`scales`: has {scales.numel()} bytes; {experts} matrices of N={n}, K={k} need {want} (blocked)")
     pv, ps = prepack_experts(values, scales, experts, n, k, bf16)
@@ -134,83 +106,9 @@ def grouped_gemm(x, b, b_scales, alpha=None, *, out=None, out_dtype=None, stream
       (default: ``x``'s type).
 
     Everything is checked before any launch; the plan is cached per (device, shapes, output and
-    activation types). Returns the outputs.
+    activation types) in the package's one cache. Returns the outputs.
     """
-    groups = _group_lists({"x": x, "b": b, "b_scales": b_scales}, out)
-    if not groups:
-        return []
-    tx = [describe(t, f"group {g}: `x`") for g, t in enumerate(x)]
-    act = tx[0].dtype
-    bf16_act = _activations(act, "group 0: `x`")
-    if out is not None:
-        first = describe(out[0], "group 0: `out`")
-        dtype = _out_dtype(out_dtype, first.dtype if first.dtype in DENSE else act)
-    else:
-        dtype = _out_dtype(out_dtype, act)
-    alphas = finite_alphas(alpha, groups, "alpha")
-    shapes, tensors, flat, pending = [], [], [], []
-    for g in range(groups):
-        t = tx[g]
-        if t.dtype != act:
-            raise t.error(f"{t.dtype}; group 0's activations are {act} (one type per call)", TypeError)
-        if len(t.shape) != 2:
-            raise t.error(f"shape {list(t.shape)}; expected [m, K]")
-        t.require_contiguous()
-        t.require_aligned()
-        m, k = t.shape
-        tb = describe(b[g], f"group {g}: `b`")
-        n, _ = _values(tb, k=k)
-        if n % 8:
-            raise tb.error(f"N = {n} rows is not a multiple of 8")
-        ts = describe(b_scales[g], f"group {g}: `b_scales`")
-        ts.require_dtype(SCALES)
-        ts.require_contiguous()
-        if ts.numel != blocked_bytes(n, k):
-            raise ts.error(f"has {ts.numel} bytes; N={n}, K={k} needs {blocked_bytes(n, k)} (blocked)")
-        ts.require_aligned()
-        tensors += [t, tb, ts]
-        tc = None
-        if out is not None:
-            tc = describe(out[g], f"group {g}: `out`")
-            _output(tc, m, n, dtype)
-            tensors.append(tc)
-        shapes.append((m, n, k))
-        pending.append((t, tb, ts, tc))
-    ordinal = same_device(tensors)
-    bf16 = dtype == "bfloat16"
-    _native.check_problem(shapes, bf16)
-    if out is None:
-        torch = torch_module()
-        if torch is None or not tx[0].is_torch:
-            raise TypeError("out: required when the inputs are not torch tensors (this package allocates with torch)")
-        outs = [torch.empty((m, n), dtype=getattr(torch, dtype), device=f"cuda:{ordinal}") for m, n, _ in shapes]
-    else:
-        outs = list(out)
-    for g, (t, tb, ts, tc) in enumerate(pending):
-        m, n, _ = shapes[g]
-        cp = outs[g].data_ptr() if tc is None else tc.ptr
-        flat += [t.ptr, t.numel, tb.ptr, tb.nbytes, ts.ptr, ts.numel, cp, m * n]
-    dev = device(ordinal)
-    s = stream_handle(stream, ordinal)
-    key = (ordinal, tuple(shapes), bf16, bf16_act)
-    with _lock:
-        plan = _plans.get(key)
-        if plan is not None:
-            _plans.move_to_end(key)
-    if plan is None:
-        _refuse_in_capture(dev, s, "planning a W4A16 GEMM")
-        plan = _native.W4a16Plan(dev, shapes, bf16, bf16_act)
-        with _lock:
-            _plans[key] = plan
-            while len(_plans) > MAX_PLANS:
-                _plans.popitem(last=False)
-    if plan.run(s, flat, alphas):
-        # The graph keeps reading the plan's tables: never reused for other tensors or freed.
-        _captured_plan(key, plan)
-        with _lock:
-            if _plans.get(key) is plan:
-                del _plans[key]
-    return outs
+    return list(_native.w4a16_grouped_gemm(x, b, b_scales, alpha, out, out_dtype, stream))
 
 
 __all__ = ["grouped_gemm", "prepack"]

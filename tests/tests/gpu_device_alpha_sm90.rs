@@ -5,15 +5,37 @@
 //! host is involved).
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceSlice, SyncOnDrop};
 use half::f16;
 use nvfp4_format::{random_groups, Group, GroupShape, InputDistribution};
-use nvfp4_gemm::raw::{RawBuffer, RawSlice};
 use nvfp4_gemm::{
     Arch, DeviceGroup, Error, GemmPlan, GroupArgs, Nvfp4Operand, Output, OutputType, Problem, StackedArgs,
 };
 use nvfp4_gemm_tests::gpu_or_skip;
 use std::sync::Arc;
+
+/// `len` `f32`s at a device address (what a caller holding raw pointers passes), e.g. inside
+/// another buffer.
+struct At {
+    ptr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceSlice<f32> for At {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl DevicePtr<f32> for At {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
 
 /// A NaN with a payload no kernel writes: any element still holding it was not written.
 const POISON: u16 = 0x7E01;
@@ -112,7 +134,7 @@ fn gpu_device_alphas_equal_host_alphas() {
         let mut c = poisoned(&stream, total);
         {
             let mut args = StackedArgs {
-                a: Nvfp4Operand { values: &a_values, scales: &a_scales },
+                a: Nvfp4Operand { values: &a_values, scales: &a_scales }.into(),
                 b: Nvfp4Operand { values: &b_values, scales: &b_scales },
                 c: Output::F16(&mut c),
                 alphas,
@@ -138,8 +160,8 @@ fn gpu_device_alphas_equal_host_alphas() {
     let short = device.slice(0..shapes.len() - 1);
     let err = plan.run_with_device_alphas(&stream, &mut args, &short).unwrap_err().to_string();
     assert!(err.contains("`alphas`") && err.contains("has 3 f32 values"), "{err}");
-    // SAFETY: 16 bytes inside group 0's C, alive for the call (which launches nothing).
-    let inside_c = unsafe { RawSlice::<f32>::new(RawBuffer { ptr: c0 + 64, len: shapes.len() as u64 }, &stream) };
+    // 16 bytes inside group 0's C, alive for the call (which launches nothing).
+    let inside_c = At { ptr: c0 + 64, len: shapes.len(), stream: stream.clone() };
     let err = plan.run_with_device_alphas(&stream, &mut args, &inside_c).unwrap_err();
     assert!(matches!(err, Error::Overlap { .. }), "{err}");
     drop(args);

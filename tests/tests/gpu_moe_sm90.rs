@@ -103,7 +103,7 @@ fn layer_call(stream: &Arc<CudaStream>, q: &Quantizer, plan: &mut MoePlan, layer
     let mut c = bufs.c.slice_mut(GUARD..GUARD + len);
     let mut args = MoeArgs {
         sizes: &bufs.sizes,
-        a: bufs.a.operand(),
+        a: bufs.a.operand().into(),
         weights: &weights,
         alphas: &layer.alphas,
         c: Output::F16(&mut c),
@@ -218,7 +218,7 @@ fn host_sized_gemm(
             .zip(cs.iter_mut())
             .zip(spans)
             .map(|((a, c), &(g, _, _))| GroupArgs {
-                a: a.operand(),
+                a: a.operand().into(),
                 b: layer.dev_weights[g].operand(),
                 c: Output::F16(c),
                 alpha: layer.alphas[g],
@@ -404,7 +404,7 @@ fn gpu_moe_contiguous_bad_buffers_launch_nothing() {
         let mut c = bufs.c.slice_mut(GUARD..GUARD + len);
         let mut args = MoeArgs {
             sizes: &short_sizes,
-            a: bufs.a.operand(),
+            a: bufs.a.operand().into(),
             weights: &weights,
             alphas: &layer.alphas,
             c: Output::F16(&mut c),
@@ -413,7 +413,7 @@ fn gpu_moe_contiguous_bad_buffers_launch_nothing() {
         assert!(matches!(e, Error::InvalidArgument { field: "sizes", .. }), "{e}");
         let mut args = MoeArgs {
             sizes: &bufs.sizes,
-            a: bufs.a.operand(),
+            a: bufs.a.operand().into(),
             weights: &weights[..1],
             alphas: &layer.alphas,
             c: Output::F16(&mut c),

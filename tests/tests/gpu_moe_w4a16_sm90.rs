@@ -1,4 +1,4 @@
-//! W4A16 with device-resident group sizes on the H200 (`nvfp4_gemm::w4a16::W4a16MoePlan`): f16
+//! W4A16 with device-resident group sizes on the H200 (a `MoePlan` of 16-bit activations): f16
 //! or bf16 activations `[token_rows, K]` read as they are, every expert's NVFP4 weights prepacked
 //! once for them, the group sizes (contiguous offsets or masked counts) read on the device only.
 //!
@@ -8,7 +8,7 @@
 //! must keep them out of the groups' results. Every call is checked:
 //! - C (poisoned, with poisoned guards) equals, on every group's rows, the fp64 reference of the
 //!   NVFP4 groups within the competition tolerance (plus the fp32-accumulation allowance), and bit
-//!   for bit the host-sized `W4a16Plan` on the same groups; rows of no group and the guards keep
+//!   for bit the host-sized W4A16 `GemmPlan` on the same groups; rows of no group and the guards keep
 //!   their poison;
 //! - the plan's status word equals the bits the host expects.
 //!
@@ -20,9 +20,11 @@
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use nvfp4_format::{random_matrix, Group, GroupShape, InputDistribution, Nvfp4Matrix, SplitMix64};
-use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, SizeStatus, TokenLayout};
-use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16MoeArgs, W4a16MoePlan, W4a16Plan};
-use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand, Output, OutputType, Problem};
+use nvfp4_gemm::moe::{MoeArgs, MoeKernels, MoeOptions, MoePlan, MoeProblem, SizeStatus, TokenLayout};
+use nvfp4_gemm::w4a16::{prepack, Activations};
+use nvfp4_gemm::{
+    Arch, Error, GemmPlan, Gpu, GroupArgs, Nvfp4Operand, Output, OutputType, Problem, TokenKind, TokenOperand,
+};
 use nvfp4_gemm_tests::moe::{
     capture, check_bounds, check_groups, contiguous_routings, for_routings, masked_routings, random_offsets,
     with_capture_stream, Failures,
@@ -31,8 +33,9 @@ use nvfp4_gemm_tests::w4a16::Activation16;
 use nvfp4_gemm_tests::{gpu_or_skip, GUARD, POISON};
 use std::sync::Arc;
 
-/// One MoE layer: the problem, each expert's NVFP4 weights on the host and prepacked on the
-/// device for activations of `kind`, alphas (the weights' global scale: the activations' is 1).
+/// One MoE layer: the problem (of activations of `kind`), each expert's NVFP4 weights on the host
+/// and prepacked on the device for those activations, alphas (the weights' global scale: the
+/// activations' is 1).
 struct Layer {
     problem: MoeProblem,
     kind: Activations,
@@ -55,6 +58,7 @@ impl Layer {
             })
             .collect();
         let alphas = weights.iter().map(|w| w.global_scale()).collect();
+        let problem = problem.with_tokens(TokenKind::Dense(kind));
         Layer { problem, kind, weights, packed, alphas }
     }
 
@@ -125,16 +129,16 @@ impl<A: Activation16> Buffers<A> {
 /// The GEMM, reading the sizes from `bufs.sizes` (no sync).
 fn call<A: Activation16>(
     stream: &Arc<CudaStream>,
-    plan: &mut W4a16MoePlan,
+    plan: &mut MoePlan,
     layer: &Layer,
     bufs: &mut Buffers<A>,
 ) -> nvfp4_gemm::Result<()> {
     let weights = layer.operands();
     let len = bufs.c.len() - 2 * GUARD;
     let mut c = bufs.c.slice_mut(GUARD..GUARD + len);
-    let mut args = W4a16MoeArgs {
+    let mut args = MoeArgs {
         sizes: &bufs.sizes,
-        activations: &bufs.x,
+        a: A::tokens(&bufs.x),
         weights: &weights,
         alphas: &layer.alphas,
         c: Output::F16(&mut c),
@@ -146,7 +150,7 @@ fn call<A: Activation16>(
 fn check<A: Activation16>(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
-    plan: &W4a16MoePlan,
+    plan: &MoePlan,
     layer: &Layer,
     bufs: &Buffers<A>,
     routing: &Routing<A>,
@@ -172,14 +176,14 @@ fn check<A: Activation16>(
         spans.iter().map(|&(g, _, _)| routing.groups[g].clone().expect("a non-empty group")).collect();
     if !groups.is_empty() {
         let host_sized = host_sized_w4a16(gpu, layer, bufs, &spans);
-        check_groups(&mut f, c, p.n(), &spans, &groups, &host_sized, "W4a16Plan");
+        check_groups(&mut f, c, p.n(), &spans, &groups, &host_sized, "the host-sized W4A16 plan");
     }
     f.list
 }
 
-/// The host-sized `W4a16Plan` on each non-empty group's rows of the same activations and the
+/// The host-sized W4A16 `GemmPlan` on each non-empty group's rows of the same activations and the
 /// same prepacked weights: C's bits per group. On the context's default stream (where
-/// `W4a16Plan::new` allocates), after the caller's stream was synchronized.
+/// `GemmPlan::new` allocates), after the caller's stream was synchronized.
 fn host_sized_w4a16<A: Activation16>(
     gpu: &Gpu,
     layer: &Layer,
@@ -189,17 +193,18 @@ fn host_sized_w4a16<A: Activation16>(
     let stream = &gpu.context().default_stream();
     let (n, k) = (layer.problem.n(), layer.problem.k());
     let shapes: Vec<GroupShape> = spans.iter().map(|&(_, _, m)| GroupShape::new(m, n, k)).collect();
-    let mut plan = W4a16Plan::new(gpu, Problem::new(shapes, OutputType::F16).unwrap(), A::KIND).unwrap();
+    let problem = Problem::with_tokens(shapes, OutputType::F16, TokenKind::Dense(A::KIND)).unwrap();
+    let mut plan = GemmPlan::new(gpu, problem).unwrap();
     let xs: Vec<_> = spans.iter().map(|&(_, first, m)| bufs.x.slice(first * k..(first + m) * k)).collect();
     let mut cs: Vec<CudaSlice<f16>> = spans.iter().map(|&(_, _, m)| stream.alloc_zeros(m * n).unwrap()).collect();
     {
-        let mut args: Vec<W4a16Args<A>> = xs
+        let mut args: Vec<GroupArgs> = xs
             .iter()
             .zip(cs.iter_mut())
             .zip(spans)
-            .map(|((x, c), &(g, _, _))| W4a16Args {
-                activations: x,
-                weights: Nvfp4Operand { values: &layer.packed[g].0, scales: &layer.packed[g].1 },
+            .map(|((x, c), &(g, _, _))| GroupArgs {
+                a: A::tokens(x),
+                b: Nvfp4Operand { values: &layer.packed[g].0, scales: &layer.packed[g].1 },
                 c: Output::F16(c),
                 alpha: layer.alphas[g],
             })
@@ -220,7 +225,7 @@ fn run_routings<A: Activation16>(
     options: &MoeOptions,
 ) {
     let stream = gpu.context().default_stream();
-    let mut plan = W4a16MoePlan::with_options(gpu, layer.problem.clone(), A::KIND, options).unwrap();
+    let mut plan = MoePlan::with_options(gpu, layer.problem.clone(), options).unwrap();
     let mut bufs = Buffers::<A>::new(&stream, &layer.problem);
     let mut rng = SplitMix64::new(seed);
     for_routings(test, routings, 1, |_, name, sizes| {
@@ -334,7 +339,7 @@ fn gpu_moe_w4a16_graph_replays_routings() {
     with_capture_stream(&gpu, |stream| {
         // bf16 activations, as a serving engine's.
         let layer = Layer::new(stream, p, Activations::Bf16, 0xA16_6B0);
-        let mut plan = W4a16MoePlan::new(&gpu, layer.problem.clone(), Activations::Bf16).unwrap();
+        let mut plan = MoePlan::new(&gpu, layer.problem.clone()).unwrap();
         let mut bufs = Buffers::<bf16>::new(stream, &layer.problem);
         // A first call outside the capture uploads the tables (the weights' and activations' maps).
         let first = Routing::new(&layer, &routings[0].1, &mut rng);
@@ -372,7 +377,7 @@ fn gpu_moe_w4a16_errors_and_sticky_status() {
     let stream = gpu.context().default_stream();
     let p = MoeProblem::new(3, 128, 256, TokenLayout::Masked { max_rows: 20 }, OutputType::F16).unwrap();
     let layer = Layer::new(&stream, p.clone(), Activations::F16, 3);
-    let mut plan = W4a16MoePlan::new(&gpu, p.clone(), Activations::F16).unwrap();
+    let mut plan = MoePlan::new(&gpu, layer.problem.clone()).unwrap();
     assert!(plan.summary().kernel.contains("sm90_w4a16_gemm"), "{}", plan.summary().kernel);
     let mut bufs = Buffers::<f16>::new(&stream, &p);
     let routing = Routing::new(&layer, &[3, 0, 20], &mut SplitMix64::new(4));
@@ -384,27 +389,27 @@ fn gpu_moe_w4a16_errors_and_sticky_status() {
     let len = bufs.c.len() - 2 * GUARD;
     {
         let mut c = bufs.c.slice_mut(GUARD..GUARD + len);
-        let mut args = W4a16MoeArgs {
+        let mut args = MoeArgs {
             sizes: &bufs.sizes,
-            activations: &short_x,
+            a: TokenOperand::F16(&short_x),
             weights: &weights,
             alphas: &layer.alphas,
             c: Output::F16(&mut c),
         };
         let e = plan.run(&stream, &mut args).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { field: "activations", .. }), "{e}");
-        let mut args = W4a16MoeArgs {
+        let mut args = MoeArgs {
             sizes: &bufs.sizes,
-            activations: &bf16_x,
+            a: TokenOperand::Bf16(&bf16_x),
             weights: &weights,
             alphas: &layer.alphas,
             c: Output::F16(&mut c),
         };
         let e = plan.run(&stream, &mut args).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { field: "activations", .. }), "bf16 for an f16 plan: {e}");
-        let mut args = W4a16MoeArgs {
+        let mut args = MoeArgs {
             sizes: &bufs.sizes,
-            activations: &bufs.x,
+            a: TokenOperand::F16(&bufs.x),
             weights: &weights[..2],
             alphas: &layer.alphas,
             c: Output::F16(&mut c),

@@ -165,7 +165,7 @@ fn gpu_run_refuses_overlapping_outputs() {
             .zip(c.iter_mut())
             .zip(&groups)
             .map(|(((a, b), c), g)| GroupArgs {
-                a: Nvfp4Operand { values: &a.0, scales: &a.1 },
+                a: Nvfp4Operand { values: &a.0, scales: &a.1 }.into(),
                 b: Nvfp4Operand { values: &b.0, scales: &b.1 },
                 c: Output::F16(c),
                 alpha: g.effective_alpha_f32(),
@@ -248,7 +248,7 @@ fn gpu_run_stacked_refuses_overlapping_outputs() {
         let v: Vec<Raw<u8>> = offsets.iter().zip(lens).map(|(&o, len)| arena.view(o, len)).collect();
         let mut c: Raw<f16> = arena.view(c_at, total.c_elements);
         let mut args = StackedArgs {
-            a: Nvfp4Operand { values: &v[3], scales: &v[2] },
+            a: Nvfp4Operand { values: &v[3], scales: &v[2] }.into(),
             b: Nvfp4Operand { values: &v[1], scales: &v[0] },
             c: Output::F16(&mut c),
             alphas: &alphas,
@@ -301,7 +301,7 @@ fn gpu_moe_run_refuses_overlapping_outputs() {
         let mut c: Raw<f16> = arena.view(c, p.c_elements());
         let mut args = MoeArgs {
             sizes: &sizes,
-            a: Nvfp4Operand { values: &av, scales: &asc },
+            a: Nvfp4Operand { values: &av, scales: &asc }.into(),
             weights: &ops,
             alphas: &alphas,
             c: Output::F16(&mut c),

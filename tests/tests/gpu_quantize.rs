@@ -457,7 +457,7 @@ fn gpu_quantize_then_gemm_equals_cpu_quantize_then_gemm() {
                     .zip(&bs)
                     .zip(cs.iter_mut())
                     .map(|((a, (b, alpha)), c)| GroupArgs {
-                        a: a.operand(),
+                        a: a.operand().into(),
                         b: b.operand(),
                         c: Output::F16(c),
                         alpha: *alpha,

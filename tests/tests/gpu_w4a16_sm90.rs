@@ -1,4 +1,5 @@
-//! W4A16 on the H200 (`nvfp4_gemm::w4a16`): f16 or bf16 activations times NVFP4 weights
+//! W4A16 on the H200 (a `GemmPlan` of 16-bit activations, `nvfp4_gemm::w4a16`): f16 or bf16
+//! activations times NVFP4 weights
 //! prepacked once for them, one GEMM launch per call (no dequantization). Each group's
 //! activations are its A with the block scales applied (exact in f16 and bf16; A's global scale in
 //! alpha), so every case compares with the fp64 reference of the NVFP4 groups exactly as the W4A4
@@ -14,8 +15,10 @@
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use nvfp4_format::{Group, GroupShape, InputDistribution, Tolerance};
-use nvfp4_gemm::w4a16::{prepack, Activations, W4a16Args, W4a16Plan};
-use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand, OutputType, Problem};
+use nvfp4_gemm::w4a16::{prepack, Activations};
+use nvfp4_gemm::{
+    Arch, Error, GemmPlan, Gpu, GroupArgs, Nvfp4Operand, OutputType, Problem, StackedArgs, TokenKind, TokenOperand,
+};
 use nvfp4_gemm_tests::cases::{self, Multiples, RandomShapes, BF16_TOLERANCE};
 use nvfp4_gemm_tests::w4a16::Activation16;
 use nvfp4_gemm_tests::{gpu_or_skip, make_groups, run_case_with, CaseReport, OutputElement};
@@ -41,11 +44,18 @@ fn upload<A: Activation16>(stream: &Arc<CudaStream>, g: &Group) -> DeviceOperand
     }
 }
 
-fn problem(groups: &[Group], out: OutputType) -> Problem {
-    Problem::new(groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect::<Vec<_>>(), out).unwrap()
+/// The W4A16 problem of `groups` (activations of type `kind`) with output `out`.
+fn problem(groups: &[Group], out: OutputType, kind: Activations) -> Problem {
+    let shapes: Vec<GroupShape> = groups.iter().map(|g| GroupShape::new(g.m(), g.n(), g.k())).collect();
+    Problem::with_tokens(shapes, out, TokenKind::Dense(kind)).unwrap()
 }
 
-/// One case through a `W4a16Plan` with output type `T` and activations of type `A`.
+/// The GEMM kernel a plan launches (W4A16: its only launch).
+fn kernel(plan: &GemmPlan) -> &'static str {
+    plan.summary().launches.last().map_or("none", |l| l.kernel)
+}
+
+/// One case through a W4A16 `GemmPlan` with output type `T` and activations of type `A`.
 fn run_w4a16<T: OutputElement, A: Activation16>(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -53,23 +63,23 @@ fn run_w4a16<T: OutputElement, A: Activation16>(
     tol: Tolerance,
     full: bool,
 ) -> (CaseReport, &'static str) {
-    let mut plan = W4a16Plan::new(gpu, problem(groups, T::TYPE), A::KIND).expect("plan");
+    let mut plan = GemmPlan::new(gpu, problem(groups, T::TYPE, A::KIND)).expect("plan");
     let ops: Vec<DeviceOperands<A>> = groups.iter().map(|g| upload(stream, g)).collect();
     let report = run_case_with::<T>(stream, groups, tol, full, &mut |cs| {
-        let mut args: Vec<W4a16Args<A>> = ops
+        let mut args: Vec<GroupArgs> = ops
             .iter()
             .zip(cs.iter_mut())
             .zip(groups)
-            .map(|((o, c), g)| W4a16Args {
-                activations: &o.activations,
-                weights: Nvfp4Operand { values: &o.values, scales: &o.scales },
+            .map(|((o, c), g)| GroupArgs {
+                a: A::tokens(&o.activations),
+                b: Nvfp4Operand { values: &o.values, scales: &o.scales },
                 c: T::output(c),
                 alpha: g.effective_alpha_f32(),
             })
             .collect();
         plan.run(stream, &mut args).expect("run");
     });
-    (report, plan.kernel())
+    (report, kernel(&plan))
 }
 
 fn run_cases<T: OutputElement, A: Activation16>(
@@ -148,24 +158,24 @@ fn gpu_w4a16_errors() {
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
     let stream = gpu.context().default_stream();
     let groups = make_groups(&cases::z(&[20, 3], &[64, 128], &[128, 256]), InputDistribution::Competition, 9);
-    let p = problem(&groups, OutputType::F16);
-    let mut plan = W4a16Plan::new(&gpu, p.clone(), Activations::F16).unwrap();
+    let p = problem(&groups, OutputType::F16, Activations::F16);
+    let mut plan = GemmPlan::new(&gpu, p.clone()).unwrap();
     let ops: Vec<DeviceOperands> = groups.iter().map(|g| upload(&stream, g)).collect();
     {
         let bf16_ops: Vec<DeviceOperands<bf16>> = groups.iter().map(|g| upload(&stream, g)).collect();
         let mut cs: Vec<CudaSlice<f16>> = groups.iter().map(|g| stream.alloc_zeros(g.m() * g.n()).unwrap()).collect();
-        let mut args: Vec<W4a16Args<bf16>> = bf16_ops
+        let mut args: Vec<GroupArgs> = bf16_ops
             .iter()
             .zip(cs.iter_mut())
-            .map(|(o, c)| W4a16Args {
-                activations: &o.activations,
-                weights: Nvfp4Operand { values: &o.values, scales: &o.scales },
+            .map(|(o, c)| GroupArgs {
+                a: TokenOperand::Bf16(&o.activations),
+                b: Nvfp4Operand { values: &o.values, scales: &o.scales },
                 c: nvfp4_gemm::Output::F16(c),
                 alpha: 1.0,
             })
             .collect();
         let e = plan.run(&stream, &mut args).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument { field: "activations", .. }), "{e}");
+        assert!(matches!(e, Error::InvalidGroup { group: 0, field: "activations", .. }), "{e}");
     }
     let mut cs: Vec<CudaSlice<f16>> = groups.iter().map(|g| stream.alloc_zeros(g.m() * g.n()).unwrap()).collect();
     let mut short = stream.alloc_zeros::<f16>(3 * 128 - 1).unwrap();
@@ -177,15 +187,15 @@ fn gpu_w4a16_errors() {
     for (field, which) in [("c", 0), ("c", 1), ("alpha", 2), ("activations", 3)] {
         let (c0, rest) = cs.split_at_mut(1);
         let mut args = vec![
-            W4a16Args {
-                activations: &ops[0].activations,
-                weights: Nvfp4Operand { values: &ops[0].values, scales: &ops[0].scales },
+            GroupArgs {
+                a: TokenOperand::F16(&ops[0].activations),
+                b: Nvfp4Operand { values: &ops[0].values, scales: &ops[0].scales },
                 c: nvfp4_gemm::Output::F16(&mut c0[0]),
                 alpha: 1.0,
             },
-            W4a16Args {
-                activations: if which == 3 { &ops[0].activations } else { &ops[1].activations },
-                weights: Nvfp4Operand { values: &ops[1].values, scales: &ops[1].scales },
+            GroupArgs {
+                a: TokenOperand::F16(if which == 3 { &ops[0].activations } else { &ops[1].activations }),
+                b: Nvfp4Operand { values: &ops[1].values, scales: &ops[1].scales },
                 c: match which {
                     0 => nvfp4_gemm::Output::F16(&mut short),
                     1 => nvfp4_gemm::Output::Bf16(&mut wrong_type),
@@ -210,7 +220,6 @@ fn gpu_w4a16_errors() {
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_w4a16_stacked() {
-    use nvfp4_gemm::w4a16::W4a16StackedArgs;
     use nvfp4_gemm_tests::GUARD;
     let test = "gpu_w4a16_stacked";
     let Some(gpu) = gpu_or_skip(test, Arch::Sm90a) else { return };
@@ -224,26 +233,26 @@ fn gpu_w4a16_stacked() {
     let poison = f16::from_bits(nvfp4_gemm_tests::POISON);
     for (i, shapes) in cases.iter().enumerate() {
         let groups = make_groups(shapes, InputDistribution::Competition, 0x4A5 + i as u64);
-        let p = problem(&groups, OutputType::F16);
-        let mut plan = W4a16Plan::new(&gpu, p.clone(), Activations::F16).unwrap();
-        let total = plan.stacked_offsets()[groups.len()];
+        let p = problem(&groups, OutputType::F16, Activations::F16);
+        let mut plan = GemmPlan::new(&gpu, p.clone()).unwrap();
+        let total = p.stacked_offsets()[groups.len()];
         let act: Vec<f16> = groups.iter().flat_map(|g| g.a.dequantize_block_scaled_f16()).collect();
         let packed: Vec<_> = groups.iter().map(|g| prepack(&g.b, Activations::F16).unwrap()).collect();
         let cat = |part: fn(&nvfp4_gemm::w4a16::W4a16Weights) -> &[u8]| -> CudaSlice<u8> {
             stream.clone_htod(&packed.iter().flat_map(part).copied().collect::<Vec<u8>>()).unwrap()
         };
         let (values, scales) = (cat(|w| &w.values), cat(|w| &w.scales));
-        assert_eq!([act.len(), values.len(), scales.len()], [2 * total.a_values, total.b_values, total.b_scales]);
+        assert_eq!([act.len(), values.len(), scales.len()], [total.a_values, total.b_values, total.b_scales]);
         let act = stream.clone_htod(&act).unwrap();
         let alphas: Vec<f32> = groups.iter().map(|g| g.effective_alpha_f32()).collect();
         let mut c = stream.alloc_zeros::<f16>(total.c_elements + 2 * GUARD).unwrap();
-        let stacked = |plan: &mut W4a16Plan, c: &mut CudaSlice<f16>, short: bool, alphas: &[f32]| {
+        let stacked = |plan: &mut GemmPlan, c: &mut CudaSlice<f16>, short: bool, alphas: &[f32]| {
             stream.memcpy_htod(&vec![poison; c.len()], c).unwrap();
             let x = act.slice(..act.len() - usize::from(short));
             let mut view = c.slice_mut(GUARD..GUARD + total.c_elements);
-            let mut args = W4a16StackedArgs {
-                activations: &x,
-                weights: Nvfp4Operand { values: &values, scales: &scales },
+            let mut args = StackedArgs {
+                a: TokenOperand::F16(&x),
+                b: Nvfp4Operand { values: &values, scales: &scales },
                 c: nvfp4_gemm::Output::F16(&mut view),
                 alphas,
             };
@@ -256,18 +265,18 @@ fn gpu_w4a16_stacked() {
             groups.iter().map(|g| stream.clone_htod(&vec![poison; (g.m() * g.n()).max(16)]).unwrap()).collect();
         {
             let mut views: Vec<_> = cs.iter_mut().zip(&groups).map(|(c, g)| c.slice_mut(..g.m() * g.n())).collect();
-            let mut args: Vec<W4a16Args> = ops
+            let mut args: Vec<GroupArgs> = ops
                 .iter()
                 .zip(views.iter_mut())
                 .zip(&alphas)
-                .map(|((o, c), &alpha)| W4a16Args {
-                    activations: &o.activations,
-                    weights: Nvfp4Operand { values: &o.values, scales: &o.scales },
+                .map(|((o, c), &alpha)| GroupArgs {
+                    a: TokenOperand::F16(&o.activations),
+                    b: Nvfp4Operand { values: &o.values, scales: &o.scales },
                     c: nvfp4_gemm::Output::F16(c),
                     alpha,
                 })
                 .collect();
-            W4a16Plan::new(&gpu, p.clone(), Activations::F16).unwrap().run(&stream, &mut args).unwrap();
+            GemmPlan::new(&gpu, p.clone()).unwrap().run(&stream, &mut args).unwrap();
         }
         let mut want = vec![nvfp4_gemm_tests::POISON; GUARD];
         for (c, g) in cs.iter().zip(&groups) {
@@ -279,7 +288,7 @@ fn gpu_w4a16_stacked() {
             r.unwrap();
             assert!(got == want, "case {i} call {call}: run_stacked differs from run (or wrote a guard)");
         }
-        let at = plan.stacked_offsets().to_vec();
+        let at = p.stacked_offsets();
         let got: Vec<Vec<f16>> = at
             .windows(2)
             .map(|w| {
@@ -346,11 +355,12 @@ fn gpu_w4a16_every_code_times_every_scale() {
         let w = prepack(b, A::KIND).unwrap();
         let (values, scales) = (stream.clone_htod(&w.values).unwrap(), stream.clone_htod(&w.scales).unwrap());
         let mut c = stream.alloc_zeros::<f16>(m * n).unwrap();
-        let p = Problem::new(vec![GroupShape::new(m, n, k)], OutputType::F16).unwrap();
-        let mut plan = W4a16Plan::new(gpu, p, A::KIND).unwrap();
-        let mut args = [W4a16Args {
-            activations: &x,
-            weights: Nvfp4Operand { values: &values, scales: &scales },
+        let p =
+            Problem::with_tokens(vec![GroupShape::new(m, n, k)], OutputType::F16, TokenKind::Dense(A::KIND)).unwrap();
+        let mut plan = GemmPlan::new(gpu, p).unwrap();
+        let mut args = [GroupArgs {
+            a: A::tokens(&x),
+            b: Nvfp4Operand { values: &values, scales: &scales },
             c: nvfp4_gemm::Output::F16(&mut c),
             alpha: 1.0,
         }];

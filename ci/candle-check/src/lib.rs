@@ -31,7 +31,7 @@ pub fn grouped_gemm(
         .iter()
         .zip(cs.iter_mut())
         .map(|(g, c)| GroupArgs {
-            a: Nvfp4Operand { values: &g.a_values, scales: &g.a_scales },
+            a: Nvfp4Operand { values: &g.a_values, scales: &g.a_scales }.into(),
             b: Nvfp4Operand { values: &g.b_values, scales: &g.b_scales },
             c: Output::F16(c),
             alpha: g.alpha,

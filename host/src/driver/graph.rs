@@ -3,7 +3,7 @@
 //! kernel. Kernel nodes copy their parameter values when added, so a graph serves every call whose
 //! parameters are the same (a plan's are: they hold the addresses of its own tables).
 
-use crate::driver::launch::{LaunchGeometry, Start};
+use crate::driver::launch::{LaunchGeometry, Params, Start};
 use crate::driver::module::Kernel;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaStream};
@@ -27,13 +27,14 @@ impl KernelChain {
     /// A graph of `kernels` in order, each after the previous one (with [`Start::Early`], through
     /// a programmatic edge: it may start once the previous kernel's CTAs have all executed
     /// `griddepcontrol.launch_dependents` or exited), each taking one parameter struct `P` by
-    /// value. Only kernels without clusters (`geometry.cluster == 1`).
+    /// value (its bytes in [`Params`]). Only kernels without clusters (`geometry.cluster == 1`).
     ///
     /// # Safety
-    /// Each function must take exactly one parameter of type `P`; the addresses in the parameters
+    /// Each function must take exactly the one parameter struct whose bytes it is given; the
+    /// addresses in the parameters
     /// must stay valid for every launch of the chain; a kernel marked [`Start::Early`] must wait
     /// (`griddepcontrol.wait`) before it reads what the previous one writes.
-    pub unsafe fn new<P: bytemuck::Pod>(kernels: &[(&Kernel, LaunchGeometry, Start, P)]) -> Result<KernelChain> {
+    pub unsafe fn new(kernels: &[(&Kernel, LaunchGeometry, Start, Params)]) -> Result<KernelChain> {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         check("creating a graph", unsafe { sys::cuGraphCreate(&mut graph, 0) })?;
@@ -46,8 +47,7 @@ impl KernelChain {
                     sys::CUresult::CUDA_ERROR_NOT_SUPPORTED.result().unwrap_err(),
                 ));
             }
-            let mut value: P = *params;
-            let mut args = [&mut value as *mut P as *mut c_void];
+            let mut args = [params.as_ptr().cast_mut().cast::<c_void>()];
             // SAFETY: zero is a valid bit pattern of the plain-data node parameters.
             let mut node_params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
             node_params.func = f.raw();
@@ -60,7 +60,7 @@ impl KernelChain {
             node_params.sharedMemBytes = geometry.smem_bytes;
             node_params.kernelParams = args.as_mut_ptr();
             let mut node: sys::CUgraphNode = std::ptr::null_mut();
-            // SAFETY: `args` points at a live `P` for the call (the driver copies the value).
+            // SAFETY: `args` points at the parameter's bytes for the call (the driver copies them).
             check("adding a kernel node", unsafe {
                 sys::cuGraphAddKernelNode_v2(&mut node, chain.graph, std::ptr::null(), 0, &node_params)
             })?;

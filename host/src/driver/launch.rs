@@ -31,6 +31,50 @@ pub fn set_max_dynamic_smem(f: &Kernel, bytes: u32) -> Result<()> {
         .map_err(|e| Error::driver("setting the kernel's shared memory size", e))
 }
 
+/// A kernel's one parameter struct, by value (every kernel of the library takes exactly one).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    words: [u64; Params::WORDS],
+    len: usize,
+}
+
+impl std::fmt::Debug for Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Params({} bytes)", self.len)
+    }
+}
+
+impl Params {
+    /// The largest parameter struct, in 8-byte words.
+    const WORDS: usize = 24;
+
+    /// The bytes of `p`.
+    pub fn of<P: bytemuck::Pod>(p: &P) -> Params {
+        let bytes = bytemuck::bytes_of(p);
+        assert!(bytes.len() <= 8 * Self::WORDS, "a parameter struct of {} bytes", bytes.len());
+        let mut words = [0u64; Self::WORDS];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        Params { words, len: bytes.len() }
+    }
+
+    /// The struct back, if it is a `P`.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
+    pub fn get<P: bytemuck::Pod>(&self) -> Option<P> {
+        (self.len == size_of::<P>()).then(|| bytemuck::pod_read_unaligned(&self.bytes()[..self.len]))
+    }
+
+    /// The bytes.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+    }
+
+    /// A pointer to the bytes, 8-byte aligned, for the driver's parameter array.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.words.as_ptr().cast()
+    }
+}
+
 /// When a launch may start relative to the work before it in the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -101,13 +145,28 @@ pub unsafe fn launch_with<P: bytemuck::Pod>(
     start: Start,
     params: &P,
 ) -> Result<()> {
-    let mut value: P = *params;
-    let mut args = [&mut value as *mut P as *mut c_void];
+    // SAFETY: the caller's contract.
+    unsafe { launch_raw(f, stream, geom, start, &Params::of(params)) }
+}
+
+/// [`launch_with`] with the parameter struct as bytes.
+///
+/// # Safety
+/// As [`launch_with`], `params` holding the bytes of the one parameter struct `f` takes.
+pub unsafe fn launch_raw(
+    f: &Kernel,
+    stream: &CudaStream,
+    geom: LaunchGeometry,
+    start: Start,
+    params: &Params,
+) -> Result<()> {
+    // The driver reads the parameter's size (the kernel's signature) from this pointer.
+    let mut args = [params.as_ptr().cast_mut().cast::<c_void>()];
     // SAFETY: zero is a valid bit pattern of the attribute union; fields are set by launch_config.
     let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
     let config = launch_config(geom, start, stream, &mut attrs);
-    // SAFETY: `args` holds one pointer to a live `P`, matching the kernel (the caller's
-    // contract); `config` points at `attrs`, alive for the call.
+    // SAFETY: `args` holds one pointer to the parameter's bytes, matching the kernel (the
+    // caller's contract); `config` points at `attrs`, alive for the call.
     unsafe { sys::cuLaunchKernelEx(&config, f.raw(), args.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
         .map_err(|e| Error::driver("launching a kernel", e))
@@ -138,4 +197,26 @@ pub fn max_active_clusters(f: &Kernel, stream: &CudaStream, geom: LaunchGeometry
         .result()
         .map_err(|e| Error::driver("querying a kernel's cluster occupancy", e))?;
     Ok(clusters.max(0) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip() {
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+        struct P {
+            a: u64,
+            b: u32,
+            c: u32,
+        }
+        let p = P { a: 7, b: 9, c: 11 };
+        let bytes = Params::of(&p);
+        assert_eq!(bytes.bytes(), bytemuck::bytes_of(&p));
+        assert_eq!(bytes.get::<P>(), Some(p));
+        assert_eq!(bytes.get::<u64>(), None);
+        assert_eq!(bytes.as_ptr() as usize % 8, 0);
+    }
 }

@@ -37,6 +37,10 @@ fn l2_promotion(p: TensorMapL2Promotion) -> sys::CUtensorMapL2promotion {
 pub trait TiledMapEncoder {
     /// Encodes `map` for the tensor at address `base`; out-of-bounds elements read as zero.
     fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap>;
+
+    /// Replaces the global address of `map` (encoded by this encoder) with `base`, leaving the
+    /// rest as encoded: `cuTensorMapReplaceAddress`, a fraction of a full encode's cost.
+    fn replace_address(&self, map: &mut TensorMap, base: u64) -> Result<()>;
 }
 
 /// `cuTensorMapEncodeTiled` ([`encode`]).
@@ -46,6 +50,15 @@ pub struct DriverEncoder;
 impl TiledMapEncoder for DriverEncoder {
     fn encode<const R: usize>(&self, map: &TiledMap<R>, base: u64) -> Result<TensorMap> {
         encode(map, base)
+    }
+
+    fn replace_address(&self, map: &mut TensorMap, base: u64) -> Result<()> {
+        // `CUtensorMap` is the same 128 bytes (64-byte aligned; ours are 128-byte aligned).
+        let raw = (map as *mut TensorMap).cast::<sys::CUtensorMap>();
+        // SAFETY: `raw` points at 128 bytes the driver encoded, aligned for `CUtensorMap`.
+        unsafe { sys::cuTensorMapReplaceAddress(raw, base as *mut std::ffi::c_void) }
+            .result()
+            .map_err(|e| Error::driver_detail("replacing a tensor map's address", e, format!("{base:#x}")))
     }
 }
 

@@ -480,7 +480,7 @@ pub fn plan_tensor_maps() -> Vec<(String, Fp4Map)> {
     let layout = Sm100Layout::new(&problem, resident).expect("the plan");
     let mut maps = vec![];
     for (g, &(m, n, k)) in shapes.iter().enumerate() {
-        if let Some((a, b)) = layout.operand_maps(&problem, g).expect("maps") {
+        if let Some((a, b)) = layout.operand_maps(g).expect("maps") {
             maps.push((format!("group ({m}, {n}, {k}) A"), a));
             maps.push((format!("group ({m}, {n}, {k}) B ({}-row box)", layout.block_n[g].get()), b));
         }
@@ -488,7 +488,7 @@ pub fn plan_tensor_maps() -> Vec<(String, Fp4Map)> {
     for (n, k) in [(256, 320), (4096, 2048)] {
         let moe = MoeProblem::new(4, n, k, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16)
             .expect("a valid MoE problem");
-        let (a, b) = Sm100DeviceLayout::new(&moe, resident).expect("the MoE plan").maps(&moe).expect("maps");
+        let (a, b) = Sm100DeviceLayout::new(&moe, resident).expect("the MoE plan").maps().expect("maps");
         maps.push((format!("MoE (N {n}, K {k}) token tensor A"), a));
         maps.push((format!("MoE (N {n}, K {k}) weights B"), b));
     }

@@ -23,29 +23,28 @@
 
 use super::Fp4Map;
 use crate::device::Arch;
-use crate::device::Gpu;
-use crate::device_sizes::{
-    kernel_params, schedule_common, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables,
-    MoeOptions, TableSizes,
-};
-use crate::driver::launch::Start;
+use crate::device_sizes::{kernel_params, schedule_common, schedule_geometry};
+use crate::driver::launch::{Params, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
+use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
 use crate::error::{Error, Result};
 use crate::moe_problem::{MoeBuffers, MoeProblem};
-use crate::problem::OutputType;
+use crate::problem::TokenKind;
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::schedule::Sm100ScheduleParams;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
-use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout};
+use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, GROUP_ALPHA_OFFSET};
 use nvfp4_gemm_abi::sm100::{
-    choose_block_n, for_block_n, select_n128, slots_per_m_tile, BlockN, Fp4TensorMap, N128_SHALLOW,
+    choose_block_n, for_block_n, select_n128, slots_per_m_tile, BlockN, Fp4TensorMap, WorkItem, N128_SHALLOW,
 };
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 
 /// Everything about a device-sized problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sm100DeviceLayout {
+    /// The problem (its bounds).
+    pub problem: MoeProblem,
     /// The GEMM variant every group runs in.
     pub kernel: KernelLayout,
     /// Its tile width.
@@ -63,6 +62,11 @@ impl Sm100DeviceLayout {
     /// Plans `problem` with `resident(kernel)` CTAs of each kernel resident on the whole device
     /// (as [`super::Sm100Layout::new`]).
     pub fn new(problem: &MoeProblem, resident: impl Fn(KernelLayout) -> u32) -> Result<Sm100DeviceLayout> {
+        if problem.tokens() != TokenKind::Nvfp4 {
+            return Err(Error::Unsupported(
+                "W4A16 runs on sm_90a; sm_100a multiplies NVFP4 operands natively (NVFP4 tokens)".into(),
+            ));
+        }
         let sizes = problem.device_sizes(0);
         let (n, k) = (problem.n() as u32, problem.k() as u32);
         let block_n = choose_block_n(n, k);
@@ -86,99 +90,122 @@ impl Sm100DeviceLayout {
                 kernel.kernel_name()
             )));
         }
-        Ok(Sm100DeviceLayout { kernel, block_n, sizes, max_work, gemm })
+        Ok(Sm100DeviceLayout { problem: problem.clone(), kernel, block_n, sizes, max_work, gemm })
     }
 
-    /// The map over the whole token tensor A (every group's `[2g]`) and the map of one group's
-    /// weights (`[2g + 1]`). Both have the rank K gives them.
-    pub fn maps(&self, problem: &MoeProblem) -> Result<(Fp4Map, Fp4Map)> {
-        let k = problem.k() as u32;
-        let a = Fp4Map::new(Fp4TensorMap::for_operand(problem.token_rows() as u32, k, BLOCK_M), 0, "a")?;
-        let b = Fp4Map::new(Fp4TensorMap::for_operand(problem.n() as u32, k, self.block_n.get()), 0, "b")?;
+    /// The token map (over the whole token tensor A) and the weight map of every group.
+    pub fn maps(&self) -> Result<(Fp4Map, Fp4Map)> {
+        let k = self.problem.k() as u32;
+        let a = Fp4Map::new(Fp4TensorMap::for_operand(self.problem.token_rows() as u32, k, BLOCK_M), 0, "a")?;
+        let b = Fp4Map::new(Fp4TensorMap::for_operand(self.problem.n() as u32, k, self.block_n.get()), 0, "b")?;
         debug_assert_eq!(a.rank(), b.rank());
         Ok((a, b))
     }
 
-    /// The group table as the host writes it: the size-independent fields (the scheduler writes
-    /// `m`, `a_scales`, `c` and `token_row` on every call).
-    pub fn group_params(&self, problem: &MoeProblem, buffers: &MoeBuffers) -> Result<Vec<GroupParams>> {
-        let map_rank = self.maps(problem)?.0.rank();
-        Ok(buffers
-            .weights
-            .iter()
-            .zip(&buffers.alphas)
-            .map(|((_, scales), &alpha)| GroupParams {
-                n: problem.n() as u32,
-                k: problem.k() as u32,
-                alpha,
-                b_scales: scales.ptr,
-                ldc: problem.n() as u32,
-                map_rank,
-                ..GroupParams::default()
-            })
-            .collect())
-    }
-}
-
-impl DeviceSizedLayout for Sm100DeviceLayout {
-    type Group = GroupParams;
-    type Schedule = Sm100ScheduleParams;
-    const SCHEDULE: &'static str = "sm100_schedule";
-    const SCHEDULE_START: Start = Start::AfterPrevious;
-    const ARCH: Arch = Arch::Sm100a;
-
-    fn table_sizes(&self) -> TableSizes {
-        let groups = self.sizes.groups as usize;
-        TableSizes { groups, maps: 2 * groups, work_items: self.max_work as usize, ranks: 0, workspace_bytes: 0 }
-    }
-
-    /// The token map holds A's address: a call with another A uploads again (`MoePlan`'s
-    /// signature includes it).
-    fn encode_with<E: TiledMapEncoder>(
-        &self,
-        encoder: &E,
-        problem: &MoeProblem,
-        buffers: &MoeBuffers,
-        _tables: &DeviceSizedTables,
-    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
-        let params = self.group_params(problem, buffers)?;
-        let (a, b) = self.maps(problem)?;
-        let a = a.encode_with(encoder, buffers.a.base())?;
-        let mut maps = Vec::with_capacity(2 * buffers.weights.len());
-        for (values, _) in &buffers.weights {
-            maps.push(a);
-            maps.push(b.encode_with(encoder, values.ptr)?);
-        }
-        Ok((params, maps))
-    }
-
-    fn schedule_params(
-        &self,
-        problem: &MoeProblem,
-        buffers: &MoeBuffers,
-        tables: &DeviceSizedTables,
-    ) -> Sm100ScheduleParams {
+    /// The scheduler's parameters for `buffers` over the memory at `at`.
+    pub fn schedule_params(&self, buffers: &MoeBuffers, at: &Tables) -> Sm100ScheduleParams {
         Sm100ScheduleParams {
-            common: schedule_common(problem, buffers, tables),
-            work_len: tables.work_len[0],
+            common: schedule_common(&self.problem, buffers, at),
+            work_len: at.work_len[0],
             max_work: self.max_work,
             block_n: self.block_n.get(),
         }
     }
+}
 
-    fn launches(&self, tables: &DeviceSizedTables, output: OutputType) -> Vec<DeviceSizedLaunch> {
-        vec![DeviceSizedLaunch {
+/// The scheduler's exported name.
+pub const SCHEDULE: &str = "sm100_schedule";
+
+/// A device-sized sm_100a plan: the group table's size-independent fields and the maps from the
+/// host (`[2g]` the token map over all of A, the same for every group; `[2g + 1]` group `g`'s
+/// weights); the scheduler writes the rest per call.
+impl Layout for Sm100DeviceLayout {
+    type Group = GroupParams;
+    type Call = MoeBuffers;
+    const ARCH: Arch = Arch::Sm100a;
+
+    fn memory(&self) -> Memory {
+        let groups = self.sizes.groups as usize;
+        Memory {
+            groups,
+            maps: 2 * groups,
+            work: [WorkList::Capacity(self.max_work as usize * size_of::<WorkItem>()), WorkList::None],
+            workspace_bytes: 0,
+            ranks: 0,
+        }
+    }
+
+    fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, _at: &Tables, maps: &mut [TensorMap]) -> Result<()> {
+        let (a, b) = self.maps()?;
+        let (a, b) = (a.encode_with(encoder, PLACEHOLDER_BASE)?, b.encode_with(encoder, PLACEHOLDER_BASE)?);
+        for g in 0..self.sizes.groups as usize {
+            (maps[2 * g], maps[2 * g + 1]) = (a, b);
+        }
+        Ok(())
+    }
+
+    fn encode_call<E: TiledMapEncoder>(
+        &self,
+        encoder: &E,
+        call: &MoeBuffers,
+        _at: &Tables,
+        groups: &mut [GroupParams],
+        maps: &mut [TensorMap],
+    ) -> Result<()> {
+        let map_rank = self.maps()?.0.rank();
+        let n = self.problem.n() as u32;
+        for (g, ((values, scales), &alpha)) in call.weights.iter().zip(&call.alphas).enumerate() {
+            groups[g] = GroupParams {
+                n,
+                k: self.problem.k() as u32,
+                alpha,
+                b_scales: scales.ptr,
+                ldc: n,
+                map_rank,
+                ..GroupParams::default()
+            };
+            encoder.replace_address(&mut maps[2 * g], call.a.base())?;
+            encoder.replace_address(&mut maps[2 * g + 1], values.ptr)?;
+        }
+        Ok(())
+    }
+
+    fn signature(&self, call: &MoeBuffers, out: &mut Vec<u64>) {
+        for ((values, scales), alpha) in call.weights.iter().zip(&call.alphas) {
+            out.extend([values.ptr, scales.ptr, u64::from(alpha.to_bits())]);
+        }
+        // The token maps hold A's address.
+        out.push(call.a.base());
+    }
+
+    fn launches(&self, call: Option<&MoeBuffers>, at: &Tables, out: &mut Vec<Launch>) {
+        let schedule = match call {
+            Some(b) => self.schedule_params(b, at),
+            None => Sm100ScheduleParams::default(),
+        };
+        let groups = self.sizes.groups;
+        out.push(Launch {
+            kernel: SCHEDULE,
+            geometry: schedule_geometry(groups),
+            start: Start::AfterPrevious,
+            params: Params::of(&schedule),
+        });
+        out.push(Launch {
             kernel: self.kernel.kernel_name(),
             geometry: self.gemm,
             start: Start::AfterPrevious,
-            params: kernel_params(tables, self.max_work, tables.work_len[0], self.sizes.groups, output),
-        }]
+            params: Params::of(&kernel_params(at, self.max_work, at.work_len[0], groups, self.problem.output())),
+        });
+    }
+
+    fn call_independent_launches(&self) -> bool {
+        false
     }
 
     fn describe(&self) -> (String, usize) {
         let c = self.kernel.config();
         let words = format!(
-            "{}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}",
+            "{SCHEDULE} (device sizes → work list) + {}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}",
             self.kernel.kernel_name(),
             c.block_m(),
             c.block_n(),
@@ -188,26 +215,20 @@ impl DeviceSizedLayout for Sm100DeviceLayout {
         );
         (words, self.max_work as usize)
     }
-}
 
-/// A device-sized sm_100a plan on a device.
-pub(crate) type Sm100DevicePlan = DeviceSizedPlan<Sm100DeviceLayout>;
-
-impl DeviceSizedPlan<Sm100DeviceLayout> {
-    /// Plans `problem` for `gpu` (its kernels' residency from the driver) and allocates its tables.
-    pub fn with_options(gpu: &Gpu, problem: &MoeProblem, _options: &MoeOptions) -> Result<Self> {
-        let resident = super::plan::resident_ctas(gpu)?;
-        let layout =
-            Sm100DeviceLayout::new(problem, |k| resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c))?;
-        DeviceSizedPlan::new(gpu, problem, layout)
+    fn alpha_field(&self) -> AlphaField {
+        AlphaField::of::<GroupParams>(GROUP_ALPHA_OFFSET)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::encode_tables;
+    use crate::engine::testing::{base, launches, FakeEncoder};
     use crate::moe_problem::{MoeTokens, TokenLayout};
     use crate::problem::BufferView;
+    use crate::problem::OutputType;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
 
     fn static_occupancy(kernel: KernelLayout) -> u32 {
@@ -227,7 +248,7 @@ mod tests {
         assert_eq!((l.kernel, l.block_n, l.max_work), (N128_DEEP_KERNEL, BlockN::N128, 12));
         assert_eq!(l.gemm, N128_DEEP_KERNEL.launch(12, 148));
         assert_eq!(
-            Sm100DeviceLayout::schedule_geometry(4),
+            schedule_geometry(4),
             LaunchGeometry {
                 grid: 1,
                 block: 256,
@@ -264,7 +285,9 @@ mod tests {
             c: v(0x3000, p.c_elements()),
             c_type: OutputType::F16,
         };
-        let groups = l.group_params(&p, &buffers).unwrap();
+        let tables = Tables { groups: 1, maps: 2, work: [3, 0], work_len: [4, 0], status: 5, ..Default::default() };
+        let (groups, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();
+        assert_eq!((base(&maps[4]), base(&maps[5])), (0x1000, 0x30_0000), "group 2: A, then its weights");
         assert_eq!(
             groups[2],
             GroupParams {
@@ -277,7 +300,7 @@ mod tests {
                 ..GroupParams::default()
             }
         );
-        let (a_map, b_map) = l.maps(&p).unwrap();
+        let (a_map, b_map) = l.maps().unwrap();
         match (a_map, b_map) {
             (Fp4Map::Rank2(a), Fp4Map::Rank2(b)) => {
                 assert_eq!((a.dims, a.box_dims), ([320, 300], [256, 128]));
@@ -285,9 +308,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let tables =
-            DeviceSizedTables { groups: 1, maps: 2, work: 3, work_len: [4, 0], status: 5, ..Default::default() };
-        let s = l.schedule_params(&p, &buffers, &tables);
+        let s = l.schedule_params(&buffers, &tables);
         assert_eq!(
             s.common.sizes,
             DeviceSizes { sizes: 0x100, layout: abi::LAYOUT_CONTIGUOUS, groups: 3, rows: 300, reserved: 0 }
@@ -295,9 +316,10 @@ mod tests {
         let c = &s.common;
         assert_eq!((c.groups, c.work, s.work_len, c.status, c.a_scales, c.c), (1, 3, 4, 5, 0x2000, 0x3000));
         assert_eq!((s.max_work, c.k, c.n, s.block_n), (l.max_work, 320, 136, 128));
-        let launches = l.launches(&tables, OutputType::Bf16);
-        let kp = launches[0].params;
-        assert_eq!((launches.len(), launches[0].kernel), (1, l.kernel.kernel_name()));
-        assert_eq!((kp.work_len, kp.work_len_device, kp.group_count, kp.out_bf16), (l.max_work, 4, 3, 1));
+        let all = launches(&l, Some(&buffers), &tables);
+        assert_eq!(all[0].params.get::<Sm100ScheduleParams>(), Some(s));
+        let kp = all[1].params.get::<nvfp4_gemm_abi::work::KernelParams>().unwrap();
+        assert_eq!((all.len(), all[1].kernel), (2, l.kernel.kernel_name()));
+        assert_eq!((kp.work_len, kp.work_len_device, kp.group_count, kp.out_bf16), (l.max_work, 4, 3, 0));
     }
 }

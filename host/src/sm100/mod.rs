@@ -13,24 +13,23 @@
 //! Both launches read the same group table and tensor-map table (`[2g]` = A, `[2g+1]` = B with the
 //! group's box height), so a group's maps are encoded once.
 //!
-//! [`Sm100Plan`] owns the device side (functions, tables, work lists) for `GemmPlan`. The layout
-//! types are public (through [`crate::layout`]) so that the CPU model of the device runs the
-//! kernels on exactly these tables.
+//! [`Sm100Layout`] is the plan engine's layout for `GemmPlan` (`crate::engine`). The layout types
+//! are public (through [`crate::layout`]) so that the CPU model of the device runs the kernels on
+//! exactly these tables.
 
 mod device_sizes;
-mod plan;
 
-pub(crate) use device_sizes::Sm100DevicePlan;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::Sm100DeviceLayout;
-pub(crate) use plan::{summary, Sm100Plan};
 
-use crate::driver::launch::LaunchGeometry;
-use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
+use crate::device::{Arch, Gpu};
+use crate::driver::launch::{ctas_per_sm, max_active_clusters, set_max_dynamic_smem, LaunchGeometry, Params, Start};
+use crate::driver::tensor_map::TiledMapEncoder;
+use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
 use crate::error::{Error, Result};
 use crate::problem::{GroupBuffers, OutputType, Problem};
-use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams};
+use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams, GROUP_ALPHA_OFFSET, KERNELS};
 use nvfp4_gemm_abi::sm100::tma::{Fp4MapLayout, TensorMapDataType, TensorMapInterleave, TensorMapOobFill};
 use nvfp4_gemm_abi::sm100::{
     build_work_list, choose_block_n, for_block_n, select_n128, work_list_len, BlockN, Fp4TensorMap, GroupShape,
@@ -38,23 +37,25 @@ use nvfp4_gemm_abi::sm100::{
 };
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TiledMap};
 
-/// One kernel launch of a plan: the variant, its work list and its geometry.
+/// One GEMM launch of a host-sized plan: its kernel, work list and geometry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sm100Launch {
-    /// The kernel variant (configuration, name, shared memory, TMEM).
+    /// The variant.
     pub kernel: KernelLayout,
-    /// Output tiles in schedule order (cluster-padded for the 256-wide variant).
+    /// Its work list (cluster variant: padded so that each aligned run of 4 shares an A tile).
     pub work: Vec<WorkItem>,
-    /// Grid, block, cluster and dynamic shared memory.
+    /// Grid, block, cluster and shared memory.
     pub geometry: LaunchGeometry,
 }
 
-/// Everything about a problem that does not depend on buffer addresses.
+/// A host-sized problem planned for sm_100a: each group's tile width and the launches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sm100Layout {
-    /// The tile width of each group.
+    /// The problem.
+    pub problem: Problem,
+    /// Each group's tile width.
     pub block_n: Vec<BlockN>,
-    /// The launches, 128-wide first; none when no group has work.
+    /// At most two launches: the 128-wide list, then the 256-wide one.
     pub launches: Vec<Sm100Launch>,
 }
 
@@ -62,11 +63,31 @@ fn abi_shape(s: &crate::problem::GroupShape) -> GroupShape {
     GroupShape { m: s.m as u32, n: s.n as u32, k: s.k as u32 }
 }
 
+/// How many CTAs of each sm_100a GEMM variant are resident at once on `gpu` (the driver's
+/// occupancy, with the cluster variant's count of resident clusters).
+pub(crate) fn resident_ctas(gpu: &Gpu) -> Result<Vec<(KernelLayout, u32)>> {
+    let stream = gpu.context().default_stream();
+    let mut resident = vec![];
+    for kernel in KERNELS {
+        let cfg = kernel.config();
+        let f = gpu.function(kernel.kernel_name())?;
+        set_max_dynamic_smem(&f, cfg.dynamic_shared_memory())?;
+        let one_cluster = LaunchGeometry { grid: cfg.cluster_size(), ..kernel.launch(0, 0) };
+        let per_sm = ctas_per_sm(&f, one_cluster.block, one_cluster.smem_bytes)?.min(cfg.max_ctas_per_sm());
+        let clusters = if cfg.cluster_size() > 1 { max_active_clusters(&f, &stream, one_cluster)? } else { 0 };
+        resident.push((kernel, cfg.resident_ctas(gpu.sm_count(), per_sm, clusters)));
+    }
+    Ok(resident)
+}
+
 impl Sm100Layout {
-    /// Plans `problem` with `resident(kernel)` CTAs of each kernel resident on the whole device at
-    /// once ([`nvfp4_gemm_abi::sm100::KernelConfig::resident_ctas`]; 0 is rejected: the kernel
-    /// cannot run on this device).
+    /// Plans `problem` with `resident(kernel)` CTAs of each variant resident at once.
     pub fn new(problem: &Problem, resident: impl Fn(KernelLayout) -> u32) -> Result<Sm100Layout> {
+        if problem.tokens() != crate::problem::TokenKind::Nvfp4 {
+            return Err(Error::Unsupported(
+                "W4A16 runs on sm_90a; sm_100a multiplies NVFP4 operands natively (NVFP4 tokens)".into(),
+            ));
+        }
         let shapes: Vec<GroupShape> = problem.groups().iter().map(abi_shape).collect();
         let block_n = shapes.iter().map(|s| choose_block_n(s.n, s.k)).collect();
         let mut launches = vec![];
@@ -100,18 +121,17 @@ impl Sm100Layout {
             }
             launches.push(Sm100Launch { kernel, geometry, work });
         }
-        Ok(Sm100Layout { block_n, launches })
+        Ok(Sm100Layout { problem: problem.clone(), block_n, launches })
     }
 
-    /// Output tiles over all launches, cluster padding included.
+    /// Output tiles over all launches (cluster padding included).
     pub fn tiles(&self) -> usize {
         self.launches.iter().map(|l| l.work.len()).sum()
     }
 
-    /// The tensor-map parameters of group `g`'s A and B (`None` for a group without tiles, whose
-    /// maps the kernels never read).
-    pub fn operand_maps(&self, problem: &Problem, g: usize) -> Result<Option<(Fp4Map, Fp4Map)>> {
-        let s = &problem.groups()[g];
+    /// Group `g`'s A and B maps (`None` for a group without tokens).
+    pub fn operand_maps(&self, g: usize) -> Result<Option<(Fp4Map, Fp4Map)>> {
+        let s = &self.problem.groups()[g];
         if s.m == 0 {
             return Ok(None);
         }
@@ -121,71 +141,131 @@ impl Sm100Layout {
         Ok(Some((a, b)))
     }
 
-    /// The group table for these buffers (no driver call).
-    pub fn group_params(&self, problem: &Problem, buffers: &[GroupBuffers]) -> Result<Vec<GroupParams>> {
-        problem
-            .groups()
-            .iter()
-            .zip(buffers)
-            .enumerate()
-            .map(|(g, (s, b))| {
-                let map_rank = self.operand_maps(problem, g)?.map_or(0, |(a, _)| a.rank());
-                Ok(GroupParams {
-                    m: s.m as u32,
-                    n: s.n as u32,
-                    k: s.k as u32,
-                    alpha: b.alpha,
-                    a_scales: b.a_scales.ptr,
-                    b_scales: b.b_scales.ptr,
-                    c: b.c.ptr,
-                    ldc: s.n as u32,
-                    map_rank,
-                    token_row: 0,
-                    reserved: 0,
-                })
-            })
-            .collect()
-    }
-
-    /// Group table and tensor-map table (`[2g]` A, `[2g+1]` B) for these buffers. Encoding the maps
-    /// calls the driver (`cuTensorMapEncodeTiled`).
-    pub fn encode(&self, problem: &Problem, buffers: &[GroupBuffers]) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
-        self.encode_with(&DriverEncoder, problem, buffers)
-    }
-
-    /// [`Self::encode`] with the maps encoded by `encoder`.
-    pub fn encode_with(
-        &self,
-        encoder: &impl TiledMapEncoder,
-        problem: &Problem,
-        buffers: &[GroupBuffers],
-    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
-        let params = self.group_params(problem, buffers)?;
-        let mut maps = Vec::with_capacity(2 * buffers.len());
-        for (g, b) in buffers.iter().enumerate() {
-            match self.operand_maps(problem, g)? {
-                Some((a, bm)) => {
-                    maps.push(a.encode_with(encoder, b.a_values.ptr)?);
-                    maps.push(bm.encode_with(encoder, b.b_values.ptr)?);
-                }
-                None => maps.extend([TensorMap::ZERO, TensorMap::ZERO]),
-            }
-        }
-        Ok((params, maps))
-    }
-
-    /// The parameters of launch `i`, given the device addresses of the tables.
-    pub fn kernel_params(&self, i: usize, groups: u64, tensor_maps: u64, work: u64, problem: &Problem) -> KernelParams {
+    /// The parameters of launch `i` over the memory at `at`.
+    pub fn kernel_params(&self, i: usize, at: &Tables) -> KernelParams {
         KernelParams {
-            groups,
-            tensor_maps,
-            work,
+            groups: at.groups,
+            tensor_maps: at.maps,
+            work: at.work[i],
             work_len: self.launches[i].work.len() as u32,
-            group_count: problem.groups().len() as u32,
-            out_bf16: (problem.output() == OutputType::Bf16) as u32,
+            group_count: self.problem.groups().len() as u32,
+            out_bf16: (self.problem.output() == OutputType::Bf16) as u32,
             reserved: 0,
             work_len_device: 0,
         }
+    }
+}
+
+/// sm_100a host-sized plans: one group table and one tensor-map table (`[2g]` = A, `[2g+1]` = B
+/// with the group's box height) that both launches read, so a group's maps are encoded once.
+impl Layout for Sm100Layout {
+    type Group = GroupParams;
+    type Call = [GroupBuffers];
+    const ARCH: Arch = Arch::Sm100a;
+
+    fn memory(&self) -> Memory {
+        let groups = self.problem.groups().len();
+        let list = |i: usize| {
+            self.launches.get(i).map_or(WorkList::None, |l| WorkList::Items(bytemuck::cast_slice(&l.work).to_vec()))
+        };
+        Memory { groups, maps: 2 * groups, work: [list(0), list(1)], workspace_bytes: 0, ranks: 0 }
+    }
+
+    fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, _at: &Tables, maps: &mut [TensorMap]) -> Result<()> {
+        for g in 0..self.problem.groups().len() {
+            if let Some((a, b)) = self.operand_maps(g)? {
+                maps[2 * g] = a.encode_with(encoder, PLACEHOLDER_BASE)?;
+                maps[2 * g + 1] = b.encode_with(encoder, PLACEHOLDER_BASE)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_call<E: TiledMapEncoder>(
+        &self,
+        encoder: &E,
+        call: &[GroupBuffers],
+        _at: &Tables,
+        groups: &mut [GroupParams],
+        maps: &mut [TensorMap],
+    ) -> Result<()> {
+        for (g, (s, b)) in self.problem.groups().iter().zip(call).enumerate() {
+            let map_rank = self.operand_maps(g)?.map_or(0, |(a, _)| a.rank());
+            groups[g] = GroupParams {
+                m: s.m as u32,
+                n: s.n as u32,
+                k: s.k as u32,
+                alpha: b.alpha,
+                a_scales: b.a_scales.ptr,
+                b_scales: b.b_scales.ptr,
+                c: b.c.ptr,
+                ldc: s.n as u32,
+                map_rank,
+                token_row: 0,
+                reserved: 0,
+            };
+            if s.m != 0 {
+                encoder.replace_address(&mut maps[2 * g], b.a_values.ptr)?;
+                encoder.replace_address(&mut maps[2 * g + 1], b.b_values.ptr)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn signature(&self, call: &[GroupBuffers], out: &mut Vec<u64>) {
+        for b in call {
+            out.extend([
+                b.a_values.ptr,
+                b.a_scales.ptr,
+                b.b_values.ptr,
+                b.b_scales.ptr,
+                b.c.ptr,
+                u64::from(b.alpha.to_bits()),
+            ]);
+        }
+    }
+
+    fn launches(&self, _call: Option<&[GroupBuffers]>, at: &Tables, out: &mut Vec<Launch>) {
+        for (i, l) in self.launches.iter().enumerate() {
+            out.push(Launch {
+                kernel: l.kernel.kernel_name(),
+                geometry: l.geometry,
+                start: Start::AfterPrevious,
+                params: Params::of(&self.kernel_params(i, at)),
+            });
+        }
+    }
+
+    fn call_independent_launches(&self) -> bool {
+        // The cluster variant needs a cluster launch, which the graph's kernel nodes do not take.
+        false
+    }
+
+    fn describe(&self) -> (String, usize) {
+        let parts: Vec<String> = self
+            .launches
+            .iter()
+            .map(|l| {
+                let c = l.kernel.config();
+                format!(
+                    "{}: tcgen05 mxf4nvf4 tile {}x{}, {} stages of K {}, cluster {}, {} items on {} CTAs",
+                    l.kernel.kernel_name(),
+                    c.block_m(),
+                    c.block_n(),
+                    c.stages(),
+                    c.block_k(),
+                    c.cluster_size(),
+                    l.work.len(),
+                    l.geometry.grid
+                )
+            })
+            .collect();
+        let words = if parts.is_empty() { "sm100: no work".into() } else { parts.join("; ") };
+        (words, self.tiles())
+    }
+
+    fn alpha_field(&self) -> AlphaField {
+        AlphaField::of::<GroupParams>(GROUP_ALPHA_OFFSET)
     }
 }
 
@@ -254,6 +334,7 @@ impl Fp4Map {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::testing::{base, FakeEncoder};
     use crate::problem::GroupShape as Shape;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
     use nvfp4_gemm_abi::sm100::tma::TensorMapSwizzle;
@@ -359,7 +440,7 @@ mod tests {
     fn tensor_map_parameters() {
         let p = problem(&[(248, 4096, 7168), (72, 384, 384), (0, 128, 256), (200, 4096, 2112)]);
         let l = Sm100Layout::new(&p, static_occupancy).unwrap();
-        let (a, b) = l.operand_maps(&p, 0).unwrap().unwrap();
+        let (a, b) = l.operand_maps(0).unwrap().unwrap();
         assert_eq!(
             a,
             Fp4Map::Rank3(TiledMap {
@@ -375,7 +456,7 @@ mod tests {
             Fp4Map::Rank3(m) => assert_eq!((m.dims, m.box_dims), ([256, 4096, 28], [256, 256, 1])),
             other => panic!("{other:?}"),
         }
-        let (a, b) = l.operand_maps(&p, 1).unwrap().unwrap();
+        let (a, b) = l.operand_maps(1).unwrap().unwrap();
         assert_eq!(
             a,
             Fp4Map::Rank2(TiledMap {
@@ -388,9 +469,9 @@ mod tests {
             })
         );
         assert_eq!(b.rank(), 2);
-        assert_eq!(l.operand_maps(&p, 2).unwrap(), None);
+        assert_eq!(l.operand_maps(2).unwrap(), None);
         // A 256-wide group with a K tail: flat maps, B box 256 rows (the multicast 2D path).
-        let (a, b) = l.operand_maps(&p, 3).unwrap().unwrap();
+        let (a, b) = l.operand_maps(3).unwrap().unwrap();
         assert_eq!((a.rank(), b.rank()), (2, 2));
         match b {
             Fp4Map::Rank2(m) => assert_eq!(m.box_dims, [256, 256]),
@@ -408,7 +489,10 @@ mod tests {
             .enumerate()
             .map(|(g, s)| crate::problem::fake_buffers(s, 0x1000_0000 * g as u64, 0.5))
             .collect();
-        let params = l.group_params(&p, &buffers).unwrap();
+        let at = Tables { groups: 0x1000, maps: 0x2000, work: [0x3000, 0x4000], ..Tables::default() };
+        let (params, maps) = crate::engine::encode_tables(&l, &FakeEncoder, &buffers[..], &at).unwrap();
+        assert_eq!((base(&maps[0]), base(&maps[1])), (buffers[0].a_values.ptr, buffers[0].b_values.ptr));
+        assert_eq!(maps[2], TensorMap::ZERO, "a group without tokens has no maps");
         assert_eq!(
             params[0],
             GroupParams {
@@ -427,7 +511,7 @@ mod tests {
         );
         assert_eq!(params[1].map_rank, 0);
         assert_eq!(params[2].map_rank, 3);
-        let kp = l.kernel_params(0, 0x1000, 0x2000, 0x3000, &p);
+        let kp = l.kernel_params(0, &at);
         assert_eq!(
             kp,
             KernelParams {

@@ -21,26 +21,20 @@
 
 use super::cost::stage_cost;
 use crate::device::Arch;
-use crate::device::Gpu;
-use crate::device_sizes::{
-    kernel_params, schedule_common, DeviceSizedLaunch, DeviceSizedLayout, DeviceSizedPlan, DeviceSizedTables,
-    MoeKernels, MoeOptions, TableSizes,
-};
-use crate::driver::launch::{LaunchGeometry, Start};
+use crate::device_sizes::{kernel_params, schedule_common, schedule_geometry, MoeKernels, MoeOptions};
+use crate::driver::launch::{LaunchGeometry, Params, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
+use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
 use crate::error::{Error, Result};
 use crate::moe_problem::{MoeBuffers, MoeProblem};
-use crate::problem::OutputType;
 use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, smem};
 use nvfp4_gemm_abi::moe::sm90::{
     general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm90::w4a16::{self, Activations};
-use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, SMALL_TILE_M};
+use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
-
-const DEQUANT: &str = "sm90_dequant_tokens";
 
 /// One GEMM launch of a device-sized sm_90a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +52,8 @@ pub struct Sm90DeviceGemm {
 /// Everything about a device-sized problem that does not depend on buffer addresses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sm90DeviceLayout {
+    /// The problem (its bounds).
+    pub problem: MoeProblem,
     /// The scheduler's kernel choice (`abi::moe::sm90::KERNELS_*`): the decode kernel alone when
     /// the bounds keep every group at 16 rows or fewer.
     pub kernels: u32,
@@ -79,9 +75,9 @@ pub struct Sm90DeviceLayout {
     pub workspace_bytes: usize,
     /// `sm90_dequant_tokens`' launch (sized for the bounds).
     pub dequant: LaunchGeometry,
-    /// W4A16 ([`crate::w4a16::W4a16MoePlan`]): the activations' type. The tokens are then the
-    /// call's activations `[token_rows, K]`, read through the token maps as they are: no
-    /// dequantization launch, no workspace, the W4A16 twins of the GEMM kernels.
+    /// W4A16 (a problem of 16-bit activations): their type. The tokens are then the call's
+    /// activations `[token_rows, K]`, read through the token maps as they are: no dequantization
+    /// launch, no workspace, the W4A16 twins of the GEMM kernels.
     pub activations: Option<Activations>,
 }
 
@@ -90,28 +86,10 @@ fn to_u32(items: u64, what: &str) -> Result<u32> {
 }
 
 impl Sm90DeviceLayout {
-    /// The layout of `problem`'s bounds on a device with `sm_count` SMs.
+    /// The layout of `problem`'s bounds on a device with `sm_count` SMs (W4A16 for a problem of
+    /// 16-bit activations: the same tiles and work list, the tokens the call's activations).
     pub fn new(problem: &MoeProblem, sm_count: u32, options: &MoeOptions) -> Result<Sm90DeviceLayout> {
-        Self::with_tokens(problem, sm_count, options, None)
-    }
-
-    /// [`Self::new`] for W4A16: the same tiles and work list, the tokens the call's activations of
-    /// type `activations`.
-    pub fn w4a16(
-        problem: &MoeProblem,
-        sm_count: u32,
-        options: &MoeOptions,
-        activations: Activations,
-    ) -> Result<Sm90DeviceLayout> {
-        Self::with_tokens(problem, sm_count, options, Some(activations))
-    }
-
-    fn with_tokens(
-        problem: &MoeProblem,
-        sm_count: u32,
-        options: &MoeOptions,
-        activations: Option<Activations>,
-    ) -> Result<Sm90DeviceLayout> {
+        let activations = problem.tokens().activations();
         let sizes = problem.device_sizes(0);
         let (g, n, k) = (sizes.groups as u64, problem.n() as u32, problem.k() as u32);
         let weight_tiles = sm90::n_tiles(n) as u64;
@@ -174,6 +152,7 @@ impl Sm90DeviceLayout {
             (n + (items - n) / sm90::DEQUANT_ITEMS_PER_CTA as u64).min(sm90::MAX_DEQUANT_CTAS_PER_GROUP as u64 * n)
         } as u32;
         Ok(Sm90DeviceLayout {
+            problem: problem.clone(),
             kernels,
             general,
             sizes,
@@ -196,17 +175,7 @@ impl Sm90DeviceLayout {
         }
     }
 
-    /// The address the token maps cover: the plan's f16 workspace, or for W4A16 the call's
-    /// activations.
-    fn token_base(&self, buffers: &MoeBuffers, tables: &DeviceSizedTables) -> u64 {
-        debug_assert_eq!(buffers.a.dense_kind(), self.activations, "the plan's token operand");
-        match self.activations {
-            None => tables.workspace,
-            Some(_) => buffers.a.base(),
-        }
-    }
-
-    /// Tensor-map index of the workspace map with 1-row boxes (`h` rows: `+ h − 1`).
+    /// Tensor-map index of the token map with 1-row boxes (`h` rows: `+ h − 1`).
     pub fn token_maps(&self) -> u32 {
         2 * self.sizes.groups
     }
@@ -216,75 +185,25 @@ impl Sm90DeviceLayout {
         (self.token_maps() + self.token_heights) as usize
     }
 
-    /// The group table as the host writes it: the size-independent fields (the scheduler writes
-    /// the rest on every call).
-    pub fn group_params(&self, problem: &MoeProblem, buffers: &MoeBuffers) -> Vec<GroupParams> {
-        buffers
-            .weights
-            .iter()
-            .zip(&buffers.alphas)
-            .map(|((_, scales), &alpha)| GroupParams {
-                n: problem.n() as u32,
-                k: problem.k() as u32,
-                alpha,
-                b_scales: scales.ptr,
-                ..GroupParams::default()
-            })
-            .collect()
-    }
-}
-
-impl DeviceSizedLayout for Sm90DeviceLayout {
-    type Group = GroupParams;
-    type Schedule = Sm90ScheduleParams;
-    const SCHEDULE: &'static str = "sm90_schedule";
-    const SCHEDULE_START: Start = Start::Early;
-    const ARCH: Arch = Arch::Sm90a;
-
-    fn table_sizes(&self) -> TableSizes {
-        TableSizes {
-            groups: self.sizes.groups as usize,
-            maps: self.map_count(),
-            work_items: self.gemms.iter().flatten().map(|g| g.max_list as usize).max().unwrap_or(0),
-            ranks: if self.lpt_grid > 0 { self.gemms[1].map_or(0, |g| g.max_items as usize) } else { 0 },
-            workspace_bytes: self.workspace_bytes,
+    /// The address the token maps cover: the plan's f16 workspace, or for W4A16 the call's
+    /// activations.
+    fn token_base(&self, buffers: &MoeBuffers, at: &Tables) -> u64 {
+        match self.activations {
+            None => at.workspace,
+            Some(_) => buffers.a.base(),
         }
     }
 
-    fn encode_with<E: TiledMapEncoder>(
-        &self,
-        encoder: &E,
-        problem: &MoeProblem,
-        buffers: &MoeBuffers,
-        tables: &DeviceSizedTables,
-    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
-        let params = self.group_params(problem, buffers);
-        let (rows, n, k) = (problem.token_rows() as u32, problem.n() as u32, problem.k() as u32);
-        let mut maps = vec![TensorMap::ZERO; self.map_count()];
-        for (g, (values, _)) in buffers.weights.iter().enumerate() {
-            maps[sm90::weight_map_index(g as u32)] = encoder.encode(&sm90::weight_map(n, k), values.ptr)?;
-        }
-        for h in 1..=self.token_heights {
-            maps[(self.token_maps() + h - 1) as usize] =
-                encoder.encode(&sm90::token_map_with_box(rows, k, h), self.token_base(buffers, tables))?;
-        }
-        Ok((params, maps))
-    }
-
-    fn schedule_params(
-        &self,
-        problem: &MoeProblem,
-        buffers: &MoeBuffers,
-        tables: &DeviceSizedTables,
-    ) -> Sm90ScheduleParams {
+    /// The scheduler's parameters for `buffers` over the memory at `at`.
+    pub fn schedule_params(&self, buffers: &MoeBuffers, at: &Tables) -> Sm90ScheduleParams {
         let per_kernel = |f: &dyn Fn(&Sm90DeviceGemm) -> u32| self.gemms.map(|g| g.as_ref().map_or(0, f));
         Sm90ScheduleParams {
-            common: schedule_common(problem, buffers, tables),
+            common: schedule_common(&self.problem, buffers, at),
             // Unused for W4A16 (the GEMM reads the activations through the token maps only).
             a_values: if self.activations.is_some() { 0 } else { buffers.a.base() },
-            workspace: self.token_base(buffers, tables),
-            work_len: [0, 1].map(|slot| if self.gemms[slot].is_some() { tables.work_len[slot] } else { 0 }),
-            ranks: tables.ranks,
+            workspace: self.token_base(buffers, at),
+            work_len: [0, 1].map(|slot| if self.gemms[slot].is_some() { at.work_len[slot] } else { 0 }),
+            ranks: at.ranks,
             kernels: self.kernels,
             general: self.general,
             token_maps: self.token_maps(),
@@ -294,22 +213,99 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
             costs: self.costs,
         }
     }
+}
 
-    fn launches(&self, tables: &DeviceSizedTables, output: OutputType) -> Vec<DeviceSizedLaunch> {
-        let groups = self.sizes.groups;
-        let mut launches = vec![];
+/// The scheduler's exported name.
+pub const SCHEDULE: &str = "sm90_schedule";
+
+/// A device-sized sm_90a plan: the group table's size-independent fields and the weight and
+/// token maps from the host; the scheduler writes the rest per call.
+impl Layout for Sm90DeviceLayout {
+    type Group = GroupParams;
+    type Call = MoeBuffers;
+    const ARCH: Arch = Arch::Sm90a;
+
+    fn memory(&self) -> Memory {
+        let work_items = self.gemms.iter().flatten().map(|g| g.max_list as usize).max().unwrap_or(0);
+        Memory {
+            groups: self.sizes.groups as usize,
+            maps: self.map_count(),
+            work: [WorkList::Capacity(work_items * size_of::<WorkItem>()), WorkList::None],
+            workspace_bytes: self.workspace_bytes,
+            ranks: if self.lpt_grid > 0 { self.gemms[1].map_or(0, |g| g.max_items as usize) } else { 0 },
+        }
+    }
+
+    fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, at: &Tables, maps: &mut [TensorMap]) -> Result<()> {
+        let (rows, n, k) = (self.problem.token_rows() as u32, self.problem.n() as u32, self.problem.k() as u32);
+        for g in 0..self.sizes.groups {
+            maps[sm90::weight_map_index(g)] = encoder.encode(&sm90::weight_map(n, k), PLACEHOLDER_BASE)?;
+        }
+        // W4A4's tokens are in the plan's workspace; W4A16's in the call's activations.
+        let tokens = if self.activations.is_none() { at.workspace } else { PLACEHOLDER_BASE };
+        for h in 1..=self.token_heights {
+            maps[(self.token_maps() + h - 1) as usize] =
+                encoder.encode(&sm90::token_map_with_box(rows, k, h), tokens)?;
+        }
+        Ok(())
+    }
+
+    fn encode_call<E: TiledMapEncoder>(
+        &self,
+        encoder: &E,
+        call: &MoeBuffers,
+        _at: &Tables,
+        groups: &mut [GroupParams],
+        maps: &mut [TensorMap],
+    ) -> Result<()> {
+        let (n, k) = (self.problem.n() as u32, self.problem.k() as u32);
+        for (g, ((values, scales), &alpha)) in call.weights.iter().zip(&call.alphas).enumerate() {
+            groups[g] = GroupParams { n, k, alpha, b_scales: scales.ptr, ..GroupParams::default() };
+            encoder.replace_address(&mut maps[sm90::weight_map_index(g as u32)], values.ptr)?;
+        }
+        if self.activations.is_some() {
+            for h in 1..=self.token_heights {
+                encoder.replace_address(&mut maps[(self.token_maps() + h - 1) as usize], call.a.base())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn signature(&self, call: &MoeBuffers, out: &mut Vec<u64>) {
+        for ((values, scales), alpha) in call.weights.iter().zip(&call.alphas) {
+            out.extend([values.ptr, scales.ptr, u64::from(alpha.to_bits())]);
+        }
+        if self.activations.is_some() {
+            // The token maps hold the activations' address.
+            out.push(call.a.base());
+        }
+    }
+
+    fn launches(&self, call: Option<&MoeBuffers>, at: &Tables, out: &mut Vec<Launch>) {
+        let (groups, output) = (self.sizes.groups, self.problem.output());
+        let schedule = match call {
+            Some(b) => self.schedule_params(b, at),
+            None => Sm90ScheduleParams::default(),
+        };
+        // The scheduler executes `griddepcontrol.wait` before it reads anything.
+        out.push(Launch {
+            kernel: SCHEDULE,
+            geometry: schedule_geometry(groups),
+            start: Start::Early,
+            params: Params::of(&schedule),
+        });
         if self.activations.is_none() {
             // The dequantization reads the scheduler's table after its `griddepcontrol.wait`.
-            launches.push(DeviceSizedLaunch {
-                kernel: DEQUANT,
+            out.push(Launch {
+                kernel: sm90::DEQUANT_KERNEL,
                 geometry: self.dequant,
                 start: Start::Early,
-                params: kernel_params(tables, 0, 0, groups, output),
+                params: Params::of(&kernel_params(at, 0, 0, groups, output)),
             });
         }
         for (slot, gemm) in self.gemms.iter().enumerate() {
             if let Some(gemm) = gemm {
-                launches.push(DeviceSizedLaunch {
+                out.push(Launch {
                     kernel: self.gemm_kernel(gemm.config),
                     geometry: gemm.launch,
                     // The GEMM may start while the launch before it runs. W4A4: the scheduler's
@@ -317,12 +313,16 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
                     // returned, and it waits before its first token load. W4A16: it waits before
                     // reading anything (`w4a16::GEMM_WAITS_FIRST`).
                     start: if self.activations.is_some() { super::W4A16_GEMM_START } else { super::GEMM_AFTER_DEQUANT },
-                    params: kernel_params(tables, gemm.max_list, tables.work_len[slot], groups, output),
+                    params: Params::of(&kernel_params(at, gemm.max_list, at.work_len[slot], groups, output)),
                 });
             }
         }
         debug_assert_eq!(kernel_slot(true), 0);
-        launches
+    }
+
+    fn call_independent_launches(&self) -> bool {
+        // The scheduler's parameters hold the call's sizes, tokens and C.
+        false
     }
 
     fn describe(&self) -> (String, usize) {
@@ -343,33 +343,24 @@ impl DeviceSizedLayout for Sm90DeviceLayout {
             .collect();
         let choice = if words.len() > 1 { " (the decode one when no group has more than 16 tokens)" } else { "" };
         let tiles = self.gemms.iter().flatten().map(|g| g.max_items as usize).max().unwrap_or(0);
-        (format!("{}{choice}", words.join(" or ")), tiles)
-    }
-}
-
-/// A device-sized sm_90a plan on a device.
-pub(crate) type Sm90DevicePlan = DeviceSizedPlan<Sm90DeviceLayout>;
-
-impl DeviceSizedPlan<Sm90DeviceLayout> {
-    /// Plans `problem` for `gpu` with `options` and allocates its tables.
-    pub fn with_options(gpu: &Gpu, problem: &MoeProblem, options: &MoeOptions) -> Result<Self> {
-        let layout = Sm90DeviceLayout::new(problem, gpu.sm_count(), options)?;
-        DeviceSizedPlan::new(gpu, problem, layout)
+        (format!("{SCHEDULE} (device sizes → work list) + {}{choice}", words.join(" or ")), tiles)
     }
 
-    /// A W4A16 plan of `problem` ([`Sm90DeviceLayout::w4a16`]) for `gpu`, its tables allocated.
-    pub fn w4a16(gpu: &Gpu, problem: &MoeProblem, options: &MoeOptions, activations: Activations) -> Result<Self> {
-        let layout = Sm90DeviceLayout::w4a16(problem, gpu.sm_count(), options, activations)?;
-        DeviceSizedPlan::new(gpu, problem, layout)
+    fn alpha_field(&self) -> AlphaField {
+        AlphaField::of::<GroupParams>(sm90::GROUP_ALPHA_OFFSET)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::encode_tables;
+    use crate::engine::testing::{base, launches, FakeEncoder};
     use crate::moe_problem::{MoeProblem, MoeTokens, TokenLayout};
     use crate::problem::BufferView;
+    use crate::problem::OutputType;
     use nvfp4_gemm_abi::moe::sm90::GENERAL_CONFIGS;
+    use nvfp4_gemm_abi::sm90::KernelParams;
 
     fn layout(problem: &MoeProblem, kernels: MoeKernels, tail64: bool) -> Sm90DeviceLayout {
         Sm90DeviceLayout::new(problem, 132, &MoeOptions { kernels, tail64 }).unwrap()
@@ -445,8 +436,8 @@ mod tests {
         assert_eq!((g.max_items, l.lpt_grid), (134, 132));
         assert_eq!(g.max_list as u64, lpt_list_capacity(134, 132, [228, 116]));
         assert_eq!(g.launch, sm90::gemm_launch(GemmConfig::GENERAL, g.max_list, 132));
-        assert_eq!(l.table_sizes().work_items, g.max_list as usize);
-        assert_eq!(l.table_sizes().ranks, 134);
+        assert_eq!(l.memory().work[0], WorkList::Capacity(g.max_list as usize * size_of::<WorkItem>()));
+        assert_eq!(l.memory().ranks, 134);
         // Fewer items than CTAs: the plain order.
         let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::F16).unwrap();
         let l = layout(&p, MoeKernels::General, false);
@@ -470,14 +461,15 @@ mod tests {
             c: v(0x3000, p.c_elements()),
             c_type: OutputType::Bf16,
         };
-        let groups = l.group_params(&p, &buffers);
+        let tables = Tables { groups: 1, maps: 2, work: [3, 0], work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
+        let (groups, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();
         assert_eq!(
             groups[2],
             GroupParams { n: 256, k: 512, alpha: 2.0, b_scales: 0x30_8000, ..GroupParams::default() }
         );
-        let tables =
-            DeviceSizedTables { groups: 1, maps: 2, work: 3, work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
-        let s = l.schedule_params(&p, &buffers, &tables);
+        assert_eq!(base(&maps[sm90::weight_map_index(2)]), 0x30_0000);
+        assert!((1..=128).all(|h| base(&maps[(l.token_maps() + h - 1) as usize]) == 7), "token maps: the workspace");
+        let s = l.schedule_params(&buffers, &tables);
         assert_eq!(
             s.common.sizes,
             DeviceSizes { sizes: 0x100, layout: abi::LAYOUT_CONTIGUOUS, groups: 4, rows: 300, reserved: 0 }
@@ -488,44 +480,47 @@ mod tests {
         // Decode: one tile per non-empty group (4), general: min(4, 300) + 296/128 = 6 token tiles;
         // × 2 weight tiles, fewer than the CTAs: the plain order.
         assert_eq!((s.max_items, s.max_list, s.lpt_grid), ([8, 12], [8, 12], 12));
-        let launches = l.launches(&tables, OutputType::Bf16);
-        let names: Vec<_> = launches.iter().map(|l| l.kernel).collect();
-        assert_eq!(names, ["sm90_dequant_tokens", "sm90_grouped_gemm_decode", "sm90_grouped_gemm"]);
-        assert!(launches.iter().all(|l| l.start == super::super::GEMM_AFTER_DEQUANT || l.kernel == DEQUANT));
-        assert_eq!((launches[1].params.work_len, launches[1].params.work_len_device), (8, 4));
-        assert_eq!(
-            (launches[2].params.work_len, launches[2].params.work_len_device, launches[2].params.out_bf16),
-            (12, 8, 1)
-        );
-        assert_eq!(launches[0].params.work_len_device, 0);
-        let decode_only = layout(&p, MoeKernels::Decode, false).schedule_params(&p, &buffers, &tables);
+        let all = launches(&l, Some(&buffers), &tables);
+        let names: Vec<_> = all.iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_schedule", "sm90_dequant_tokens", "sm90_grouped_gemm_decode", "sm90_grouped_gemm"]);
+        assert_eq!(all[0].params.get::<Sm90ScheduleParams>(), Some(s));
+        let kp = |i: usize| all[i].params.get::<KernelParams>().unwrap();
+        assert!(all[2..].iter().all(|l| l.start == super::super::GEMM_AFTER_DEQUANT));
+        assert_eq!((kp(2).work_len, kp(2).work_len_device), (8, 4));
+        assert_eq!((kp(3).work_len, kp(3).work_len_device, kp(3).out_bf16), (12, 8, 1));
+        assert_eq!(kp(1).work_len_device, 0);
+        let decode_only = layout(&p, MoeKernels::Decode, false).schedule_params(&buffers, &tables);
         assert_eq!((decode_only.work_len, decode_only.kernels), ([4, 0], KERNELS_DECODE));
 
         // W4A16: the same tiles and lists; the token maps and the scheduler's token base are the
         // activations, no workspace, no dequantization, the W4A16 twins started early.
-        let w = Sm90DeviceLayout::w4a16(&p, 132, &MoeOptions::default(), Activations::F16).unwrap();
-        assert_eq!(
-            (&w.gemms, w.token_heights, w.workspace_bytes, w.table_sizes().workspace_bytes),
-            (&l.gemms, 128, 0, 0)
-        );
+        let dense_problem = |a| p.clone().with_tokens(crate::problem::TokenKind::Dense(a));
+        let w = Sm90DeviceLayout::new(&dense_problem(Activations::F16), 132, &MoeOptions::default()).unwrap();
+        assert_eq!((&w.gemms, w.token_heights, w.workspace_bytes, w.memory().workspace_bytes), (&l.gemms, 128, 0, 0));
         let dense = MoeBuffers {
             a: MoeTokens::Dense { activations: v(0x4000, 300 * 512), kind: Activations::F16 },
             ..buffers.clone()
         };
-        let ws = w.schedule_params(&p, &dense, &tables);
+        let ws = w.schedule_params(&dense, &tables);
         assert_eq!((ws.a_values, ws.common.a_scales, ws.workspace), (0, 0, 0x4000));
         assert_eq!((ws.max_items, ws.max_list, ws.work_len), (s.max_items, s.max_list, s.work_len));
-        let launches = w.launches(&tables, OutputType::Bf16);
-        let names: Vec<_> = launches.iter().map(|l| l.kernel).collect();
-        assert_eq!(names, ["sm90_w4a16_gemm_decode", "sm90_w4a16_gemm"]);
-        assert!(launches.iter().all(|l| l.start == Start::Early));
-        assert_eq!(
-            launches.iter().map(|l| (l.params.work_len, l.params.work_len_device)).collect::<Vec<_>>(),
-            [(8, 4), (12, 8)]
+        let (_, maps) = encode_tables(&w, &FakeEncoder, &dense, &tables).unwrap();
+        assert!(
+            (1..=128).all(|h| base(&maps[(w.token_maps() + h - 1) as usize]) == 0x4000),
+            "token maps: the activations"
         );
+        let all = launches(&w, Some(&dense), &tables);
+        let names: Vec<_> = all.iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_schedule", "sm90_w4a16_gemm_decode", "sm90_w4a16_gemm"]);
+        assert!(all.iter().all(|l| l.start == Start::Early));
+        let lens: Vec<_> = all[1..]
+            .iter()
+            .map(|l| l.params.get::<KernelParams>().map(|p| (p.work_len, p.work_len_device)).unwrap())
+            .collect();
+        assert_eq!(lens, [(8, 4), (12, 8)]);
         assert!(w.describe().0.contains("sm90_w4a16_gemm_decode"));
-        let bf16 = Sm90DeviceLayout::w4a16(&p, 132, &MoeOptions::default(), Activations::Bf16).unwrap();
-        let names: Vec<_> = bf16.launches(&tables, OutputType::Bf16).iter().map(|l| l.kernel).collect();
-        assert_eq!(names, ["sm90_w4a16_bf16_gemm_decode", "sm90_w4a16_bf16_gemm"]);
+        let bf16 = Sm90DeviceLayout::new(&dense_problem(Activations::Bf16), 132, &MoeOptions::default()).unwrap();
+        let names: Vec<_> = launches(&bf16, None, &tables).iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_schedule", "sm90_w4a16_bf16_gemm_decode", "sm90_w4a16_bf16_gemm"]);
     }
 }

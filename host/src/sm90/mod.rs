@@ -1,30 +1,31 @@
 //! Host side of the sm_90a (Hopper) kernels: work list, token workspace, tensor maps, parameters
-//! and launch geometry ([`Sm90Layout`], no driver calls), and the device half ([`Sm90Plan`]).
-//! The kernels' configuration (`nvfp4_gemm_abi::sm90`) is the one source of the numbers used here.
+//! and launch geometry, for host-sized problems ([`Sm90Layout`]) and device-sized ones
+//! ([`Sm90DeviceLayout`]): the plan engine's layouts (`crate::engine`), no driver calls. The
+//! kernels' configuration (`nvfp4_gemm_abi::sm90`) is the one source of the numbers used here.
 //!
-//! A problem becomes two launches over one group table and one tensor-map table (`[2g]` the
-//! group's f16 token workspace, `[2g+1]` its packed weights): `sm90_dequant_tokens` (A → f16
-//! workspace), then `sm90_grouped_gemm` over the work list.
+//! A host-sized problem becomes two launches over one group table and one tensor-map table
+//! (`[2g]` the group's f16 token workspace, `[2g+1]` its packed weights): `sm90_dequant_tokens`
+//! (A → f16 workspace), then `sm90_grouped_gemm` over the work list; with W4A16's activations,
+//! the GEMM alone over token maps of the activations.
 //!
-//! [`Sm90Layout`] is public (through [`crate::layout`]) so that the CPU model of the device runs
+//! The layouts are public (through [`crate::layout`]) so that the CPU model of the device runs
 //! the kernels on exactly these tables.
 
 mod cost;
 mod device_sizes;
-mod plan;
 
-pub(crate) use device_sizes::Sm90DevicePlan;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::Sm90DeviceLayout;
-pub(crate) use plan::{summary, Sm90Plan};
 
 use cost::item_cost;
 
-use crate::driver::launch::Start;
-use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
-use crate::error::Result;
-use crate::problem::{GroupBuffers, OutputType, Problem};
+use crate::device::Arch;
+use crate::driver::launch::{Params, Start};
+use crate::driver::tensor_map::TiledMapEncoder;
+use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
+use crate::error::{Error, Result};
+use crate::problem::{GroupBuffers, OutputType, Problem, TokenKind};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, RowSpan, WorkItem};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
@@ -32,22 +33,24 @@ use nvfp4_gemm_abi::tensor_map::TensorMap;
 /// Most 128-row spans per group `N192`'s work list tries (each three replace two of 192 rows).
 const N192_MAX_TWOS: u32 = 12;
 
-/// Everything about a problem that does not depend on buffer addresses.
+/// A host-sized problem planned for sm_90a: everything that does not depend on buffer addresses.
 #[derive(Debug, Clone)]
 pub struct Sm90Layout {
+    /// The problem.
+    pub problem: Problem,
     /// The GEMM's configuration (tile, stages, shared memory).
     pub config: GemmConfig,
     /// The GEMM's work list, balanced over the grid (`balance`; may hold holes).
     pub work: Vec<WorkItem>,
-    /// Byte offset of each group's f16 tokens in the workspace.
+    /// Byte offset of each group's f16 tokens in the workspace (NVFP4 tokens).
     pub workspace_offsets: Vec<u64>,
-    /// Bytes of the token workspace (at least 16).
+    /// Bytes of the token workspace (0: none, for W4A16's activations).
     pub workspace_bytes: usize,
     /// (first CTA, CTA count) of each group in the dequantization grid.
     pub dequant_ctas: Vec<(u32, u32)>,
-    /// CTAs of the dequantization grid (0: no group has tokens).
+    /// CTAs of the dequantization grid (0: no group has tokens, or W4A16).
     pub dequant_grid: u32,
-    /// Geometry of `sm90_grouped_gemm`.
+    /// Geometry of the GEMM.
     pub gemm: LaunchGeometry,
     /// Geometry of `sm90_dequant_tokens`.
     pub dequant: LaunchGeometry,
@@ -85,26 +88,44 @@ impl Sm90Layout {
         Some(Self::from_work(problem, sm_count, config, work))
     }
 
+    /// The layout of `problem` on `sm_count` SMs: the cost model's choice, or the GEMM kernel
+    /// named `kernel` (`crate::PlanOptions::sm90_kernel`, by its W4A4 name); a name that is no
+    /// sm_90a GEMM kernel, or a variant that cannot run the problem, is an error.
+    pub fn named(problem: &Problem, sm_count: u32, kernel: Option<&str>) -> Result<Sm90Layout> {
+        let Some(name) = kernel else { return Ok(Sm90Layout::new(problem, sm_count)) };
+        let config = GemmConfig::ALL
+            .into_iter()
+            .find(|c| c.kernel_name() == name)
+            .ok_or_else(|| Error::InvalidProblem(format!("sm90_kernel {name}: not an sm_90a GEMM kernel")))?;
+        Sm90Layout::with_config(problem, sm_count, config)
+            .ok_or_else(|| Error::InvalidProblem(format!("sm90_kernel {name}: that variant cannot run this problem")))
+    }
+
     /// The layout around a chosen variant and its work list.
     fn from_work(problem: &Problem, sm_count: u32, config: GemmConfig, work: Vec<WorkItem>) -> Sm90Layout {
         let mut workspace_offsets = vec![];
         let mut dequant_ctas = vec![];
         let (mut ws, mut ctas) = (0u64, 0u32);
+        // W4A16 reads its activations where they are: no workspace, no dequantization.
+        let nvfp4 = problem.tokens() == TokenKind::Nvfp4;
         for s in problem.groups() {
             let (m, k) = (s.m as u32, s.k as u32);
             workspace_offsets.push(ws);
-            ws += (s.m * s.k * 2) as u64;
-            let c = sm90::dequant_ctas(m, k);
+            let c = if nvfp4 { sm90::dequant_ctas(m, k) } else { 0 };
+            if nvfp4 {
+                ws += (s.m * s.k * 2) as u64;
+            }
             dequant_ctas.push((ctas, c));
             ctas += c;
         }
         Sm90Layout {
+            problem: problem.clone(),
             config,
             gemm: sm90::gemm_launch(config, work.len() as u32, sm_count),
             dequant: sm90::dequant_launch(ctas),
             work,
             workspace_offsets,
-            workspace_bytes: ws.max(16) as usize,
+            workspace_bytes: ws as usize,
             dequant_ctas,
             dequant_grid: ctas,
         }
@@ -150,98 +171,176 @@ impl Sm90Layout {
         balance(work, grid)
     }
 
-    /// Group parameters for these buffers, with the workspace at device address `workspace`.
-    pub fn group_params(&self, problem: &Problem, buffers: &[GroupBuffers], workspace: u64) -> Vec<GroupParams> {
-        let groups = problem.groups().len() as u32;
-        problem
-            .groups()
-            .iter()
-            .zip(buffers)
-            .enumerate()
-            .map(|(g, (s, b))| GroupParams {
-                m: s.m as u32,
-                n: s.n as u32,
-                k: s.k as u32,
-                alpha: b.alpha,
-                a_values: b.a_values.ptr,
-                a_scales: b.a_scales.ptr,
-                b_scales: b.b_scales.ptr,
-                c: b.c.ptr,
-                workspace: workspace + self.workspace_offsets[g],
-                dequant_first_cta: self.dequant_ctas[g].0,
-                dequant_ctas: self.dequant_ctas[g].1,
-                block_m: self.config.tile_rows(s.m as u32),
-                tail_rows: sm90::tail_box_rows(s.m as u32, self.config.tile_rows(s.m as u32)),
-                token_row: 0,
-                token_map: sm90::token_map_index(g as u32) as u32,
-                tail_token_map: sm90::tail_token_map_index(g as u32, groups) as u32,
-                reserved: 0,
-            })
-            .collect()
+    /// The GEMM kernel: a W4A4 variant, or its W4A16 twin for the problem's activations.
+    pub fn gemm_kernel(&self) -> &'static str {
+        match self.problem.tokens() {
+            TokenKind::Nvfp4 => self.config.kernel_name(),
+            TokenKind::Dense(a) => sm90::w4a16::kernel_name_of(self.config, a),
+        }
     }
 
-    /// Group parameters and tensor maps ([`sm90::token_map_index`], [`sm90::weight_map_index`])
-    /// for these buffers. Encoding the maps calls the driver (`cuTensorMapEncodeTiled`).
-    pub fn encode(
-        &self,
-        problem: &Problem,
-        buffers: &[GroupBuffers],
-        workspace: u64,
-    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
-        self.encode_with(&DriverEncoder, problem, buffers, workspace)
+    /// Group `g`'s entry for buffers `b`: W4A4 tokens from the workspace at device address
+    /// `workspace`, W4A16's from its activations (read through the token maps).
+    fn group_entry(&self, g: usize, b: &GroupBuffers, workspace: u64) -> GroupParams {
+        let groups = self.problem.groups().len() as u32;
+        let s = &self.problem.groups()[g];
+        let (a_values, a_scales, workspace) = match self.problem.tokens() {
+            TokenKind::Nvfp4 => (b.a_values.ptr, b.a_scales.ptr, workspace + self.workspace_offsets[g]),
+            TokenKind::Dense(_) => (0, 0, b.a_values.ptr),
+        };
+        GroupParams {
+            m: s.m as u32,
+            n: s.n as u32,
+            k: s.k as u32,
+            alpha: b.alpha,
+            a_values,
+            a_scales,
+            b_scales: b.b_scales.ptr,
+            c: b.c.ptr,
+            workspace,
+            dequant_first_cta: self.dequant_ctas[g].0,
+            dequant_ctas: self.dequant_ctas[g].1,
+            block_m: self.config.tile_rows(s.m as u32),
+            tail_rows: sm90::tail_box_rows(s.m as u32, self.config.tile_rows(s.m as u32)),
+            token_row: 0,
+            token_map: sm90::token_map_index(g as u32) as u32,
+            tail_token_map: sm90::tail_token_map_index(g as u32, groups) as u32,
+            reserved: 0,
+        }
     }
 
-    /// [`Self::encode`] with the maps encoded by `encoder`.
-    pub fn encode_with(
-        &self,
-        encoder: &impl TiledMapEncoder,
-        problem: &Problem,
-        buffers: &[GroupBuffers],
-        workspace: u64,
-    ) -> Result<(Vec<GroupParams>, Vec<TensorMap>)> {
-        let params = self.group_params(problem, buffers, workspace);
-        let maps = self.maps_with(encoder, problem, buffers, &params)?;
-        Ok((params, maps))
+    /// The parameters of both kernels over the memory at `at`.
+    pub fn kernel_params(&self, at: &Tables) -> KernelParams {
+        KernelParams {
+            groups: at.groups,
+            tensor_maps: at.maps,
+            work: at.work[0],
+            work_len: self.work.len() as u32,
+            group_count: self.problem.groups().len() as u32,
+            out_bf16: (self.problem.output() == OutputType::Bf16) as u32,
+            reserved: 0,
+            work_len_device: 0,
+        }
+    }
+}
+
+/// sm_90a host-sized plans: one group table and one tensor-map table (`[2g]` the group's token
+/// map, `[2G + g]` its last tile's, `[2g+1]` its packed weights), then `sm90_dequant_tokens`
+/// (A → f16 workspace) and the GEMM over the work list; W4A16 runs its GEMM alone, its token maps
+/// over the caller's activations.
+impl Layout for Sm90Layout {
+    type Group = GroupParams;
+    type Call = [GroupBuffers];
+    const ARCH: Arch = Arch::Sm90a;
+
+    fn memory(&self) -> Memory {
+        let groups = self.problem.groups().len();
+        Memory {
+            groups,
+            maps: sm90::map_count(groups as u32),
+            work: [WorkList::Items(bytemuck::cast_slice(&self.work).to_vec()), WorkList::None],
+            workspace_bytes: self.workspace_bytes,
+            ranks: 0,
+        }
     }
 
-    /// The tensor maps of `params` (each group's tokens at its `workspace` address, its weights at
-    /// `buffers[g].b_values`), encoded by `encoder`.
-    pub fn maps_with(
-        &self,
-        encoder: &impl TiledMapEncoder,
-        problem: &Problem,
-        buffers: &[GroupBuffers],
-        params: &[GroupParams],
-    ) -> Result<Vec<TensorMap>> {
-        let groups = buffers.len() as u32;
-        let mut maps = vec![TensorMap::ZERO; sm90::map_count(groups)];
-        for (g, (s, p)) in problem.groups().iter().zip(params).enumerate() {
+    fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, at: &Tables, maps: &mut [TensorMap]) -> Result<()> {
+        let groups = self.problem.groups().len() as u32;
+        let nvfp4 = self.problem.tokens() == TokenKind::Nvfp4;
+        for (g, s) in self.problem.groups().iter().enumerate() {
             if s.m == 0 {
                 // No tile reads this group's maps.
                 continue;
             }
             let (m, n, k) = (s.m as u32, s.n as u32, s.k as u32);
-            maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(self.config, m, k), p.workspace)?;
+            // W4A4's tokens are in the plan's workspace; W4A16's in the call's activations.
+            let tokens = if nvfp4 { at.workspace + self.workspace_offsets[g] } else { PLACEHOLDER_BASE };
+            maps[sm90::token_map_index(g as u32)] = encoder.encode(&sm90::token_map(self.config, m, k), tokens)?;
             maps[sm90::tail_token_map_index(g as u32, groups)] =
-                encoder.encode(&sm90::tail_token_map(self.config, m, k), p.workspace)?;
+                encoder.encode(&sm90::tail_token_map(self.config, m, k), tokens)?;
             maps[sm90::weight_map_index(g as u32)] =
-                encoder.encode(&sm90::weight_map_for(self.config, n, k), buffers[g].b_values.ptr)?;
+                encoder.encode(&sm90::weight_map_for(self.config, n, k), PLACEHOLDER_BASE)?;
         }
-        Ok(maps)
+        Ok(())
     }
 
-    /// The parameters of both kernels, given the device addresses of the tables.
-    pub fn kernel_params(&self, groups: u64, tensor_maps: u64, work: u64, problem: &Problem) -> KernelParams {
-        KernelParams {
-            groups,
-            tensor_maps,
-            work,
-            work_len: self.work.len() as u32,
-            group_count: problem.groups().len() as u32,
-            out_bf16: (problem.output() == OutputType::Bf16) as u32,
-            reserved: 0,
-            work_len_device: 0,
+    fn encode_call<E: TiledMapEncoder>(
+        &self,
+        encoder: &E,
+        call: &[GroupBuffers],
+        at: &Tables,
+        groups: &mut [GroupParams],
+        maps: &mut [TensorMap],
+    ) -> Result<()> {
+        let count = self.problem.groups().len() as u32;
+        let dense = self.problem.tokens() != TokenKind::Nvfp4;
+        for (g, (s, b)) in self.problem.groups().iter().zip(call).enumerate() {
+            groups[g] = self.group_entry(g, b, at.workspace);
+            if s.m == 0 {
+                continue;
+            }
+            encoder.replace_address(&mut maps[sm90::weight_map_index(g as u32)], b.b_values.ptr)?;
+            if dense {
+                encoder.replace_address(&mut maps[sm90::token_map_index(g as u32)], b.a_values.ptr)?;
+                encoder.replace_address(&mut maps[sm90::tail_token_map_index(g as u32, count)], b.a_values.ptr)?;
+            }
         }
+        Ok(())
+    }
+
+    fn signature(&self, call: &[GroupBuffers], out: &mut Vec<u64>) {
+        for b in call {
+            out.extend([
+                b.a_values.ptr,
+                b.a_scales.ptr,
+                b.b_values.ptr,
+                b.b_scales.ptr,
+                b.c.ptr,
+                u64::from(b.alpha.to_bits()),
+            ]);
+        }
+    }
+
+    fn launches(&self, _call: Option<&[GroupBuffers]>, at: &Tables, out: &mut Vec<Launch>) {
+        if self.work.is_empty() {
+            return;
+        }
+        let params = Params::of(&self.kernel_params(at));
+        let mut gemm_start = Start::AfterPrevious;
+        if self.dequant_grid > 0 {
+            // The token dequantization writes the workspace the GEMM reads; the GEMM may start
+            // before it ends and waits for it before its first token load.
+            out.push(Launch {
+                kernel: sm90::DEQUANT_KERNEL,
+                geometry: self.dequant,
+                start: Start::AfterPrevious,
+                params,
+            });
+            gemm_start = GEMM_AFTER_DEQUANT;
+        }
+        out.push(Launch { kernel: self.gemm_kernel(), geometry: self.gemm, start: gemm_start, params });
+    }
+
+    fn call_independent_launches(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> (String, usize) {
+        let words = format!(
+            "{}: swap-AB wgmma m64nNk16, tile Nx{}{} (tokens x weights; N = {}), {} stages of K {}, {} CTA(s) per SM",
+            self.gemm_kernel(),
+            self.config.block_n,
+            if self.config.block_n == sm90::BLOCK_N { "" } else { " (or 128, 64 where the host cuts N so)" },
+            widths(self.config),
+            self.config.stages,
+            self.config.block_k(),
+            self.config.ctas_per_sm()
+        );
+        (words, self.work.iter().filter(|w| !w.is_hole()).count())
+    }
+
+    fn alpha_field(&self) -> AlphaField {
+        AlphaField::of::<GroupParams>(sm90::GROUP_ALPHA_OFFSET)
     }
 }
 
@@ -304,6 +403,9 @@ fn balance(mut items: Vec<(WorkItem, u64)>, ctas: u32) -> (Vec<WorkItem>, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::encode_tables;
+    use crate::engine::testing::{base, launches, FakeEncoder};
+    use crate::problem::BufferView;
     use crate::problem::{GroupShape, OutputType};
 
     #[test]
@@ -414,7 +516,8 @@ mod tests {
         let p = same_nk(&[4, 9, 16, 3, 200]);
         let l = Sm90Layout::new(&p, 132);
         assert_eq!(l.config, GemmConfig::GENERAL);
-        let params = l.group_params(&p, &vec![crate::problem::fake_buffers(&p.groups()[0], 0, 1.0); 5], 0);
+        let buffers = vec![crate::problem::fake_buffers(&p.groups()[0], 0, 1.0); 5];
+        let (params, _) = encode_tables(&l, &FakeEncoder, &buffers[..], &Tables::default()).unwrap();
         assert_eq!(params.iter().map(|g| g.block_m).collect::<Vec<_>>(), [16, 16, 16, 16, 128]);
         // Per weight tile 2 long tiles, 4 short ones: 64 long + 128 short on 132 CTAs.
         let loads = cta_loads(&l, &p);
@@ -449,13 +552,19 @@ mod tests {
             .enumerate()
             .map(|(g, s)| crate::problem::fake_buffers(s, 0x1000_0000 * g as u64, 0.5))
             .collect();
-        let params = l.group_params(&p, &buffers, 0x9000_0000);
+        let at =
+            Tables { groups: 0x1000, maps: 0x2000, work: [0x3000, 0], workspace: 0x9000_0000, ..Tables::default() };
+        let (params, maps) = encode_tables(&l, &FakeEncoder, &buffers[..], &at).unwrap();
         assert_eq!(params[0].workspace, 0x9000_0000);
         assert_eq!(params[1].workspace, 0x9000_0000 + 96 * 512 * 2);
         assert_eq!((params[0].dequant_first_cta, params[0].dequant_ctas), (0, 6));
         assert_eq!((params[0].alpha, params[0].b_scales), (0.5, buffers[0].b_scales.ptr));
+        assert_eq!(base(&maps[sm90::token_map_index(0)]), 0x9000_0000, "W4A4 tokens: the workspace");
+        assert_eq!(base(&maps[sm90::tail_token_map_index(0, 2)]), 0x9000_0000);
+        assert_eq!(base(&maps[sm90::weight_map_index(0)]), buffers[0].b_values.ptr);
+        assert_eq!(maps[sm90::weight_map_index(1)], TensorMap::ZERO, "a group without tokens has no maps");
         assert_eq!(
-            l.kernel_params(0x1000, 0x2000, 0x3000, &p),
+            l.kernel_params(&at),
             KernelParams {
                 groups: 0x1000,
                 tensor_maps: 0x2000,
@@ -467,5 +576,36 @@ mod tests {
                 work_len_device: 0
             }
         );
+        let names: Vec<_> = launches(&l, None, &at).iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_dequant_tokens", l.config.kernel_name()]);
+
+        // W4A16: the same variant and list; the token maps over each group's activations, its
+        // `workspace` field the activations, no workspace, no dequantization.
+        let dense = Problem::with_tokens(
+            p.groups().to_vec(),
+            OutputType::Bf16,
+            TokenKind::Dense(sm90::w4a16::Activations::Bf16),
+        )
+        .unwrap();
+        let w = Sm90Layout::new(&dense, 132);
+        assert_eq!((w.config, &w.work, w.workspace_bytes, w.dequant_grid), (l.config, &l.work, 0, 0));
+        let activations = |g: usize| 0x7000_0000 + 0x10_0000 * g as u64;
+        let dense_buffers: Vec<GroupBuffers> = buffers
+            .iter()
+            .zip(p.groups())
+            .enumerate()
+            .map(|(g, (b, s))| GroupBuffers {
+                a_kind: dense.tokens(),
+                a_values: BufferView { ptr: activations(g), len: s.m * s.k },
+                a_scales: BufferView { ptr: 0, len: 0 },
+                ..*b
+            })
+            .collect();
+        let (params, maps) = encode_tables(&w, &FakeEncoder, &dense_buffers[..], &at).unwrap();
+        assert_eq!((params[0].workspace, params[0].a_values, params[0].dequant_ctas), (activations(0), 0, 0));
+        assert_eq!(base(&maps[sm90::token_map_index(0)]), activations(0));
+        assert_eq!(base(&maps[sm90::tail_token_map_index(0, 2)]), activations(0));
+        let names: Vec<_> = launches(&w, None, &at).iter().map(|l| l.kernel).collect();
+        assert_eq!(names, [sm90::w4a16::kernel_name_of(l.config, sm90::w4a16::Activations::Bf16)]);
     }
 }

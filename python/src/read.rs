@@ -1,0 +1,225 @@
+//! Reading Python arguments: each tensor once into the library's [`TensorDesc`] (address, shape,
+//! strides, element type, device) — torch tensors (duck-typed: `data_ptr()`, `shape`, `stride()`,
+//! `dtype`, `device`) and objects with `__cuda_array_interface__` (CuPy, Numba, …) — and the
+//! Python-level shape of a call's arguments (lists with one tensor per group, floats). What a
+//! tensor must be is the library's rule book (`nvfp4_gemm::tensor`): nothing here checks it.
+
+use crate::errors::{py_err, type_error, value_error};
+use nvfp4_gemm::tensor::{Arg, DType, Dims, TensorDesc, MAX_RANK};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::{intern, PyTypeInfo};
+use std::sync::Mutex;
+
+/// `torch.dtype` objects seen, by address, with their type: torch's dtypes live as long as the
+/// interpreter, so a dtype is named by `str()` once.
+static DTYPES: Mutex<Vec<(usize, DType)>> = Mutex::new(vec![]);
+
+/// The type of `torch.dtype` objects, once a torch tensor was seen (objects of other types are
+/// never cached: a string's address may be reused).
+static DTYPE_TYPE: Mutex<usize> = Mutex::new(0);
+
+/// How an argument is named in reading errors (as the library names it).
+fn named(arg: Arg) -> String {
+    match arg.group {
+        Some(g) => format!("group {g}: `{}`", arg.name),
+        None => format!("`{}`", arg.name),
+    }
+}
+
+/// Integers of a Python sequence (a tuple or `torch.Size`, or a list).
+fn ints(obj: &Bound<'_, PyAny>, what: &str, arg: Arg) -> PyResult<Dims> {
+    let mut v = [0i64; MAX_RANK];
+    let mut n = 0;
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        for x in t.iter() {
+            if n == MAX_RANK {
+                return Err(value_error(format!("{}: more than {MAX_RANK} dimensions", named(arg))));
+            }
+            v[n] = x.extract()?;
+            n += 1;
+        }
+    } else {
+        for x in obj.try_iter()? {
+            if n == MAX_RANK {
+                return Err(value_error(format!("{}: more than {MAX_RANK} dimensions", named(arg))));
+            }
+            v[n] = x?.extract()?;
+            n += 1;
+        }
+    }
+    Dims::new(&v[..n]).ok_or_else(|| value_error(format!("{}: {what} of more than {MAX_RANK}", named(arg))))
+}
+
+/// The element type of a `dtype` attribute (a torch dtype, or its name).
+fn dtype_of(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let address = obj.as_ptr() as usize;
+    let ty = obj.get_type().as_ptr() as usize;
+    let cacheable = *DTYPE_TYPE.lock().expect("not poisoned") == ty;
+    if cacheable {
+        if let Some(&(_, t)) = DTYPES.lock().expect("not poisoned").iter().find(|(a, _)| *a == address) {
+            return Ok(t);
+        }
+    }
+    let name = obj.str()?;
+    let t = DType::from_name(&name.to_cow()?);
+    if cacheable {
+        DTYPES.lock().expect("not poisoned").push((address, t));
+    }
+    Ok(t)
+}
+
+/// `arg`'s tensor: what the library needs of it, read once. `TypeError` (the library's
+/// `WrongType`) for anything that is not a CUDA tensor.
+pub fn tensor(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
+    let py = obj.py();
+    if obj.is_none() {
+        return Err(py_err(arg.wrong_type("is None; a CUDA tensor is needed")));
+    }
+    if let Ok(data_ptr) = obj.getattr(intern!(py, "data_ptr")) {
+        if let (Ok(device), Ok(stride)) = (obj.getattr(intern!(py, "device")), obj.getattr(intern!(py, "stride"))) {
+            let kind = device.getattr(intern!(py, "type"))?;
+            if kind.cast::<PyString>().map_or(true, |s| s.to_cow().map_or(true, |s| s != "cuda")) {
+                return Err(py_err(arg.wrong_type(format!("is on {}; a CUDA tensor is needed", device.str()?))));
+            }
+            let index: Option<u32> = device.getattr(intern!(py, "index"))?.extract()?;
+            let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
+            if !dtype_obj.is_instance_of::<PyString>() {
+                let mut cached = DTYPE_TYPE.lock().expect("not poisoned");
+                if *cached == 0 && dtype_obj.get_type().name()?.to_cow()? == "dtype" {
+                    *cached = dtype_obj.get_type().as_ptr() as usize;
+                }
+            }
+            return Ok(TensorDesc {
+                ptr: data_ptr.call0()?.extract()?,
+                shape: ints(&obj.getattr(intern!(py, "shape"))?, "shape", arg)?,
+                strides: ints(&stride.call0()?, "strides", arg)?,
+                dtype: dtype_of(&dtype_obj)?,
+                device: index,
+            });
+        }
+    }
+    if let Ok(cai) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
+        return array_interface(&cai, arg);
+    }
+    if obj.hasattr(intern!(py, "__array_interface__"))? || obj.hasattr(intern!(py, "__array__"))? {
+        let name = obj.get_type().name()?;
+        return Err(py_err(arg.wrong_type(format!("is a CPU array ({name}); a CUDA tensor is needed"))));
+    }
+    let name = obj.get_type().name()?;
+    Err(py_err(arg.wrong_type(format!("{name} is not a tensor; a CUDA tensor is needed"))))
+}
+
+/// A `__cuda_array_interface__` dictionary (version 2 or 3), taken to be on the current device.
+fn array_interface(cai: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
+    let cai = cai
+        .cast::<PyDict>()
+        .map_err(|_| type_error(format!("{}: a malformed __cuda_array_interface__", named(arg))))?;
+    let get = |key: &str| {
+        cai.get_item(key)?
+            .ok_or_else(|| type_error(format!("{}: __cuda_array_interface__ without {key:?}", named(arg))))
+    };
+    let shape = ints(&get("shape")?, "shape", arg)?;
+    let typestr: String = get("typestr")?.extract()?;
+    let dtype = match typestr.as_str() {
+        "|u1" | "<u1" => DType::U8,
+        "|i1" => DType::I8,
+        "<f2" => DType::F16,
+        "<f4" => DType::F32,
+        "<i4" => DType::I32,
+        "<u4" => DType::U32,
+        "<i8" => DType::I64,
+        _ => return Err(py_err(arg.wrong_type(format!("typestr {typestr:?} is not a dtype this package reads")))),
+    };
+    let item = dtype.bytes() as i64;
+    let strides = match cai.get_item("strides")? {
+        Some(s) if !s.is_none() => {
+            let bytes = ints(&s, "strides", arg)?;
+            if bytes.get().iter().any(|b| b % item != 0) {
+                return Err(py_err(
+                    arg.wrong_type(format!("strides {:?} are not multiples of the element size {item}", bytes.get())),
+                ));
+            }
+            let v: Vec<i64> = bytes.get().iter().map(|b| b / item).collect();
+            Dims::new(&v).expect("as many as the shape's")
+        }
+        _ => {
+            let mut v = vec![0i64; shape.get().len()];
+            let mut acc = 1;
+            for i in (0..v.len()).rev() {
+                v[i] = acc;
+                acc *= shape.get()[i];
+            }
+            Dims::new(&v).expect("as many as the shape's")
+        }
+    };
+    let data = get("data")?;
+    let ptr: u64 = data
+        .cast::<PyTuple>()
+        .map_err(|_| type_error(format!("{}: a malformed data entry", named(arg))))?
+        .get_item(0)?
+        .extract()?;
+    Ok(TensorDesc { ptr, shape, strides, dtype, device: None })
+}
+
+/// An argument that must be a list (or tuple) with one entry per group.
+pub fn list<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if PyList::is_type_of(obj) || PyTuple::is_type_of(obj) {
+        return obj.try_iter()?.collect();
+    }
+    let type_name = obj.get_type().name()?;
+    Err(type_error(format!("{name}: {type_name}; expected a list with one tensor per group")))
+}
+
+/// Checks that the per-group lists `lists` (name, entries; the first one counts the groups) have
+/// one entry per group; returns the group count.
+pub fn same_lengths(lists: &[(&str, usize)]) -> PyResult<usize> {
+    let (first, groups) = lists[0];
+    for &(name, len) in &lists[1..] {
+        if len != groups {
+            return Err(value_error(format!("{name}: {len} tensors but `{first}` has {groups} groups")));
+        }
+    }
+    Ok(groups)
+}
+
+/// A dtype argument (a torch dtype or its name), `None` when not given.
+pub fn dtype_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<DType>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => Ok(Some(dtype_of(o)?)),
+    }
+}
+
+/// Host floats of an `alpha`-like argument: None (1.0), one number, or one per group (`name`:
+/// how the error names the argument). A tensor is the caller's business (device alphas).
+pub fn floats(obj: Option<&Bound<'_, PyAny>>, groups: usize, name: &str) -> PyResult<Vec<f32>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(vec![1.0; groups]) };
+    if let Ok(x) = obj.extract::<f64>() {
+        if !obj.is_instance_of::<pyo3::types::PyBool>() {
+            return Ok(vec![x as f32; groups]);
+        }
+    }
+    let values: Vec<f64> = obj
+        .try_iter()
+        .map_err(|_| {
+            type_error(format!(
+                "{name}: {} is not a number or a sequence of numbers",
+                obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            ))
+        })?
+        .map(|x| x.and_then(|x| x.extract::<f64>()))
+        .collect::<PyResult<_>>()?;
+    if values.len() != groups {
+        return Err(value_error(format!("{name}: {} values for {groups} groups", values.len())));
+    }
+    Ok(values.into_iter().map(|x| x as f32).collect())
+}
+
+/// Whether `obj` is read as a tensor (torch-like or CUDA array interface).
+pub fn is_tensor(obj: &Bound<'_, PyAny>) -> bool {
+    let py = obj.py();
+    obj.hasattr(intern!(py, "data_ptr")).unwrap_or(false)
+        || obj.hasattr(intern!(py, "__cuda_array_interface__")).unwrap_or(false)
+}
