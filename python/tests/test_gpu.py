@@ -158,6 +158,39 @@ def test_non_default_stream_and_graph_capture():
             nvfp4_gemm.grouped_gemm(a, b, sa, sb, out=other)
 
 
+def test_capture_with_tensors_the_plan_never_saw():
+    # One eager call plans these shapes; the capture then uses other tensors of the same shapes
+    # (the plan's tables are per call), and eager calls after it still get right answers.
+    gen = torch.Generator(device=CUDA).manual_seed(8)
+    shapes = [(24, 64, 128), (130, 136, 192)]
+
+    def operands():
+        ops = [(random_operand(m, k, gen), random_operand(n, k, gen)) for m, n, k in shapes]
+        a = [x[0][0] for x in ops]
+        b = [x[1][0] for x in ops]
+        sa = [make_blocked(x[0][1], m, k) for x, (m, _, k) in zip(ops, shapes)]
+        sb = [make_blocked(x[1][1], n, k) for x, (_, n, k) in zip(ops, shapes)]
+        out = [poisoned((m, n), torch.float16) for m, n, _ in shapes]
+        refs = [reference(a[g], ops[g][0][1], b[g], ops[g][1][1], m, n, k) for g, (m, n, k) in enumerate(shapes)]
+        return (a, b, sa, sb, out), refs
+
+    first, first_ref = operands()
+    nvfp4_gemm.grouped_gemm(*first[:4], out=first[4])
+    captured, captured_ref = operands()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nvfp4_gemm.grouped_gemm(*captured[:4], out=captured[4])
+    later, later_ref = operands()
+    nvfp4_gemm.grouped_gemm(*later[:4], out=later[4])
+    for o in captured[4]:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, (args, refs) in {"first": (first, first_ref), "captured": (captured, captured_ref), "later": (later, later_ref)}.items():
+        for g, o in enumerate(args[4]):
+            assert_close(o, refs[g], torch.float16, f"{name} group {g}")
+
+
 def bits(tensors):
     return [t.view(torch.int16).clone() for t in tensors]
 
