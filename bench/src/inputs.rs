@@ -194,6 +194,33 @@ pub(crate) fn stacked_set(stream: &Arc<CudaStream>, set: &DeviceSet, problem: &P
     Ok(out)
 }
 
+/// Every set of `sets` copied into stacked buffers ([`stacked_set`]), each checked: one
+/// [`GemmPlan::run_stacked`] call on the copy writes C bit for bit as one [`GemmPlan::run`] call
+/// on the set (the two calls' tables differ, so each call uploads its own). Each set is dropped
+/// once copied and checked: at most one more set than `sets.len()` is alive.
+pub(crate) fn stacked_sets(
+    plan: &mut GemmPlan,
+    stream: &Arc<CudaStream>,
+    sets: Vec<DeviceSet>,
+) -> Result<Vec<StackedSet>> {
+    let mut out = Vec::with_capacity(sets.len());
+    for (i, mut set) in sets.into_iter().enumerate() {
+        run_set(plan, stream, &mut set)?;
+        let mut stacked = stacked_set(stream, &set, plan.problem())?;
+        run_stacked_set(plan, stream, &mut stacked)?;
+        let got = stream.clone_dtoh(&stacked.c).map_err(drv("downloading stacked C"))?;
+        let mut want = Vec::with_capacity(stacked.total.c_elements);
+        for (c, s) in set.c.iter().zip(plan.problem().groups()) {
+            want.extend(stream.clone_dtoh(c).map_err(drv("downloading C"))?[..s.m * s.n].iter().map(|x| x.to_bits()));
+        }
+        if got[..want.len()].iter().map(|x| x.to_bits()).ne(want.iter().copied()) {
+            return Err(format!("run_stacked wrote other values than run on the same inputs (set {i})"));
+        }
+        out.push(stacked);
+    }
+    Ok(out)
+}
+
 /// One library call on `set` through [`GemmPlan::run_stacked`] (fp16 output).
 pub(crate) fn run_stacked_set(plan: &mut GemmPlan, stream: &Arc<CudaStream>, set: &mut StackedSet) -> Result<()> {
     let total = set.total;

@@ -9,11 +9,13 @@ use std::panic::AssertUnwindSafe;
 use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Phases per shape (`Bench::shape` calls its step callback this many times).
-const STEPS_PER_SHAPE: u64 = 6;
+/// Progress steps per shape: `Bench::shape` calls its step callback this many times after the
+/// first, and once more with `--w4a16`.
+const STEPS_PER_SHAPE: u64 = 7;
 
-/// Phases per MoE row (`Bench::moe_shape` calls its step callback this many times).
-const STEPS_PER_MOE: u64 = 6;
+/// Progress steps per MoE row: `Bench::moe_shape` calls its step callback this many times after
+/// the first, and twice more with `--w4a16`.
+const STEPS_PER_MOE: u64 = 3;
 
 fn run(o: Options) -> Result<ExitCode, String> {
     let started = Instant::now();
@@ -33,7 +35,9 @@ fn run(o: Options) -> Result<ExitCode, String> {
     };
     let mut bench = Bench::new(&o)?;
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
-    let pb = ProgressBar::new(1 + STEPS_PER_SHAPE * o.problems.len() as u64 + STEPS_PER_MOE * o.moe.len() as u64);
+    let steps_per_shape = STEPS_PER_SHAPE + u64::from(o.w4a16);
+    let steps_per_moe = STEPS_PER_MOE + 2 * u64::from(o.w4a16);
+    let pb = ProgressBar::new(1 + steps_per_shape * o.problems.len() as u64 + steps_per_moe * o.moe.len() as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
@@ -68,7 +72,7 @@ fn run(o: Options) -> Result<ExitCode, String> {
             })
         }))
         .unwrap_or_else(|_| Err("panicked (message above)".into()));
-        pb.inc(STEPS_PER_SHAPE.saturating_sub(steps.saturating_sub(1)));
+        pb.inc(steps_per_shape.saturating_sub(steps.saturating_sub(1)));
         match result {
             Ok(r) => {
                 let check = r.check.as_deref().unwrap_or("check skipped (--no-check)");
@@ -99,7 +103,7 @@ fn run(o: Options) -> Result<ExitCode, String> {
             })
         }))
         .unwrap_or_else(|_| Err("panicked (message above)".into()));
-        pb.inc(STEPS_PER_MOE.saturating_sub(steps.saturating_sub(1)));
+        pb.inc(steps_per_moe.saturating_sub(steps.saturating_sub(1)));
         match result {
             Ok(r) => {
                 let check = r.check.as_deref().unwrap_or("check skipped (--no-check)");

@@ -4,7 +4,7 @@
 //! error is returned, never unwrapped.
 
 use crate::cublas::{baseline, gemm_bf16, load_cublas};
-use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set, run_stacked_set, stacked_set};
+use crate::inputs::{device_set, fast_operands, operands_of, random_bf16, run_set, run_stacked_set, stacked_sets};
 use crate::options::{Flush, Options};
 use crate::report::{Environment, ShapeResult, W4a16Result};
 use crate::stats::Stats;
@@ -127,9 +127,34 @@ impl Timer {
             .map(|(s, e)| s.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3).map_err(drv("reading an event")))
             .collect()
     }
+
+    /// Times `f(0)`, …, `f(count - 1)` as [`Timer::each`] does (L2 flushed before each sample),
+    /// alternated: [`ROUNDS`] rounds of `iters.div_ceil(ROUNDS)` samples of each in turn, one
+    /// warm-up call per round each. Returns each one's samples (µs). Alternated, the columns see
+    /// the same clock: on the H200 a GEMM's speed drifts by up to ~10% over seconds
+    /// (`bench/results/h200-2026-12-02-s19-moe-drift.txt`), which columns timed one after the
+    /// other would show as a ratio between them. The warm-up also makes the first timed call of
+    /// a round one on the same tensors as the call before it, where that is what `f` times.
+    pub(crate) fn rounds(
+        &mut self,
+        iters: usize,
+        count: usize,
+        f: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<Vec<Vec<f64>>> {
+        let per = iters.div_ceil(ROUNDS);
+        let mut samples = vec![Vec::with_capacity(per * ROUNDS); count];
+        for _ in 0..ROUNDS {
+            for (which, t) in samples.iter_mut().enumerate() {
+                t.extend(self.each(1, per, true, &mut || f(which))?);
+            }
+        }
+        Ok(samples)
+    }
 }
 
-/// The statistics of `samples`, or an error naming `what` when none is valid.
+/// Rounds of alternated timing ([`Timer::rounds`]).
+pub(crate) const ROUNDS: usize = 5;
+
 /// A W4A16 activation type of the bench: `f16` or `bf16`.
 pub(crate) trait W4a16Activation:
     nvfp4_gemm::quantize::DenseFloat + nvfp4_format::HostFloat + cudarc::driver::ValidAsZeroBits + Unpin
@@ -144,6 +169,7 @@ pub(crate) fn block_scaled<A: W4a16Activation>(m: &nvfp4_format::Nvfp4Matrix) ->
     m.dequantize_block_scaled().into_iter().map(|x| A::from_f64(x.into())).collect()
 }
 
+/// The statistics of `samples`, or an error naming `what` when none is valid.
 pub(crate) fn stats(samples: &[f64], what: &str) -> Result<Stats> {
     Stats::of(samples).ok_or_else(|| format!("{what}: no valid samples"))
 }
@@ -158,7 +184,8 @@ pub struct Bench {
 }
 
 /// Host-clock µs per call over `batches` batches of `calls` calls (synchronized between batches,
-/// never inside one).
+/// never inside one). `f` gets the call's number, counted over the warm-up call (0) and every
+/// batch, so that `f(i)` on set `i % sets` never repeats the set of the call before it.
 pub(crate) fn host_overhead(
     stream: &Arc<CudaStream>,
     batches: usize,
@@ -167,16 +194,25 @@ pub(crate) fn host_overhead(
 ) -> Result<Vec<f64>> {
     f(0)?; // warm-up
     let mut samples = Vec::with_capacity(batches);
+    let mut call = 1;
     for _ in 0..batches {
         stream.synchronize().map_err(drv("synchronizing"))?;
         let t = Instant::now();
-        for i in 0..calls {
-            f(i)?;
+        for _ in 0..calls {
+            f(call)?;
+            call += 1;
         }
         samples.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
     }
     stream.synchronize().map_err(drv("synchronizing"))?;
     Ok(samples)
+}
+
+/// Whether two f16 device buffers hold the same bits (NaNs and signed zeros included).
+pub(crate) fn same_bits(stream: &Arc<CudaStream>, a: &CudaSlice<f16>, b: &CudaSlice<f16>) -> Result<bool> {
+    let a = stream.clone_dtoh(a).map_err(drv("downloading C"))?;
+    let b = stream.clone_dtoh(b).map_err(drv("downloading C"))?;
+    Ok(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()))
 }
 
 impl Bench {
@@ -254,8 +290,13 @@ impl Bench {
     }
 
     /// W4A16 on `groups` (`--w4a16`): each group's A with its block scales applied as
-    /// activations of type `A` (exact), its B prepacked for them; checked once against
-    /// `reference` (the same as the W4A4 row's), then timed kernel-only.
+    /// activations of type `A` (exact), its B prepacked for them (once); checked once against
+    /// `reference` (the same as the W4A4 row's). Then, on [`Options::rotating_sets`] sets of
+    /// activations and C (set 0 the checked one, the others device copies of its activations,
+    /// each with its own C): kernel-only (set 0 every call) and the harness's way with new
+    /// tensors (the next set every call; the plan's tables hold the activations' addresses, so
+    /// each call uploads them), alternated; the host time per call, same and new tensors; and
+    /// every set's C must equal set 0's bit for bit.
     fn w4a16<A: W4a16Activation>(
         &mut self,
         groups: &[nvfp4_format::Group],
@@ -265,6 +306,11 @@ impl Bench {
     ) -> Result<W4a16Result> {
         use nvfp4_gemm::w4a16::{activations_of, prepack};
         use nvfp4_gemm::{GemmPlan, GroupArgs, Nvfp4Operand, Output, TokenKind};
+        /// One set of activations and C (one buffer per group each).
+        struct Set<A> {
+            activations: Vec<CudaSlice<A>>,
+            c: Vec<CudaSlice<f16>>,
+        }
         let stream = self.stream();
         let lib = |during: &'static str| move |e: nvfp4_gemm::Error| format!("W4A16 {during}: {e}");
         let shapes: Vec<nvfp4_gemm::GroupShape> =
@@ -273,30 +319,43 @@ impl Bench {
         let problem = Problem::with_tokens(shapes, OutputType::F16, TokenKind::Dense(kind)).map_err(lib("problem"))?;
         let mut plan = GemmPlan::new(&self.gpu, problem).map_err(lib("planning"))?;
         let up = |b: &[u8]| if b.is_empty() { stream.alloc_zeros::<u8>(16) } else { stream.clone_htod(b) };
-        let mut ops = vec![];
+        let mut weights = vec![];
+        let mut set0 = Set { activations: vec![], c: vec![] };
         for g in groups {
             let act = block_scaled::<A>(&g.a);
             let w = prepack(&g.b, kind).map_err(lib("prepack"))?;
             let act = if act.is_empty() { stream.alloc_zeros::<A>(8) } else { stream.clone_htod(&act) };
-            ops.push((
-                act.map_err(drv("uploading"))?,
-                up(&w.values).map_err(drv("uploading"))?,
-                up(&w.scales).map_err(drv("uploading"))?,
-            ));
+            set0.activations.push(act.map_err(drv("uploading"))?);
+            weights.push((up(&w.values).map_err(drv("uploading"))?, up(&w.scales).map_err(drv("uploading"))?));
         }
-        let mut cs: Vec<CudaSlice<f16>> = groups
-            .iter()
-            .map(|g| stream.alloc_zeros::<f16>((g.m() * g.n()).max(16)))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(drv("allocating C"))?;
-        let alphas: Vec<f32> = groups.iter().map(nvfp4_format::Group::effective_alpha_f32).collect();
-        let mut run = |cs: &mut Vec<CudaSlice<f16>>| {
-            let mut views: Vec<_> = cs.iter_mut().zip(groups).map(|(c, g)| c.slice_mut(0..g.m() * g.n())).collect();
-            let mut args: Vec<GroupArgs> = ops
+        let c_of = |stream: &Arc<CudaStream>| -> Result<Vec<CudaSlice<f16>>> {
+            groups
                 .iter()
+                .map(|g| stream.alloc_zeros::<f16>((g.m() * g.n()).max(16)))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(drv("allocating C"))
+        };
+        set0.c = c_of(&stream)?;
+        let mut sets = vec![set0];
+        for _ in 1..o.rotating_sets() {
+            let activations = sets[0]
+                .activations
+                .iter()
+                .map(|a| stream.clone_dtod(a))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(drv("copying the activations"))?;
+            sets.push(Set { activations, c: c_of(&stream)? });
+        }
+        let alphas: Vec<f32> = groups.iter().map(nvfp4_format::Group::effective_alpha_f32).collect();
+        let mut run = |set: &mut Set<A>| {
+            let mut views: Vec<_> = set.c.iter_mut().zip(groups).map(|(c, g)| c.slice_mut(0..g.m() * g.n())).collect();
+            let mut args: Vec<GroupArgs> = set
+                .activations
+                .iter()
+                .zip(&weights)
                 .zip(views.iter_mut())
                 .zip(&alphas)
-                .map(|(((a, v, s), c), &alpha)| GroupArgs {
+                .map(|(((a, (v, s)), c), &alpha)| GroupArgs {
                     a: A::tokens(a),
                     b: Nvfp4Operand { values: v, scales: s },
                     c: Output::F16(c),
@@ -305,28 +364,57 @@ impl Bench {
                 .collect();
             plan.run(&stream, &mut args).map_err(lib("run"))
         };
+        let download = |c: &[CudaSlice<f16>]| -> Result<Vec<Vec<f16>>> {
+            c.iter()
+                .zip(groups)
+                .map(|(c, g)| {
+                    let mut h = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
+                    h.truncate(g.m() * g.n());
+                    Ok(h)
+                })
+                .collect()
+        };
         let check = match reference {
             None => None,
             Some(reference) => {
-                for c in cs.iter_mut() {
+                for c in sets[0].c.iter_mut() {
                     stream.memcpy_htod(&vec![f16::from_bits(POISON); c.len()], c).map_err(drv("poisoning C"))?;
                 }
-                run(&mut cs)?;
+                run(&mut sets[0])?;
                 stream.synchronize().map_err(drv("running W4A16"))?;
-                let got: Vec<Vec<f16>> = cs
-                    .iter()
-                    .zip(groups)
-                    .map(|(c, g)| {
-                        let mut h = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
-                        h.truncate(g.m() * g.n());
-                        Ok(h)
-                    })
-                    .collect::<Result<_>>()?;
+                let got = download(&sets[0].c)?;
                 let expected: Vec<GroupOutput<f16>> = reference.iter().map(GroupOutput::rounded).collect();
                 Some(compare(&got, &expected, Tolerance::COMPETITION).map_err(|e| e.to_string())?.to_string())
             }
         };
-        let t = self.timer.each(3, o.iters, true, &mut || run(&mut cs))?;
+        let n = sets.len();
+        let mut next = 0;
+        let t = self.timer.rounds(o.iters, 2, &mut |which| match which {
+            0 => run(&mut sets[0]),
+            _ => {
+                next += 1;
+                run(&mut sets[next % n])
+            }
+        })?;
+        let (batches, calls) = (o.host_batches, o.host_calls);
+        let cached = host_overhead(&stream, batches, calls, &mut |_| run(&mut sets[0]))?;
+        let rotating = host_overhead(&stream, batches, calls, &mut |i| run(&mut sets[i % n]))?;
+        // Every set once more (sets 1.., then 0: each call with new tensors), so that every C
+        // was written; the same activations must give the same C.
+        for set in sets.iter_mut().skip(1) {
+            run(set)?;
+        }
+        run(&mut sets[0])?;
+        stream.synchronize().map_err(drv("running W4A16"))?;
+        let want = download(&sets[0].c)?;
+        for (i, set) in sets.iter().enumerate().skip(1) {
+            let got = download(&set.c)?;
+            let same = got.iter().flatten().map(|x| x.to_bits()).eq(want.iter().flatten().map(|x| x.to_bits()));
+            if !same {
+                return Err(format!("W4A16: input set {i} (a copy of set 0's activations) gave another C than set 0"));
+            }
+        }
+        drop(sets);
         let bytes: f64 = groups
             .iter()
             .map(|g| {
@@ -339,7 +427,10 @@ impl Bench {
             activations: format!("{kind:?}").to_lowercase(),
             kernel: plan.summary().launches.last().map_or("", |l| l.kernel).to_owned(),
             check,
-            kernel_us: stats(&t, "W4A16 kernel-only")?,
+            kernel_us: stats(&t[0], "W4A16 kernel-only")?,
+            harness_new_us: stats(&t[1], "W4A16 with new tensors")?,
+            host_cached_us: stats(&cached, "W4A16 host overhead")?,
+            host_rotating_us: stats(&rotating, "W4A16 host overhead")?,
             floor_bytes_us: bytes / (env.copy_tb_s * 1e12) * 1e6,
         })
     }
@@ -362,12 +453,15 @@ impl Bench {
         let kernel = plan.summary().kernel.clone();
 
         step("generating and uploading inputs");
+        // `rotating_sets` sets: the competition timing takes the first `--sets`, the
+        // measurements with new tensors every call all of them.
+        let n_sets = o.rotating_sets();
         let groups = nvfp4_format::random_groups(&named.shapes, InputDistribution::Competition, o.seed)
             .map_err(|e| e.to_string())?;
         let set0 = operands_of(&groups);
         let mut sets = vec![device_set(&stream, &set0, &groups)?];
         drop(set0);
-        for s in 1..o.sets {
+        for s in 1..n_sets {
             let seed = o.seed.wrapping_add(0x1000 * s as u64);
             let host = fast_operands(&named.shapes, seed)?;
             sets.push(device_set(&stream, &host, &groups)?);
@@ -407,18 +501,60 @@ impl Bench {
         };
 
         step("competition timing");
-        let n_sets = sets.len();
+        let competition = o.sets;
         let t = self.timer.each(1, o.reps, true, &mut || {
-            for set in sets.iter_mut() {
+            for set in sets[..competition].iter_mut() {
                 run_set(&mut plan, &stream, set)?;
             }
             Ok(())
         })?;
-        let competition_us = stats(&t, "competition")?.scaled(1.0 / n_sets as f64);
+        let competition_us = stats(&t, "competition")?.scaled(1.0 / competition as f64);
 
-        step("kernel-only timing");
-        let t = self.timer.each(3, o.iters, true, &mut || run_set(&mut plan, &stream, &mut sets[0]))?;
-        let kernel_us = stats(&t, "kernel-only")?;
+        step("kernel-only and new-tensor timing, alternated");
+        // Kernel-only: set 0 every call (the plan's tables current). New tensors: the next set
+        // every call (the tables patched and uploaded), as the GPU MODE harness times a call.
+        let mut next = 0;
+        let t = self.timer.rounds(o.iters, 2, &mut |which| match which {
+            0 => run_set(&mut plan, &stream, &mut sets[0]),
+            _ => {
+                next += 1;
+                run_set(&mut plan, &stream, &mut sets[next % n_sets])
+            }
+        })?;
+        let kernel_us = stats(&t[0], "kernel-only")?;
+        let harness_new_us = stats(&t[1], "new tensors")?;
+
+        step("host overhead");
+        let cached =
+            host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| run_set(&mut plan, &stream, &mut sets[0]))?;
+        let rotating = host_overhead(&stream, o.host_batches, o.host_calls, &mut |i| {
+            run_set(&mut plan, &stream, &mut sets[i % n_sets])
+        })?;
+
+        step("stacked buffers: copying and checking every set");
+        // Each set copied into one buffer per operand; one `run_stacked` call on the copy must
+        // write C bit for bit as one `run` call on the set. The per-group sets go as they are
+        // copied.
+        let mut stacked = stacked_sets(&mut plan, &stream, sets)?;
+
+        step("stacked buffers: host overhead, kernel-only and new-tensor timing");
+        let stacked_us = host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| {
+            run_stacked_set(&mut plan, &stream, &mut stacked[0])
+        })?;
+        let stacked_new_us = host_overhead(&stream, o.host_batches, o.host_calls, &mut |i| {
+            run_stacked_set(&mut plan, &stream, &mut stacked[i % n_sets])
+        })?;
+        let mut next = 0;
+        let t = self.timer.rounds(o.iters, 2, &mut |which| match which {
+            0 => run_stacked_set(&mut plan, &stream, &mut stacked[0]),
+            _ => {
+                next += 1;
+                run_stacked_set(&mut plan, &stream, &mut stacked[next % n_sets])
+            }
+        })?;
+        let kernel_stacked_us = stats(&t[0], "stacked kernel-only")?;
+        let harness_stacked_new_us = stats(&t[1], "stacked, new tensors")?;
+        drop(stacked);
 
         let w4a16 = if o.w4a16 {
             step("W4A16");
@@ -429,31 +565,6 @@ impl Bench {
         } else {
             vec![]
         };
-
-        step("host overhead");
-        let cached =
-            host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| run_set(&mut plan, &stream, &mut sets[0]))?;
-        let rotating = host_overhead(&stream, o.host_batches, o.host_calls, &mut |i| {
-            run_set(&mut plan, &stream, &mut sets[i % n_sets])
-        })?;
-
-        step("host overhead, stacked buffers");
-        // Set 0 copied into one buffer per operand; its C must equal set 0's, bit for bit.
-        let mut stacked = stacked_set(&stream, &sets[0], plan.problem())?;
-        run_stacked_set(&mut plan, &stream, &mut stacked)?;
-        let got = stream.clone_dtoh(&stacked.c).map_err(drv("downloading stacked C"))?;
-        let mut want = Vec::with_capacity(stacked.total.c_elements);
-        for (c, s) in sets[0].c.iter().zip(plan.problem().groups()) {
-            want.extend(stream.clone_dtoh(c).map_err(drv("downloading C"))?[..s.m * s.n].iter().map(|x| x.to_bits()));
-        }
-        if got[..want.len()].iter().map(|x| x.to_bits()).ne(want.iter().copied()) {
-            return Err("run_stacked wrote other values than run on the same inputs".into());
-        }
-        let stacked_us = host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| {
-            run_stacked_set(&mut plan, &stream, &mut stacked)
-        })?;
-        drop(stacked);
-        drop(sets);
 
         step("cuBLAS baseline");
         let (cublas_us, cublas_note) = match &self.blas {
@@ -482,6 +593,11 @@ impl Bench {
             host_cached_us: stats(&cached, "host overhead")?,
             host_rotating_us: stats(&rotating, "host overhead")?,
             host_stacked_us: stats(&stacked_us, "host overhead")?,
+            rotating_sets: n_sets,
+            harness_new_us,
+            kernel_stacked_us,
+            harness_stacked_new_us,
+            host_stacked_new_us: stats(&stacked_new_us, "host overhead")?,
             cublas_us,
             cublas_note,
             floor_bytes_us,

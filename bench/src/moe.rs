@@ -332,6 +332,14 @@ pub struct MoeResult {
     pub variants: Vec<MoeVariant>,
     /// Host time per call of (a), (b), (c): CPU clock, no synchronisation inside a batch.
     pub host_us: [Stats; 3],
+    /// Sets of activations, offsets, NVFP4 tokens and C the new-tensor measurements rotate over
+    /// (`max(16, --sets)`).
+    pub rotating_sets: usize,
+    /// (b) timed as `moe_us` (events around one `quantize_grouped` + `MoePlan::run` after an L2
+    /// flush, alternated with it), but on the next rotating set every call (the weights fixed).
+    pub moe_new_us: Stats,
+    /// Host time per call of (b), the rotating sets in turn.
+    pub host_new_us: Stats,
     /// W4A16 on the same routing (`--w4a16`): f16, then bf16 activations; empty when not timed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub w4a16: Vec<MoeW4a16>,
@@ -379,8 +387,9 @@ pub struct MoeVariant {
 }
 
 /// W4A16 on a MoE row (`--w4a16`): the same activations as f16 or bf16 `[T, K]`, read as they
-/// are, the same experts' weights prepacked for them, through `W4a16MoePlan` with the first
-/// `--moe-kernels` option (no quantization: the call is the scheduler and the GEMMs).
+/// are, the same experts' weights prepacked for them, through a `MoePlan` of a W4A16 problem
+/// with the first `--moe-kernels` option (no quantization: the call is the scheduler and the
+/// GEMMs).
 #[derive(Debug, Clone, Serialize)]
 pub struct MoeW4a16 {
     /// The activations' type: `f16` or `bf16`.
@@ -390,10 +399,18 @@ pub struct MoeW4a16 {
     /// The call and its graph replay against the CPU reference, and the status word; `None`
     /// when skipped.
     pub check: Option<String>,
-    /// `W4a16MoePlan::run` (sizes read on the device).
+    /// `MoePlan::run` (sizes read on the device), same buffers every call.
     pub moe_us: Stats,
     /// Replay of a CUDA graph holding it.
     pub graph_us: Stats,
+    /// Timed as `moe_us` (alternated with it), but on the next of the row's rotating sets of
+    /// activations, offsets and C every call: the plan's tables hold the activations' addresses,
+    /// so each call uploads them.
+    pub moe_new_us: Stats,
+    /// Host time per call, same buffers.
+    pub host_cached_us: Stats,
+    /// Host time per call, the rotating sets in turn.
+    pub host_new_us: Stats,
 }
 
 /// The MoE part of the report (only present with `--moe`).
@@ -492,6 +509,43 @@ pub fn table(moe: &MoeReport) -> String {
             );
         }
     }
+    if !moe.shapes.is_empty() {
+        out.push('\n');
+        out += &new_tensor_table(moe);
+    }
+    out
+}
+
+/// The MoE layer with new tensors every call (bench/README.md, "MoE rows"): a row per MoE row and
+/// call (`w4a4`: `quantize_grouped` + `MoePlan::run`; each W4A16 type: `MoePlan::run`), its time
+/// on the same buffers every call, the same call on the next rotating set every call, their
+/// ratio, and the host time per call with the same and with new tensors.
+fn new_tensor_table(moe: &MoeReport) -> String {
+    let header = ["moe", "call", "moe_us", "new_us", "new/moe", "host_us", "host_new_us"];
+    let row = |name: &str, call: String, same: &Stats, new: &Stats, host: &Stats, host_new: &Stats| {
+        vec![
+            name.to_owned(),
+            call,
+            format!("{:.2}", same.median),
+            format!("{:.2}", new.median),
+            format!("{:.3}", new.median / same.median),
+            format!("{:.2}", host.median),
+            format!("{:.2}", host_new.median),
+        ]
+    };
+    let mut rows = vec![];
+    for s in &moe.shapes {
+        rows.push(row(&s.name, "w4a4".into(), &s.moe_us, &s.moe_new_us, &s.host_us[1], &s.host_new_us));
+        for w in &s.w4a16 {
+            let call = format!("w4a16 {}", w.activations);
+            rows.push(row(&s.name, call, &w.moe_us, &w.moe_new_us, &w.host_cached_us, &w.host_new_us));
+        }
+    }
+    let sets = moe.shapes.first().map_or(0, |s| s.rotating_sets);
+    let mut out = format!(
+        "MoE layer with new tensors every call ({sets} sets in turn of the activations, offsets, C and for w4a4 the NVFP4 tokens; weights fixed): new_us timed as moe_us (events around one call after an L2 flush, median), host_us / host_new_us = host time per call, same / new tensors\n"
+    );
+    out += &crate::report::aligned_left(&header, &rows, 2);
     out
 }
 
@@ -616,6 +670,9 @@ mod tests {
                 graph_us: stats(8.0),
             }],
             host_us: [stats(5.0), stats(3.0), stats(2.0)],
+            rotating_sets: 16,
+            moe_new_us: stats(10.5),
+            host_new_us: stats(3.5),
             w4a16: vec![],
             torch,
             torch_note: String::new(),
@@ -661,6 +718,9 @@ mod tests {
             check: Some("PASS".into()),
             moe_us: stats(5.0),
             graph_us: stats(4.0),
+            moe_new_us: stats(5.1),
+            host_cached_us: stats(2.5),
+            host_new_us: stats(4.5),
         }];
         let text = table(&w4a16);
         let line = text.lines().find(|l| l.starts_with("tiny w4a16")).expect("a W4A16 line");
@@ -669,7 +729,21 @@ mod tests {
             "tiny w4a16 (bf16 activations, no quantization): moe 5.00 us (0.500 x W4A4 moe, 3.20 x PyTorch), \
              graph 4.00 us (0.500 x W4A4 graph, 4.00 x PyTorch) | PASS"
         );
-        assert_eq!(serde_json::to_value(&w4a16).unwrap()["shapes"][0]["w4a16"][0]["moe_us"]["median"], 5.0);
+        let v = serde_json::to_value(&w4a16).unwrap();
+        assert_eq!(v["shapes"][0]["w4a16"][0]["moe_us"]["median"], 5.0);
+        assert_eq!(v["shapes"][0]["w4a16"][0]["moe_new_us"]["median"], 5.1);
+        assert_eq!(v["shapes"][0]["w4a16"][0]["host_cached_us"]["median"], 2.5);
+        assert_eq!(v["shapes"][0]["w4a16"][0]["host_new_us"]["median"], 4.5);
+        // The new-tensor table: a row per MoE row and call.
+        let new: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("MoE layer with new tensors")).collect();
+        assert!(new[0].starts_with("MoE layer with new tensors every call (16 sets in turn"), "{text}");
+        assert!(new[1].starts_with("moe   call") && new[1].ends_with("new/moe  host_us  host_new_us"), "{text}");
+        let cells = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(cells(new[2]), ["tiny", "w4a4", "10.00", "10.50", "1.050", "3.00", "3.50"]);
+        assert_eq!(cells(new[3]), ["tiny", "w4a16", "bf16", "5.00", "5.10", "1.020", "2.50", "4.50"]);
+        assert_eq!(cells(new[4])[..2], ["tiny", "w4a4"]);
+        assert_eq!(new.len(), 5);
+        assert!(new[1..].iter().all(|l| l.len() == new[1].len()));
         let text = table(&report);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "PyTorch baseline (torch_moe.py): loaded from t.json");
@@ -682,6 +756,9 @@ mod tests {
         assert!(lines[6].contains("PyTorch: unavailable: no torch"));
         let v = serde_json::to_value(&report).unwrap();
         assert_eq!(v["shapes"][0]["graph_us"]["median"], 8.0);
+        assert_eq!(v["shapes"][0]["rotating_sets"], 16);
+        assert_eq!(v["shapes"][0]["moe_new_us"]["median"], 10.5);
+        assert_eq!(v["shapes"][0]["host_new_us"]["median"], 3.5);
         assert_eq!(v["shapes"][0]["torch"]["us"], 16.0);
         assert_eq!(v["shapes"][1]["torch"], serde_json::Value::Null);
     }

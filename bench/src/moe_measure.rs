@@ -9,11 +9,15 @@
 //!   plan);
 //! - (c) a CUDA graph holding (b), captured once per option and replayed.
 //!
+//! (b) is also timed with new tensors every call: the first option's plan on the next of
+//! `max(16, --sets)` sets of activations (device copies), offsets, NVFP4 tokens and C, the
+//! weights fixed; each set's C must then equal the row's bit for bit.
+//!
 //! All of it runs on one stream of its own (capture needs one), with cudarc's cross-stream event
 //! tracking off (as `nvfp4_gemm::moe` documents), after the other rows.
 
 use crate::inputs::fast_operand;
-use crate::measure::{drv, host_overhead, stats, Bench, Result, W4a16Activation, POISON};
+use crate::measure::{drv, host_overhead, same_bits, stats, Bench, Result, W4a16Activation, POISON, ROUNDS};
 use crate::moe::{exact_activations, offsets_of, MoeResult, MoeShape, MoeVariant, MoeW4a16, Routing, TorchBaseline};
 use crate::options::Options;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -179,9 +183,13 @@ impl Bench {
         Ok(stream)
     }
 
-    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): `W4A16 MoePlan` (activations of type `A`)
-    /// with the first `--moe-kernels` option on `inputs`, checked once and as a graph replay against `reference`
-    /// (C is the row's `c_moe`), then both timed.
+    /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): a `MoePlan` of the row's problem with
+    /// activations of type `A`, the first `--moe-kernels` option, on `inputs`; checked once and
+    /// as a graph replay against `reference` (C is the row's `c_moe`). Then timed, alternated:
+    /// the call on the same buffers, on the next of [`Options::rotating_sets`] sets of
+    /// activations (device copies of `inputs.x`), offsets and C every call, and the graph
+    /// replay; the host time per call, same and new buffers; every set's C must equal the
+    /// checked call's bit for bit.
     fn moe_w4a16<A: W4a16Activation>(
         &mut self,
         calls: &Calls<'_>,
@@ -190,6 +198,12 @@ impl Bench {
         reference: Option<&[GroupOutput<f16>]>,
         o: &Options,
     ) -> Result<MoeW4a16> {
+        /// One rotating set: activations, offsets and C of their own.
+        struct Set<A> {
+            x: CudaSlice<A>,
+            sizes: CudaSlice<u32>,
+            c: CudaSlice<f16>,
+        }
         let stream = &calls.stream;
         let options = o.moe_kernels.first().map(|(_, opt)| *opt).unwrap_or_default();
         let kind = activations_of::<A>();
@@ -199,14 +213,9 @@ impl Bench {
         self.gpu.context().synchronize().map_err(drv("planning"))?;
         let weights: Vec<Nvfp4Operand> =
             inputs.packed.iter().map(|(values, scales)| Nvfp4Operand { values, scales }).collect();
-        let run = |plan: &mut MoePlan, c: &mut CudaSlice<f16>| {
-            let mut args = MoeArgs {
-                sizes: &bufs.sizes,
-                a: A::tokens(&inputs.x),
-                weights: &weights,
-                alphas: calls.alphas,
-                c: Output::F16(c),
-            };
+        let run = |plan: &mut MoePlan, x: &CudaSlice<A>, sizes: &CudaSlice<u32>, c: &mut CudaSlice<f16>| {
+            let mut args =
+                MoeArgs { sizes, a: A::tokens(x), weights: &weights, alphas: calls.alphas, c: Output::F16(c) };
             plan.run(stream, &mut args).map_err(lib("W4A16 MoePlan::run"))
         };
         let n = calls.problem.n();
@@ -214,12 +223,12 @@ impl Bench {
             poison(stream, &mut bufs.c_moe)?;
         }
         plan.clear_status(stream).map_err(lib("clearing the status"))?;
-        run(&mut plan, &mut bufs.c_moe)?;
+        run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe)?;
         let got = grouped_output(stream, &bufs.c_moe, calls.rows, n)?;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(drv("beginning the capture"))?;
-        let captured = run(&mut plan, &mut bufs.c_moe);
+        let captured = run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("ending the capture"));
         captured?;
         let graph = graph?.ok_or("the capture made no graph")?;
@@ -240,17 +249,63 @@ impl Bench {
                 ))
             }
         };
-        let c = &mut bufs.c_moe;
-        let t = self.timer.each(3, o.iters, true, &mut || run(&mut plan, c))?;
-        let moe_us = stats(&t, "W4A16 MoePlan")?;
-        let t = self.timer.each(3, o.iters, true, &mut || graph.launch().map_err(drv("launching the graph")))?;
-        let graph_us = stats(&t, "W4A16 graph replay")?;
+        let mut sets = (0..o.rotating_sets())
+            .map(|_| {
+                Ok(Set {
+                    x: stream.clone_dtod(&inputs.x).map_err(drv("copying the W4A16 activations"))?,
+                    sizes: stream.clone_dtod(&bufs.sizes).map_err(drv("copying the offsets"))?,
+                    c: stream.alloc_zeros::<f16>(bufs.c_moe.len()).map_err(drv("allocating C"))?,
+                })
+            })
+            .collect::<Result<Vec<Set<A>>>>()?;
+        let rotating = sets.len();
+        let mut next = 0;
+        let t = self.timer.rounds(o.iters, 3, &mut |which| match which {
+            0 => run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe),
+            1 => {
+                next += 1;
+                let s = &mut sets[next % rotating];
+                run(&mut plan, &s.x, &s.sizes, &mut s.c)
+            }
+            _ => graph.launch().map_err(drv("launching the graph")),
+        })?;
+        let moe_us = stats(&t[0], "W4A16 MoePlan")?;
+        let moe_new_us = stats(&t[1], "W4A16 MoePlan, new tensors")?;
+        let graph_us = stats(&t[2], "W4A16 graph replay")?;
+        let (batches, per) = (o.host_batches, o.host_calls);
+        let cached =
+            host_overhead(stream, batches, per, &mut |_| run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe))?;
+        let new = host_overhead(stream, batches, per, &mut |i| {
+            let s = &mut sets[i % rotating];
+            run(&mut plan, &s.x, &s.sizes, &mut s.c)
+        })?;
+        // Every set once more (each call with new tensors), then the same buffers as the check:
+        // the same activations and offsets must give the same C.
+        for s in sets.iter_mut() {
+            run(&mut plan, &s.x, &s.sizes, &mut s.c)?;
+        }
+        run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe)?;
+        for (i, s) in sets.iter().enumerate() {
+            if !same_bits(stream, &s.c, &bufs.c_moe)? {
+                return Err(format!("W4A16 MoePlan: rotating set {i} (copies of the same inputs) gave another C"));
+            }
+        }
+        drop(sets);
         let after = plan.read_status(stream).map_err(lib("reading the status"))?;
         if !after.is_ok() {
             return Err(format!("the W4A16 MoePlan status word after the timed calls: {after}"));
         }
         let activations = format!("{kind:?}").to_lowercase();
-        Ok(MoeW4a16 { activations, kernel: plan.summary().kernel.clone(), check, moe_us, graph_us })
+        Ok(MoeW4a16 {
+            activations,
+            kernel: plan.summary().kernel.clone(),
+            check,
+            moe_us,
+            graph_us,
+            moe_new_us,
+            host_cached_us: stats(&cached, "W4A16 host")?,
+            host_new_us: stats(&new, "W4A16 host, new tensors")?,
+        })
     }
 
     /// One MoE row (module docs). `step` is called before each phase with its name.
@@ -424,31 +479,65 @@ impl Bench {
         };
         let check = reference.as_ref().map(|_| texts.join(" | "));
 
-        // (a), (b) and (c) alternate in rounds, so that every column sees the same clock: the
-        // H200's speed on these GEMMs drifts by up to ~10% over seconds, which timed one column
-        // after the other shows as a ratio between them.
-        step("timing (a) GemmPlan, (b) MoePlan, (c) graph replay, alternated");
-        const ROUNDS: usize = 5;
+        // The rotating sets of (b) with new tensors: the same activations (device copies) and
+        // offsets, NVFP4 tokens and C of their own; the weights fixed.
+        let rotating = o.rotating_sets();
+        let mut sets = (0..rotating)
+            .map(|_| {
+                Ok(Buffers {
+                    x: stream.clone_dtod(&bufs.x).map_err(drv("copying the activations"))?,
+                    sizes: stream.clone_dtod(&bufs.sizes).map_err(drv("copying the offsets"))?,
+                    a: DeviceNvfp4::alloc_zeros_sized(&stream, problem.a_sizes()).map_err(lib("allocating A"))?,
+                    c_moe: stream.alloc_zeros::<f16>(problem.c_elements()).map_err(drv("allocating C"))?,
+                    c_plan: vec![],
+                })
+            })
+            .collect::<Result<Vec<Buffers>>>()?;
+
+        // (a), (b), (b) with new tensors and (c) alternate in rounds, so that every column sees
+        // the same clock: the H200's speed on these GEMMs drifts by up to ~10% over seconds,
+        // which timed one column after the other shows as a ratio between them.
+        step("timing (a) GemmPlan, (b) MoePlan, (b) with new tensors, (c) graph replay, alternated");
         let per = o.iters.div_ceil(ROUNDS);
         let (mut t_plan, mut t_moe, mut t_graph) = (vec![], vec![vec![]; moes.len()], vec![vec![]; graphs.len()]);
+        let (mut t_new, mut next) = (vec![], 0);
         for _ in 0..ROUNDS {
             t_plan.extend(self.timer.each(1, per, true, &mut || calls.host_sized(&mut gemm, &mut bufs))?);
             for (moe, t) in moes.iter_mut().zip(t_moe.iter_mut()) {
                 t.extend(self.timer.each(1, per, true, &mut || calls.device_sized(moe, &mut bufs))?);
             }
+            t_new.extend(self.timer.each(1, per, true, &mut || {
+                next += 1;
+                calls.device_sized(&mut moes[0], &mut sets[next % rotating])
+            })?);
             for (graph, t) in graphs.iter().zip(t_graph.iter_mut()) {
                 t.extend(self.timer.each(1, per, true, &mut || graph.launch().map_err(drv("launching the graph")))?);
             }
         }
         let plan_us = stats(&t_plan, "GemmPlan")?;
         let moe_times = t_moe.iter().map(|t| stats(t, "MoePlan")).collect::<Result<Vec<_>>>()?;
+        let moe_new_us = stats(&t_new, "MoePlan, new tensors")?;
         let graph_times = t_graph.iter().map(|t| stats(t, "graph replay")).collect::<Result<Vec<_>>>()?;
 
         step("host overhead");
         let (batches, per) = (o.host_batches, o.host_calls);
         let ha = host_overhead(&stream, batches, per, &mut |_| calls.host_sized(&mut gemm, &mut bufs))?;
         let hb = host_overhead(&stream, batches, per, &mut |_| calls.device_sized(&mut moes[0], &mut bufs))?;
+        let hb_new =
+            host_overhead(&stream, batches, per, &mut |i| calls.device_sized(&mut moes[0], &mut sets[i % rotating]))?;
         let hc = host_overhead(&stream, batches, per, &mut |_| graphs[0].launch().map_err(drv("launching the graph")))?;
+        // Every rotating set once more (each call with new tensors), then the row's own buffers:
+        // the same activations and offsets must give the same C.
+        for set in sets.iter_mut() {
+            calls.device_sized(&mut moes[0], set)?;
+        }
+        calls.device_sized(&mut moes[0], &mut bufs)?;
+        for (i, set) in sets.iter().enumerate() {
+            if !same_bits(&stream, &set.c_moe, &bufs.c_moe)? {
+                return Err(format!("MoePlan: rotating set {i} (copies of the same inputs) gave another C"));
+            }
+        }
+        drop(sets);
         stream.synchronize().map_err(drv("synchronizing"))?;
         for moe in &moes {
             let after = moe.read_status(&stream).map_err(lib("reading the status"))?;
@@ -495,6 +584,9 @@ impl Bench {
             graph_us: variants[0].graph_us,
             variants,
             host_us: [stats(&ha, "host (a)")?, stats(&hb, "host (b)")?, stats(&hc, "host (c)")?],
+            rotating_sets: rotating,
+            moe_new_us,
+            host_new_us: stats(&hb_new, "host (b), new tensors")?,
             w4a16,
             torch,
             torch_note,

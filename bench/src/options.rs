@@ -15,9 +15,15 @@ MEASUREMENTS (per shape)
                 overhead included), after an L2 flush; per-call time = total / SETS; median over
                 REPS repetitions
   kernel-only   events around one call on the same buffers, L2 flushed before each; median of ITERS
+                (5 rounds alternated with the new-tensor timing)
   host          CPU clock around HOST_CALLS calls (no synchronize inside), per call, median of
-                HOST_BATCHES batches; `cached`: same buffers each call (no re-encoding),
-                `rotating`: the input sets in turn (tensor maps re-encoded and uploaded)
+                HOST_BATCHES batches; `cached`: same buffers each call (the tables current),
+                `rotating`: max(16, SETS) input sets in turn (the tables patched and uploaded)
+  new tensors   events around one call after an L2 flush, as kernel-only, but on the next of the
+                max(16, SETS) input sets every call (new addresses: the plan patches and uploads
+                its tables); timed in 5 rounds alternating with kernel-only (same clock); the
+                same for run_stacked (every set copied into stacked buffers, checked bit for bit
+                against run) beside run_stacked's own kernel-only time
   cuBLAS        per-group bf16 cublasGemmEx (fp32 accumulate) on the dequantized set 0, timed as
                 kernel-only
   floors        NVFP4 bytes (A, B values + scales, C) / measured copy bandwidth (1 GiB
@@ -43,7 +49,9 @@ MOE ROWS (--moe, --moe-shapes, --moe-shape; run after the shapes above)
   (a) quantize_grouped + GemmPlan::run (sizes known on the host), (b) quantize_grouped +
   MoePlan::run (contiguous layout, sizes read on the device), (c) replay of a CUDA graph holding
   (b). Table: us and NVFP4 weight TB/s of each, PyTorch's best us and x_* = PyTorch us / ours
-  (above 1: faster than PyTorch).
+  (above 1: faster than PyTorch). New tensors: (b) on max(16, SETS) sets of activations,
+  offsets, NVFP4 tokens and C in turn (weights fixed), timed alternated with (b), and its host
+  time per call back-to-back (also for W4A16 with --w4a16).
 
 OUTPUT
   stdout: one table row per shape (µs are medians):
@@ -53,6 +61,10 @@ OUTPUT
   kernel-only time; host_us = cached host overhead per call (GemmPlan::run, one buffer per
   operand and group); stk_us = the same through GemmPlan::run_stacked (one buffer per operand for
   all groups: input set 0 copied, its C checked bit for bit against run's).
+  Then the new-tensor table, a row per shape and call (run, run_stacked, w4a16 f16/bf16):
+    shape call kernel_us new_us new/kernel host_us host_new_us
+  kernel_us = kernel-only (same tensors; for run_stacked its own), new_us = the same with new
+  tensors every call, host_us / host_new_us = host time per call, same / new tensors.
   stderr: progress. Exit status: 0 all checks passed, 1 a check failed, 2 error.
 
 cuBLAS
@@ -78,8 +90,9 @@ struct Args {
     /// d2 = g=32,m=16,n=4096,k=7168
     #[arg(long = "shape", value_name = "SPEC", value_parser = shape, verbatim_doc_comment)]
     extra: Vec<NamedShapes>,
-    /// Input sets for the competition timing
-    #[arg(long, value_name = "N", default_value_t = 15, value_parser = at_least::<1>)]
+    /// Input sets for the competition timing; the measurements with new tensors every
+    /// call rotate over max(16, N) sets
+    #[arg(long, value_name = "N", default_value_t = 15, value_parser = at_least::<1>, verbatim_doc_comment)]
     sets: usize,
     /// Competition repetitions
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = at_least::<1>)]
@@ -114,8 +127,8 @@ struct Args {
     no_baseline: bool,
     /// Also time W4A16 on each shape (f16 activations: the checked set's A with its block
     /// scales applied; B prepacked), checked against the same reference; one line per shape
-    /// after the table. On the MoE rows: W4a16MoePlan (the same activations as f16, read as
-    /// they are; no quantization) and its graph replay, a line per row after the MoE table
+    /// after the table. On the MoE rows: a W4A16 MoePlan (the same activations as f16, read
+    /// as they are; no quantization) and its graph replay, a line per row after the MoE table
     #[arg(long, verbatim_doc_comment)]
     w4a16: bool,
     /// Where the results go: nvfp4-bench.json and nvfp4-bench.svg for a run with
@@ -275,7 +288,7 @@ pub struct Options {
     /// Problems to run, in order (in the JSON, each result carries its spec).
     #[serde(skip)]
     pub problems: Vec<NamedShapes>,
-    /// Input sets (competition timing).
+    /// Input sets of the competition timing (the first of [`Options::rotating_sets`]).
     pub sets: usize,
     /// Competition repetitions.
     pub reps: usize,
@@ -314,6 +327,19 @@ pub struct Options {
     /// Measure the ceilings only (`--ceilings`): no problems, no MoE rows.
     #[serde(skip)]
     pub ceilings_only: bool,
+}
+
+/// Fewest input sets the measurements with new tensors every call rotate over: the plan keeps
+/// only the last call's tables, so any other set is new to it; 16 is the number of rotating
+/// tensor sets the host-cost targets of a call with new tensors are stated for.
+pub const MIN_ROTATING_SETS: usize = 16;
+
+impl Options {
+    /// Input sets a row makes and the new-tensor measurements rotate over: `--sets` (the
+    /// competition timing's, the first ones), at least [`MIN_ROTATING_SETS`].
+    pub fn rotating_sets(&self) -> usize {
+        self.sets.max(MIN_ROTATING_SETS)
+    }
 }
 
 /// How the L2 is flushed before a timed sample (`--flush`).
@@ -517,7 +543,8 @@ mod tests {
         let names: Vec<&str> = o.problems.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["b3", "b1", "custom", "tiny"]);
         assert_eq!(o.problems[2].shapes, o.problems[0].shapes);
-        assert_eq!(o.sets, 4);
+        assert_eq!((o.sets, o.rotating_sets()), (4, 16));
+        assert_eq!(run("--sets 40").rotating_sets(), 40);
         assert!(!o.baseline);
         assert_eq!(o.out, PathBuf::from("/tmp/x"));
         let o = run("--shapes none --shape m=8,n=8,k=64 --shape m=16,n=8,k=64");

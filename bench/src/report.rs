@@ -48,15 +48,32 @@ pub struct ShapeResult {
     pub check_passed: bool,
     /// Competition-style per-call time.
     pub competition_us: Stats,
-    /// Kernel-only time.
+    /// Kernel-only time: events around one call on input set 0 after an L2 flush, the same
+    /// tensors as the call before (the plan's tables current), alternated with
+    /// `harness_new_us`.
     pub kernel_us: Stats,
     /// Host overhead per call, same buffers.
     pub host_cached_us: Stats,
-    /// Host overhead per call, rotating input sets.
+    /// Host overhead per call, the `rotating_sets` input sets in turn (new tensors every call).
     pub host_rotating_us: Stats,
     /// Host overhead per call, same buffers, stacked (`GemmPlan::run_stacked`: one buffer per
     /// operand for all groups).
     pub host_stacked_us: Stats,
+    /// Input sets the measurements with new tensors every call rotate over (`max(16, --sets)`).
+    pub rotating_sets: usize,
+    /// Timed as `kernel_us` (events around one `GemmPlan::run` after an L2 flush, alternated
+    /// with it), but on the next input set every call: new tensors, so each call patches and
+    /// uploads the plan's tables.
+    pub harness_new_us: Stats,
+    /// Kernel-only time of `GemmPlan::run_stacked`: events around one call on the stacked copy of
+    /// set 0 after an L2 flush, same buffers every call, alternated with
+    /// `harness_stacked_new_us`.
+    pub kernel_stacked_us: Stats,
+    /// Timed as `kernel_stacked_us`, but on the next stacked set every call (new tensors).
+    pub harness_stacked_new_us: Stats,
+    /// Host overhead per call of `GemmPlan::run_stacked`, the stacked sets in turn (new tensors
+    /// every call).
+    pub host_stacked_new_us: Stats,
     /// cuBLAS bf16 baseline, kernel-only.
     pub cublas_us: Option<Stats>,
     /// The baseline's own comparison with the (bf16-rounded) reference, or why it did not run.
@@ -72,8 +89,8 @@ pub struct ShapeResult {
 }
 
 /// W4A16 on one shape (`--w4a16`): the checked input set's A with its block scales applied as
-/// 16-bit activations (exact), its B prepacked for them (`nvfp4_gemm::w4a16`), through
-/// `W4a16Plan`.
+/// 16-bit activations (exact), its B prepacked for them (`nvfp4_gemm::w4a16`), through a
+/// `GemmPlan` of a W4A16 problem.
 #[derive(Debug, Clone, Serialize)]
 pub struct W4a16Result {
     /// The activations' type: `f16` or `bf16`.
@@ -82,8 +99,17 @@ pub struct W4a16Result {
     pub kernel: String,
     /// Against the same CPU reference as the W4A4 row; `None` when skipped.
     pub check: Option<String>,
-    /// Kernel-only time (one launch: no dequantization).
+    /// Kernel-only time (one launch: no dequantization), same activations and C every call,
+    /// alternated with `harness_new_us`.
     pub kernel_us: Stats,
+    /// Timed as `kernel_us`, but on the next of the row's `rotating_sets` sets of activations and
+    /// C every call (the weights fixed): the plan's tables hold the activations' addresses, so
+    /// each call uploads them.
+    pub harness_new_us: Stats,
+    /// Host overhead per call, same activations and C.
+    pub host_cached_us: Stats,
+    /// Host overhead per call, the sets of activations and C in turn.
+    pub host_rotating_us: Stats,
     /// Bytes / copy rate: 16-bit activations, NVFP4 weights (values and blocked scales), C.
     pub floor_bytes_us: f64,
 }
@@ -218,12 +244,13 @@ pub fn table(report: &Report) -> String {
     for s in &report.shapes {
         let _ = writeln!(
             out,
-            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating, {:.2} us stacked | floors: bytes {:.2} us, flops {} us",
+            "{}: {} | host overhead per call: {:.2} us cached, {:.2} us rotating, {:.2} us stacked, {:.2} us stacked rotating | floors: bytes {:.2} us, flops {} us",
             s.name,
             s.spec,
             s.host_cached_us.median,
             s.host_rotating_us.median,
             s.host_stacked_us.median,
+            s.host_stacked_new_us.median,
             s.floor_bytes_us,
             opt(s.floor_flops_us, 2)
         );
@@ -244,6 +271,10 @@ pub fn table(report: &Report) -> String {
             );
         }
     }
+    if !report.shapes.is_empty() {
+        out.push('\n');
+        out += &new_tensor_table(report);
+    }
     if let Some(moe) = &report.moe {
         if !report.shapes.is_empty() {
             out.push('\n');
@@ -253,8 +284,60 @@ pub fn table(report: &Report) -> String {
     out
 }
 
+/// Median over median, three decimals.
+fn ratio(a: &Stats, b: &Stats) -> String {
+    format!("{:.3}", a.median / b.median)
+}
+
+/// The table of calls with new tensors every call (bench/README.md, "New tensors every call"): a
+/// row per shape and call (`run`, `run_stacked`, each W4A16 type), its kernel-only time, the
+/// same call timed with new tensors every call, their ratio, and the host time per call with
+/// the same and with new tensors.
+fn new_tensor_table(report: &Report) -> String {
+    let header = ["shape", "call", "kernel_us", "new_us", "new/kernel", "host_us", "host_new_us"];
+    let row = |shape: &str, call: String, kernel: &Stats, new: &Stats, host: &Stats, host_new: &Stats| {
+        [
+            shape.to_owned(),
+            call,
+            format!("{:.2}", kernel.median),
+            format!("{:.2}", new.median),
+            ratio(new, kernel),
+            format!("{:.2}", host.median),
+            format!("{:.2}", host_new.median),
+        ]
+    };
+    let mut rows = vec![];
+    for s in &report.shapes {
+        rows.push(row(&s.name, "run".into(), &s.kernel_us, &s.harness_new_us, &s.host_cached_us, &s.host_rotating_us));
+        rows.push(row(
+            &s.name,
+            "run_stacked".into(),
+            &s.kernel_stacked_us,
+            &s.harness_stacked_new_us,
+            &s.host_stacked_us,
+            &s.host_stacked_new_us,
+        ));
+        for w in &s.w4a16 {
+            let call = format!("w4a16 {}", w.activations);
+            rows.push(row(&s.name, call, &w.kernel_us, &w.harness_new_us, &w.host_cached_us, &w.host_rotating_us));
+        }
+    }
+    let sets = report.shapes.first().map_or(report.options.rotating_sets(), |s| s.rotating_sets);
+    let mut out = format!(
+        "new tensors every call ({sets} input sets in turn): new_us timed as kernel_us (events around one call after an L2 flush, median), host_us / host_new_us = host time per call, same / new tensors\n"
+    );
+    out += &aligned_left(&header, &rows, 2);
+    out
+}
+
 /// A text table: the first column left-aligned, the others right-aligned, two spaces apart.
 pub(crate) fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String {
+    aligned_left(header, rows, 1)
+}
+
+/// A text table: the first `left` columns left-aligned, the others right-aligned, two spaces
+/// apart.
+pub(crate) fn aligned_left<R: AsRef<[String]>>(header: &[&str], rows: &[R], left: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r.as_ref()) {
@@ -264,10 +347,11 @@ pub(crate) fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String
     let line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut l = String::new();
         for (i, (c, w)) in cells.zip(&widths).enumerate() {
-            if i == 0 {
-                let _ = write!(l, "{c:<w$}");
+            let gap = if i == 0 { "" } else { "  " };
+            if i < left {
+                let _ = write!(l, "{gap}{c:<w$}");
             } else {
-                let _ = write!(l, "  {c:>w$}");
+                let _ = write!(l, "{gap}{c:>w$}");
             }
         }
         l
@@ -405,6 +489,11 @@ mod tests {
             host_cached_us: stats(4.0),
             host_rotating_us: stats(9.0),
             host_stacked_us: stats(2.0),
+            rotating_sets: 16,
+            harness_new_us: stats(kernel * 1.02),
+            kernel_stacked_us: stats(kernel),
+            harness_stacked_new_us: stats(kernel * 1.04),
+            host_stacked_new_us: stats(3.0),
             cublas_us: cublas.map(stats),
             cublas_note: "PASS".into(),
             floor_bytes_us: 1.0,
@@ -493,6 +582,46 @@ mod tests {
         r.environment.tma.clear();
         r.environment.tma_note = "unavailable: test".into();
         assert_eq!(table(&r).lines().nth(2), Some("TMA ceilings: unavailable: test"));
+    }
+
+    #[test]
+    fn new_tensor_table_has_a_row_per_call() {
+        let mut r = sample();
+        r.shapes[0].w4a16 = vec![W4a16Result {
+            activations: "bf16".into(),
+            kernel: "w".into(),
+            check: None,
+            kernel_us: stats(20.0),
+            harness_new_us: stats(21.0),
+            host_cached_us: stats(1.5),
+            host_rotating_us: stats(3.25),
+            floor_bytes_us: 1.0,
+        }];
+        let text = table(&r);
+        let lines: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("new tensors every call")).collect();
+        assert!(lines[0].starts_with("new tensors every call (16 input sets in turn)"), "{text}");
+        assert!(lines[1].starts_with("shape") && lines[1].ends_with("new/kernel  host_us  host_new_us"));
+        let cells = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(cells(lines[2]), ["b0", "run", "16.00", "16.32", "1.020", "4.00", "9.00"]);
+        assert_eq!(cells(lines[3]), ["b0", "run_stacked", "16.00", "16.64", "1.040", "2.00", "3.00"]);
+        assert_eq!(cells(lines[4]), ["b0", "w4a16", "bf16", "20.00", "21.00", "1.050", "1.50", "3.25"]);
+        assert!(lines[5].starts_with("custom") && lines[6].starts_with("custom") && lines.len() == 7);
+        assert!(lines[1..].iter().all(|l| l.len() == lines[1].len()));
+        let v = serde_json::to_value(&r).unwrap();
+        let s = &v["shapes"][0];
+        assert_eq!(s["rotating_sets"], 16);
+        for (key, median) in [
+            ("harness_new_us", 16.32),
+            ("kernel_stacked_us", 16.0),
+            ("harness_stacked_new_us", 16.64),
+            ("host_stacked_new_us", 3.0),
+            ("host_rotating_us", 9.0),
+        ] {
+            assert_eq!(s[key]["median"], median, "{key}");
+        }
+        let w = &s["w4a16"][0];
+        assert_eq!((&w["harness_new_us"]["median"], &w["host_cached_us"]["median"]), (&21.0.into(), &1.5.into()));
+        assert_eq!(w["host_rotating_us"]["median"], 3.25);
     }
 
     #[test]
