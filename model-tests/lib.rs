@@ -1045,26 +1045,17 @@ pub fn model_arch(arch: nvfp4_gemm::Arch) -> Arch {
     }
 }
 
-/// The entry point of an sm_90a kernel a device-sized plan launches after its scheduler.
+/// The entry point of an sm_90a kernel a plan launches: the token dequantization or a GEMM
+/// (the kernel crate's `ENTRY_POINTS`, one per row of the abi's `GEMM_KERNELS`).
 pub fn sm90_entry(kernel: &str) -> unsafe fn(KernelParams) {
-    use nvfp4_gemm_kernel::sm90::dequant::sm90_dequant_tokens;
-    use nvfp4_gemm_kernel::sm90::gemm::*;
-    match kernel {
-        "sm90_dequant_tokens" => sm90_dequant_tokens,
-        "sm90_grouped_gemm_decode" => sm90_grouped_gemm_decode,
-        "sm90_grouped_gemm_t64" => sm90_grouped_gemm_t64,
-        "sm90_grouped_gemm_n192" => sm90_grouped_gemm_n192,
-        "sm90_grouped_gemm" => sm90_grouped_gemm,
-        "sm90_w4a16_gemm_decode" => sm90_w4a16_gemm_decode,
-        "sm90_w4a16_gemm_t64" => sm90_w4a16_gemm_t64,
-        "sm90_w4a16_gemm_n192" => sm90_w4a16_gemm_n192,
-        "sm90_w4a16_gemm" => sm90_w4a16_gemm,
-        "sm90_w4a16_bf16_gemm_decode" => sm90_w4a16_bf16_gemm_decode,
-        "sm90_w4a16_bf16_gemm_t64" => sm90_w4a16_bf16_gemm_t64,
-        "sm90_w4a16_bf16_gemm_n192" => sm90_w4a16_bf16_gemm_n192,
-        "sm90_w4a16_bf16_gemm" => sm90_w4a16_bf16_gemm,
-        other => panic!("no sm_90a entry point {other}"),
+    use nvfp4_gemm_kernel::sm90::{dequant::sm90_dequant_tokens, gemm::ENTRY_POINTS};
+    if kernel == nvfp4_gemm_abi::sm90::DEQUANT_KERNEL {
+        return sm90_dequant_tokens;
     }
+    ENTRY_POINTS
+        .into_iter()
+        .find_map(|(name, entry)| (name == kernel).then_some(entry))
+        .unwrap_or_else(|| panic!("no sm_90a entry point {kernel}"))
 }
 
 /// The sizes array `sizes` in "device" memory and every other buffer of a device-sized call as

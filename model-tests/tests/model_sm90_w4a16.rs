@@ -9,7 +9,6 @@ use nvfp4_gemm::moe::{MoeKernels, MoeOptions, MoeProblem, TokenLayout};
 use nvfp4_gemm::w4a16::Activations;
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm::Problem;
-use nvfp4_gemm_abi::sm90::w4a16::kernel_name_of as w4a16_kernel;
 use nvfp4_gemm_abi::sm90::GemmConfig;
 use nvfp4_gemm_model_tests::*;
 
@@ -100,7 +99,7 @@ fn check_device_sized(
     assert_eq!(outcome.status, ops.status.0, "{name}: status word");
     let names: Vec<&str> = launched.iter().map(|l| l.kernel).collect();
     assert_eq!(names[0], "sm90_schedule", "{name}");
-    let gemms: Vec<&str> = layout.gemms.iter().flatten().map(|g| w4a16_kernel(g.config, kind)).collect();
+    let gemms: Vec<&str> = layout.gemms.iter().flatten().map(|g| g.config.w4a16_kernel_name(kind)).collect();
     assert_eq!(&names[1..], &gemms[..], "{name}: the W4A16 GEMMs follow the scheduler, no dequantization");
     let slot = (outcome.work_lens[1] > 0) as usize;
     let config = layout.gemms[slot].expect("the kernel that got the call is launched").config;

@@ -1,9 +1,8 @@
-//! The GEMM's variants ([`GemmConfig`]): tile shape, pipeline depth, thread roles, register
-//! shares, the shared-memory map (stages, mbarriers, epilogue buffers) and the bytes each stage's
-//! copies credit to its barrier; the tile counts of a group and the variant a problem needs.
+//! What a GEMM variant's configuration ([`GemmConfig`]) determines: tile shape, pipeline depth,
+//! thread roles, register shares, the shared-memory map (stages, mbarriers, epilogue buffers) and
+//! the bytes each stage's copies credit to its barrier; the tile counts of a group. The compiled
+//! variants themselves are [`super::variants`]'s.
 
-use super::epilogue::{EPILOGUE_ROWS, EPILOGUE_ROW_BYTES};
-use super::launch::PRODUCER_REGISTERS;
 use crate::launch::{MAX_DYNAMIC_SMEM, MBARRIER_BYTES, REGISTERS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_BLOCK};
 use crate::scale_layout::BLOCK_BYTES as SCALE_BLOCK_BYTES;
 
@@ -55,6 +54,18 @@ pub const SMALL_TILE_M: u32 = 16;
 /// The tail tile of `T64`: `wgmma m64n64k16`.
 pub const TAIL_TILE_M: u32 = 64;
 
+/// Registers per thread the producer warpgroup keeps after `setmaxnreg.dec` (one thread issues
+/// copies; 40 is plenty).
+pub const PRODUCER_REGISTERS: u32 = 40;
+
+/// Most token rows of C a consumer warpgroup passes through its epilogue buffer at once (a
+/// 128-token tile in two rounds; the decode variant's 16-token tiles in one, its buffer sized to
+/// them: [`GemmConfig::epilogue_rows`]).
+pub const EPILOGUE_ROWS: u32 = 64;
+/// Bytes of one token row of a warpgroup's epilogue buffer: its 64 weights, 2 bytes each, as eight
+/// 16-byte chunks of 8 weights ([`epilogue_slot`](super::epilogue_slot) places them).
+pub const EPILOGUE_ROW_BYTES: u32 = WG_ROWS * 2;
+
 /// Tile shape and pipeline depth of the GEMM kernel: `BLOCK_M` tokens (wgmma N) × [`BLOCK_N`]
 /// weights, `stages` stages of `chunks` × [`CHUNK_K`].
 ///
@@ -81,36 +92,6 @@ pub struct GemmConfig {
 }
 
 impl GemmConfig {
-    /// 16- or 128-token tiles (wgmma N = 16 or 128), 5 stages (`sm90_grouped_gemm`).
-    pub const GENERAL: GemmConfig =
-        GemmConfig { block_m: 128, narrow: SMALL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
-    /// The decode variant (`sm90_grouped_gemm_decode`): only 16-token tiles, 4 stages of 256 K
-    /// (26 KiB: two weight boxes), two CTAs per SM (registers capped at
-    /// [`DECODE_MAX_REGISTERS`](super::DECODE_MAX_REGISTERS)) so that each scheduler has twice the
-    /// warps to hide the decode's latencies.
-    pub const DECODE: GemmConfig = GemmConfig {
-        block_m: SMALL_TILE_M,
-        narrow: SMALL_TILE_M,
-        stages: 4,
-        block_n: BLOCK_N,
-        chunks: 2 * CHUNKS_PER_BOX,
-    };
-    /// 128-token tiles whose group's last tile runs `wgmma m64n64k16` when the group's last rows
-    /// fit 64 (`sm90_grouped_gemm_t64`), 5 stages: less padding for prefill groups (b0 computes
-    /// 1216 token rows instead of 1408). Every group's `block_m` (tile pitch and token box) is 128.
-    pub const T64: GemmConfig =
-        GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 5, block_n: BLOCK_N, chunks: CHUNKS_PER_BOX };
-    /// 192 weight rows × 128 tokens per tile (`sm90_grouped_gemm_n192`): three consumer warpgroups
-    /// read each token tile (a third fewer token bytes per MMA than `GENERAL`, three consumer warps
-    /// per scheduler instead of two to hide the decode's latencies), the 64-wide last tiles of
-    /// `T64`, 4 stages of 46 KiB. A tile's 192 rows span two 128-row blocks of B's scales (the
-    /// second half of one and all of the next, or the reverse); where N ends inside a tile, the
-    /// warpgroups whose rows lie past it only release the stages.
-    pub const N192: GemmConfig =
-        GemmConfig { block_m: 128, narrow: TAIL_TILE_M, stages: 4, block_n: 192, chunks: CHUNKS_PER_BOX };
-    /// Every compiled variant.
-    pub const ALL: [GemmConfig; 4] = [GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::DECODE, GemmConfig::N192];
-
     /// K values per stage.
     pub const fn block_k(&self) -> u32 {
         self.chunks * CHUNK_K
@@ -358,48 +339,14 @@ impl GemmConfig {
             && self.dynamic_shared_memory() <= MAX_DYNAMIC_SMEM
     }
 
-    /// The exported name of the GEMM kernel compiled for this configuration: `sm90_grouped_gemm`
-    /// for [`Self::GENERAL`], else that with the variant's name as a suffix (`_t64`, `_n192`,
-    /// `_decode`). `cargo xtask build-ptx` fails unless each is an entry of the PTX
-    /// ([`REGISTER_CAPS`](super::REGISTER_CAPS) names them all).
-    pub const fn kernel_name(&self) -> &'static str {
-        if self.block_m == SMALL_TILE_M {
-            "sm90_grouped_gemm_decode"
-        } else if self.block_n > BLOCK_N {
-            "sm90_grouped_gemm_n192"
-        } else if self.narrow == TAIL_TILE_M {
-            "sm90_grouped_gemm_t64"
-        } else {
-            "sm90_grouped_gemm"
-        }
-    }
-}
-
-const _: () = assert!(GemmConfig::GENERAL.is_valid());
-const _: () = assert!(GemmConfig::T64.is_valid());
-const _: () = assert!(GemmConfig::DECODE.is_valid());
-const _: () = assert!(GemmConfig::N192.is_valid());
-const _: () = assert!(GemmConfig::GENERAL.stage_bytes() % 1024 == 0);
-
-/// Token rows per tile of a group of `m` tokens in the [`GemmConfig::GENERAL`] variant (what the
-/// device-sized plans' scheduler uses): 16 for decode-sized groups, else 128. Each width is a
-/// compiled copy of the consumer loop; ptxas keeps the MMAs of at most two widths in one function
-/// pipelined (with three it serializes them, C7512), so each variant has two.
-pub const fn token_tile_rows(m: u32) -> u32 {
-    GemmConfig::GENERAL.tile_rows(m)
-}
-
-/// The configuration for a problem whose groups have these token counts: the decode variant
-/// ([`GemmConfig::DECODE`], two CTAs per SM) when every group fits one 16-token tile, else the
-/// general one ([`GemmConfig::GENERAL`], which runs 16-token tiles for the small groups among larger
-/// ones). Device-sized plans (`crate::moe`) use it on their bound as is (their scheduler picks the
-/// widths with [`token_tile_rows`]); host-sized plans may take [`GemmConfig::T64`] instead
-/// where its balanced work list ends sooner.
-pub fn config_for(mut m: impl Iterator<Item = u32>) -> GemmConfig {
-    if m.all(|m| m <= SMALL_TILE_M) {
-        GemmConfig::DECODE
-    } else {
-        GemmConfig::GENERAL
+    /// `self == other` where a constant needs it (`PartialEq` is not `const`): every field equal.
+    pub const fn same_as(&self, other: &GemmConfig) -> bool {
+        let GemmConfig { block_m, narrow, stages, block_n, chunks } = *other;
+        self.block_m == block_m
+            && self.narrow == narrow
+            && self.stages == stages
+            && self.block_n == block_n
+            && self.chunks == chunks
     }
 }
 
@@ -416,26 +363,10 @@ pub const fn n_tiles(n: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sm90::*;
-
-    #[test]
-    fn config_choice() {
-        assert_eq!(config_for([4, 0, 16].into_iter()), GemmConfig::DECODE);
-        assert_eq!(config_for([4, 17].into_iter()), GemmConfig::GENERAL);
-        assert_eq!(config_for([16].into_iter()), GemmConfig::DECODE);
-        assert_eq!(config_for([17].into_iter()), GemmConfig::GENERAL);
-        for c in GemmConfig::ALL {
-            assert!(REGISTER_CAPS.iter().any(|(name, _)| *name == c.kernel_name()), "{c:?}");
-        }
-        assert_eq!(GemmConfig::DECODE.kernel_name(), REGISTER_CAPS[2].0);
-        assert_eq!(GemmConfig::GENERAL.kernel_name(), REGISTER_CAPS[0].0);
-        assert_eq!(GemmConfig::T64.kernel_name(), REGISTER_CAPS[1].0);
-        assert_eq!(GemmConfig::N192.kernel_name(), REGISTER_CAPS[3].0);
-    }
 
     #[test]
     fn token_tile_widths() {
-        let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(token_tile_rows);
+        let rows = [0, 1, 8, 16, 17, 64, 128, 600].map(|m| GemmConfig::GENERAL.tile_rows(m));
         assert_eq!(rows, [16, 16, 16, 16, 128, 128, 128, 128]);
         assert_eq!(GemmConfig::DECODE.tile_rows(9), 16);
         // 64/128: every group has 128-row tiles; the last one runs 64 wide when its rows fit.

@@ -1,22 +1,16 @@
 //! The consumers' epilogue buffer: each warpgroup's tile of C, turned into C's orientation by
-//! `stmatrix .trans`, then copied to C in 16-byte chunks of whole token rows.
+//! `stmatrix .trans`, then copied to C in 16-byte chunks of whole token rows. Its size and place
+//! are the configuration's ([`GemmConfig::epilogue_offset`](super::GemmConfig::epilogue_offset));
+//! here is where each 16 bytes of it lie.
 
-use super::config::WG_ROWS;
-
-/// Most token rows of C a consumer warpgroup passes through its epilogue buffer at once (a
-/// 128-token tile in two rounds; the decode variant's 16-token tiles in one, its buffer sized to
-/// them: [`GemmConfig::epilogue_rows`](super::GemmConfig::epilogue_rows)).
-pub const EPILOGUE_ROWS: u32 = 64;
-/// Bytes of one token row of a warpgroup's epilogue buffer: its 64 weights, 2 bytes each, as eight
-/// 16-byte chunks of 8 weights.
-pub const EPILOGUE_ROW_BYTES: u32 = WG_ROWS * 2;
+use super::config::EPILOGUE_ROW_BYTES;
 
 /// Offset in an epilogue buffer of the 16 bytes holding weights `8 chunk .. 8 chunk + 8` of token
-/// row `row` (0..[`EPILOGUE_ROWS`]): chunk `chunk ^ (row % 8)` of the row. The XOR puts the 8 rows
-/// one `stmatrix` matrix writes (rows `8i..8i+8`, one chunk) on 8 different bank quads, and a
-/// quarter warp reading one row's 8 chunks back reads 32 banks. (ncu's bank-conflict counter on
-/// the H200 still shows 18% extra store wavefronts on b1; an XOR with the quad parity as well,
-/// against another grouping of an `.x4`'s rows, does not lower it.)
+/// row `row` (0..[`EPILOGUE_ROWS`](super::EPILOGUE_ROWS)): chunk `chunk ^ (row % 8)` of the row.
+/// The XOR puts the 8 rows one `stmatrix` matrix writes (rows `8i..8i+8`, one chunk) on 8
+/// different bank quads, and a quarter warp reading one row's 8 chunks back reads 32 banks.
+/// (ncu's bank-conflict counter on the H200 still shows 18% extra store wavefronts on b1; an XOR
+/// with the quad parity as well, against another grouping of an `.x4`'s rows, does not lower it.)
 pub const fn epilogue_slot(row: u32, chunk: u32) -> u32 {
     row * EPILOGUE_ROW_BYTES + ((chunk ^ (row % 8)) * 16)
 }

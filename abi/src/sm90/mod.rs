@@ -19,16 +19,19 @@
 //! the MMA's own summation order already leaves unspecified).
 //!
 //! By topic (every item is also re-exported here, as `nvfp4_gemm_abi::sm90::*`):
-//! - [`config`]: the GEMM's variants ([`GemmConfig`]): tiles, stages, thread roles, register
-//!   shares, the shared-memory map and the bytes each stage's copies credit;
+//! - [`config`]: what a GEMM variant's configuration ([`GemmConfig`]) determines: tiles, stages,
+//!   thread roles, register shares, the shared-memory map and the bytes each stage's copies credit;
+//! - [`variants`]: the compiled variants, one table of the GEMM entry points (name, configuration,
+//!   token operand), from which the kernel names and the register caps derive;
 //! - [`params`]: the group table and the `N192` work item's row span;
-//! - [`tokens`]: the token workspace's K permutation and the token dequantization's work split;
+//! - [`tokens`]: the token workspace's K permutation and the token dequantization (its name,
+//!   register cap and work split);
 //! - [`fragment`]: where a consumer thread's weight fragments and scale words lie in a stage;
 //! - [`decode`]: the factor the e2m1 → f16 decoder's values lack;
 //! - [`epilogue`]: the epilogue buffer's swizzle;
 //! - [`desc`]: the wgmma shared-memory descriptor;
 //! - [`tma`]: the tensor maps and their places in the table;
-//! - [`launch`]: launch geometry and register caps;
+//! - [`launch`]: launch geometry and the GEMM's early start;
 //! - [`w4a16`]: the prepacked weight format of W4A16 (f16/bf16 activations, docs/w4a16.md).
 
 pub mod config;
@@ -40,6 +43,7 @@ pub mod launch;
 pub mod params;
 pub mod tma;
 pub mod tokens;
+pub mod variants;
 pub mod w4a16;
 
 pub use config::*;
@@ -51,3 +55,4 @@ pub use launch::*;
 pub use params::*;
 pub use tma::*;
 pub use tokens::*;
+pub use variants::*;

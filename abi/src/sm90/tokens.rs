@@ -1,9 +1,13 @@
 //! The token workspace: the K permutation the f16 tokens are stored in (so that each consumer
-//! thread's A fragment is one scale block of its weight row) and the token-dequantization kernel's
-//! work split (items, slots, CTAs per group).
+//! thread's A fragment is one scale block of its weight row) and the token-dequantization kernel:
+//! its name, register cap and work split (items, slots, CTAs per group).
 
 use super::config::CHUNK_K;
 
+/// The exported name of the token-dequantization kernel.
+pub const DEQUANT_KERNEL: &str = "sm90_dequant_tokens";
+/// Register cap of the token-dequantization kernel (256-thread CTAs, several per SM).
+pub const DEQUANT_MAX_REGISTERS: u32 = 64;
 /// Threads per CTA of the token dequantization kernel.
 pub const DEQUANT_THREADS: u32 = 256;
 /// Threads per work item (one row × 64-wide chunk: 128 bytes of f16 out) of the token

@@ -273,39 +273,6 @@ pub enum Activations {
     Bf16,
 }
 
-/// The exported name of the W4A16 kernel (f16 activations) of configuration `cfg`: each W4A4
-/// variant has its W4A16 twin, which shares everything with it but the token source and the
-/// decode's scales.
-pub const fn kernel_name(cfg: super::GemmConfig) -> &'static str {
-    kernel_name_of(cfg, Activations::F16)
-}
-
-/// The exported name of the W4A16 kernel of configuration `cfg` for `activations`: the f16 twins
-/// `sm90_w4a16_gemm*` and the bf16 ones `sm90_w4a16_bf16_gemm*` (the bf16 decoder and scales,
-/// `wgmma ... .bf16.bf16`).
-pub const fn kernel_name_of(cfg: super::GemmConfig, activations: Activations) -> &'static str {
-    let variant = if cfg.block_m == super::SMALL_TILE_M {
-        3
-    } else if cfg.block_n > super::BLOCK_N {
-        2
-    } else if cfg.narrow == super::TAIL_TILE_M {
-        1
-    } else {
-        0
-    };
-    match activations {
-        Activations::F16 => {
-            ["sm90_w4a16_gemm", "sm90_w4a16_gemm_t64", "sm90_w4a16_gemm_n192", "sm90_w4a16_gemm_decode"][variant]
-        }
-        Activations::Bf16 => [
-            "sm90_w4a16_bf16_gemm",
-            "sm90_w4a16_bf16_gemm_t64",
-            "sm90_w4a16_bf16_gemm_n192",
-            "sm90_w4a16_bf16_gemm_decode",
-        ][variant],
-    }
-}
-
 /// The prepacked scale byte of an e4m3 scale byte, sign ignored (the prepack moves a negative
 /// scale's sign into its block's codes): bits 14–7 of the f16 value `|scale| · 2⁷` — an unsigned
 /// e5m3 (f16's 5 exponent bits, bias 15, and the top 3 of its mantissa bits) that holds every

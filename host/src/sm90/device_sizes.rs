@@ -32,7 +32,7 @@ use nvfp4_gemm_abi::moe::sm90::{
     general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
-use nvfp4_gemm_abi::sm90::w4a16::{self, Activations};
+use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 
@@ -171,7 +171,7 @@ impl Sm90DeviceLayout {
     pub fn gemm_kernel(&self, config: GemmConfig) -> &'static str {
         match self.activations {
             None => config.kernel_name(),
-            Some(activations) => w4a16::kernel_name_of(config, activations),
+            Some(activations) => config.w4a16_kernel_name(activations),
         }
     }
 

@@ -175,7 +175,7 @@ impl Sm90Layout {
     pub fn gemm_kernel(&self) -> &'static str {
         match self.problem.tokens() {
             TokenKind::Nvfp4 => self.config.kernel_name(),
-            TokenKind::Dense(a) => sm90::w4a16::kernel_name_of(self.config, a),
+            TokenKind::Dense(a) => self.config.w4a16_kernel_name(a),
         }
     }
 
@@ -606,6 +606,6 @@ mod tests {
         assert_eq!(base(&maps[sm90::token_map_index(0)]), activations(0));
         assert_eq!(base(&maps[sm90::tail_token_map_index(0, 2)]), activations(0));
         let names: Vec<_> = launches(&w, None, &at).iter().map(|l| l.kernel).collect();
-        assert_eq!(names, [sm90::w4a16::kernel_name_of(l.config, sm90::w4a16::Activations::Bf16)]);
+        assert_eq!(names, [l.config.w4a16_kernel_name(sm90::w4a16::Activations::Bf16)]);
     }
 }

@@ -39,8 +39,8 @@ const _: () = {
     assert!(CHUNKS_PER_BOX == 2);
 };
 
-// Each variant has one name: its `GemmConfig` constant, its type here and its entry point's
-// suffix (`GemmConfig::kernel_name`; the entry of `GENERAL` has none).
+// Each variant has one name: its `GemmConfig` constant, its type here and its entry points'
+// suffix (the abi's `GEMM_KERNELS` names them; the entries of `GENERAL` have none).
 
 /// 16- and 128-token tiles, 5 stages, one CTA per SM.
 struct General;
@@ -102,16 +102,43 @@ impl<V: Variant, const BF16: bool> Variant for W4a16<V, BF16> {
     const UNSCALE: f32 = if BF16 { (1u32 << w4a16::BF16_PRODUCT_EXPONENT) as f32 } else { DECODE_UNSCALE };
 }
 
-/// Entry points of the W4A16 twins, one per variant and activation type: `$name` runs
-/// `W4a16<$variant, $bf16>` with `$cfg`'s stages.
-macro_rules! w4a16_entry {
-    ($(#[$doc:meta])* $name:ident, $variant:ty, $bf16:literal, $cfg:expr) => {
-        $(#[$doc])*
-        #[crate::ptx::kernel]
-        pub unsafe fn $name(p: KernelParams) {
-            // SAFETY: the caller's contract.
-            unsafe { run::<W4a16<$variant, $bf16>, { $cfg.stages }>(&p) }
-        }
+/// The token operand variant `V` reads, as the abi's table says it.
+const fn token_operand<V: Variant>() -> Tokens {
+    if !V::W4A16 {
+        Tokens::Nvfp4
+    } else if V::BF16_ACTIVATIONS {
+        Tokens::Dense(w4a16::Activations::Bf16)
+    } else {
+        Tokens::Dense(w4a16::Activations::F16)
+    }
+}
+
+/// The GEMM's entry points: `$name` runs variant `$variant` with its stages. Each must be the
+/// abi's row ([`GEMM_KERNELS`]) of its variant's configuration and token operand, and the table
+/// has no row without an entry (asserted at compile time); on the host, `ENTRY_POINTS` lists them
+/// by name for the device model.
+macro_rules! gemm_entries {
+    ($($(#[$doc:meta])* $name:ident: $variant:ty;)*) => {
+        $(
+            $(#[$doc])*
+            #[crate::ptx::kernel]
+            pub unsafe fn $name(p: KernelParams) {
+                // SAFETY: the caller's contract.
+                unsafe { run::<$variant, { <$variant as Variant>::CFG.stages }>(&p) }
+            }
+            const _: () = assert!(
+                GemmKernel::of(<$variant as Variant>::CFG, token_operand::<$variant>()).is_named(stringify!($name)),
+                concat!("`", stringify!($name), "` is not GEMM_KERNELS' name of its variant and tokens"),
+            );
+        )*
+        const _: () =
+            assert!([$(stringify!($name)),*].len() == GEMM_KERNELS.len(), "a row of GEMM_KERNELS without entry");
+
+        /// Every GEMM entry point with its exported name (the host build, whose device model
+        /// launches the kernels by name).
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const ENTRY_POINTS: [(&str, unsafe fn(KernelParams)); GEMM_KERNELS.len()] =
+            [$((stringify!($name), $name)),*];
     };
 }
 
@@ -125,53 +152,38 @@ const _: () = {
 };
 const _: () = assert!(GemmConfig::N192.narrow == 64 && GemmConfig::N192.block_m == 128);
 
-/// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch(GemmConfig::GENERAL, ..)`
-/// (`THREADS` threads, `GENERAL.dynamic_shared_memory()` bytes, a persistent grid of at most one CTA
-/// per SM).
-///
-/// # Safety
-/// `p` and the tables it points to must be what the host's sm90 plan writes for validated buffers.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<General, { GemmConfig::GENERAL.stages }>(&p) }
-}
+gemm_entries! {
+    /// See the module docs. Launch: `nvfp4_gemm_abi::sm90::gemm_launch(GemmConfig::GENERAL, ..)`
+    /// (`THREADS` threads, `GENERAL.dynamic_shared_memory()` bytes, a persistent grid of at most one
+    /// CTA per SM).
+    ///
+    /// # Safety
+    /// `p` and the tables it points to must be what the host's sm90 plan writes for validated
+    /// buffers.
+    sm90_grouped_gemm: General;
 
-/// The 64/128 variant: as [`sm90_grouped_gemm`] with 128-token tiles only, except that a group's
-/// last tile runs `wgmma m64n64k16` when its rows fit 64. Launch:
-/// `gemm_launch(GemmConfig::T64, ..)`.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm`], and every group's `block_m` is 128.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm_t64(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<T64, { GemmConfig::T64.stages }>(&p) }
-}
+    /// The 64/128 variant: as [`sm90_grouped_gemm`] with 128-token tiles only, except that a group's
+    /// last tile runs `wgmma m64n64k16` when its rows fit 64. Launch:
+    /// `gemm_launch(GemmConfig::T64, ..)`.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm`], and every group's `block_m` is 128.
+    sm90_grouped_gemm_t64: T64;
 
-/// The 192-weight-row variant: as [`sm90_grouped_gemm_t64`] with tiles of 192 weight rows and
-/// three consumer warpgroups. Launch: `gemm_launch(GemmConfig::N192, ..)`.
-///
-/// # Safety
-/// As [`sm90_grouped_gemm_t64`].
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm_n192(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<N192, { GemmConfig::N192.stages }>(&p) }
-}
+    /// The 192-weight-row variant: as [`sm90_grouped_gemm_t64`] with tiles of 192 weight rows and
+    /// three consumer warpgroups. Launch: `gemm_launch(GemmConfig::N192, ..)`.
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm_t64`].
+    sm90_grouped_gemm_n192: N192;
 
-/// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
-/// `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
-///
-/// # Safety
-/// As [`sm90_grouped_gemm`], and every group's `block_m` is `SMALL_TILE_M`.
-#[crate::ptx::kernel]
-pub unsafe fn sm90_grouped_gemm_decode(p: KernelParams) {
-    // SAFETY: the caller's contract.
-    unsafe { run::<Decode, { GemmConfig::DECODE.stages }>(&p) }
-}
+    /// The decode variant, for problems whose groups all have at most `SMALL_TILE_M` tokens. Launch:
+    /// `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
+    ///
+    /// # Safety
+    /// As [`sm90_grouped_gemm`], and every group's `block_m` is `SMALL_TILE_M`.
+    sm90_grouped_gemm_decode: Decode;
 
-w4a16_entry!(
     /// W4A16 on `GENERAL`'s tiles: as [`sm90_grouped_gemm`], with each group's tokens the caller's
     /// f16 activations `[m, K]` in natural order (`GroupParams::workspace` and the token maps point
     /// at them) and its weights prepacked (`nvfp4_gemm_abi::sm90::w4a16`, f16). No dequantization
@@ -179,59 +191,52 @@ w4a16_entry!(
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm`], the weights prepacked.
-    sm90_w4a16_gemm, General, false, GemmConfig::GENERAL
-);
-w4a16_entry!(
+    sm90_w4a16_gemm: W4a16<General, false>;
+
     /// W4A16 on `DECODE`'s tiles: as [`sm90_w4a16_gemm`] for groups of at most `SMALL_TILE_M`
     /// tokens. Launch: `gemm_launch(GemmConfig::DECODE, ..)` (two CTAs per SM).
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm_decode`], the weights prepacked.
-    sm90_w4a16_gemm_decode, Decode, false, GemmConfig::DECODE
-);
-w4a16_entry!(
+    sm90_w4a16_gemm_decode: W4a16<Decode, false>;
+
     /// W4A16 on `T64`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_t64`]'s tiles.
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm_t64`], the weights prepacked.
-    sm90_w4a16_gemm_t64, T64, false, GemmConfig::T64
-);
-w4a16_entry!(
+    sm90_w4a16_gemm_t64: W4a16<T64, false>;
+
     /// W4A16 on `N192`'s tiles: as [`sm90_w4a16_gemm`] with [`sm90_grouped_gemm_n192`]'s tiles.
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm_n192`], the weights prepacked.
-    sm90_w4a16_gemm_n192, N192, false, GemmConfig::N192
-);
-w4a16_entry!(
+    sm90_w4a16_gemm_n192: W4a16<N192, false>;
+
     /// [`sm90_w4a16_gemm`] with bf16 activations, the weights prepacked for them (the bf16
     /// decoder and scales, `wgmma ... .bf16.bf16`, the epilogue's unscale `2^7`).
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm`], the weights prepacked for bf16.
-    sm90_w4a16_bf16_gemm, General, true, GemmConfig::GENERAL
-);
-w4a16_entry!(
+    sm90_w4a16_bf16_gemm: W4a16<General, true>;
+
     /// [`sm90_w4a16_gemm_decode`] with bf16 activations.
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm_decode`], the weights prepacked for bf16.
-    sm90_w4a16_bf16_gemm_decode, Decode, true, GemmConfig::DECODE
-);
-w4a16_entry!(
+    sm90_w4a16_bf16_gemm_decode: W4a16<Decode, true>;
+
     /// [`sm90_w4a16_gemm_t64`] with bf16 activations.
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm_t64`], the weights prepacked for bf16.
-    sm90_w4a16_bf16_gemm_t64, T64, true, GemmConfig::T64
-);
-w4a16_entry!(
+    sm90_w4a16_bf16_gemm_t64: W4a16<T64, true>;
+
     /// [`sm90_w4a16_gemm_n192`] with bf16 activations.
     ///
     /// # Safety
     /// As [`sm90_grouped_gemm_n192`], the weights prepacked for bf16.
-    sm90_w4a16_bf16_gemm_n192, N192, true, GemmConfig::N192
-);
+    sm90_w4a16_bf16_gemm_n192: W4a16<N192, true>;
+}
 
 /// One CTA of variant `V` (`STAGES` = `V::CFG.stages`, as a const generic for the rings).
 ///

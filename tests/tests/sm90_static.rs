@@ -1,0 +1,33 @@
+//! Static checks of the committed sm_90a PTX (`host/kernels/sm_90a.ptx`, written by
+//! `cargo xtask build-ptx`) against the abi's table of kernels, on the CPU: the module's GEMM
+//! entry points are exactly the rows of `GEMM_KERNELS`, and every kernel of `REGISTER_CAPS` has
+//! its cap as the `.maxnreg` after its parameter list.
+
+use nvfp4_gemm_abi::sm90::{GEMM_KERNELS, REGISTER_CAPS};
+use std::collections::BTreeSet;
+
+const PTX: &str = include_str!("../../host/kernels/sm_90a.ptx");
+
+/// The names of the module's `.entry` functions.
+fn entries() -> impl Iterator<Item = &'static str> {
+    PTX.lines().filter_map(|l| l.trim().strip_prefix(".visible .entry ")).map(|rest| rest.trim_end_matches('('))
+}
+
+#[test]
+fn gemm_entries_are_the_table() {
+    let ptx: BTreeSet<&str> = entries().filter(|name| name.starts_with("sm90_") && name.contains("_gemm")).collect();
+    let table: BTreeSet<&str> = GEMM_KERNELS.iter().map(|k| k.name).collect();
+    assert_eq!(ptx, table, "the PTX's sm90 GEMM entries (left) against GEMM_KERNELS (right)");
+}
+
+#[test]
+fn every_capped_kernel_has_its_maxnreg() {
+    for (name, cap) in REGISTER_CAPS {
+        let header = format!(".visible .entry {name}(");
+        let start = PTX.find(&header).unwrap_or_else(|| panic!("no .entry {name} in sm_90a.ptx"));
+        let after = &PTX[start..];
+        let params_end = after.find("\n)\n").unwrap_or_else(|| panic!("{name}: no end of its parameters")) + 3;
+        let directive = after[params_end..].lines().next().unwrap_or_default();
+        assert_eq!(directive, format!(".maxnreg {cap}"), "{name}");
+    }
+}
