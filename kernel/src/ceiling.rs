@@ -28,6 +28,7 @@ pub unsafe fn xfer_tma_bandwidth(p: TmaBandwidthParams) {
     let stage = |s: u32| -> SmemAddr { base.add(TMA_BW_BARRIER_BYTES + s * p.stage_bytes) };
     let tid = sreg::tid_x();
     if tid == 0 {
+        tma::acquire_tensormap(map);
         tma::prefetch_tensormap(map);
         for s in 0..TMA_BW_STAGES {
             // SAFETY: nobody else uses the barriers before the CTA barrier below.

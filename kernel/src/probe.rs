@@ -54,6 +54,7 @@ fn wait(bar: Mbarrier, parity: u32, cluster: bool) -> bool {
 #[inline(always)]
 unsafe fn init_copy_barrier(tid: u32, map: *const tma::TensorMap, full: Mbarrier) {
     if tid == 0 {
+        tma::acquire_tensormap(map);
         tma::prefetch_tensormap(map);
         // SAFETY: nobody else uses the barrier before the CTA barrier below.
         unsafe { full.init(1) };

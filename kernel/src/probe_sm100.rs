@@ -275,6 +275,7 @@ pub unsafe fn umma_probe(p: ProbeParams) {
         // are this probe's and aligned.
         unsafe {
             for (tile, map) in [(a_tile, maps), (b_tile, maps.add(1))] {
+                tma::acquire_tensormap(map);
                 if p.args[UMMA_ARG_MAP_RANK] == 3 {
                     tma::load_3d_hint(tile, map, [0, 0, (k0 / 256) as i32], book.full, CachePolicy::EVICT_FIRST);
                 } else {
@@ -383,6 +384,7 @@ pub unsafe fn tma4_multicast_probe(p: ProbeParams) {
         full.arrive_expect_tx(box_bytes);
         if rank == 0 {
             let map = p.map as *const tma::TensorMap;
+            tma::acquire_tensormap(map);
             let c = [p.args[MULTICAST_ARG_C0] as i32, p.args[MULTICAST_ARG_C1] as i32, p.args[MULTICAST_ARG_C2] as i32];
             let (dst, bar) = (cluster::map_shared(tile, rank), cluster::map_shared(full.0, rank));
             let mask = ((1u32 << MULTICAST_PROBE_CLUSTER) - 1) as u16;

@@ -36,6 +36,7 @@ pub unsafe fn smoke_tma_cluster(p: SmokeParams) {
         let cta = sreg::ctaid_x();
 
         if tid == 0 {
+            tma::acquire_tensormap(map);
             tma::prefetch_tensormap(map);
             full.init(1);
             peer.init(1);

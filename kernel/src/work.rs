@@ -1,6 +1,6 @@
 //! The work list both GEMM kernels walk, and the tables their [`KernelParams`] point at.
 
-use crate::ptx::sreg;
+use crate::ptx::{sreg, tma};
 use core::marker::PhantomData;
 use nvfp4_gemm_abi::tensor_map::TensorMap;
 use nvfp4_gemm_abi::work::{KernelParams, WorkItem};
@@ -97,9 +97,13 @@ impl<'a, G: Copy> WorkCursor<'a, G> {
         unsafe { *(self.params.groups as *const G).add(g as usize) }
     }
 
-    /// Entry `index` of the tensor-map table (address arithmetic only).
+    /// Entry `index` of the tensor-map table, acquired for this thread's TMA
+    /// ([`tma::acquire_tensormap`]): the host rewrites entries between launches, so every map a
+    /// thread takes from the table is acquired before its first prefetch or copy.
     #[inline(always)]
     pub fn tensor_map(&self, index: usize) -> *const TensorMap {
-        (self.params.tensor_maps as *const TensorMap).wrapping_add(index)
+        let map = (self.params.tensor_maps as *const TensorMap).wrapping_add(index);
+        tma::acquire_tensormap(map);
+        map
     }
 }

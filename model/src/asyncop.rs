@@ -143,6 +143,17 @@ unsafe fn tensor_load(
 ) {
     instr(name, site, true, |w, me| {
         let inv = |w: &World, m: String| w.err_at(me, ErrorKind::InvalidOperand, m);
+        if !w.threads[me].acquired_maps.contains(&map) {
+            return Err(w.err_at(
+                me,
+                ErrorKind::Hazard,
+                format!(
+                    "{name} through the tensor map at {map:#x}, which this thread has not acquired \
+                     (fence.proxy.tensormap::generic.acquire): the host writes maps before the launch, \
+                     and without the acquire the TMA unit may use a stale copy"
+                ),
+            ));
+        }
         let d = read_map(map).map_err(|m| inv(w, m))?;
         let bytes = d.box_bytes();
         // Tensor copies need a 128-byte aligned shared destination (PTX ISA 9.0 §9.7.9.25.5.1).

@@ -473,6 +473,9 @@ pub(crate) struct Th {
     pub ld_seq: u32,
     /// Other threads' shared-memory accesses it is ordered after.
     pub known: Published,
+    /// The tensor maps it has acquired (`fence.proxy.tensormap::generic.acquire`), by address:
+    /// its tensor copies may use only these.
+    pub acquired_maps: Vec<u64>,
 }
 
 /// A CTA.
@@ -547,6 +550,7 @@ impl World {
                 fenced_seq: 0,
                 ld_seq: 0,
                 known: Published::default(),
+                acquired_maps: Vec::new(),
             })
             .collect();
         let ctas = (0..cfg.grid as usize)

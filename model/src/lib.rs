@@ -77,5 +77,5 @@ pub mod tma {
     pub use crate::asyncop::{
         load_1d, load_1d_hint, load_2d, load_2d_hint, load_2d_multicast, load_3d_hint, load_3d_multicast,
     };
-    pub use crate::sync::prefetch_tensormap;
+    pub use crate::sync::{acquire_tensormap, prefetch_tensormap};
 }

@@ -718,6 +718,23 @@ pub fn tcgen05_fence_after_thread_sync() {
     })
 }
 
+/// `fence.proxy.tensormap::generic.acquire.sys [a], 128;` (PTX ISA 9.0 §9.7.13.4): the model has
+/// no descriptor cache (its copies read each map from memory), so it records the acquire and
+/// checks that every tensor copy uses a map its thread acquired: on the device the host writes
+/// the maps between launches, and a copy without the acquire may use a stale cached map.
+#[track_caller]
+pub fn acquire_tensormap(map: u64) {
+    const NAME: &str = "fence.proxy.tensormap::generic.acquire";
+    instr(NAME, Location::caller(), true, move |w, me| {
+        *w.stats.fences.entry(NAME).or_default() += 1;
+        let acquired = &mut w.threads[me].acquired_maps;
+        if !acquired.contains(&map) {
+            acquired.push(map);
+        }
+        Ok(Flow::Done(()))
+    })
+}
+
 /// `prefetch.tensormap [a];`: recorded, no effect.
 #[track_caller]
 pub fn prefetch_tensormap(_map: u64) {

@@ -55,6 +55,7 @@ fn run_box(map: &[u8; 128], coords: Vec<i32>, bytes: u32, cfg: LaunchConfig) -> 
         barrier::sync_all();
         if sreg::tid_x() == 0 {
             mbarrier::arrive_expect_tx(bar, bytes);
+            tma::acquire_tensormap(map_ptr);
             unsafe {
                 match coords.len() {
                     2 => tma::load_2d(dst, map_ptr, coords[0], coords[1], bar),
@@ -221,6 +222,7 @@ fn multicast_lands_in_every_masked_cta() {
         cluster::sync();
         if sreg::tid_x() == 0 && sreg::cluster_ctarank() == 0 {
             let me = sreg::cluster_ctarank();
+            tma::acquire_tensormap(mp);
             unsafe {
                 tma::load_2d_multicast(cluster::map_shared(dst, me), mp, 0, 0, cluster::map_shared(bar, me), 0b11)
             };
@@ -247,6 +249,7 @@ fn refilling_a_stage_that_is_still_being_written_is_a_hazard() {
             mbarrier::init(base, 1);
             fence::mbarrier_init();
             mbarrier::arrive_expect_tx(base, 2048);
+            tma::acquire_tensormap(mp);
             unsafe {
                 tma::load_2d(base + 1024, mp, 0, 0, base);
                 tma::load_2d(base + 1024, mp, 0, 0, base);
@@ -256,4 +259,28 @@ fn refilling_a_stage_that_is_still_being_written_is_a_hazard() {
     .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
     assert!(e.message.contains("also writes"), "{e}");
+}
+
+#[test]
+fn a_copy_through_a_map_this_thread_has_not_acquired_is_a_hazard() {
+    let g = vec![0u8; 128 * 8];
+    let map = whole_128x8(&g);
+    let mp = map.0.as_ptr() as u64;
+    let e = launch(&LaunchConfig::new(Arch::Sm90a, 1, 32, 4096), || {
+        let base = smem::dynamic_base();
+        // Another thread's acquire does not cover thread 0's copy.
+        if sreg::tid_x() == 1 {
+            tma::acquire_tensormap(mp);
+        }
+        if sreg::tid_x() == 0 {
+            mbarrier::init(base, 1);
+            fence::mbarrier_init();
+            mbarrier::arrive_expect_tx(base, 1024);
+            tma::prefetch_tensormap(mp);
+            unsafe { tma::load_2d(base + 1024, mp, 0, 0, base) };
+        }
+    })
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Hazard, "{e}");
+    assert!(e.message.contains("has not acquired"), "{e}");
 }

@@ -18,13 +18,13 @@ pub struct Arch {
     pub register_caps: &'static [&'static [(&'static str, u32)]],
 }
 
-/// sm_90a (Hopper; PTX ISA 8.0 is rustc's default there) and sm_100a (Blackwell; `kind::mxf4nvf4`
-/// needs PTX ISA 8.7).
+/// sm_90a (Hopper; `fence.proxy.tensormap` needs PTX ISA 8.3) and sm_100a (Blackwell;
+/// `kind::mxf4nvf4` needs PTX ISA 8.7).
 pub const ARCHES: [Arch; 2] = [
     Arch {
         name: "sm_90a",
         cfg: "arch_sm90",
-        features: "",
+        features: "+ptx83",
         register_caps: &[&nvfp4_gemm_abi::sm90::REGISTER_CAPS, &nvfp4_gemm_abi::quantize::REGISTER_CAPS],
     },
     Arch {

@@ -463,11 +463,13 @@ impl<L: Layout> Engine<L> {
         if capturing {
             // The caller's graph reads this set (and the staging it was uploaded from) at every
             // replay: keep both, write neither again.
+            // The kernel graph over the retired set stays until the next call outside capture
+            // makes a new set ([`Engine::new_set`] drops it there): destroying a graph is not
+            // allowed inside a capture, and doing so would invalidate the caller's.
             self.retired.extend(self.set.take());
             if upload {
                 self.capture.retire();
             }
-            self.graph = None;
         }
         Ok(())
     }

@@ -25,6 +25,25 @@ pub fn prefetch_tensormap(map: *const TensorMap) {
     super::model::tma::prefetch_tensormap(map as u64);
 }
 
+/// `fence.proxy.tensormap::generic.acquire.sys [a], 128;` (PTX ISA 8.3, sm_90): this thread's
+/// later uses of the map at `a` (prefetches and tensor copies, through the tensormap proxy) see
+/// what generic writes put there before the launch. The host rewrites a plan's maps in place
+/// between launches (a call on other buffers), and without this acquire a TMA unit may keep
+/// using the map's earlier contents from its descriptor cache. System scope: the writes come
+/// from a host-to-device copy (CUDA C++ Programming Guide, "Using TMA to transfer
+/// multi-dimensional arrays", tensor maps in global memory).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn acquire_tensormap(map: *const TensorMap) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence on an address; it reads and writes nothing.
+    unsafe {
+        asm!("fence.proxy.tensormap::generic.acquire.sys [{m}], 128;", m = in(reg64) map as u64, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    super::model::tma::acquire_tensormap(map as u64);
+}
+
 /// 2D tensor load:
 /// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [map, {c0, c1}], [bar];`
 /// (PTX ISA 8.0, sm_90). One thread issues it; the box lands at `dst` (laid out and swizzled as the
