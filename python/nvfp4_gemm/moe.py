@@ -78,6 +78,15 @@ class MoE:
             self.a_values = buffers[0][: self.token_rows * self.k // 2]
             self.a_scales = buffers[1][: self.scale_rows * self.k // 16]
 
+    def _x_shape(self):
+        """The shape ``x`` must have: ``[max_tokens, K]`` (contiguous) or ``[experts, max_rows, K]``
+        (masked)."""
+        return (self.groups, self.bound, self.k) if self.masked else (self.bound, self.k)
+
+    def _out_shape(self):
+        """The shape of ``out``: ``x``'s with ``N`` for ``K``."""
+        return (self.groups, self.bound, self.n) if self.masked else (self.bound, self.n)
+
     @property
     def kernel(self):
         """The GEMM kernel the plan runs (for people)."""
