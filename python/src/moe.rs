@@ -22,13 +22,7 @@ type MoeSizes = (usize, usize, usize, usize, usize, usize, usize, usize);
 /// Sizes of a MoE problem, checked by the library (no GPU needed): `token_rows`, `scale_rows`,
 /// `sizes_len`, `a_values`, `a_scales`, `b_values`, `b_scales`, `c_elements`.
 #[pyfunction]
-pub fn moe_sizes(
-    groups: usize,
-    n: usize,
-    k: usize,
-    masked: bool,
-    bound: usize,
-) -> PyResult<MoeSizes> {
+pub fn moe_sizes(groups: usize, n: usize, k: usize, masked: bool, bound: usize) -> PyResult<MoeSizes> {
     let layout =
         if masked { TokenLayout::Masked { max_rows: bound } } else { TokenLayout::Contiguous { max_tokens: bound } };
     let p = MoeProblem::new(groups, n, k, layout, OutputType::F16).map_err(py_err)?;
