@@ -590,7 +590,7 @@ pub(crate) fn fake_buffers(s: &GroupShape, base: u64, alpha: f32) -> GroupBuffer
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Alphas, Layout, Uploads};
+    use crate::engine::{Alphas, Layout, Pick, Sets};
 
     fn field_of(e: Error) -> (usize, &'static str) {
         match e {
@@ -852,14 +852,14 @@ mod tests {
     /// rule over the sm_90a layout's signature.
     struct Calls {
         cache: BufferCache,
-        uploads: Uploads,
+        uploads: Sets,
         layout: crate::sm90::Sm90Layout,
     }
 
     impl Calls {
         fn new(p: &Problem) -> Calls {
             let layout = crate::sm90::Sm90Layout::new(p, 132);
-            Calls { cache: BufferCache::new(p.groups().len()), uploads: Uploads::default(), layout }
+            Calls { cache: BufferCache::new(p.groups().len()), uploads: Sets::with(1), layout }
         }
     }
 
@@ -869,7 +869,10 @@ mod tests {
         calls.cache.start().extend_from_slice(bufs);
         calls.cache.check(p, "run")?;
         calls.layout.signature(calls.cache.buffers(), calls.uploads.start(alphas));
-        Ok(if calls.uploads.needed() { TablesState::Upload } else { TablesState::Current })
+        Ok(match calls.uploads.pick() {
+            Pick::Holds(_) => TablesState::Current,
+            _ => TablesState::Upload,
+        })
     }
 
     /// A call with host alphas, not uploading.
@@ -882,7 +885,7 @@ mod tests {
         let state = call(calls, p, bufs)?;
         if state == TablesState::Upload {
             assert_eq!(calls.cache.buffers(), bufs, "the tables are encoded from this call's buffers");
-            calls.uploads.done();
+            calls.uploads.done(0);
         }
         Ok(state)
     }
@@ -906,7 +909,7 @@ mod tests {
         let mut cache = Calls::new(&p);
         assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Upload));
         assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Upload));
-        cache.uploads.done();
+        cache.uploads.done(0);
         assert_eq!(call(&mut cache, &p, &bufs), Ok(TablesState::Current));
     }
 
@@ -1004,7 +1007,7 @@ mod tests {
         let mut call_from = |alphas, bufs: &[GroupBuffers]| {
             let state = call_from(&mut calls, &p, alphas, bufs)?;
             if state == TablesState::Upload {
-                calls.uploads.done();
+                calls.uploads.done(0);
             }
             Ok::<_, Error>(state)
         };

@@ -705,6 +705,7 @@ pub fn custom_kernel<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult
     };
     let (mut a, mut b, mut c, mut sa, mut sb) = (vec![], vec![], vec![], vec![], vec![]);
     let mut shapes = Vec::with_capacity(groups);
+    let mut sizes_mnk = Vec::with_capacity(groups);
     for g in 0..groups {
         let t = tuple(&abc[g], g, "abc_tensors", 3)?;
         let s = tuple(&sfr[g], g, "sfasfb_reordered_tensors", 2)?;
@@ -716,29 +717,58 @@ pub fn custom_kernel<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult
                 size[3].repr()?
             )));
         }
-        let [ta, tb, tc] = [0, 1, 2].map(|i| t[i].clone());
-        for (name, obj, want) in [("a", &ta, [m, k / 2, 1]), ("b", &tb, [n, k / 2, 1]), ("c", &tc, [m, n, 1])] {
-            let d = read::tensor(obj, Arg::group(CALL, g, name))?;
-            if d.shape.get().iter().map(|&x| x as usize).ne(want) {
-                return Err(value_error(format!(
-                    "group {g}: `{name}`: shape {:?} but problem_sizes gives (m, n, k) = ({m}, {n}, {k})",
-                    d.shape.get()
-                )));
-            }
-        }
+        sizes_mnk.push((m, n, k));
         shapes.push((m, n));
-        a.push(ta);
-        b.push(tb);
-        c.push(tc);
+        a.push(t[0].clone());
+        b.push(t[1].clone());
+        c.push(t[2].clone());
         sa.push(s[0].clone());
         sb.push(s[1].clone());
     }
+    // Each tensor is read once: the shapes `problem_sizes` gives are checked against the
+    // descriptors the rules read (a tensor is read again only to name a mismatch).
+    let mismatch = |g: usize, name: &'static str, obj: &Bound<'py, PyAny>, want: [usize; 3]| -> PyResult<()> {
+        let d = read::tensor(obj, Arg::group(CALL, g, name))?;
+        if d.shape.get().iter().map(|&x| x as usize).ne(want) {
+            let (m, n, k) = sizes_mnk[g];
+            return Err(value_error(format!(
+                "group {g}: `{name}`: shape {:?} but problem_sizes gives (m, n, k) = ({m}, {n}, {k})",
+                d.shape.get()
+            )));
+        }
+        Ok(())
+    };
     let out_descs: Vec<TensorDesc> =
         c.iter().enumerate().map(|(g, t)| read::tensor(t, Arg::group(CALL, g, "c"))).collect::<PyResult<_>>()?;
+    for (g, d) in out_descs.iter().enumerate() {
+        let (m, n, _) = sizes_mnk[g];
+        if d.shape.get().iter().map(|&x| x as usize).ne([m, n, 1]) {
+            mismatch(g, "c", &c[g], [m, n, 1])?;
+        }
+    }
     let mut device = SameDevice::new(None);
     let names = GroupNames { call: CALL, a: "a", a_scales: "sfa", b: "b", b_scales: "sfb" };
     let mut keep = vec![];
-    let inputs = group_inputs(py, &names, &a, &b, Some(&sa), &sb, false, &mut device, &mut keep)?;
+    let inputs = match group_inputs(py, &names, &a, &b, Some(&sa), &sb, false, &mut device, &mut keep) {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            // A tensor against `problem_sizes` is named first, as that is the likelier mistake.
+            for g in 0..groups {
+                let (m, n, k) = sizes_mnk[g];
+                mismatch(g, "a", &a[g], [m, k / 2, 1])?;
+                mismatch(g, "b", &b[g], [n, k / 2, 1])?;
+            }
+            return Err(e);
+        }
+    };
+    for g in 0..groups {
+        let (m, n, k) = sizes_mnk[g];
+        let s = inputs.shapes[g];
+        if (s.m, s.n, s.k) != (m, n, k) {
+            mismatch(g, "a", &a[g], [m, k / 2, 1])?;
+            mismatch(g, "b", &b[g], [n, k / 2, 1])?;
+        }
+    }
     let dtype = OutputType::F16;
     let (outs, cv) = outputs(py, CALL, "c", Some(c), &out_descs, &shapes, dtype, None, &mut device)?;
     let problem = Problem::new(inputs.shapes.clone(), dtype).map_err(py_err)?;

@@ -76,38 +76,26 @@ pub fn tensor(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
     if obj.is_none() {
         return Err(py_err(arg.wrong_type("is None; a CUDA tensor is needed")));
     }
+    // A CUDA torch tensor: `get_device()` is its index (-1 elsewhere), at a tenth of the cost of
+    // reading `device.type` and `device.index` (H100 machine: 29 against 301 ns per tensor,
+    // python/bench/host_profile.py); then four reads. An object that fails them is read below,
+    // which names what is wrong with it.
+    if let Ok(index) = obj.call_method0(intern!(py, "get_device")).and_then(|i| i.extract::<i64>()) {
+        if index >= 0 {
+            if let Ok(desc) = torch_like(obj, arg, Some(index as u32)) {
+                return Ok(desc);
+            }
+        }
+    }
+    // Other torch-like tensors: their `device` says where they are.
     if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "stride"))? {
         if let Ok(device) = obj.getattr(intern!(py, "device")) {
-            // torch's `get_device()` (the CUDA index, -1 elsewhere) costs a tenth of reading
-            // `device.type` and `device.index` (H100 machine: 30 against 311 ns per tensor,
-            // python/bench/host_profile.py); the device object is read only where it is not CUDA
-            // or the method is missing (other tensor types).
-            let index = match obj.call_method0(intern!(py, "get_device")).and_then(|i| i.extract::<i64>()) {
-                Ok(i) if i >= 0 => Some(i as u32),
-                _ => {
-                    let kind = device.getattr(intern!(py, "type"))?;
-                    if kind.cast::<PyString>().map_or(true, |s| s.to_cow().map_or(true, |s| s != "cuda")) {
-                        return Err(py_err(
-                            arg.wrong_type(format!("is on {}; a CUDA tensor is needed", device.str()?)),
-                        ));
-                    }
-                    device.getattr(intern!(py, "index"))?.extract()?
-                }
-            };
-            let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
-            if !dtype_obj.is_instance_of::<PyString>() {
-                let mut cached = DTYPE_TYPE.lock().expect("not poisoned");
-                if *cached == 0 && dtype_obj.get_type().name()?.to_cow()? == "dtype" {
-                    *cached = dtype_obj.get_type().as_ptr() as usize;
-                }
+            let kind = device.getattr(intern!(py, "type"))?;
+            if kind.cast::<PyString>().map_or(true, |s| s.to_cow().map_or(true, |s| s != "cuda")) {
+                return Err(py_err(arg.wrong_type(format!("is on {}; a CUDA tensor is needed", device.str()?))));
             }
-            return Ok(TensorDesc {
-                ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
-                shape: ints(&obj.getattr(intern!(py, "shape"))?, "shape", arg)?,
-                strides: ints(&obj.call_method0(intern!(py, "stride"))?, "strides", arg)?,
-                dtype: dtype_of(&dtype_obj)?,
-                device: index,
-            });
+            let index: Option<u32> = device.getattr(intern!(py, "index"))?.extract()?;
+            return torch_like(obj, arg, index);
         }
     }
     if let Ok(cai) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
@@ -119,6 +107,26 @@ pub fn tensor(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
     }
     let name = obj.get_type().name()?;
     Err(py_err(arg.wrong_type(format!("{name} is not a tensor; a CUDA tensor is needed"))))
+}
+
+/// A CUDA tensor with torch's attributes (`data_ptr()`, `shape`, `stride()`, `dtype`) on device
+/// `index`.
+fn torch_like(obj: &Bound<'_, PyAny>, arg: Arg, index: Option<u32>) -> PyResult<TensorDesc> {
+    let py = obj.py();
+    let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
+    if !dtype_obj.is_instance_of::<PyString>() {
+        let mut cached = DTYPE_TYPE.lock().expect("not poisoned");
+        if *cached == 0 && dtype_obj.get_type().name()?.to_cow()? == "dtype" {
+            *cached = dtype_obj.get_type().as_ptr() as usize;
+        }
+    }
+    Ok(TensorDesc {
+        ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
+        shape: ints(&obj.getattr(intern!(py, "shape"))?, "shape", arg)?,
+        strides: ints(&obj.call_method0(intern!(py, "stride"))?, "strides", arg)?,
+        dtype: dtype_of(&dtype_obj)?,
+        device: index,
+    })
 }
 
 /// A `__cuda_array_interface__` dictionary (version 2 or 3), taken to be on the current device.

@@ -14,20 +14,23 @@
 //! - the *fixed* memory: work lists built on the host (uploaded once), and what kernels write
 //!   (the device-sized schedule, status word, token workspace).
 //!
-//! A call whose signature (the addresses and alphas its tables encode) equals the last upload's
-//! launches only. Otherwise the mirror is patched and copied to the table set with one
-//! `cuMemcpyHtoDAsync` from pageable memory on the call's stream: the driver stages that much data
-//! at the call and returns without waiting for the device (CUDA Driver API, "API synchronization
-//! behavior"), and stream order keeps the kernels of earlier calls ahead of the copy, so one table
-//! set serves every call. (docs/engine.md §2: on an H100 the copy adds under a microsecond
-//! between the launches on the device, where a copy from pinned memory, which goes through a
-//! copy engine, added 7–15 µs.)
+//! A plan keeps [`TABLE_SETS`] table sets, each with the signature (the addresses and alphas its
+//! tables encode) of the call it was uploaded for. A call whose signature one of them holds
+//! launches over that set only: buffers a program passes again (PyTorch's caching allocator hands
+//! out the same addresses step after step) cost the launch alone. Otherwise the least recently
+//! used set gets the call: the mirror is patched and copied to it with one `cuMemcpyHtoDAsync`
+//! from pageable memory on the call's stream: the driver stages that much data at the call and
+//! returns without waiting for the device (CUDA Driver API, "API synchronization behavior"), and
+//! stream order keeps the kernels of earlier calls ahead of the copy. (docs/engine.md §2: on an
+//! H100 the copy adds under a microsecond between the launches on the device, where a copy from
+//! pinned memory, which goes through a copy engine, added 7–15 µs.)
 //!
 //! Launches whose parameters do not depend on the call (host-sized sm_90a plans: they point at
-//! the plan's own tables) run as one CUDA graph, one driver call. Inside a caller's stream
-//! capture the launches (and the upload, from a pinned buffer) become nodes of the caller's
-//! graph; that graph then keeps reading the table set it captured, so the set is *retired*
-//! (kept, never written again) and the next call outside capture allocates a new one.
+//! the plan's own tables) run as one CUDA graph per table set, one driver call. Inside a caller's
+//! stream capture the launches (and the upload, from a pinned buffer) become nodes of the
+//! caller's graph; that graph then keeps reading the table set it captured, so the set is
+//! *retired* (kept, never written again); when every set is retired, the next call outside
+//! capture allocates new ones.
 
 mod tables;
 
@@ -121,9 +124,10 @@ pub trait Layout {
     /// The memory the plan owns.
     fn memory(&self) -> Memory;
 
-    /// Encodes the maps no call changes (over plan memory at `at`), and the maps over a call's
-    /// buffers with a placeholder address ([`PLACEHOLDER_BASE`]) that [`Layout::encode_call`]
-    /// replaces. `maps` has [`Memory::maps`] entries, zeroed.
+    /// Encodes the maps no call changes (over plan memory at `at`, never over the table set
+    /// itself: every set of a plan holds the same fixed maps), and the maps over a call's buffers
+    /// with a placeholder address ([`PLACEHOLDER_BASE`]) that [`Layout::encode_call`] replaces.
+    /// `maps` has [`Memory::maps`] entries, zeroed.
     fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, at: &Tables, maps: &mut [TensorMap]) -> Result<()>;
 
     /// Writes every group entry for `call` and the addresses of the maps over its buffers (the
@@ -212,17 +216,54 @@ pub(crate) enum Alphas {
     Device(u64),
 }
 
-/// Which tables the device holds: the signature of the last upload (see [`Layout::signature`]),
-/// with where its alphas came from, against the current call's. Pure, so that the rule "upload
-/// exactly when the signature changed" is tested without a GPU.
+/// How many table sets a plan keeps (each with the call it holds the tables of).
+pub const TABLE_SETS: usize = 16;
+
+/// Which call's tables each table set holds (the signature of its last upload, see
+/// [`Layout::signature`], with where its alphas came from), and which set a call uses: the one
+/// holding the call's signature, else the least recently used set that no captured graph reads.
+/// Pure, so that the rule "upload exactly when no set holds the call's signature" is tested
+/// without a GPU.
 #[derive(Debug, Default)]
-pub(crate) struct Uploads {
-    held: Vec<u64>,
+pub(crate) struct Sets {
     current: Vec<u64>,
-    valid: bool,
+    sets: Vec<SetState>,
+    tick: u64,
 }
 
-impl Uploads {
+#[derive(Debug, Default)]
+struct SetState {
+    held: Vec<u64>,
+    valid: bool,
+    used: u64,
+    retired: bool,
+}
+
+/// The set a call uses ([`Sets::pick`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// This set holds the call's tables.
+    Holds(usize),
+    /// The call uploads its tables into this set.
+    Upload(usize),
+    /// Every set is retired: the plan needs new ones.
+    NoSet,
+}
+
+impl Sets {
+    /// `n` sets holding nothing known.
+    #[cfg(test)]
+    pub fn with(n: usize) -> Sets {
+        let mut s = Sets::default();
+        s.add(n);
+        s
+    }
+
+    /// `n` more sets, holding nothing known.
+    pub fn add(&mut self, n: usize) {
+        self.sets.extend((0..n).map(|_| SetState::default()));
+    }
+
     /// The current call's signature, emptied but for where its alphas come from: for the layout
     /// to append to.
     pub fn start(&mut self, alphas: Alphas) -> &mut Vec<u64> {
@@ -234,26 +275,48 @@ impl Uploads {
         &mut self.current
     }
 
-    /// Whether the current call must upload: the tables hold nothing known, or another signature.
-    pub fn needed(&self) -> bool {
-        !(self.valid && self.held == self.current)
+    /// The set the current call uses (now its most recently used).
+    pub fn pick(&mut self) -> Pick {
+        self.tick += 1;
+        let live = |s: &&mut SetState| !s.retired;
+        let pick = match self.sets.iter_mut().position(|s| !s.retired && s.valid && s.held == self.current) {
+            Some(i) => Pick::Holds(i),
+            None => match self.sets.iter_mut().enumerate().filter(|(_, s)| live(s)).min_by_key(|(_, s)| s.used) {
+                Some((i, _)) => Pick::Upload(i),
+                None => Pick::NoSet,
+            },
+        };
+        if let Pick::Holds(i) | Pick::Upload(i) = pick {
+            self.sets[i].used = self.tick;
+        }
+        pick
     }
 
-    /// The tables are being rewritten: they hold nothing known until [`Uploads::done`].
-    pub fn begin(&mut self) {
-        self.valid = false;
+    /// Set `i` is being rewritten: it holds nothing known until [`Sets::done`].
+    pub fn begin(&mut self, i: usize) {
+        self.sets[i].valid = false;
     }
 
-    /// The tables now hold the current call's signature.
-    pub fn done(&mut self) {
-        std::mem::swap(&mut self.held, &mut self.current);
-        self.valid = true;
+    /// Set `i` now holds the current call's tables.
+    pub fn done(&mut self, i: usize) {
+        let s = &mut self.sets[i];
+        s.held.clone_from(&self.current);
+        s.valid = true;
     }
 
-    /// The tables hold nothing known (a new set).
-    pub fn forget(&mut self) {
-        self.valid = false;
+    /// Set `i` is read by a captured graph: never picked again.
+    pub fn retire(&mut self, i: usize) {
+        self.sets[i].retired = true;
     }
+}
+
+/// A table set on the device: where its tables are, and (for call-independent launches) the
+/// plan's launches over it as one CUDA graph.
+struct TableSet {
+    at: Tables,
+    /// Which block of [`Engine::blocks`] holds it.
+    block: usize,
+    graph: Option<KernelChain>,
 }
 
 /// A plan on a device: its layout, kernels and memory (see the module's docs).
@@ -263,20 +326,16 @@ pub(crate) struct Engine<L: Layout> {
     /// Each kernel the launches name, loaded, with its name.
     functions: Vec<(&'static str, Kernel)>,
     fixed: Fixed,
-    /// The current table set (`None` after a capture retired it).
-    set: Option<CudaSlice<u8>>,
-    /// Sets a captured graph reads: never written again, freed with the plan.
-    retired: Vec<CudaSlice<u8>>,
-    /// The addresses of the plan's memory with the current set.
-    at: Tables,
+    /// The memory of the table sets, [`TABLE_SETS`] sets a block (sets a captured graph reads
+    /// stay in theirs, never written again, freed with the plan).
+    blocks: Vec<CudaSlice<u8>>,
+    /// Each table set's addresses and graph.
+    tables: Vec<TableSet>,
+    /// Which call each set holds.
+    sets: Sets,
     mirror: Mirror<L::Group>,
-    /// What the table set holds.
-    uploads: Uploads,
     /// The launches' scratch list.
     launches: Vec<Launch>,
-    /// The launches of a layout with call-independent launches as one graph over the current
-    /// set (made at the first call outside capture after the set was made).
-    graph: Option<KernelChain>,
     /// The pinned buffer a captured upload copies from (the graph keeps reading it at replays).
     capture: CaptureStaging,
     summary: PlanSummary,
@@ -306,28 +365,25 @@ impl<L: Layout> Engine<L> {
         let mut engine = Engine {
             functions: vec![],
             fixed,
-            set: None,
-            retired: vec![],
-            at: Tables::default(),
+            blocks: vec![],
+            tables: vec![],
+            sets: Sets::default(),
             mirror: Mirror::new(memory.groups, memory.maps),
-            uploads: Uploads::default(),
             launches: vec![],
-            graph: None,
             capture: CaptureStaging::default(),
             summary: summary(&layout),
             layout,
         };
-        engine.new_set(&stream)?;
-        engine.capture.prepare(engine.mirror.bytes().len())?;
-        let at = engine.at;
         let mut launches = vec![];
-        engine.layout.launches(None, &at, &mut launches);
+        engine.layout.launches(None, &Tables::default(), &mut launches);
         for l in &launches {
             if !engine.functions.iter().any(|(name, _)| *name == l.kernel) {
                 engine.functions.push((l.kernel, gpu.function(l.kernel)?));
             }
             set_max_dynamic_smem(function(&engine.functions, l.kernel), l.geometry.smem_bytes)?;
         }
+        engine.add_sets(&stream)?;
+        engine.capture.prepare(engine.mirror.bytes().len())?;
         stream.synchronize().map_err(|e| Error::driver("waiting for the plan's device memory", e))?;
         Ok(engine)
     }
@@ -352,36 +408,61 @@ impl<L: Layout> Engine<L> {
         stream.memset_zeros(&mut self.fixed.status).map_err(|e| Error::driver("clearing the plan's status word", e))
     }
 
-    /// A new table set (the current one, if any, retired by the caller first), and the
-    /// addresses of the plan's memory with it.
-    fn new_set(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        let mut set = stream
-            .alloc_zeros::<u8>(self.mirror.bytes().len().max(16))
+    /// [`TABLE_SETS`] more table sets in one new block (zeroed), with their graphs where the
+    /// launches do not depend on the call. The fixed maps are encoded into the mirror (the same
+    /// for every set: [`Layout::encode_fixed`]).
+    fn add_sets(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        // Each set 256-byte aligned (maps need 64; the group table follows them in the set).
+        let stride = self.mirror.bytes().len().max(16).next_multiple_of(256);
+        let mut block = stream
+            .alloc_zeros::<u8>(stride * TABLE_SETS)
             .map_err(|e| Error::driver("allocating the plan's tables", e))?;
+        let base = block.device_ptr_mut(stream).0;
         let f = &mut self.fixed;
-        let maps = set.device_ptr_mut(stream).0;
         let work_len = f.work_len.device_ptr_mut(stream).0;
         let [w0, w1] = &mut f.work;
-        self.at = Tables {
-            maps,
-            groups: maps + self.mirror.groups_offset() as u64,
+        let common = Tables {
+            maps: 0,
+            groups: 0,
             work: [w0.device_ptr_mut(stream).0, w1.device_ptr_mut(stream).0],
             work_len: [work_len, work_len + 4],
             status: f.status.device_ptr_mut(stream).0,
             ranks: f.ranks.device_ptr_mut(stream).0,
             workspace: f.workspace.device_ptr_mut(stream).0,
         };
-        self.set = Some(set);
-        // The maps no call changes, over this set's memory (the next upload writes the rest).
-        self.layout.encode_fixed(&DriverEncoder, &self.at, self.mirror.maps_mut())?;
-        self.uploads.forget();
-        self.graph = None;
+        let index = self.blocks.len();
+        self.blocks.push(block);
+        if index == 0 {
+            // The maps no call changes (the next upload of each set writes the rest).
+            self.layout.encode_fixed(&DriverEncoder, &common, self.mirror.maps_mut())?;
+        }
+        for i in 0..TABLE_SETS {
+            let maps = base + (i * stride) as u64;
+            let at = Tables { maps, groups: maps + self.mirror.groups_offset() as u64, ..common };
+            let graph = if self.layout.call_independent_launches() {
+                self.launches.clear();
+                self.layout.launches(None, &at, &mut self.launches);
+                let functions = &self.functions;
+                let kernels: Vec<(&Kernel, LaunchGeometry, Start, Params)> = self
+                    .launches
+                    .iter()
+                    .map(|l| (function(functions, l.kernel), l.geometry, l.start, l.params))
+                    .collect();
+                // SAFETY: the launches' parameters point at this set and the plan's memory,
+                // which live as long as the graph (both freed with the plan).
+                (!kernels.is_empty()).then(|| unsafe { KernelChain::new(&kernels) }).transpose()?
+            } else {
+                None
+            };
+            self.tables.push(TableSet { at, block: index, graph });
+        }
+        self.sets.add(TABLE_SETS);
         Ok(())
     }
 
     /// Runs `call` (validated by the caller against the plan's problem) on `stream`, its alphas
-    /// from `alphas`: uploads the tables when the call's signature differs from the last upload's,
-    /// copies device alphas into them, and launches.
+    /// from `alphas`: over the table set holding the call's signature, else uploads the tables
+    /// into the least recently used set; copies device alphas into them, and launches.
     ///
     /// # Safety
     /// Every buffer of `call` (and device alphas) must be device memory of the lengths validated,
@@ -389,40 +470,49 @@ impl<L: Layout> Engine<L> {
     pub unsafe fn run(&mut self, stream_arc: &Arc<CudaStream>, call: &L::Call, alphas: Alphas) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let capturing = is_capturing(stream)?;
-        if self.set.is_none() {
-            if capturing {
-                return Err(Error::Capture(
-                    "the plan's tables belong to a graph captured earlier and a new set cannot be \
-                     allocated inside a capture: call the plan once outside capture first"
-                        .into(),
-                ));
-            }
-            // The last set went to a captured graph: a new one, and a new staging buffer for the
-            // next capture.
-            self.new_set(stream_arc)?;
+        if !capturing {
+            // A capture used the staging buffer: the next capture's, allocated outside capture.
             self.capture.prepare(self.mirror.bytes().len())?;
         }
-        self.layout.signature(call, self.uploads.start(alphas));
-        let at = self.at;
+        self.layout.signature(call, self.sets.start(alphas));
+        let (i, upload) = match self.sets.pick() {
+            Pick::Holds(i) => (i, false),
+            Pick::Upload(i) => (i, true),
+            Pick::NoSet => {
+                if capturing {
+                    return Err(Error::Capture(
+                        "every table set of the plan belongs to a graph captured earlier and new ones \
+                         cannot be allocated inside a capture: call the plan once outside capture first"
+                            .into(),
+                    ));
+                }
+                self.add_sets(stream_arc)?;
+                match self.sets.pick() {
+                    Pick::Upload(i) => (i, true),
+                    other => unreachable!("new sets hold nothing: {other:?}"),
+                }
+            }
+        };
+        let at = self.tables[i].at;
         // Where cudarc orders memory between streams, the plan's memory is ordered like the
         // caller's buffers: its guards wait for other streams now and record this stream's use
         // when dropped, after the launches.
         let mut held = Held::new(stream);
         if held.managing {
             let f = &mut self.fixed;
-            for s in f.work.iter_mut().chain([&mut f.workspace]).chain(self.set.iter_mut()) {
+            let block = &mut self.blocks[self.tables[i].block];
+            for s in f.work.iter_mut().chain([&mut f.workspace, block]) {
                 held.hold(s.device_ptr_mut(stream).1);
             }
             for s in [&mut f.work_len, &mut f.status, &mut f.ranks] {
                 held.hold(s.device_ptr_mut(stream).1);
             }
         }
-        let upload = self.uploads.needed();
         if upload {
-            self.uploads.begin();
+            self.sets.begin(i);
             let (groups, maps) = self.mirror.parts_mut();
             self.layout.encode_call(&DriverEncoder, call, &at, groups, maps)?;
-            // SAFETY: `at.maps` is the current set, as long as the mirror.
+            // SAFETY: `at.maps` is set `i`, as long as the mirror.
             unsafe {
                 if capturing {
                     self.capture.upload(stream_arc, self.mirror.bytes(), at.maps)?;
@@ -430,43 +520,33 @@ impl<L: Layout> Engine<L> {
                     copy_htod(stream, at.maps, self.mirror.bytes())?;
                 }
             }
-            self.uploads.done();
+            self.sets.done(i);
         }
         if let Alphas::Device(src) = alphas {
             // SAFETY: the caller's contract for `src` (one f32 per group, validated); the group
             // table is this plan's.
             unsafe { self.layout.alpha_field().copy(stream, at.groups, src, self.mirror.groups())? };
         }
-        self.launches.clear();
-        self.layout.launches(Some(call), &at, &mut self.launches);
         // SAFETY: the tables hold this call's buffers (uploaded now, or by an earlier call with the
         // same signature) and every other address is the plan's own memory.
         unsafe {
-            if capturing || !self.layout.call_independent_launches() {
-                for l in &self.launches {
-                    launch_raw(function(&self.functions, l.kernel), stream, l.geometry, l.start, &l.params)?;
+            match &mut self.tables[i].graph {
+                Some(graph) if !capturing => graph.launch(stream)?,
+                _ => {
+                    self.launches.clear();
+                    self.layout.launches(Some(call), &at, &mut self.launches);
+                    for l in &self.launches {
+                        launch_raw(function(&self.functions, l.kernel), stream, l.geometry, l.start, &l.params)?;
+                    }
                 }
-            } else {
-                if self.graph.is_none() {
-                    let functions = &self.functions;
-                    let kernels: Vec<(&Kernel, LaunchGeometry, Start, Params)> = self
-                        .launches
-                        .iter()
-                        .map(|l| (function(functions, l.kernel), l.geometry, l.start, l.params))
-                        .collect();
-                    self.graph = Some(KernelChain::new(&kernels)?);
-                }
-                self.graph.as_mut().expect("made above").launch(stream)?;
             }
         }
         drop(held);
         if capturing {
             // The caller's graph reads this set (and the staging it was uploaded from) at every
-            // replay: keep both, write neither again.
-            // The kernel graph over the retired set stays until the next call outside capture
-            // makes a new set ([`Engine::new_set`] drops it there): destroying a graph is not
-            // allowed inside a capture, and doing so would invalidate the caller's.
-            self.retired.extend(self.set.take());
+            // replay: keep both, write neither again. Nothing is freed or destroyed inside a
+            // capture (the driver refuses it there, and the refusal invalidates the capture).
+            self.sets.retire(i);
             if upload {
                 self.capture.retire();
             }
@@ -546,5 +626,77 @@ pub(crate) mod testing {
         let mut out = vec![];
         layout.launches(call, at, &mut out);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Alphas, Pick, Sets, TABLE_SETS};
+
+    /// The call with signature `sig`: the set it uses, uploading (marked done) when asked.
+    fn call(sets: &mut Sets, sig: u64) -> Pick {
+        sets.start(Alphas::Host).push(sig);
+        let pick = sets.pick();
+        if let Pick::Upload(i) = pick {
+            sets.begin(i);
+            sets.done(i);
+        }
+        pick
+    }
+
+    #[test]
+    fn rotating_buffers_within_the_sets_upload_once_each() {
+        let mut sets = Sets::with(TABLE_SETS);
+        for round in 0..3 {
+            for sig in 0..TABLE_SETS as u64 {
+                let pick = call(&mut sets, sig);
+                match round {
+                    0 => assert!(matches!(pick, Pick::Upload(_)), "{pick:?}"),
+                    _ => assert!(matches!(pick, Pick::Holds(_)), "round {round}, signature {sig}: {pick:?}"),
+                }
+            }
+        }
+        // The same signature with device alphas is another call.
+        sets.start(Alphas::Device(0)).push(0);
+        assert!(matches!(sets.pick(), Pick::Upload(_)));
+    }
+
+    #[test]
+    fn one_more_set_of_buffers_than_sets_uploads_every_call() {
+        let mut sets = Sets::with(TABLE_SETS);
+        for round in 0..3 {
+            for sig in 0..=TABLE_SETS as u64 {
+                let pick = call(&mut sets, sig);
+                assert!(matches!(pick, Pick::Upload(_)), "round {round}, signature {sig}: {pick:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn retired_sets_are_never_picked_and_new_ones_are_asked_for() {
+        let mut sets = Sets::with(2);
+        let Pick::Upload(first) = call(&mut sets, 7) else { panic!("an empty set") };
+        sets.retire(first);
+        // The signature the retired set holds is uploaded again, into the other set.
+        let Pick::Upload(second) = call(&mut sets, 7) else { panic!("an upload") };
+        assert_ne!(first, second);
+        assert_eq!(call(&mut sets, 7), Pick::Holds(second));
+        sets.retire(second);
+        assert_eq!(call(&mut sets, 7), Pick::NoSet);
+        sets.add(1);
+        assert_eq!(call(&mut sets, 7), Pick::Upload(2));
+    }
+
+    #[test]
+    fn a_set_being_rewritten_holds_nothing() {
+        let mut sets = Sets::with(1);
+        call(&mut sets, 1);
+        assert_eq!(call(&mut sets, 1), Pick::Holds(0));
+        sets.start(Alphas::Host).push(2);
+        assert_eq!(sets.pick(), Pick::Upload(0));
+        sets.begin(0);
+        // The upload failed before `done`: neither signature is held.
+        sets.start(Alphas::Host).push(1);
+        assert_eq!(sets.pick(), Pick::Upload(0));
     }
 }
