@@ -243,9 +243,10 @@ impl GemmPlan {
     /// and no C overlapping any other buffer of the call, [`Error::Overlap`]; the operands may
     /// share memory); on any error nothing is launched.
     ///
-    /// A call with exactly the previous valid call's buffers (addresses, lengths, output types and
-    /// alphas) costs one comparison per group on the host: those buffers were validated and the
-    /// tables encoded from them already.
+    /// A call with exactly the buffers (addresses, lengths, output types and alphas) of one of the
+    /// last 16 valid calls costs comparisons on the host, and launches over tables encoded for
+    /// them already (while one of the plan's 16 table sets still holds them): those buffers were
+    /// validated before. Other buffers cost a validation and one upload of the tables.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, groups: &'s mut [GroupArgs<'_>]) -> Result<()> {
         self.run_groups(stream_arc, groups, None, "run")
     }

@@ -508,13 +508,15 @@ impl GroupBuffers {
     }
 }
 
-/// A plan's view of its calls' buffers, so that a call with the buffers of the previous one costs
-/// one flat comparison per group instead of a validation.
+/// A plan's view of its calls' buffers, so that a call with the buffers of one of the last
+/// [`VALIDATED_CALLS`] validated calls costs flat comparisons instead of a validation (as many as
+/// the engine's table sets: the calls whose tables a plan keeps are the calls it need not check
+/// again).
 ///
 /// Each call fills [`BufferCache::start`] (its capacity is the plan's group count, so filling
-/// allocates nothing); [`BufferCache::check`] compares it with the last validated call's buffers
-/// and validates it only when anything differs (validation is a pure function of the problem and
-/// these views).
+/// allocates nothing); [`BufferCache::check`] compares it with the validated calls' buffers and
+/// validates it only when none is equal in every field validation reads (validation is a pure
+/// function of the problem and these views).
 #[derive(Debug)]
 pub(crate) struct BufferCache {
     /// The current call's buffers, being filled.
@@ -522,9 +524,14 @@ pub(crate) struct BufferCache {
     /// The buffers of the last call that passed validation (meaningful when `validated`).
     last: Vec<GroupBuffers>,
     validated: bool,
+    /// Earlier calls that passed validation, the most recently validated last.
+    seen: Vec<Vec<GroupBuffers>>,
     /// The overlap check's list, kept so that validation allocates nothing.
     spans: Vec<Span>,
 }
+
+/// How many validated calls a [`BufferCache`] remembers.
+pub(crate) const VALIDATED_CALLS: usize = crate::engine::TABLE_SETS;
 
 impl BufferCache {
     /// An empty cache for calls of `groups` groups.
@@ -533,6 +540,7 @@ impl BufferCache {
             current: Vec::with_capacity(groups),
             last: Vec::with_capacity(groups),
             validated: false,
+            seen: Vec::new(),
             spans: Vec::with_capacity(5 * groups),
         }
     }
@@ -548,14 +556,21 @@ impl BufferCache {
     /// validation reads (addresses, lengths, types, alphas: the overlap rule too depends on
     /// nothing else). On success they become [`Self::buffers`]; on error the cache is unchanged.
     pub fn check(&mut self, problem: &Problem, call: &'static str) -> Result<()> {
-        let same = self.validated
-            && self.last.len() == self.current.len()
-            && self.last.iter().zip(&self.current).all(|(last, now)| last.same_tables(now) && last.same_lengths(now));
-        if !same {
-            validate_buffers_in(call, problem, &self.current, &mut self.spans)?;
-            std::mem::swap(&mut self.last, &mut self.current);
-            self.validated = true;
+        let same = |a: &[GroupBuffers], b: &[GroupBuffers]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_tables(y) && x.same_lengths(y))
+        };
+        if self.validated && same(&self.last, &self.current) {
+            return Ok(());
         }
+        if !self.seen.iter().any(|s| same(s, &self.current)) {
+            validate_buffers_in(call, problem, &self.current, &mut self.spans)?;
+            if self.seen.len() == VALIDATED_CALLS {
+                self.seen.remove(0);
+            }
+            self.seen.push(self.current.clone());
+        }
+        std::mem::swap(&mut self.last, &mut self.current);
+        self.validated = true;
         Ok(())
     }
 
@@ -948,6 +963,45 @@ mod tests {
         call_and_upload(&mut cache, &p, &bufs).unwrap();
         assert!(matches!(call_and_upload(&mut cache, &p, &bufs[..2]), Err(Error::InvalidProblem(_))));
         assert_eq!(call_and_upload(&mut cache, &p, &bufs), Ok(TablesState::Current));
+    }
+
+    #[test]
+    fn the_cache_remembers_the_validated_calls_and_still_rejects_their_broken_twins() {
+        let (p, bufs) = mixed_problem();
+        // VALIDATED_CALLS sets of buffers, each valid, at other addresses.
+        let sets: Vec<Vec<GroupBuffers>> = (0..VALIDATED_CALLS as u64)
+            .map(|i| {
+                let mut set = bufs.clone();
+                for b in &mut set {
+                    for v in [&mut b.a_values, &mut b.a_scales, &mut b.b_values, &mut b.b_scales, &mut b.c] {
+                        v.ptr += i << 40;
+                    }
+                }
+                set
+            })
+            .collect();
+        let mut cache = BufferCache::new(p.groups().len());
+        for _ in 0..3 {
+            for set in &sets {
+                cache.start().extend_from_slice(set);
+                cache.check(&p, "run").unwrap();
+                assert_eq!(cache.buffers(), &set[..]);
+            }
+        }
+        // A remembered call's twin with one length or type changed is validated, and rejected
+        // with validation's error; the remembered calls still pass.
+        type Breaker = fn(&mut GroupBuffers);
+        let cases: [Breaker; 4] =
+            [|b| b.a_values.len -= 1, |b| b.c.len += 1, |b| b.c_type = OutputType::Bf16, |b| b.alpha = f32::NAN];
+        for (i, break_it) in cases.iter().enumerate() {
+            let mut bad = sets[3].clone();
+            break_it(&mut bad[0]);
+            let want = validate_buffers(&p, &bad).unwrap_err();
+            cache.start().extend_from_slice(&bad);
+            assert_eq!(cache.check(&p, "run"), Err(want), "case {i}");
+            cache.start().extend_from_slice(&sets[3]);
+            cache.check(&p, "run").unwrap();
+        }
     }
 
     #[test]
