@@ -12,6 +12,8 @@
 //! * [`generate`]: seeded inputs, the competition's distribution and a full-range one.
 //! * [`reference`](mod@reference): the CPU reference grouped GEMM `C_g = alpha_g · A_g · B_gᵀ` (exact products,
 //!   `f64` accumulation, one rounding to fp16 or bf16), parallel with rayon.
+//! * [`checkpoint`]: MoE expert weights from ModelOpt and compressed-tensors safetensors
+//!   checkpoints, each scale convention named, prepared once at load (docs/checkpoints.md).
 //! * [`compare()`]: `|got − ref| ≤ atol + rtol·|ref|` per element, the worst element and the
 //!   normalized error `‖got − ref‖ / ‖ref‖`.
 //!
@@ -74,6 +76,7 @@
 //! the low 32 mantissa bits, so [`codec::f64_to_f16`] and [`codec::f64_to_bf16`] are written here
 //! (one rounding, tested against a brute-force oracle).
 
+pub mod checkpoint;
 pub mod codec;
 pub mod compare;
 pub mod error;
