@@ -13,7 +13,7 @@
 //! stream, `stream.context()` the context, and a `u8` tensor's `CudaStorage::as_cuda_slice::<u8>()`
 //! its bytes (mind the layout's start offset). candle's cudarc links libcuda at build time, so
 //! depend on this crate with `default-features = false, features = ["dynamic-linking"]`;
-//! `ci/candle-check/` builds exactly that.
+//! `.ci/candle-check/` builds exactly that.
 //!
 //! Run: `cargo run --release --example from_context` (without a GPU it says why and exits).
 

@@ -2,8 +2,8 @@
 """Write random NVFP4 groups to a safetensors file for `nvfp4-gemm run`, and check its output
 independently of the Rust code.
 
-    python3 examples/make_groups.py groups.safetensors [--shape SPEC] [--seed N] [--blocked] [--alpha X]
-    python3 examples/make_groups.py --verify groups.safetensors out.safetensors
+    python3 cli/examples/make_groups.py groups.safetensors [--shape SPEC] [--seed N] [--blocked] [--alpha X]
+    python3 cli/examples/make_groups.py --verify groups.safetensors out.safetensors
 
 The file holds, for each group i (the format `nvfp4-gemm --help` documents):
     g{i}.a        torch.uint8 [m, k/2]   two e2m1 codes per byte, element 2j in the LOW nibble
