@@ -344,6 +344,106 @@ fn group_inputs<'py>(
     Ok(inputs)
 }
 
+/// The arguments of a call with one tensor per group in lists (`grouped_gemm`, `prepare`): read
+/// and checked up to the outputs.
+struct ListArgs<'py> {
+    /// The call, as errors name it.
+    call: &'static str,
+    /// `a`, `b`, `a_scales`, `b_scales`, one entry per group each.
+    operands: [Vec<Bound<'py, PyAny>>; 4],
+    out: Option<Vec<Bound<'py, PyAny>>>,
+    out_descs: Vec<TensorDesc>,
+    dtype: OutputType,
+    device: SameDevice,
+    host_alphas: Vec<f32>,
+    device_alphas: DeviceAlphas,
+    inputs: GroupInputs,
+    /// Tensors made for the call (blocked copies of plain scales), kept while it runs.
+    keep: Vec<Bound<'py, PyAny>>,
+    groups: usize,
+}
+
+/// A list call's outputs, problem and buffers ([`ListArgs::call`]).
+struct ListCall<'py> {
+    outs: Vec<Bound<'py, PyAny>>,
+    problem: Problem,
+    buffers: Vec<GroupBuffers>,
+    device_alphas: Option<BufferView>,
+    device: SameDevice,
+    keep: Vec<Bound<'py, PyAny>>,
+}
+
+impl<'py> ListArgs<'py> {
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        py: Python<'py>,
+        call: &'static str,
+        [a, b, a_scales, b_scales]: [&Bound<'py, PyAny>; 4],
+        alpha: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+        out_dtype: Option<&Bound<'py, PyAny>>,
+        scale_layout: &str,
+    ) -> PyResult<ListArgs<'py>> {
+        let operands = [
+            read::list(a, "a")?,
+            read::list(b, "b")?,
+            read::list(a_scales, "a_scales")?,
+            read::list(b_scales, "b_scales")?,
+        ];
+        let [a, b, sa, sb] = &operands;
+        let out = out.filter(|o| !o.is_none()).map(|o| read::list(o, "out")).transpose()?;
+        let mut lengths = vec![("a", a.len()), ("b", b.len()), ("a_scales", sa.len()), ("b_scales", sb.len())];
+        if let Some(o) = &out {
+            lengths.push(("out", o.len()));
+        }
+        let groups = read::same_lengths(&lengths)?;
+        let out_descs: Vec<TensorDesc> = match &out {
+            Some(o) => o
+                .iter()
+                .enumerate()
+                .map(|(g, t)| read::tensor(t, Arg::group(call, g, "out")))
+                .collect::<PyResult<_>>()?,
+            None => vec![],
+        };
+        let dtype = out_type(call, read::dtype_arg(out_dtype)?, out_descs.first(), DType::F16)?;
+        let mut device = SameDevice::new(None);
+        let (host_alphas, device_alphas) = alphas(call, alpha, groups)?;
+        let plain = plain_layout(scale_layout)?;
+        let names = GroupNames { call, a: "a", a_scales: "a_scales", b: "b", b_scales: "b_scales" };
+        let mut keep = vec![];
+        let inputs = group_inputs(py, &names, a, b, Some(sa), sb, plain, &mut device, &mut keep)?;
+        Ok(ListArgs { call, operands, out, out_descs, dtype, device, host_alphas, device_alphas, inputs, keep, groups })
+    }
+
+    /// The outputs (the caller's, or new tensors), the device alphas checked, the problem and
+    /// each group's buffers.
+    fn call(self, py: Python<'py>) -> PyResult<ListCall<'py>> {
+        let ListArgs {
+            call,
+            operands,
+            out,
+            out_descs,
+            dtype,
+            mut device,
+            host_alphas,
+            device_alphas,
+            inputs,
+            keep,
+            groups,
+        } = self;
+        let shapes: Vec<(usize, usize)> = inputs.shapes.iter().map(|s| (s.m, s.n)).collect();
+        let (outs, c) = outputs(py, call, "out", out, &out_descs, &shapes, dtype, operands[0].first(), &mut device)?;
+        let device_alphas = check_device_alphas(call, device_alphas, &mut device)?;
+        let problem = Problem::with_tokens(inputs.shapes.clone(), dtype, inputs.tokens).map_err(py_err)?;
+        let buffers: Vec<GroupBuffers> = (0..groups)
+            .map(|g| {
+                group_buffers(inputs.tokens, &inputs.views[g], c[g], dtype, host_alphas.get(g).copied().unwrap_or(1.0))
+            })
+            .collect();
+        Ok(ListCall { outs, problem, buffers, device_alphas, device, keep })
+    }
+}
+
 /// `grouped_gemm`: `out[g] = alpha[g] · A_g · B_gᵀ` per group (the package's docs); returns the
 /// outputs.
 #[pyfunction]
@@ -362,43 +462,11 @@ pub fn grouped_gemm<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
     const CALL: &str = "grouped_gemm";
-    let (a, b, sa, sb) = (
-        read::list(a, "a")?,
-        read::list(b, "b")?,
-        read::list(a_scales, "a_scales")?,
-        read::list(b_scales, "b_scales")?,
-    );
-    let out = out.filter(|o| !o.is_none()).map(|o| read::list(o, "out")).transpose()?;
-    let mut lengths = vec![("a", a.len()), ("b", b.len()), ("a_scales", sa.len()), ("b_scales", sb.len())];
-    if let Some(o) = &out {
-        lengths.push(("out", o.len()));
+    let args = ListArgs::read(py, CALL, [a, b, a_scales, b_scales], alpha, out, out_dtype, scale_layout)?;
+    if args.groups == 0 {
+        return PyList::new(py, args.out.unwrap_or_default());
     }
-    let groups = read::same_lengths(&lengths)?;
-    let out_descs: Vec<TensorDesc> = match &out {
-        Some(o) => {
-            o.iter().enumerate().map(|(g, t)| read::tensor(t, Arg::group(CALL, g, "out"))).collect::<PyResult<_>>()?
-        }
-        None => vec![],
-    };
-    let dtype = out_type(CALL, read::dtype_arg(out_dtype)?, out_descs.first(), DType::F16)?;
-    let mut device = SameDevice::new(None);
-    let (host_alphas, device_alphas) = alphas(CALL, alpha, groups)?;
-    let plain = plain_layout(scale_layout)?;
-    let names = GroupNames { call: CALL, a: "a", a_scales: "a_scales", b: "b", b_scales: "b_scales" };
-    let mut keep = vec![];
-    let inputs = group_inputs(py, &names, &a, &b, Some(&sa), &sb, plain, &mut device, &mut keep)?;
-    if groups == 0 {
-        return PyList::new(py, out.unwrap_or_default());
-    }
-    let shapes: Vec<(usize, usize)> = inputs.shapes.iter().map(|s| (s.m, s.n)).collect();
-    let (outs, c) = outputs(py, CALL, "out", out, &out_descs, &shapes, dtype, a.first(), &mut device)?;
-    let device_alphas = check_device_alphas(CALL, device_alphas, &mut device)?;
-    let problem = Problem::with_tokens(inputs.shapes.clone(), dtype, inputs.tokens).map_err(py_err)?;
-    let buffers: Vec<GroupBuffers> = (0..groups)
-        .map(|g| {
-            group_buffers(inputs.tokens, &inputs.views[g], c[g], dtype, host_alphas.get(g).copied().unwrap_or(1.0))
-        })
-        .collect();
+    let ListCall { outs, problem, buffers, device_alphas, device, keep, .. } = args.call(py)?;
     let ordinal = ordinal(py, &device)?;
     let handle = hooks::stream(py, stream, ordinal)?;
     let p = plan(py, ordinal, &problem, handle, "planning a grouped GEMM")?;
@@ -617,46 +685,15 @@ pub fn prepare<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Prepared, Bound<'py, PyList>)> {
     const CALL: &str = "prepare";
-    let (a, b, sa, sb) = (
-        read::list(a, "a")?,
-        read::list(b, "b")?,
-        read::list(a_scales, "a_scales")?,
-        read::list(b_scales, "b_scales")?,
-    );
-    let out = out.filter(|o| !o.is_none()).map(|o| read::list(o, "out")).transpose()?;
-    let mut lengths = vec![("a", a.len()), ("b", b.len()), ("a_scales", sa.len()), ("b_scales", sb.len())];
-    if let Some(o) = &out {
-        lengths.push(("out", o.len()));
-    }
-    let groups = read::same_lengths(&lengths)?;
-    let out_descs: Vec<TensorDesc> = match &out {
-        Some(o) => {
-            o.iter().enumerate().map(|(g, t)| read::tensor(t, Arg::group(CALL, g, "out"))).collect::<PyResult<_>>()?
-        }
-        None => vec![],
-    };
-    let dtype = out_type(CALL, read::dtype_arg(out_dtype)?, out_descs.first(), DType::F16)?;
-    let mut device = SameDevice::new(None);
-    let (host_alphas, device_alphas) = alphas(CALL, alpha, groups)?;
-    let plain = plain_layout(scale_layout)?;
-    let names = GroupNames { call: CALL, a: "a", a_scales: "a_scales", b: "b", b_scales: "b_scales" };
-    let mut keep = vec![];
-    let inputs = group_inputs(py, &names, &a, &b, Some(&sa), &sb, plain, &mut device, &mut keep)?;
-    let shapes: Vec<(usize, usize)> = inputs.shapes.iter().map(|s| (s.m, s.n)).collect();
-    let (outs, c) = outputs(py, CALL, "out", out, &out_descs, &shapes, dtype, a.first(), &mut device)?;
-    let device_alphas = check_device_alphas(CALL, device_alphas, &mut device)?;
-    let problem = Problem::with_tokens(inputs.shapes.clone(), dtype, inputs.tokens).map_err(py_err)?;
-    let buffers: Vec<GroupBuffers> = (0..groups)
-        .map(|g| {
-            group_buffers(inputs.tokens, &inputs.views[g], c[g], dtype, host_alphas.get(g).copied().unwrap_or(1.0))
-        })
-        .collect();
+    let args = ListArgs::read(py, CALL, [a, b, a_scales, b_scales], alpha, out, out_dtype, scale_layout)?;
+    let operands = args.operands.clone();
+    let ListCall { outs, problem, buffers, device_alphas, device, keep } = args.call(py)?;
     let ordinal = ordinal(py, &device)?;
     let handle = hooks::stream(py, stream, ordinal)?;
     let planned = new_plan(py, ordinal, &problem, handle, "preparing a grouped GEMM")?;
     let kernel = planned.plan.summary().kernel.clone();
     let mut kept: Vec<Py<PyAny>> =
-        a.iter().chain(&b).chain(&sa).chain(&sb).chain(&outs).chain(&keep).map(|t| t.clone().unbind()).collect();
+        operands.iter().flatten().chain(&outs).chain(&keep).map(|t| t.clone().unbind()).collect();
     if let Some(al) = alpha {
         kept.push(al.clone().unbind());
     }
