@@ -326,3 +326,57 @@ fn the_code_map_names_existing_paths() {
     }
     fail(problems, "ARCHITECTURE.md's code map names paths that do not exist");
 }
+
+/// Every module of `abi/src`, `kernel/src` and `host/src` (files and folders, `lib.rs` aside) is
+/// an entry of ARCHITECTURE.md's code map under its crate, once (an entry may name several,
+/// separated by commas, continued on the next line).
+#[test]
+fn the_code_map_lists_every_module_once() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let start = text.find("## Code map").expect("ARCHITECTURE.md has a code map");
+    let block_start = text[start..].find("```\n").unwrap() + start + 4;
+    let block_end = text[block_start..].find("```").unwrap() + block_start;
+    let mut listed: Vec<(String, String)> = vec![];
+    let mut top = String::new();
+    let mut continues = false;
+    for line in text[block_start..block_end].lines() {
+        let indent = line.len() - line.trim_start().len();
+        let first = line.split_whitespace().next().unwrap_or("");
+        if indent == 0 && first.ends_with('/') {
+            top = first.to_string();
+            continues = false;
+        } else if indent == 10 && (continues || first.ends_with('/') || first.trim_end_matches(',').ends_with(".rs")) {
+            listed.push((top.clone(), first.trim_end_matches(',').to_string()));
+            continues = first.ends_with(',');
+        } else {
+            continues = false;
+        }
+    }
+    let mut problems = vec![];
+    for krate in ["abi/", "kernel/", "host/"] {
+        let names: Vec<&str> = listed.iter().filter(|(t, _)| t == krate).map(|(_, n)| n.as_str()).collect();
+        let dir = root().join(krate).join("src");
+        let mut modules: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.path().is_dir() {
+                    format!("{name}/")
+                } else {
+                    name
+                }
+            })
+            .filter(|n| n != "lib.rs" && (n.ends_with(".rs") || n.ends_with('/')))
+            .collect();
+        modules.sort();
+        for m in &modules {
+            match names.iter().filter(|n| *n == m).count() {
+                1 => {}
+                0 => problems.push(format!("{krate}src/{m} is not in the code map")),
+                k => problems.push(format!("{krate}src/{m} is listed {k} times")),
+            }
+        }
+    }
+    fail(problems, "ARCHITECTURE.md's code map lists each module of abi, kernel and host once");
+}
