@@ -194,6 +194,19 @@ impl PlainWeight {
     }
 }
 
+impl From<&Nvfp4Matrix> for PlainWeight {
+    /// The matrix's values, its scales in the plain layout and its global scale.
+    fn from(m: &Nvfp4Matrix) -> Self {
+        Self {
+            rows: m.rows(),
+            k: m.k(),
+            values: m.values().to_vec(),
+            plain_scales: m.plain_scales(),
+            global_scale: m.global_scale(),
+        }
+    }
+}
+
 /// One expert's prepared weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpertWeights {

@@ -14,6 +14,8 @@
 //!   `f64` accumulation, one rounding to fp16 or bf16), parallel with rayon.
 //! * [`checkpoint`]: MoE expert weights from ModelOpt and compressed-tensors safetensors
 //!   checkpoints, each scale convention named, prepared once at load (docs/checkpoints.md).
+//! * [`moe_block`]: the fp64 reference of a whole MoE expert block (routing, W13, activation, W2,
+//!   weighted combine), quantizing and rounding where the block does (docs/moe-block.md).
 //! * [`compare()`]: `|got − ref| ≤ atol + rtol·|ref|` per element, the worst element and the
 //!   normalized error `‖got − ref‖ / ‖ref‖`.
 //!
@@ -83,6 +85,7 @@ pub mod error;
 pub mod generate;
 pub mod layout;
 pub mod matrix;
+pub mod moe_block;
 pub mod quantize;
 pub mod reference;
 pub mod rng;
