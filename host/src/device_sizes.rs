@@ -1,13 +1,11 @@
 //! What the device-sized layouts of both architectures share (`sm90::Sm90DeviceLayout`,
-//! `sm100::Sm100DeviceLayout`): the options of a device-sized plan, the scheduler's common
-//! parameters and the parameters of the launches after it.
+//! `sm100::Sm100DeviceLayout`): the options of a device-sized plan and the scheduler's common
+//! parameters and geometry (the launches after it take `Tables::kernel_params`).
 
 use crate::engine::Tables;
 use crate::moe_problem::{MoeBuffers, MoeProblem};
-use crate::problem::OutputType;
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::schedule::{smem, ScheduleCommon, SCHEDULE_THREADS};
-use nvfp4_gemm_abi::work::KernelParams;
 
 /// Which sm_90a GEMM kernels a device-sized plan launches (sm_100a runs one list whatever this
 /// says). The kernels are fixed when the plan is made (a captured graph replays them); which one
@@ -55,20 +53,4 @@ pub fn schedule_common(problem: &MoeProblem, buffers: &MoeBuffers, at: &Tables) 
 /// The scheduler's launch for `groups` groups: one CTA, its shared memory for them.
 pub fn schedule_geometry(groups: u32) -> LaunchGeometry {
     LaunchGeometry { grid: 1, block: SCHEDULE_THREADS, cluster: 1, smem_bytes: smem::bytes(groups) }
-}
-
-/// The parameters of a launch after the scheduler over the memory at `at` (every architecture's
-/// GEMM, and the sm_90a dequantization, take [`KernelParams`]): the list holds at most `capacity`
-/// items, the scheduler writes its length at `work_len`.
-pub fn kernel_params(at: &Tables, capacity: u32, work_len: u64, groups: u32, output: OutputType) -> KernelParams {
-    KernelParams {
-        groups: at.groups,
-        tensor_maps: at.maps,
-        work: at.work[0],
-        work_len: capacity,
-        group_count: groups,
-        out_bf16: (output == OutputType::Bf16) as u32,
-        reserved: 0,
-        work_len_device: work_len,
-    }
 }

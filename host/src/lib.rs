@@ -79,7 +79,7 @@ pub mod smoke;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod layout {
-    pub use crate::device_sizes::{kernel_params, schedule_common, schedule_geometry};
+    pub use crate::device_sizes::{schedule_common, schedule_geometry};
     pub use crate::engine::{encode_tables, summary, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
     pub use crate::sm100::{Fp4Map, Sm100DeviceLayout, Sm100Launch, Sm100Layout};
     pub use crate::sm90::{Sm90DeviceLayout, Sm90Layout};

@@ -42,9 +42,11 @@ use crate::driver::launch::{launch_raw, set_max_dynamic_smem, LaunchGeometry, Pa
 use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
+use crate::problem::OutputType;
 use crate::summary::{KernelLaunch, PlanSummary};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
+use nvfp4_gemm_abi::work::KernelParams;
 use std::sync::Arc;
 use tables::{CaptureStaging, Mirror};
 
@@ -67,6 +69,32 @@ pub struct Tables {
     pub ranks: u64,
     /// sm_90a: the f16 token workspace.
     pub workspace: u64,
+}
+
+impl Tables {
+    /// The parameters of a GEMM (or the sm_90a dequantization) over this memory: work list
+    /// `list` of at most `capacity` items, `work_len_device` the device address of its length
+    /// where a scheduler writes it (0: the list holds `capacity` items), `groups` groups, C of
+    /// type `output`. Every architecture's kernels take these [`KernelParams`].
+    pub fn kernel_params(
+        &self,
+        list: usize,
+        capacity: u32,
+        work_len_device: u64,
+        groups: usize,
+        output: OutputType,
+    ) -> KernelParams {
+        KernelParams {
+            groups: self.groups,
+            tensor_maps: self.maps,
+            work: self.work[list],
+            work_len: capacity,
+            group_count: groups as u32,
+            out_bf16: (output == OutputType::Bf16) as u32,
+            reserved: 0,
+            work_len_device,
+        }
+    }
 }
 
 /// The memory a layout asks for, besides the table set.

@@ -23,7 +23,7 @@
 
 use super::Fp4Map;
 use crate::device::Arch;
-use crate::device_sizes::{kernel_params, schedule_common, schedule_geometry};
+use crate::device_sizes::{schedule_common, schedule_geometry};
 use crate::driver::launch::{Params, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
 use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
@@ -194,7 +194,13 @@ impl Layout for Sm100DeviceLayout {
             kernel: self.kernel.kernel_name(),
             geometry: self.gemm,
             start: Start::AfterPrevious,
-            params: Params::of(&kernel_params(at, self.max_work, at.work_len[0], groups, self.problem.output())),
+            params: Params::of(&at.kernel_params(
+                0,
+                self.max_work,
+                at.work_len[0],
+                groups as usize,
+                self.problem.output(),
+            )),
         });
     }
 

@@ -28,7 +28,7 @@ use crate::driver::launch::{ctas_per_sm, max_active_clusters, set_max_dynamic_sm
 use crate::driver::tensor_map::TiledMapEncoder;
 use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
 use crate::error::{Error, Result};
-use crate::problem::{GroupBuffers, OutputType, Problem};
+use crate::problem::{GroupBuffers, Problem};
 use nvfp4_gemm_abi::sm100::params::{kernel_for, GroupParams, KernelLayout, KernelParams, GROUP_ALPHA_OFFSET, KERNELS};
 use nvfp4_gemm_abi::sm100::tma::{Fp4MapLayout, TensorMapDataType, TensorMapInterleave, TensorMapOobFill};
 use nvfp4_gemm_abi::sm100::{
@@ -143,16 +143,8 @@ impl Sm100Layout {
 
     /// The parameters of launch `i` over the memory at `at`.
     pub fn kernel_params(&self, i: usize, at: &Tables) -> KernelParams {
-        KernelParams {
-            groups: at.groups,
-            tensor_maps: at.maps,
-            work: at.work[i],
-            work_len: self.launches[i].work.len() as u32,
-            group_count: self.problem.groups().len() as u32,
-            out_bf16: (self.problem.output() == OutputType::Bf16) as u32,
-            reserved: 0,
-            work_len_device: 0,
-        }
+        let work = self.launches[i].work.len() as u32;
+        at.kernel_params(i, work, 0, self.problem.groups().len(), self.problem.output())
     }
 }
 
@@ -336,6 +328,7 @@ mod tests {
     use super::*;
     use crate::engine::testing::{base, FakeEncoder};
     use crate::problem::GroupShape as Shape;
+    use crate::problem::OutputType;
     use nvfp4_gemm_abi::sm100::params::{N128_DEEP_KERNEL, N128_SHALLOW_KERNEL, N256_CLUSTER4_KERNEL};
     use nvfp4_gemm_abi::sm100::tma::TensorMapSwizzle;
 

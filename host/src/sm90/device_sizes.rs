@@ -21,7 +21,7 @@
 
 use super::cost::stage_cost;
 use crate::device::Arch;
-use crate::device_sizes::{kernel_params, schedule_common, schedule_geometry, MoeKernels, MoeOptions};
+use crate::device_sizes::{schedule_common, schedule_geometry, MoeKernels, MoeOptions};
 use crate::driver::launch::{LaunchGeometry, Params, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
 use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
@@ -300,7 +300,7 @@ impl Layout for Sm90DeviceLayout {
                 kernel: sm90::DEQUANT_KERNEL,
                 geometry: self.dequant,
                 start: Start::Early,
-                params: Params::of(&kernel_params(at, 0, 0, groups, output)),
+                params: Params::of(&at.kernel_params(0, 0, 0, groups as usize, output)),
             });
         }
         for (slot, gemm) in self.gemms.iter().enumerate() {
@@ -313,7 +313,7 @@ impl Layout for Sm90DeviceLayout {
                     // returned, and it waits before its first token load. W4A16: it waits before
                     // reading anything (`w4a16::GEMM_WAITS_FIRST`).
                     start: if self.activations.is_some() { super::W4A16_GEMM_START } else { super::GEMM_AFTER_DEQUANT },
-                    params: Params::of(&kernel_params(at, gemm.max_list, at.work_len[slot], groups, output)),
+                    params: Params::of(&at.kernel_params(0, gemm.max_list, at.work_len[slot], groups as usize, output)),
                 });
             }
         }

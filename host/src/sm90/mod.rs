@@ -25,7 +25,7 @@ use crate::driver::launch::{Params, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
 use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
 use crate::error::{Error, Result};
-use crate::problem::{GroupBuffers, OutputType, Problem, TokenKind};
+use crate::problem::{GroupBuffers, Problem, TokenKind};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, KernelParams, RowSpan, WorkItem};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
@@ -211,16 +211,7 @@ impl Sm90Layout {
 
     /// The parameters of both kernels over the memory at `at`.
     pub fn kernel_params(&self, at: &Tables) -> KernelParams {
-        KernelParams {
-            groups: at.groups,
-            tensor_maps: at.maps,
-            work: at.work[0],
-            work_len: self.work.len() as u32,
-            group_count: self.problem.groups().len() as u32,
-            out_bf16: (self.problem.output() == OutputType::Bf16) as u32,
-            reserved: 0,
-            work_len_device: 0,
-        }
+        at.kernel_params(0, self.work.len() as u32, 0, self.problem.groups().len(), self.problem.output())
     }
 }
 
