@@ -66,16 +66,29 @@ def profile(name, sets_n=16):
                     t.stride()
                 elif kind == "dtype":
                     t.dtype
+                elif kind == "is_contiguous":
+                    t.is_contiguous()
+                elif kind == "dim":
+                    t.dim()
+                elif kind == "numel":
+                    t.numel()
                 elif kind == "loop":
                     pass
 
         return f
 
     loop = per_call(attrs("loop"), [0])
-    for kind in ("data_ptr", "device", "device_type_index", "get_device", "shape", "stride", "dtype"):
+    for kind in ("data_ptr", "device", "device_type_index", "get_device", "shape", "stride", "dtype",
+                 "is_contiguous", "dim", "numel"):
         row[f"attr_{kind}_ns_per_tensor"] = (per_call(attrs(kind), [0]) - loop) * 1e3 / n
     row["current_stream_us"] = per_call(lambda _: torch.cuda.current_stream().cuda_stream, [0])
     row["current_device_us"] = per_call(lambda _: torch.cuda.current_device(), [0])
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        row["raw_stream_us"] = per_call(lambda _: raw(0), [0])
+    hooks = sys.modules.get("nvfp4_gemm._hooks")
+    if hooks is not None:
+        row["stream_hook_us"] = per_call(lambda _: hooks.current_stream(0), [0])
     shapes = list(zip(ms, ns, ks))
     row["check_problem_us"] = per_call(lambda _: nvfp4_gemm._native.check_problem(shapes, False), [0])
     gg = lambda lst: nvfp4_gemm.grouped_gemm(*lst[:4], out=lst[4])  # noqa: E731
@@ -85,7 +98,26 @@ def profile(name, sets_n=16):
     row["prepared_launch_us"] = per_call(lambda p: p(), [prepared])
     row["custom_kernel_same_us"] = per_call(nvfp4_gemm.custom_kernel, sets[:1])
     row["custom_kernel_new_us"] = per_call(nvfp4_gemm.custom_kernel, sets)
+    if len(set(ns)) == 1 and len(set(ks)) == 1:
+        stacked_rows(row, ms, ns[0], ks[0], sets_n)
     return row
+
+
+def stacked_rows(row, ms, n, k, sets_n):
+    """`grouped_gemm_stacked` on `sets_n` sets of stacked tensors: host µs per call, same and
+    new tensors."""
+    _, _, a_scale_bytes, b_scale_bytes = bench.stacked_offsets(ms, n, k)
+    alphas = bench.stacked_alphas(len(ms))
+    gen = torch.Generator(device=bench.CUDA).manual_seed(5)
+    items = []
+    for _ in range(sets_n):
+        a, sa = bench.random_values((sum(ms), k // 2), gen), bench.random_scales(a_scale_bytes, gen)
+        b, sb = bench.random_values((len(ms), n, k // 2), gen), bench.random_scales(b_scale_bytes, gen)
+        out = torch.empty((sum(ms), n), dtype=torch.float16, device=bench.CUDA)
+        items.append((a, b, sa, sb, ms, alphas, out))
+    call = lambda it: nvfp4_gemm.grouped_gemm_stacked(*it[:6], out=it[6])  # noqa: E731
+    row["stacked_same_us"] = per_call(call, items[:1])
+    row["stacked_new_us"] = per_call(call, items)
 
 
 def main():
@@ -98,7 +130,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host-profile.json"), "w") as f:
         json.dump(result, f, indent=1)
-    keys = [k for k in rows[0] if k not in ("shape",)]
+    keys = [k for k in rows[0] if k not in ("shape",) and all(k in r for r in rows)]
     print(f"device: {result['device']}, torch {result['torch']}")
     print(f"{'':34s}" + "".join(f"{r['shape']:>12s}" for r in rows))
     for k in keys:

@@ -564,7 +564,7 @@ pub fn grouped_gemm_stacked<'py>(
         )));
     }
     let tb = read::tensor(b, Arg::of(CALL, "b"))?;
-    let sizes: Vec<Bound<'py, PyAny>> = m_sizes.try_iter()?.collect::<PyResult<_>>()?;
+    let sizes = read::items(m_sizes).expect("a list or a tuple");
     let groups = match *tb.shape.get() {
         [g, _, _] if tb.dtype.bytes() == 1 => g as usize,
         _ => sizes.len(),
@@ -574,6 +574,10 @@ pub fn grouped_gemm_stacked<'py>(
     }
     let mut ms = Vec::with_capacity(sizes.len());
     for (g, m) in sizes.iter().enumerate() {
+        if let Some(v) = read::exact_int(m).filter(|&v| v >= 0) {
+            ms.push(v as usize);
+            continue;
+        }
         match m.extract::<i64>() {
             Ok(v) if v >= 0 && !m.is_instance_of::<pyo3::types::PyBool>() => ms.push(v as usize),
             _ => return Err(value_error(format!("group {g}: `m_sizes`: {} is not a non-negative int", m.repr()?))),
@@ -708,18 +712,15 @@ pub fn prepare<'py>(
 #[pyfunction]
 pub fn custom_kernel<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
     const CALL: &str = "custom_kernel";
-    let parts: Vec<Bound<'py, PyAny>> = match data.try_iter() {
-        Ok(it) if data.is_instance_of::<PyList>() || data.is_instance_of::<PyTuple>() => it.collect::<PyResult<_>>()?,
-        _ => vec![],
-    };
+    let parts = read::items(data).unwrap_or_default();
     if parts.len() != 4 {
         return Err(type_error(
             "data: expected (abc_tensors, sfasfb_tensors, sfasfb_reordered_tensors, problem_sizes)".into(),
         ));
     }
     let entries = |obj: &Bound<'py, PyAny>, name: &str| -> PyResult<Vec<Bound<'py, PyAny>>> {
-        if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-            return obj.try_iter()?.collect();
+        if let Some(v) = read::items(obj) {
+            return Ok(v);
         }
         Err(type_error(format!("{name}: {}; expected a list with one entry per group", obj.get_type().name()?)))
     };
@@ -733,8 +734,7 @@ pub fn custom_kernel<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult
         }
     }
     let tuple = |obj: &Bound<'py, PyAny>, g: usize, name: &str, n: usize| -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let ok = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
-        let items: Vec<Bound<'py, PyAny>> = if ok { obj.try_iter()?.collect::<PyResult<_>>()? } else { vec![] };
+        let items = read::items(obj).unwrap_or_default();
         if items.len() != n {
             return Err(type_error(format!("group {g}: `{name}`: expected a tuple of {n}")));
         }

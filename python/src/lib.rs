@@ -5,6 +5,7 @@
 //! current stream through hooks it registers at import (`hooks`). Every rule is checked in the
 //! library, once per call; its errors become Python exceptions with its text (`errors`).
 
+mod dlpack;
 mod errors;
 mod gemm;
 mod hooks;

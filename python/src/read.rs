@@ -1,14 +1,15 @@
 //! Reading Python arguments: each tensor once into the library's [`TensorDesc`] (address, shape,
-//! strides, element type, device) — torch tensors (duck-typed: `data_ptr()`, `shape`, `stride()`,
-//! `dtype`, `device`) and objects with `__cuda_array_interface__` (CuPy, Numba, …) — and the
+//! strides, element type, device) — a `torch.Tensor` through DLPack (`crate::dlpack`), other
+//! torch-like tensors through their attributes (`data_ptr()`, `shape`, `stride()`, `dtype`,
+//! `device`), objects with `__cuda_array_interface__` (CuPy, Numba, …) — and the
 //! Python-level shape of a call's arguments (lists with one tensor per group, floats). What a
 //! tensor must be is the library's rule book (`nvfp4_gemm::tensor`): nothing here checks it.
 
 use crate::errors::{py_err, type_error, value_error};
 use nvfp4_gemm::tensor::{Arg, DType, Dims, TensorDesc, MAX_RANK};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
-use pyo3::{intern, PyTypeInfo};
 use std::sync::Mutex;
 
 /// `torch.dtype` objects seen, by address, with their type: torch's dtypes live as long as the
@@ -72,14 +73,23 @@ fn dtype_of(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
 /// `arg`'s tensor: what the library needs of it, read once. `TypeError` (the library's
 /// `WrongType`) for anything that is not a CUDA tensor.
 pub fn tensor(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
-    let py = obj.py();
     if obj.is_none() {
         return Err(py_err(arg.wrong_type("is None; a CUDA tensor is needed")));
     }
+    // A CUDA `torch.Tensor`, read through DLPack; anything else is read below, which names
+    // what is wrong with it.
+    if let Some(desc) = crate::dlpack::cuda_tensor(obj) {
+        return Ok(desc);
+    }
+    attributes(obj, arg)
+}
+
+/// `tensor` through Python attributes and the CUDA array interface.
+fn attributes(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
+    let py = obj.py();
     // A CUDA torch tensor: `get_device()` is its index (-1 elsewhere), at a tenth of the cost of
     // reading `device.type` and `device.index` (H100 machine: 29 against 301 ns per tensor,
-    // python/bench/host_profile.py); then four reads. An object that fails them is read below,
-    // which names what is wrong with it.
+    // python/bench/host_profile.py); then four reads.
     if let Ok(index) = obj.call_method0(intern!(py, "get_device")).and_then(|i| i.extract::<i64>()) {
         if index >= 0 {
             if let Ok(desc) = torch_like(obj, arg, Some(index as u32)) {
@@ -181,10 +191,27 @@ fn array_interface(cai: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
     Ok(TensorDesc { ptr, shape, strides, dtype, device: None })
 }
 
+/// The items of a list or a tuple (subclasses included) by index, without an iterator object;
+/// `None` for anything else.
+pub fn items<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if let Ok(l) = obj.cast::<PyList>() {
+        return Some(l.iter().collect());
+    }
+    obj.cast::<PyTuple>().ok().map(|t| t.iter().collect())
+}
+
+/// An exact Python `int` (not a `bool`, not another integer-like type) that fits an `i64`.
+pub fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
+    if !obj.is_exact_instance_of::<pyo3::types::PyInt>() {
+        return None;
+    }
+    obj.extract().ok()
+}
+
 /// An argument that must be a list (or tuple) with one entry per group.
 pub fn list<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    if PyList::is_type_of(obj) || PyTuple::is_type_of(obj) {
-        return obj.try_iter()?.collect();
+    if let Some(v) = items(obj) {
+        return Ok(v);
     }
     let type_name = obj.get_type().name()?;
     Err(type_error(format!("{name}: {type_name}; expected a list with one tensor per group")))
@@ -215,6 +242,22 @@ pub fn dtype_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<DType>> {
 /// how the error names the argument). A tensor is the caller's business (device alphas).
 pub fn floats(obj: Option<&Bound<'_, PyAny>>, groups: usize, name: &str) -> PyResult<Vec<f32>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(vec![1.0; groups]) };
+    // A list of Python floats (or ints), read by index.
+    if let Some(v) = items(obj) {
+        let fast: Option<Vec<f32>> = v
+            .iter()
+            .map(|x| {
+                if x.is_exact_instance_of::<pyo3::types::PyFloat>() {
+                    x.extract::<f64>().ok().map(|x| x as f32)
+                } else {
+                    exact_int(x).map(|i| i as f32)
+                }
+            })
+            .collect();
+        if let Some(values) = fast.filter(|f| f.len() == groups) {
+            return Ok(values);
+        }
+    }
     if let Ok(x) = obj.extract::<f64>() {
         if !obj.is_instance_of::<pyo3::types::PyBool>() {
             return Ok(vec![x as f32; groups]);

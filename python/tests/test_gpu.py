@@ -88,6 +88,21 @@ def test_grouped_gemm_against_fp64(shapes, dtype):
         assert x.dtype == dtype and torch.equal(x.view(torch.int16), y.view(torch.int16))
 
 
+def test_views_and_tensor_subclasses_read_as_torch_describes_them():
+    # An output that is a row slice of a larger tensor (its address includes the slice's offset),
+    # and weights held as an `nn.Parameter` (a torch.Tensor subclass, read through its attributes).
+    gen = torch.Generator(device=CUDA).manual_seed(3)
+    m, n, k = 40, 64, 256
+    (av, asc), (bv, bsc) = random_operand(m, k, gen), random_operand(n, k, gen)
+    big = poisoned((3 * m, n), torch.float16)
+    view = big[m : 2 * m]
+    weights = torch.nn.Parameter(bv, requires_grad=False)
+    got = nvfp4_gemm.grouped_gemm([av], [weights], [make_blocked(asc, m, k)], [make_blocked(bsc, n, k)], out=[view])
+    assert got[0] is view
+    assert_close(view, reference(av, asc, bv, bsc, m, n, k, 1.0), torch.float16, "the slice")
+    assert bool(big[:m].isnan().all()) and bool(big[2 * m :].isnan().all()), "rows outside the slice were written"
+
+
 def bsc_plain(blocked, rows, k):
     return blocked.view(torch.uint8)[blocked_index(rows, k)]
 
