@@ -189,10 +189,13 @@ impl MoeLayer {
             None => hooks::current_device(py)?,
         };
         let dev = hooks::device(py, ordinal)?;
-        // W4A16's weights prepacked once, here (the layer keeps the prepacked copy).
+        // W4A16's weights prepacked once, here, on the GPU and the current stream (the layer
+        // keeps the prepacked copy).
         let (values_base, scales_base) = match w4a16 {
             Some(t) => {
-                let (pv, ps) = hooks::prepack_experts(py, weights, &blocked_obj, (experts, n, k), t == DType::Bf16)?;
+                let stack = nvfp4_gemm::w4a16::WeightStack { experts, rows: n, k };
+                let act = t.activations().expect("checked");
+                let (pv, ps) = crate::prepack_on_device(py, weights, &blocked_obj, stack, act, None)?;
                 let (v, s) = (
                     read::tensor(&pv, Arg::of(CALL, "weights"))?.ptr,
                     read::tensor(&ps, Arg::of(CALL, "weight_scales"))?.ptr,
