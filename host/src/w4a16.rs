@@ -249,7 +249,7 @@ pub fn prepack_params(
 /// (padding rows of the scales included). Out of place: the outputs may not overlap the inputs.
 /// Calls check every argument first (nothing is launched on an error, nothing is written but the
 /// outputs), allocate nothing and never synchronize the host, so they can be captured in a CUDA
-/// graph. Memory-bound: one pass over the weights.
+/// graph. One launch, one pass over the weights (each byte read and written once).
 #[derive(Debug)]
 pub struct Prepacker {
     kernel: Kernel,
