@@ -2,7 +2,7 @@
 //! statistics, table, JSON, SVG) are unit-tested on any machine. [`measure`] holds the GPU work
 //! (with `cublas`, the baseline, and `inputs`, the inputs' generation and upload), [`ceiling`] the
 //! TMA ceilings; [`moe`] the MoE rows (`moe_measure` their GPU half) and [`torch`] the PyTorch
-//! baseline script's runner.
+//! baseline script's runner; [`prepack`] the W4A16 prepack rows.
 #![warn(missing_docs)]
 
 pub mod ceiling;
@@ -12,6 +12,7 @@ pub mod measure;
 pub mod moe;
 mod moe_measure;
 pub mod options;
+pub mod prepack;
 pub mod report;
 pub mod stats;
 pub mod torch;

@@ -17,6 +17,10 @@ const STEPS_PER_SHAPE: u64 = 7;
 /// the first, and twice more with `--w4a16`.
 const STEPS_PER_MOE: u64 = 3;
 
+/// Progress steps per prepack row: `Bench::prepack_shape` calls its step callback this many times
+/// after the first.
+const STEPS_PER_PREPACK: u64 = 2;
+
 fn run(o: Options) -> Result<ExitCode, String> {
     let started = Instant::now();
     if let Some(path) = &o.write_routing {
@@ -37,7 +41,11 @@ fn run(o: Options) -> Result<ExitCode, String> {
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
     let steps_per_shape = STEPS_PER_SHAPE + u64::from(o.w4a16);
     let steps_per_moe = STEPS_PER_MOE + 2 * u64::from(o.w4a16);
-    let pb = ProgressBar::new(1 + steps_per_shape * o.problems.len() as u64 + steps_per_moe * o.moe.len() as u64);
+    let pb = ProgressBar::new(
+        1 + steps_per_shape * o.problems.len() as u64
+            + steps_per_moe * o.moe.len() as u64
+            + STEPS_PER_PREPACK * o.prepack.len() as u64,
+    );
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
@@ -119,6 +127,40 @@ fn run(o: Options) -> Result<ExitCode, String> {
             }
         }
     }
+    let mut prepack_rows = vec![];
+    for shape in &o.prepack {
+        let mut steps: u64 = 0;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            bench.prepack_shape(shape, &o, &environment, &mut |phase| {
+                if steps > 0 {
+                    pb.inc(1);
+                }
+                steps += 1;
+                log(&pb, format!("{}: {phase}", shape.name));
+            })
+        }))
+        .unwrap_or_else(|_| Err("panicked (message above)".into()));
+        pb.inc(STEPS_PER_PREPACK.saturating_sub(steps.saturating_sub(1)));
+        match result {
+            Ok(rows) => {
+                pb.suspend(|| {
+                    for r in &rows {
+                        eprintln!(
+                            "{} {}: {}",
+                            r.name,
+                            r.activations,
+                            r.check.as_deref().unwrap_or("check skipped (--no-check)")
+                        );
+                    }
+                });
+                prepack_rows.extend(rows);
+            }
+            Err(e) => {
+                pb.suspend(|| eprintln!("{}: ERROR: {e}", shape.name));
+                errors.push(format!("{}: {e}", shape.name));
+            }
+        }
+    }
     pb.finish_and_clear();
     let unix_time = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let report = Report {
@@ -128,6 +170,7 @@ fn run(o: Options) -> Result<ExitCode, String> {
         options: o.clone(),
         shapes,
         moe: torch.map(|torch| MoeReport { seed: o.seed, torch, shapes: moe_rows }),
+        prepack: prepack_rows,
     };
     let (json, svg) = report::output_paths(&report, &o.out);
     report::write_json(&report, &json)?;

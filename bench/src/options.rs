@@ -1,6 +1,7 @@
 //! Command-line options of `nvfp4-bench` (clap), turned into [`Options`].
 
 use crate::moe::MoeShape;
+use crate::prepack::PrepackShape;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions};
@@ -52,6 +53,15 @@ MOE ROWS (--moe, --moe-shapes, --moe-shape; run after the shapes above)
   (above 1: faster than PyTorch). New tensors: (b) on max(16, SETS) sets of activations,
   offsets, NVFP4 tokens and C in turn (weights fixed), timed alternated with (b), and its host
   time per call back-to-back (also for W4A16 with --w4a16).
+
+PREPACK ROWS (--prepack, --prepack-shape; run after the shapes and the MoE rows)
+  The GPU W4A16 weight prepack (nvfp4_gemm::w4a16::Prepacker) of a whole expert tensor:
+    ds-w2 = e=256,n=7168,k=2048 (DeepSeek-V3's down projection)
+    ds-w1 = e=256,n=2048,k=7168 (its gate and up projections, each)
+  for f16 and bf16 activations. Per row and type: one checked call (experts 0 and e-1 against
+  the CPU prepack, bit for bit), then events around one call after an L2 flush, median of
+  ITERS. Table: ms, GB/s (values and scales read and written / time) and of_copy (GB/s / the
+  copy ceiling). Device memory: the tensor twice (ds-w2, ds-w1: 2 x 2.1 GB).
 
 OUTPUT
   stdout: one table row per shape (µs are medians):
@@ -166,6 +176,12 @@ struct Args {
     /// Write the MoE rows' routings (JSON, for torch_moe.py) and exit; no GPU needed
     #[arg(long = "write-moe-routing", value_name = "FILE")]
     write_moe_routing: Option<PathBuf>,
+    /// Add the W4A16 prepack rows ds-w2 and ds-w1 (below)
+    #[arg(long)]
+    prepack: bool,
+    /// An extra prepack row (repeatable), e.g. e=64,n=4096,k=7168,name=mine
+    #[arg(long = "prepack-shape", value_name = "SPEC", value_parser = prepack_shape)]
+    prepack_extra: Vec<PrepackShape>,
 }
 
 /// `--shapes`: the listed shapes of the default set.
@@ -249,6 +265,13 @@ fn moe_shape(v: &str) -> Result<MoeShape, String> {
     }
 }
 
+fn prepack_shape(v: &str) -> Result<PrepackShape, String> {
+    match PrepackShape::named(v.trim()) {
+        Some(s) => Ok(s),
+        None => PrepackShape::parse(v),
+    }
+}
+
 fn torch(v: &str) -> Result<Torch, String> {
     Ok(match v {
         "auto" => Torch::Auto,
@@ -327,6 +350,9 @@ pub struct Options {
     /// Measure the ceilings only (`--ceilings`): no problems, no MoE rows.
     #[serde(skip)]
     pub ceilings_only: bool,
+    /// The W4A16 prepack rows to run last (none unless asked for).
+    #[serde(skip)]
+    pub prepack: Vec<PrepackShape>,
 }
 
 /// Fewest input sets the measurements with new tensors every call rotate over: the plan keeps
@@ -409,11 +435,14 @@ impl Default for Options {
             torch: Torch::Auto,
             write_routing: None,
             ceilings_only: false,
+            prepack: vec![],
         }
     }
 }
 
 /// What the command line asked for.
+// Made once per process: a box around the options would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Parsed {
     /// Run with these options.
@@ -461,6 +490,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
         torch: a.torch,
         write_routing: a.write_moe_routing,
         ceilings_only: a.ceilings,
+        prepack: vec![],
     };
     if o.ceilings_only {
         let asked = a.shapes.is_some()
@@ -468,11 +498,13 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
             || a.moe
             || a.moe_shapes.is_some()
             || !a.moe_extra.is_empty()
-            || o.write_routing.is_some();
+            || o.write_routing.is_some()
+            || a.prepack
+            || !a.prepack_extra.is_empty();
         if asked {
             return fail(
                 ErrorKind::ArgumentConflict,
-                "--ceilings measures the ceilings only: no --shapes, --shape or MoE options",
+                "--ceilings measures the ceilings only: no --shapes, --shape, MoE or prepack options",
             );
         }
         return Ok(Parsed::Run(o));
@@ -494,11 +526,16 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
     if o.write_routing.is_some() && moe.is_empty() {
         return fail(ErrorKind::InvalidValue, "--write-moe-routing: no MoE shapes (--moe-shapes none)");
     }
-    if problems.is_empty() && moe.is_empty() {
-        return fail(ErrorKind::InvalidValue, "no shapes to run (--shapes none and no --shape or --moe)");
+    let mut prepack = if a.prepack { PrepackShape::defaults() } else { vec![] };
+    let mut prepack_extra = a.prepack_extra;
+    number_customs(&mut prepack_extra, |s| &mut s.name);
+    prepack.extend(prepack_extra);
+    if problems.is_empty() && moe.is_empty() && prepack.is_empty() {
+        return fail(ErrorKind::InvalidValue, "no shapes to run (--shapes none and no --shape, --moe or --prepack)");
     }
     o.problems = problems;
     o.moe = moe;
+    o.prepack = prepack;
     Ok(Parsed::Run(o))
 }
 
@@ -590,10 +627,35 @@ mod tests {
         assert!(o.ceilings_only && o.problems.is_empty() && o.moe.is_empty() && !o.baseline);
         assert!(!run("").ceilings_only);
         let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
-        for s in ["--ceilings --shapes b0", "--ceilings --shape d1", "--ceilings --moe", "--moe-shapes m0 --ceilings"] {
+        for s in [
+            "--ceilings --shapes b0",
+            "--ceilings --shape d1",
+            "--ceilings --moe",
+            "--moe-shapes m0 --ceilings",
+            "--ceilings --prepack",
+            "--ceilings --prepack-shape e=1,n=8,k=64",
+        ] {
             assert!(err(s).contains("ceilings only"), "{s}");
         }
         assert!(err("--ceilings=1").contains("unexpected value '1' for '--ceilings'"));
+    }
+
+    #[test]
+    fn prepack_rows_are_off_unless_asked_for() {
+        assert!(run("").prepack.is_empty());
+        let o = run("--prepack --shapes none");
+        assert!(o.problems.is_empty() && o.moe.is_empty());
+        let names: Vec<&str> = o.prepack.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["ds-w2", "ds-w1"]);
+        let o = run("--shapes none --prepack-shape e=8,n=130,k=192 --prepack-shape ds-w1 --prepack-shape e=2,n=8,k=64");
+        let names: Vec<&str> = o.prepack.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["custom1", "ds-w1", "custom2"]);
+        assert_eq!((o.prepack[0].experts, o.prepack[0].n, o.prepack[0].k), (8, 130, 192));
+        assert_eq!(run("--prepack").problems.len(), 7, "the default shapes stay");
+        let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
+        assert!(err("--prepack-shape e=1,n=8,k=65").contains("multiple of 64"));
+        assert!(err("--prepack=1").contains("unexpected value '1' for '--prepack'"));
+        assert!(err("--shapes none").contains("--prepack"));
     }
 
     fn moe_names(o: &Options) -> Vec<&str> {

@@ -157,6 +157,10 @@ pub struct Report {
     /// The MoE rows (only with `--moe`; absent from the JSON otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::moe::MoeReport>,
+    /// The W4A16 prepack rows (only with `--prepack` or `--prepack-shape`; absent from the JSON
+    /// otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prepack: Vec<crate::prepack::PrepackResult>,
 }
 
 impl Report {
@@ -164,6 +168,7 @@ impl Report {
     pub fn passed(&self) -> bool {
         self.shapes.iter().all(|s| s.check_passed)
             && self.moe.as_ref().is_none_or(|m| m.shapes.iter().all(|s| s.check_passed))
+            && self.prepack.iter().all(|p| p.check_passed)
     }
 }
 
@@ -281,6 +286,12 @@ pub fn table(report: &Report) -> String {
         }
         out += &crate::moe::table(moe);
     }
+    if !report.prepack.is_empty() {
+        if !report.shapes.is_empty() || report.moe.is_some() {
+            out.push('\n');
+        }
+        out += &crate::prepack::table(&report.prepack, env);
+    }
     out
 }
 
@@ -367,12 +378,15 @@ pub(crate) fn aligned_left<R: AsRef<[String]>>(header: &[&str], rows: &[R], left
 /// The files a run writes into `out`, named by what the report holds, so that runs of different
 /// kinds into one folder (the default set, then the MoE rows alone, as `cargo xtask bench` prints
 /// them) keep each other's results: `nvfp4-bench.json` and `nvfp4-bench.svg` with shapes,
-/// `nvfp4-bench-moe.json` with MoE rows only, `nvfp4-bench-ceilings.json` with neither.
+/// `nvfp4-bench-moe.json` with MoE rows (and no shapes), `nvfp4-bench-prepack.json` with prepack
+/// rows only, `nvfp4-bench-ceilings.json` with none of them.
 pub fn output_paths(report: &Report, out: &Path) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
     if !report.shapes.is_empty() {
         (out.join("nvfp4-bench.json"), Some(out.join("nvfp4-bench.svg")))
     } else if report.moe.is_some() {
         (out.join("nvfp4-bench-moe.json"), None)
+    } else if !report.prepack.is_empty() {
+        (out.join("nvfp4-bench-prepack.json"), None)
     } else {
         (out.join("nvfp4-bench-ceilings.json"), None)
     }
@@ -467,7 +481,7 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn stats(x: f64) -> Stats {
@@ -516,6 +530,7 @@ mod tests {
             options: crate::options::Options::default(),
             shapes: vec![shape("b0", 16.0, Some(20.0)), shape("custom", 10.0, None)],
             moe: None,
+            prepack: vec![],
         }
     }
 
@@ -535,6 +550,7 @@ mod tests {
             ..sample()
         };
         let ceilings = Report { shapes: vec![], moe: None, ..sample() };
+        let prepack_only = Report { prepack: crate::prepack::tests::rows(), ..ceilings.clone() };
         let name = |r: &Report| {
             let (json, svg) = output_paths(r, out);
             (json.display().to_string(), svg.map(|p| p.display().to_string()))
@@ -542,6 +558,7 @@ mod tests {
         assert_eq!(name(&default), ("results/nvfp4-bench.json".into(), Some("results/nvfp4-bench.svg".into())));
         assert_eq!(name(&moe_only), ("results/nvfp4-bench-moe.json".into(), None));
         assert_eq!(name(&ceilings), ("results/nvfp4-bench-ceilings.json".into(), None));
+        assert_eq!(name(&prepack_only), ("results/nvfp4-bench-prepack.json".into(), None));
     }
 
     #[test]

@@ -17,7 +17,8 @@
  * W4A16 (sm_90a; NVFP4_UNSUPPORTED on sm_100a): a plan created with the token type NVFP4_TOKENS_F16
  * or NVFP4_TOKENS_BF16 takes 16-bit activations as A: a.values of nvfp4_group_args,
  * nvfp4_stacked_args and nvfp4_moe_args holds them (length in 16-bit elements) and a.scales is
- * empty ({0, 0}); its weights are prepacked once on the host by nvfp4_w4a16_prepack. */
+ * empty ({0, 0}); its weights are prepacked once, on the host by nvfp4_w4a16_prepack or on the GPU
+ * by nvfp4_w4a16_prepack_device (a stack of experts in device memory; the same bytes). */
 #ifndef NVFP4_GEMM_H
 #define NVFP4_GEMM_H
 
@@ -113,6 +114,15 @@ int nvfp4_quantize_grouped(const nvfp4_device *dev, const nvfp4_moe_plan *plan, 
 int nvfp4_w4a16_prepack(const uint8_t *values, size_t values_len, const uint8_t *scales, size_t scales_len,
                         uint64_t rows, uint64_t k, uint32_t token_type, uint8_t *out_values,
                         uint8_t *out_scales, char *err, size_t err_len);
+
+/* Device memory, on the GPU (sm_90a; NVFP4_UNSUPPORTED on sm_100a): prepacks a stack of experts
+ * rows x k NVFP4 weight matrices (input: values experts * rows * k/2 bytes, scales each matrix's
+ * blocked bytes back to back) for token_type NVFP4_TOKENS_F16 or NVFP4_TOKENS_BF16 into out (the
+ * same lengths, not overlapping the input) on stream: the bytes nvfp4_w4a16_prepack makes of each
+ * matrix. No host synchronization. */
+int nvfp4_w4a16_prepack_device(const nvfp4_device *dev, nvfp4_stream stream, const nvfp4_operand *input,
+                               uint64_t experts, uint64_t rows, uint64_t k, uint32_t token_type,
+                               const nvfp4_operand *out, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

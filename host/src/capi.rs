@@ -1,8 +1,8 @@
 //! The C interface (`host/include/nvfp4_gemm.h`): `extern "C"` functions over the library's typed
 //! entries on buffers given as addresses and lengths ([`GemmPlan::run_views`],
 //! [`GemmPlan::run_stacked_views`], [`MoePlan::run_views`], [`Quantizer::quantize_views`],
-//! [`Quantizer::dequantize_views`], [`Quantizer::quantize_grouped_views`]), and the CPU weight
-//! prepack of W4A16 ([`crate::w4a16::prepack`]).
+//! [`Quantizer::dequantize_views`], [`Quantizer::quantize_grouped_views`],
+//! [`Prepacker::prepack_views`]), and the CPU weight prepack of W4A16 ([`crate::w4a16::prepack`]).
 //!
 //! Build a library exporting it with `cargo rustc -p nvfp4-gemm --release --crate-type cdylib`
 //! (or `staticlib`). The header is written by hand and checked by `host/tests/c_header.rs`: every
@@ -25,8 +25,9 @@
 //! ([`nvfp4_gemm_plan_create_tokens`], [`nvfp4_moe_plan_create_tokens`]) takes 16-bit activations
 //! as its token operand: `a.values` of [`RawGroupArgs`], [`RawStackedArgs`] and [`RawMoeArgs`]
 //! holds them (length in 16-bit elements) and `a.scales` must be empty (length 0). Its weights
-//! are prepacked once on the host ([`nvfp4_w4a16_prepack`]). On sm_100a such a plan is
-//! [`NVFP4_UNSUPPORTED`].
+//! are prepacked once, on the host ([`nvfp4_w4a16_prepack`]) or on the GPU for a stack of experts
+//! ([`nvfp4_w4a16_prepack_device`], the same bytes). On sm_100a such a plan, and the GPU prepack,
+//! are [`NVFP4_UNSUPPORTED`].
 //!
 //! Streams are borrowed (`CUstream`, null for the legacy default stream, of the device's primary
 //! context): never destroyed or synchronized by this library. Work is enqueued in stream order;
@@ -45,6 +46,7 @@ use crate::moe::{MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout};
 use crate::plan::{GemmPlan, StackedViews};
 use crate::problem::{Activations, BufferView, GroupBuffers, GroupShape, OutputType, Problem, TokenKind};
 use crate::quantize::Quantizer;
+use crate::w4a16::{PrepackViews, Prepacker, WeightStack};
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr};
 use nvfp4_format::Nvfp4Matrix;
 use std::ffi::c_char;
@@ -897,6 +899,67 @@ pub unsafe extern "C" fn nvfp4_quantize_grouped(
     }
 }
 
+/// The W4A16 activation type of a token type code: [`NVFP4_TOKENS_F16`] or [`NVFP4_TOKENS_BF16`]
+/// (NVFP4 tokens need no prepack).
+fn prepack_activations(call: &'static str, token_type: u32) -> Result<Activations> {
+    match token_kind(call, token_type)? {
+        TokenKind::Dense(a) => Ok(a),
+        TokenKind::Nvfp4 => Err(invalid(
+            call,
+            "token_type",
+            format!(
+                "{NVFP4_TOKENS_NVFP4} (NVFP4 tokens) needs no prepack; W4A16 is {NVFP4_TOKENS_F16} (f16) or \
+                 {NVFP4_TOKENS_BF16} (bf16)"
+            ),
+        )),
+    }
+}
+
+/// Prepacks, on the GPU, a stack of `experts` NVFP4 weight matrices of `rows × k` in device
+/// memory (`input`: values `experts · rows · k/2` bytes, each matrix's rows back to back; scales
+/// each matrix's 128x4 blocked bytes back to back) for a W4A16 plan of `token_type`
+/// ([`NVFP4_TOKENS_F16`] or [`NVFP4_TOKENS_BF16`]) into `out` (the same lengths; not overlapping
+/// the inputs) on `stream` ([`Prepacker::prepack_views`]): the bytes [`nvfp4_w4a16_prepack`] makes
+/// of each matrix. No host synchronization. [`NVFP4_UNSUPPORTED`] on sm_100a.
+///
+/// # Safety
+/// As [`nvfp4_quantize`]; `input` valid for one read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn nvfp4_w4a16_prepack_device(
+    dev: *const Nvfp4Device,
+    stream: sys::CUstream,
+    input: *const RawOperand,
+    experts: u64,
+    rows: u64,
+    k: u64,
+    token_type: u32,
+    out: *const RawOperand,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    const CALL: &str = "nvfp4_w4a16_prepack_device";
+    // SAFETY: the caller's contract.
+    unsafe {
+        ffi(err, err_len, || {
+            let dev = handle(CALL, dev, "dev")?;
+            let input = handle(CALL, input, "input")?;
+            let out = handle(CALL, out, "out")?;
+            let activations = prepack_activations(CALL, token_type)?;
+            let prepacker = Prepacker::new(&dev.gpu)?;
+            let stream = borrow_stream(dev.gpu.context(), stream);
+            let stack = WeightStack { experts: experts as usize, rows: rows as usize, k: k as usize };
+            let views = PrepackViews {
+                values: view(input.values),
+                scales: view(input.scales),
+                out_values: view(out.values),
+                out_scales: view(out.scales),
+            };
+            prepacker.prepack_views(&stream, stack, activations, views)
+        })
+    }
+}
+
 /// Prepacks a `rows × k` NVFP4 weight matrix in host memory for a W4A16 plan of `token_type`
 /// ([`NVFP4_TOKENS_F16`] or [`NVFP4_TOKENS_BF16`]; [`crate::w4a16::prepack`], on the CPU): `values`
 /// (`rows · k / 2` bytes of packed e2m1) and `scales` (the 128x4 blocked layout's bytes) into
@@ -926,16 +989,7 @@ pub unsafe extern "C" fn nvfp4_w4a16_prepack(
     // SAFETY: the caller's contract.
     unsafe {
         ffi(err, err_len, || {
-            let activations = match token_kind(CALL, token_type)? {
-                TokenKind::Dense(a) => a,
-                TokenKind::Nvfp4 => {
-                    let reason = format!(
-                        "{NVFP4_TOKENS_NVFP4} (NVFP4 tokens) needs no prepack; W4A16 is \
-                         {NVFP4_TOKENS_F16} (f16) or {NVFP4_TOKENS_BF16} (bf16)"
-                    );
-                    return Err(invalid(CALL, "token_type", reason));
-                }
-            };
+            let activations = prepack_activations(CALL, token_type)?;
             // Copied out first, so that the outputs may be the inputs.
             let values = c_slice(CALL, values, values_len, "values")?.to_vec();
             let scales = c_slice(CALL, scales, scales_len, "scales")?.to_vec();
@@ -1081,6 +1135,10 @@ mod tests {
         assert_eq!((s, text(&buf).as_str()), (NVFP4_INVALID, "nvfp4_dequantize: `dev`: is a null pointer"));
         let s = unsafe { nvfp4_quantize_grouped(null(), null(), null_mut(), none, 0, none, 1.0, null(), err, 128) };
         assert_eq!((s, text(&buf).as_str()), (NVFP4_INVALID, "nvfp4_quantize_grouped: `dev`: is a null pointer"));
+        let s = unsafe {
+            nvfp4_w4a16_prepack_device(null(), null_mut(), null(), 1, 8, 64, NVFP4_TOKENS_F16, null(), err, 128)
+        };
+        assert_eq!((s, text(&buf).as_str()), (NVFP4_INVALID, "nvfp4_w4a16_prepack_device: `dev`: is a null pointer"));
         // SAFETY: destroying null handles does nothing.
         unsafe {
             nvfp4_gemm_plan_destroy(null_mut());

@@ -87,17 +87,3 @@ pub fn experts_to_blocked<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     hooks(py)?.call_method1(intern!(py, "experts_to_blocked"), (plain, experts))
 }
-
-/// Every expert's weights prepacked for W4A16 (`bf16` activations or f16): new `uint8` tensors
-/// `[E, N, K/2]` and flat scales on the weights' device.
-pub fn prepack_experts<'py>(
-    py: Python<'py>,
-    values: &Bound<'py, PyAny>,
-    scales: &Bound<'py, PyAny>,
-    shape: (usize, usize, usize),
-    bf16: bool,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-    let (e, n, k) = shape;
-    let r = hooks(py)?.call_method1(intern!(py, "prepack_experts"), (values, scales, e, n, k, bf16))?;
-    r.extract()
-}

@@ -14,8 +14,10 @@ mod read;
 
 use crate::errors::{py_err, value_error};
 use cudarc::driver::sys;
+use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::tensor::{self, Arg, DType, SameDevice};
+use nvfp4_gemm::w4a16::{PrepackViews, Prepacker, WeightStack};
 use nvfp4_gemm::{Gpu, OutputType};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -228,6 +230,73 @@ fn prepack_w4a16<'py>(
     Ok((PyBytes::new(py, &w.values), PyBytes::new(py, &w.scales)))
 }
 
+/// A stack of `experts` weight matrices of `n × k` in CUDA memory (`values`: their packed bytes
+/// back to back, `scales`: their blocked scales back to back; any contiguous shapes) prepacked
+/// for W4A16 on the GPU (`nvfp4_gemm::w4a16::Prepacker`) on the stream `stream`: new `uint8`
+/// tensors `[experts, n, k/2]` and flat scales on the weights' device, bit for bit what the CPU
+/// prepack makes. `UnsupportedError` on sm_100a.
+pub(crate) fn prepack_on_device<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyAny>,
+    scales: &Bound<'py, PyAny>,
+    stack: WeightStack,
+    activations: nvfp4_gemm::Activations,
+    stream: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    const CALL: &str = "prepack";
+    let sizes = stack.sizes().map_err(py_err)?;
+    let what = format!("{} matrices of N={}, K={} need", stack.experts, stack.rows, stack.k);
+    let (tv, ts) = (read::tensor(values, Arg::of(CALL, "values"))?, read::tensor(scales, Arg::of(CALL, "scales"))?);
+    let v = tensor::bytes(&tv, Arg::of(CALL, "values"), tensor::VALUES, sizes.values, &what).map_err(py_err)?;
+    let s = tensor::bytes(&ts, Arg::of(CALL, "scales"), tensor::SCALES, sizes.scales, &what).map_err(py_err)?;
+    let mut device = SameDevice::new(None);
+    device.check(&tv, Arg::of(CALL, "values")).map_err(py_err)?;
+    device.check(&ts, Arg::of(CALL, "scales")).map_err(py_err)?;
+    let ordinal = match device.device() {
+        Some(d) => d,
+        None => hooks::current_device(py)?,
+    };
+    let dev = hooks::device(py, ordinal)?;
+    let dev = dev.bind(py).borrow();
+    let prepacker = Prepacker::new(&dev.gpu).map_err(py_err)?;
+    let out_v = hooks::alloc(py, values, &[stack.experts, stack.rows, stack.k / 2], "uint8", ordinal, false)?;
+    let out_s = hooks::alloc(py, values, &[sizes.scales], "uint8", ordinal, false)?;
+    let views = PrepackViews {
+        values: v,
+        scales: s,
+        out_values: BufferView { ptr: read::tensor(&out_v, Arg::of(CALL, "out_values"))?.ptr, len: sizes.values },
+        out_scales: BufferView { ptr: read::tensor(&out_s, Arg::of(CALL, "out_scales"))?.ptr, len: sizes.scales },
+    };
+    let handle = hooks::stream(py, stream, ordinal)?;
+    // SAFETY: live CUDA tensors of this device, checked (the outputs new); the caller's stream.
+    unsafe {
+        let s_ = borrow(&dev, handle);
+        prepacker.prepack_views(&s_, stack, activations, views)
+    }
+    .map_err(py_err)?;
+    Ok((out_v, out_s))
+}
+
+/// `prepack` of CUDA tensors: a stack of `experts` weight matrices of `n × k` prepacked for W4A16
+/// with bf16 (`bf16`) or f16 activations on the GPU, on `stream` (None: the current stream):
+/// `(values [experts, n, k/2], scales)`, new `uint8` tensors on the weights' device.
+#[pyfunction]
+#[pyo3(signature = (values, scales, experts, n, k, bf16, stream=None))]
+#[allow(clippy::too_many_arguments)]
+fn prepack_w4a16_device<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyAny>,
+    scales: &Bound<'py, PyAny>,
+    experts: usize,
+    n: usize,
+    k: usize,
+    bf16: bool,
+    stream: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let act = if bf16 { nvfp4_gemm::Activations::Bf16 } else { nvfp4_gemm::Activations::F16 };
+    prepack_on_device(py, values, scales, WeightStack { experts, rows: n, k }, act, stream)
+}
+
 /// Bytes of `rows × K/16` scales in the 128x4 blocked layout (rows padded to 128, scale columns
 /// to 4): the library's rule.
 #[pyfunction]
@@ -267,6 +336,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(quantize, m)?,
         wrap_pyfunction!(dequantize, m)?,
         wrap_pyfunction!(prepack_w4a16, m)?,
+        wrap_pyfunction!(prepack_w4a16_device, m)?,
         wrap_pyfunction!(blocked_bytes, m)?,
         wrap_pyfunction!(blocked_view_strides, m)?,
         wrap_pyfunction!(driver_present, m)?,

@@ -189,10 +189,25 @@ impl MoeLayer {
             None => hooks::current_device(py)?,
         };
         let dev = hooks::device(py, ordinal)?;
-        // W4A16's weights prepacked once, here (the layer keeps the prepacked copy).
+        // W4A16's weights prepacked once, here, on the GPU and the current stream (the layer
+        // keeps the prepacked copy).
         let (values_base, scales_base) = match w4a16 {
             Some(t) => {
-                let (pv, ps) = hooks::prepack_experts(py, weights, &blocked_obj, (experts, n, k), t == DType::Bf16)?;
+                let stack = nvfp4_gemm::w4a16::WeightStack { experts, rows: n, k };
+                let act = t.activations().expect("checked");
+                let (pv, ps) = crate::prepack_on_device(py, weights, &blocked_obj, stack, act, None)?;
+                // Complete before the layer exists, whichever stream its calls run on (as the
+                // plan's own memory is): the construction's one synchronization.
+                let handle = hooks::stream(py, None, ordinal)?;
+                let d = dev.bind(py).borrow();
+                // SAFETY: the current stream of the layer's device.
+                unsafe { crate::borrow(&d, handle) }.synchronize().map_err(|error| {
+                    py_err(nvfp4_gemm::Error::Driver {
+                        during: "waiting for the W4A16 prepack",
+                        error,
+                        detail: String::new(),
+                    })
+                })?;
                 let (v, s) = (
                     read::tensor(&pv, Arg::of(CALL, "weights"))?.ptr,
                     read::tensor(&ps, Arg::of(CALL, "weight_scales"))?.ptr,

@@ -456,6 +456,37 @@ def test_w4a16_grouped_gemm_against_fp64(act):
 
 @needs_sm90
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_w4a16_prepack_on_the_gpu_equals_the_cpu_prepack(act):
+    """CUDA weights are prepacked on the GPU (on the current stream: a side stream here), CPU
+    weights on the CPU: the same bytes, for one matrix and stacks of experts, N with and without
+    scale padding rows, random scale bytes (negative, zero, subnormal and NaN scales included,
+    padding rows too)."""
+    gen = torch.Generator(device=CUDA).manual_seed(4216)
+    side = torch.cuda.Stream()
+    for experts, n, k in [(1, 8, 64), (1, 130, 192), (3, 72, 128), (2, 256, 512), (4, 200, 2048)]:
+        v = torch.randint(0, 256, (experts, n, k // 2), generator=gen, device=CUDA, dtype=torch.int32).to(torch.uint8)
+        s = torch.randint(0, 256, (experts * nvfp4_gemm.blocked_bytes(n, k),), generator=gen, device=CUDA, dtype=torch.int32)
+        s = s.to(torch.uint8)
+        if experts == 1:
+            v = v[0]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            pv, ps = nvfp4_gemm.w4a16.prepack(v, s, activations=act)
+        side.synchronize()
+        cv, cs = nvfp4_gemm.w4a16.prepack(v.cpu(), s.cpu(), activations=act)
+        assert pv.device == v.device and pv.shape == v.shape and pv.dtype == torch.uint8
+        assert cv.device.type == "cpu"
+        assert torch.equal(pv.cpu(), cv), f"{act} E={experts} N={n} K={k}: values"
+        assert torch.equal(ps.cpu(), cs), f"{act} E={experts} N={n} K={k}: scales"
+    # Scales of the wrong size, or on another device than the values, before any launch.
+    with pytest.raises(ValueError, match="scales"):
+        nvfp4_gemm.w4a16.prepack(v, s[:-512], activations=act)
+    with pytest.raises(TypeError, match="scales"):
+        nvfp4_gemm._native.prepack_w4a16_device(v, s.cpu(), 4, 200, 2048, act == torch.bfloat16)
+
+
+@needs_sm90
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_moe_w4a16_layer_capture_and_replay(act):
     gen = torch.Generator(device=CUDA).manual_seed(78)
     e, n, k, bound = 8, 256, 512, 96

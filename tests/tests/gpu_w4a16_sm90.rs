@@ -10,7 +10,8 @@
 //! kernel), both input distributions, fp16 and bf16 output; every e2m1 code times every e4m3 scale
 //! exactly (bf16: through the subnormal decode of 0.5); the stacked call (one buffer per operand)
 //! against the per-group one; and typed errors for activations of the wrong type and bad buffers.
-//! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`).
+//! Ignored unless asked for: they need an sm_90a GPU (see `nvfp4_gemm_tests`). The weights'
+//! prepack on the GPU against the CPU prepack: [`prepack`] (`gpu_w4a16_sm90/prepack.rs`).
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
@@ -23,6 +24,9 @@ use nvfp4_gemm_tests::cases::{self, Multiples, RandomShapes, BF16_TOLERANCE};
 use nvfp4_gemm_tests::w4a16::Activation16;
 use nvfp4_gemm_tests::{gpu_or_skip, make_groups, run_case_with, CaseReport, OutputElement};
 use std::sync::Arc;
+
+#[path = "gpu_w4a16_sm90/prepack.rs"]
+mod prepack;
 
 /// One group's W4A16 operands on the device, activations of type `A`.
 struct DeviceOperands<A = f16> {

@@ -1,7 +1,8 @@
 //! Static checks of the committed sm_90a PTX (`host/kernels/sm_90a.ptx`, written by
 //! `cargo xtask build-ptx`) against the abi's table of kernels, on the CPU: the module's GEMM
-//! entry points are exactly the rows of `GEMM_KERNELS`, and every kernel of `REGISTER_CAPS` has
-//! its cap as the `.maxnreg` after its parameter list.
+//! entry points are exactly the rows of `GEMM_KERNELS`, and every kernel of `REGISTER_CAPS` (and
+//! the W4A16 prepack's, `prepack::REGISTER_CAPS`) has its cap as the `.maxnreg` after its parameter
+//! list.
 
 use nvfp4_gemm_abi::sm90::{GEMM_KERNELS, REGISTER_CAPS};
 use std::collections::BTreeSet;
@@ -22,7 +23,7 @@ fn gemm_entries_are_the_table() {
 
 #[test]
 fn every_capped_kernel_has_its_maxnreg() {
-    for (name, cap) in REGISTER_CAPS {
+    for &(name, cap) in REGISTER_CAPS.iter().chain(&nvfp4_gemm_abi::sm90::prepack::REGISTER_CAPS) {
         let header = format!(".visible .entry {name}(");
         let start = PTX.find(&header).unwrap_or_else(|| panic!("no .entry {name} in sm_90a.ptx"));
         let after = &PTX[start..];

@@ -108,5 +108,9 @@ pub fn run(args: &[&str]) -> Result<()> {
     println!(
         "  set -o pipefail; bundle/bin/run-bench.sh --moe --shapes none --out \"$OUT\" 2>&1 | tee \"$OUT/bench-moe.log\""
     );
+    println!("W4A16 prepack rows (the GPU prepack of DeepSeek's 256-expert tensors against the copy rate):");
+    println!(
+        "  set -o pipefail; bundle/bin/run-bench.sh --prepack --shapes none --no-baseline --out \"$OUT\" 2>&1 | tee \"$OUT/bench-prepack.log\""
+    );
     Ok(())
 }

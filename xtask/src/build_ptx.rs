@@ -25,7 +25,11 @@ pub const ARCHES: [Arch; 2] = [
         name: "sm_90a",
         cfg: "arch_sm90",
         features: "+ptx83",
-        register_caps: &[&nvfp4_gemm_abi::sm90::REGISTER_CAPS, &nvfp4_gemm_abi::quantize::REGISTER_CAPS],
+        register_caps: &[
+            &nvfp4_gemm_abi::sm90::REGISTER_CAPS,
+            &nvfp4_gemm_abi::sm90::prepack::REGISTER_CAPS,
+            &nvfp4_gemm_abi::quantize::REGISTER_CAPS,
+        ],
     },
     Arch {
         name: "sm_100a",

@@ -18,7 +18,8 @@
 //! identically. A dot product does not depend on the order of its terms (up to fp32 rounding, which
 //! the MMA's own summation order already leaves unspecified).
 //!
-//! By topic (every item is also re-exported here, as `nvfp4_gemm_abi::sm90::*`):
+//! By topic (the items of all but `w4a16` and `prepack` are also re-exported here, as
+//! `nvfp4_gemm_abi::sm90::*`):
 //! - [`config`]: what a GEMM variant's configuration ([`GemmConfig`]) determines: tiles, stages,
 //!   thread roles, register shares, the shared-memory map and the bytes each stage's copies credit;
 //! - [`variants`]: the compiled variants, one table of the GEMM entry points (name, configuration,
@@ -32,7 +33,8 @@
 //! - [`desc`]: the wgmma shared-memory descriptor;
 //! - [`tma`]: the tensor maps and their places in the table;
 //! - [`launch`]: launch geometry and the GEMM's early start;
-//! - [`w4a16`]: the prepacked weight format of W4A16 (f16/bf16 activations, docs/w4a16.md).
+//! - [`w4a16`]: the prepacked weight format of W4A16 (f16/bf16 activations, docs/w4a16.md);
+//! - [`prepack`]: the GPU prepack of W4A16 weights (its parameters, work items and launch).
 
 pub mod config;
 pub mod decode;
@@ -41,6 +43,7 @@ pub mod epilogue;
 pub mod fragment;
 pub mod launch;
 pub mod params;
+pub mod prepack;
 pub mod tma;
 pub mod tokens;
 pub mod variants;

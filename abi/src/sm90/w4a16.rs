@@ -215,6 +215,11 @@ pub struct BitLayout {
 }
 
 impl BitLayout {
+    /// The bit of field `field` (0 m, 1 e0, 2 e1, 3 sign) of element `i` (0..8).
+    pub const fn bit(&self, i: u32, field: u32) -> u32 {
+        self.bits[i as usize][field as usize]
+    }
+
     /// The prepacked word of eight codes (`codes[i]`: element `i`'s 4-bit code).
     pub fn place(&self, codes: [u32; 8]) -> u32 {
         let mut w = 0;
@@ -321,6 +326,8 @@ pub const fn scale_bf16_bits(byte: u8) -> u16 {
 /// of byte `b`) into `out`, each code's bits where `layout` (the activation type's
 /// [`Decoder::layout`]) puts them in its thread's word ([`packed_place`]), every code's sign
 /// flipped when `negate[block]` and every code zeroed when `zero[block]` (`block` = column / 16).
+/// (The GPU prepack runs the word form of this function, [`super::prepack::ChunkRowWords`],
+/// derived from the same [`packed_column`] and layout and tested equal to it.)
 pub fn prepack_chunk_row(
     row: &[u8; CHUNK_BYTES as usize],
     negate: [bool; 4],

@@ -5,7 +5,8 @@
 //! - [`gemm`]: the GEMM's entry points, one per compiled [`Variant`], and the CTA's setup;
 //! - [`mainloop`]: the producers' copies and the consumers' K loop (decode + wgmma);
 //! - [`epilogue`]: alpha, one rounding, and C stored through the epilogue buffer;
-//! - [`schedule`]: device-resident group sizes → group table and work list.
+//! - [`schedule`]: device-resident group sizes → group table and work list;
+//! - [`prepack`]: `sm90_w4a16_prepack`, W4A16 weights prepacked on the GPU.
 
 /// Expands `$body` once per listed value of `$i` (a literal), so that array indices in it are
 /// constants: LLVM does not fully unroll a 64-iteration loop with branches, and an accumulator
@@ -23,6 +24,7 @@ pub mod dequant;
 pub mod epilogue;
 pub mod gemm;
 pub mod mainloop;
+pub mod prepack;
 pub mod schedule;
 
 use crate::pipeline::Barriers;

@@ -63,12 +63,6 @@ def experts_to_blocked(plain, experts):
     return torch.cat([convert(plain[e]) for e in range(experts)])
 
 
-def prepack_experts(values, scales, experts, n, k, bf16):
-    from .w4a16 import prepack_experts as prepack
-
-    return prepack(values, scales, experts, n, k, bf16)
-
-
 def host_bytes(obj):
     """The bytes of a contiguous uint8-viewable torch tensor, through a host copy."""
     torch = torch_module()

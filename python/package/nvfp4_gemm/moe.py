@@ -28,8 +28,8 @@ class MoE:
     - ``w4a16``: None (W4A4: the activations are quantized to NVFP4 at each call), or
       ``"bfloat16"``/``"float16"`` (or the torch dtype) for W4A16 on sm_90a (``docs/w4a16.md``):
       the activations ``x`` of that type are read as they are — no quantization — and the
-      weights are prepacked for them here, once (on the CPU: copied to the host and back; the
-      layer owns the prepacked copy). ``input_global_scale`` is then unused and :meth:`gemm` not
+      weights are prepacked for them here, once (on the GPU, on the current stream, waited for
+      before the layer is returned; the layer owns the prepacked copy). ``input_global_scale`` is then unused and :meth:`gemm` not
       available; a call with another ``x`` tensor than the previous call's re-uploads the tables
       (keep ``x``'s storage fixed in a captured graph).
     - ``group_experts``: the expert whose weights and alpha each group runs (``G`` ints in

@@ -3,8 +3,8 @@ prepacked once (``docs/w4a16.md``). No activation quantization and no dequantiza
 GEMM launch per call. sm_100a multiplies NVFP4 operands natively (use :func:`grouped_gemm` there):
 these calls raise :class:`UnsupportedError` on it.
 
-- :func:`prepack`: the one-time weight step (on the CPU: the weights are copied to the host and
-  back);
+- :func:`prepack`: the one-time weight step (CUDA tensors on the GPU, on the current stream;
+  CPU tensors on the CPU; the same bytes);
 - :func:`grouped_gemm`: per-group activations ``[m_g, K]`` times prepacked weights;
 - :class:`nvfp4_gemm.MoE` with ``w4a16=`` for a mixture-of-experts layer with the routing on the
   GPU.
@@ -47,10 +47,19 @@ def _activations(dtype_name_, what):
     return dtype_name_ == "bfloat16"
 
 
-def prepack_experts(values, scales, experts, n, k, bf16):
+def _on_cuda(t):
+    device = getattr(t, "device", None)
+    return getattr(device, "type", None) == "cuda"
+
+
+def prepack_experts(values, scales, experts, n, k, bf16, stream=None):
     """Prepacks ``experts`` matrices of ``n × k`` (``values`` their packed bytes back to back,
     ``scales`` their blocked scales back to back, both tensors) for bf16 or f16 activations:
-    returns new ``uint8`` tensors on the same device, ``[experts, n, k/2]`` and flat scales."""
+    returns new ``uint8`` tensors on the same device, ``[experts, n, k/2]`` and flat scales.
+    CUDA weights are prepacked on the GPU (on ``stream``, or the current stream), CPU weights on
+    the CPU; both give the same bytes."""
+    if _on_cuda(values):
+        return _native.prepack_w4a16_device(values, scales, experts, n, k, bf16, stream)
     torch = torch_module()
     vb, sb = _host_bytes(values), _host_bytes(scales)
     wbytes, sbytes = n * k // 2, _native.blocked_bytes(n, k)
@@ -65,7 +74,7 @@ def prepack_experts(values, scales, experts, n, k, bf16):
     return pv, ps
 
 
-def prepack(values, scales, activations="bfloat16"):
+def prepack(values, scales, activations="bfloat16", *, stream=None):
     """Prepacks NVFP4 weights for W4A16 with ``activations`` (``"bfloat16"``/``"float16"`` or a
     torch dtype): the K permutation of the kernels' fragments moved into the weights, and for bf16
     each block's scale sign folded into its codes and the scales re-encoded (``docs/w4a16.md``
@@ -74,10 +83,13 @@ def prepack(values, scales, activations="bfloat16"):
     - ``values``: ``[N, K/2]`` or ``[E, N, K/2]`` packed e2m1 (``uint8`` or
       ``float4_e2m1fn_x2``), contiguous, on the GPU or the CPU;
     - ``scales``: the 128x4 blocked e4m3 scales, ``blocked_bytes(N, K)`` bytes per matrix, back to
-      back (any contiguous shape).
+      back (any contiguous shape), on the same device.
 
-    Returns ``(values, scales)``: new ``uint8`` tensors of the same sizes on ``values``' device.
-    Weights prepacked for one activation type give wrong results with the other.
+    CUDA tensors are prepacked on the GPU (sm_90a; one kernel, on ``stream`` or the current
+    stream, no host synchronization; :class:`UnsupportedError` on sm_100a), CPU tensors on the
+    CPU; both give the same bytes. Returns ``(values, scales)``: new ``uint8`` tensors of the same
+    sizes on ``values``' device. Weights prepacked for one activation type give wrong results
+    with the other.
     """
     bf16 = _activations(_dtype_name(activations), "activations")
     shape = _torch_tensor(values, "`values`", VALUES)
@@ -88,7 +100,7 @@ def prepack(values, scales, activations="bfloat16"):
     want = experts * _native.blocked_bytes(n, k)
     if _numel(_torch_tensor(scales, "`scales`", SCALES)) != want:
         raise ValueError(f"`scales`: has {scales.numel()} bytes; {experts} matrices of N={n}, K={k} need {want} (blocked)")
-    pv, ps = prepack_experts(values, scales, experts, n, k, bf16)
+    pv, ps = prepack_experts(values, scales, experts, n, k, bf16, stream)
     return (pv if len(shape) == 3 else pv[0]), ps
 
 
