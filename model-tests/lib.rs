@@ -1177,9 +1177,9 @@ pub struct ProbeBuf {
 #[repr(C, align(128))]
 struct Block128([u8; 128]);
 
-/// The device model as a [`ProbeTarget`](nvfp4_gemm::probe::ProbeTarget): "device" buffers are
+/// The device model as a [`ProbeTarget`](nvfp4_gemm_diag::probe::ProbeTarget): "device" buffers are
 /// host allocations, maps are the model's encoding ([`ModelEncoder`]), launches run the probe
-/// kernels (`nvfp4_gemm_kernel::probe` for sm_90a, `probe_sm100` for sm_100a, built for the host)
+/// kernels (`nvfp4_gemm_diag_kernel::probe` for sm_90a, `probe_sm100` for sm_100a, built for the host)
 /// on their architecture, under the case's rules (strict mode unless the case tries, for the
 /// hardware, a value strict mode rejects).
 #[derive(Clone, Copy, Debug, Default)]
@@ -1188,7 +1188,7 @@ pub struct ModelTarget {
     pub run: ModelRun,
 }
 
-impl nvfp4_gemm::probe::ProbeTarget for ModelTarget {
+impl nvfp4_gemm_diag::probe::ProbeTarget for ModelTarget {
     type Buf = ProbeBuf;
 
     fn upload(&self, bytes: &[u8]) -> Result<ProbeBuf, String> {
@@ -1215,15 +1215,15 @@ impl nvfp4_gemm::probe::ProbeTarget for ModelTarget {
 
     fn launch(
         &self,
-        kernel: nvfp4_gemm::probe::ProbeKernel,
+        kernel: nvfp4_gemm_diag::probe::ProbeKernel,
         geometry: LaunchGeometry,
-        params: nvfp4_gemm::probe::ProbeParams,
-        rules: nvfp4_gemm::probe::ModelRules,
+        params: nvfp4_gemm_diag::probe::ProbeParams,
+        rules: nvfp4_gemm_diag::probe::ModelRules,
     ) -> Result<(), String> {
-        use nvfp4_gemm::probe::ProbeKernel;
-        use nvfp4_gemm_kernel::probe::*;
-        use nvfp4_gemm_kernel::probe_sm100::*;
-        let entry: unsafe fn(nvfp4_gemm::probe::ProbeParams) = match kernel {
+        use nvfp4_gemm_diag::probe::ProbeKernel;
+        use nvfp4_gemm_diag_kernel::probe::*;
+        use nvfp4_gemm_diag_kernel::probe_sm100::*;
+        let entry: unsafe fn(nvfp4_gemm_diag::probe::ProbeParams) = match kernel {
             ProbeKernel::Tma => tma_probe,
             ProbeKernel::Sync => sync_probe,
             ProbeKernel::WgmmaN16 => wgmma_probe_n16,
@@ -1237,8 +1237,8 @@ impl nvfp4_gemm::probe::ProbeTarget for ModelTarget {
             nvfp4_gemm::Arch::Sm100a => Arch::Sm100a,
         };
         let mut cfg = launch_config(arch, geometry, 1, &self.run);
-        cfg.strict = rules == nvfp4_gemm::probe::ModelRules::Strict;
-        // SAFETY: the probe runners (`nvfp4_gemm::probe`) allocate what each kernel's contract
+        cfg.strict = rules == nvfp4_gemm_diag::probe::ModelRules::Strict;
+        // SAFETY: the probe runners (`nvfp4_gemm_diag::probe`) allocate what each kernel's contract
         // asks for; the model checks every shared-memory and asynchronous access.
         nvfp4_gemm_model::launch(&cfg, || unsafe { entry(params) })
             .map(|_| ())

@@ -3,8 +3,8 @@
 //!
 //! Every kernel's [`LaunchGeometry`] is built by a `const fn` of its architecture's module
 //! ([`crate::sm90::gemm_launch`], [`crate::sm90::dequant_launch`],
-//! [`crate::sm100::params::KernelLayout::launch`], [`crate::smoke::launch`]); the host only passes
-//! it to the driver.
+//! [`crate::sm100::params::KernelLayout::launch`]; the diagnostic kernels' in `diag/abi/`); the
+//! host only passes it to the driver.
 
 /// Largest dynamic shared memory per CTA on sm_90 and sm_100: 227 KiB (the opt-in limit,
 /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`; CUTLASS `sm90_smem_capacity_bytes`,

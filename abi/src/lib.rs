@@ -7,14 +7,11 @@
 //! descriptors) is defined once, here, with `#[repr(C)]` and a size assertion.
 #![no_std]
 
-pub mod ceiling;
 pub mod launch;
 pub mod moe;
-pub mod probe;
 pub mod quantize;
 pub mod scale_layout;
 pub mod sm100;
 pub mod sm90;
-pub mod smoke;
 pub mod tensor_map;
 pub mod work;

@@ -30,7 +30,7 @@ impl core::fmt::Debug for TensorMap {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum TensorMapDataType {
-    /// `CU_TENSOR_MAP_DATA_TYPE_UINT8` = 0: bytes (packed FP4 on sm_90, the smoke test).
+    /// `CU_TENSOR_MAP_DATA_TYPE_UINT8` = 0: bytes (packed FP4 on sm_90, the diagnostic kernels' tiles).
     U8 = 0,
     /// `CU_TENSOR_MAP_DATA_TYPE_FLOAT16` = 6: the f16 token workspace on sm_90.
     F16 = 6,
@@ -73,7 +73,7 @@ pub enum TensorMapL2Promotion {
     B256 = 3,
 }
 
-/// The L2 promotion of every map this library encodes (both architectures and the smoke test):
+/// The L2 promotion of every map this library encodes (both architectures; the diagnostic kernels' too):
 /// 256-byte requests, the value the host has always passed (every measurement in
 /// `bench/results/` ran with it).
 pub const L2_PROMOTION: TensorMapL2Promotion = TensorMapL2Promotion::B256;

@@ -1,13 +1,13 @@
 //! The TMA ceilings: how fast 2D TMA tile loads (the sm_90a GEMM's box shapes, on a stage ring
 //! like its producer's) bring bytes into the SMs' shared memory from L2 and from DRAM, measured
-//! with the kernel `xfer_tma_bandwidth` (`nvfp4_gemm::ceiling`) on a persistent grid of one CTA
+//! with the kernel `xfer_tma_bandwidth` (`nvfp4_gemm_diag::ceiling`) on a persistent grid of one CTA
 //! per SM. The consumers touch one word per box, so this is the memory system's rate for the
 //! GEMM's access pattern with nothing else in the way.
 
 use crate::measure::{drv, stats, Result, Timer};
 use crate::stats::Stats;
-use nvfp4_gemm::ceiling::{TmaBandwidth, TmaBandwidthCase, TmaBox, TMA_BW_STAGES};
 use nvfp4_gemm::Gpu;
+use nvfp4_gemm_diag::ceiling::{TmaBandwidth, TmaBandwidthCase, TmaBox, TMA_BW_STAGES};
 use serde::Serialize;
 
 /// Where the boxes come from.

@@ -12,9 +12,9 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DriverError};
 use half::{bf16, f16};
 use nvfp4_format::{compare, reference_grouped_gemm_f64, GroupOutput, InputDistribution, Tolerance};
-use nvfp4_gemm::ceiling::{TmaBandwidth, TmaBandwidthCase, TmaBox};
 use nvfp4_gemm::{GemmPlan, Gpu, OutputType, PlanOptions, Problem};
 use nvfp4_gemm_cli::spec::NamedShapes;
+use nvfp4_gemm_diag::ceiling::{TmaBandwidth, TmaBandwidthCase, TmaBox};
 use std::sync::Arc;
 use std::time::Instant;
 

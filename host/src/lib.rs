@@ -55,22 +55,13 @@ pub mod tensor;
 pub mod upload;
 pub mod w4a16;
 
-// Internals that this workspace's own tests, device-model tests and benchmark reach into, behind
-// the doc-hidden `testing` feature: not part of the library's API.
-#[cfg(any(test, feature = "testing"))]
-#[doc(hidden)]
-pub mod ceiling;
+// Internals that this workspace's own tests, device-model tests, diagnostic crate (`diag/host/`)
+// and benchmark reach into, behind the doc-hidden `testing` feature: not part of the library's API.
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod driver;
 #[cfg(not(any(test, feature = "testing")))]
 mod driver;
-#[cfg(any(test, feature = "testing"))]
-#[doc(hidden)]
-pub mod probe;
-#[cfg(any(test, feature = "testing"))]
-#[doc(hidden)]
-pub mod smoke;
 
 /// The pure half of each architecture's plan: work lists, group tables, tensor-map descriptions
 /// and launch geometry, without driver calls ([`GemmPlan`] uploads what these compute), so that

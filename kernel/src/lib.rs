@@ -10,13 +10,20 @@
 //!
 //! Layering (dependencies point one way): [`ptx`] is the only module with `asm!` or other access to
 //! the hardware (special registers, shared memory, barriers, async copies, tensor-core ops);
-//! the kernels above it ([`smoke`], `probe`, `ceiling`, `sm90`, `sm100`) are written against that
-//! vocabulary only, with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
+//! the kernels above it (`sm90`, `sm100`, [`quantize`], [`quantize_grouped`]) are written against
+//! that vocabulary only, with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
+//!
+//! Every kernel here is a product kernel. The diagnostic kernels (hardware probes, toolchain smoke,
+//! TMA bandwidth) are a crate of their own (`diag/kernel/`) built on this one's public modules; it
+//! links this crate without its default `entries` feature, so that neither module exports the
+//! other's kernels.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
+    feature(asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
 )]
+// `extern "ptx-kernel"`: the exported entry points, only with `entries`.
+#![cfg_attr(all(target_arch = "nvptx64", feature = "entries"), feature(abi_ptx))]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -27,7 +34,6 @@ pub mod quantize;
 pub mod quantize_grouped;
 pub mod scan;
 pub mod schedule;
-pub mod smoke;
 pub mod work;
 
 // The nvptx64 builds select one architecture; the host build has both.
@@ -36,18 +42,6 @@ pub mod sm90;
 
 #[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
 pub mod sm100;
-
-// The hardware probes run on the H200 (and in the model): sm_90a only.
-#[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
-pub mod probe;
-
-// The Blackwell probes, for the first B200 (and the model).
-#[cfg(any(arch_sm100, not(target_arch = "nvptx64")))]
-pub mod probe_sm100;
-
-// The TMA bandwidth kernel of the bench's ceilings (sm_90a, and in the model).
-#[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]
-pub mod ceiling;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

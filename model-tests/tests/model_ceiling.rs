@@ -1,11 +1,11 @@
-//! The TMA bandwidth kernel of the bench's ceilings (`kernel/src/ceiling.rs`) in the device
+//! The TMA bandwidth kernel of the bench's ceilings (`diag/kernel/src/ceiling.rs`) in the device
 //! model, on tiny buffers: it completes (no deadlock in its ring), every CTA receives the boxes
 //! of its loads (walking past the end of the tensor wraps to its start), each box is the one the
 //! walk names (the first word of each box, summed per CTA), and the model counts one TMA per box.
 
 use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
-use nvfp4_gemm_abi::ceiling::*;
-use nvfp4_gemm_kernel::ceiling::xfer_tma_bandwidth;
+use nvfp4_gemm_diag_abi::ceiling::*;
+use nvfp4_gemm_diag_kernel::ceiling::xfer_tma_bandwidth;
 use nvfp4_gemm_model_tests::*;
 
 fn word_at(buf: &[u8], at: usize) -> u32 {

@@ -1,12 +1,12 @@
-//! The hardware probes (`kernel/src/probe.rs`, run by `nvfp4_gemm::probe`) in the device model,
+//! The hardware probes (`diag/kernel/src/probe.rs`, run by `nvfp4_gemm_diag::probe`) in the device model,
 //! against expectations written from the PTX ISA text, not from the kernels' code or the
 //! model's: the swizzle as an address-bit formula (§5.5.7), out-of-bounds zero fill (§5.5.3.3),
 //! mbarrier phases, the wgmma A and D fragment figures (§9.7.15.5.1.1.1 and §9.7.15.5.1.2) and a
 //! naive matmul. On the H200 the same probes must give the model's bytes exactly
 //! (`tests/tests/gpu_probe_sm90.rs`).
 
-use nvfp4_gemm::probe::*;
 use nvfp4_gemm_abi::tensor_map::TensorMapSwizzle;
+use nvfp4_gemm_diag::probe::*;
 use nvfp4_gemm_model_tests::*;
 
 fn words(b: &[u8]) -> Vec<u32> {

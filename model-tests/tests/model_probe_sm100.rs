@@ -1,15 +1,15 @@
-//! The sm_100a hardware probes (`kernel/src/probe_sm100.rs`) in the device model, against
+//! The sm_100a hardware probes (`diag/kernel/src/probe_sm100.rs`) in the device model, against
 //! expectations that share no code with the model: the TMEM image after `tcgen05.cp` built from
 //! CuTe's `tmem_sf_frg` strides, the operand tiles from the TMA's 128-byte swizzle written as
 //! address bits, the accumulator from a naive product of the decoded inputs. The same probes run
 //! on a B200 and are compared with the model byte for byte by `tests/tests/gpu_probe_sm100.rs`.
 
-use nvfp4_gemm::probe::sm100::*;
-use nvfp4_gemm::probe::{ModelRules, ProbeKernel, ProbeTarget};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::scale_layout::BLOCK_BYTES;
 use nvfp4_gemm_abi::sm100::Fp4MapLayout;
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TiledMap};
+use nvfp4_gemm_diag::probe::sm100::*;
+use nvfp4_gemm_diag::probe::{ModelRules, ProbeKernel, ProbeTarget};
 use nvfp4_gemm_model_tests::{ModelTarget, ProbeBuf};
 
 /// The TMEM bytes `tcgen05.cp.32x128b.warpx4` leaves for scale tiles copied block after block

@@ -1,13 +1,13 @@
-//! The toolchain smoke kernels (`kernel/src/smoke.rs`) in the device model, with the checks the
-//! H200 smoke test (`tests/tests/gpu_smoke.rs`, `nvfp4_gemm::smoke`) applies on hardware: the
+//! The toolchain smoke kernels (`diag/kernel/src/smoke.rs`) in the device model, with the checks the
+//! H200 smoke test (`tests/tests/gpu_smoke.rs`, `nvfp4_gemm_diag::smoke`) applies on hardware: the
 //! cluster + mbarrier + DSMEM + 128B-swizzled TMA kernel (on both architectures), and the TMEM
 //! allocation kernel (sm_100a), whose address must be read back, not assumed.
 
 use nvfp4_gemm::driver::tensor_map::TiledMapEncoder;
-use nvfp4_gemm_abi::smoke::{
+use nvfp4_gemm_diag_abi::smoke::{
     self, SmokeParams, SMOKE_CLUSTER, SMOKE_THREADS, SMOKE_TMA_COLS, SMOKE_TMA_ROWS, SMOKE_WORDS_PER_THREAD,
 };
-use nvfp4_gemm_kernel::smoke::{smoke_tma_cluster, smoke_tmem};
+use nvfp4_gemm_diag_kernel::smoke::{smoke_tma_cluster, smoke_tmem};
 use nvfp4_gemm_model_tests::*;
 
 #[test]

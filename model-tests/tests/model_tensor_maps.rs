@@ -1,11 +1,11 @@
-//! Every sm_100a tensor map the library's plans build (`nvfp4_gemm::probe::sm100::plan_tensor_maps`:
+//! Every sm_100a tensor map the library's plans build (`nvfp4_gemm_diag::probe::sm100::plan_tensor_maps`:
 //! 2D and 3D FP4 maps, boxes wider than K, the 256-row boxes of the multicast kernel's B, the
 //! MoE plan's token tensor), as the device model reads it. The driver's side of the same list is
 //! `tests/tests/gpu_tensor_maps_sm100.rs` (it needs a CUDA driver).
 
 use nvfp4_gemm::layout::Fp4Map;
-use nvfp4_gemm::probe::pattern;
-use nvfp4_gemm::probe::sm100::{byte_twin, plan_tensor_maps, tensor_bytes};
+use nvfp4_gemm_diag::probe::pattern;
+use nvfp4_gemm_diag::probe::sm100::{byte_twin, plan_tensor_maps, tensor_bytes};
 use nvfp4_gemm_model::tensor_map::gather_box;
 use nvfp4_gemm_model_tests::{model_reading, DeviceBuf};
 

@@ -1,4 +1,4 @@
-//! The sm_100a hardware probes (`kernel/src/probe_sm100.rs`) on a B200 and in the device model, in
+//! The sm_100a hardware probes (`diag/kernel/src/probe_sm100.rs`) on a B200 and in the device model, in
 //! this one process, with the same inputs — the first thing to run on a B200 (docs/sm100.md):
 //! - `tmem_probe`: `tcgen05.alloc`, 33 `tcgen05.cp.32x128b.warpx4` of scale blocks (the GEMM's
 //!   4-column grid and LBO, CUTLASS's LBO, copies shifted 1–3 columns off the grid), every warp's
@@ -17,9 +17,9 @@
 //! agrees says strict mode may accept that value. Without an sm_100 GPU the tests print why they
 //! skip; `model-tests/tests/model_probe_sm100.rs` checks the model's side in CI.
 
-use nvfp4_gemm::probe::sm100::*;
-use nvfp4_gemm::probe::{GpuTarget, ModelRules, ProbeTarget};
 use nvfp4_gemm::Arch;
+use nvfp4_gemm_diag::probe::sm100::*;
+use nvfp4_gemm_diag::probe::{GpuTarget, ModelRules, ProbeTarget};
 use nvfp4_gemm_model_tests::ModelTarget;
 use nvfp4_gemm_tests::gpu_or_skip;
 
@@ -93,7 +93,7 @@ fn compare_every_case<C: Case>(test: &str, cases: &[C]) {
     let Some(device) = gpu_or_skip(test, Arch::Sm100a) else {
         return;
     };
-    let hw = GpuTarget::new(&device);
+    let hw = GpuTarget::new(&device).expect("loading the diagnostic kernels");
     let failures: Vec<String> = cases
         .iter()
         .filter_map(|c| {

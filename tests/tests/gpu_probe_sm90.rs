@@ -1,4 +1,4 @@
-//! The hardware probes (`kernel/src/probe.rs`) on the H200 and in the device model, in this one
+//! The hardware probes (`diag/kernel/src/probe.rs`) on the H200 and in the device model, in this one
 //! process, with the same inputs: TMA boxes (the GEMM's token and weight maps, 128B/64B/no
 //! swizzle, out-of-bounds rows, columns and negative coordinates; raw shared-memory bytes),
 //! mbarrier phases with transaction bytes announced before and after the copies land, a
@@ -7,8 +7,8 @@
 //! the model hardware-checked (docs/model.md). Ignored unless asked for (they need an sm_90a GPU);
 //! `model-tests/tests/model_probe.rs` checks the model's side against the ISA in CI.
 
-use nvfp4_gemm::probe::*;
 use nvfp4_gemm::Arch;
+use nvfp4_gemm_diag::probe::*;
 use nvfp4_gemm_model_tests::ModelTarget;
 use nvfp4_gemm_tests::gpu_or_skip;
 
@@ -42,7 +42,7 @@ fn gpu_probe_tma_matches_the_model() {
     let Some(gpu) = gpu_or_skip("gpu_probe_tma_matches_the_model", Arch::Sm90a) else {
         return;
     };
-    let hw = GpuTarget::new(&gpu);
+    let hw = GpuTarget::new(&gpu).expect("loading the diagnostic kernels");
     let failures = tma_cases()
         .iter()
         .filter_map(|c| verdict(c.name, run_tma(&hw, c), run_tma(&ModelTarget::default(), c)))
@@ -56,7 +56,7 @@ fn gpu_probe_sync_matches_the_model() {
     let Some(gpu) = gpu_or_skip("gpu_probe_sync_matches_the_model", Arch::Sm90a) else {
         return;
     };
-    let hw = GpuTarget::new(&gpu);
+    let hw = GpuTarget::new(&gpu).expect("loading the diagnostic kernels");
     let failures =
         verdict("sync probe (ring, gather, cluster ping-pong)", run_sync(&hw), run_sync(&ModelTarget::default()));
     finish("gpu_probe_sync_matches_the_model", failures.into_iter().collect());
@@ -68,7 +68,7 @@ fn gpu_probe_wgmma_matches_the_model() {
     let Some(gpu) = gpu_or_skip("gpu_probe_wgmma_matches_the_model", Arch::Sm90a) else {
         return;
     };
-    let hw = GpuTarget::new(&gpu);
+    let hw = GpuTarget::new(&gpu).expect("loading the diagnostic kernels");
     let failures = wgmma_cases()
         .iter()
         .filter_map(|c| verdict(c.name, run_wgmma(&hw, c), run_wgmma(&ModelTarget::default(), c)))

@@ -2,8 +2,8 @@
 //! host, launched as 2-CTA clusters through `cuLaunchKernelEx`, with mbarriers, a remote (DSMEM)
 //! arrival and a 128-byte-swizzled TMA load from a host-encoded tensor map.
 
-use nvfp4_gemm::smoke::run_smoke;
 use nvfp4_gemm::Arch;
+use nvfp4_gemm_diag::smoke::run_smoke;
 use nvfp4_gemm_tests::gpu_or_skip;
 
 #[test]

@@ -1,4 +1,4 @@
-//! Every sm_100a tensor map the library's plans build (`nvfp4_gemm::probe::sm100::plan_tensor_maps`:
+//! Every sm_100a tensor map the library's plans build (`nvfp4_gemm_diag::probe::sm100::plan_tensor_maps`:
 //! FP4 `16U4_ALIGN8B` maps in 2D and 3D, boxes wider than K, the 256-row boxes of the multicast
 //! kernel's B, the MoE plan's token tensor) encoded by the real driver (`cuTensorMapEncodeTiled`,
 //! `nvfp4_gemm::driver::tensor_map::encode`). The geometry test needs a driver and a context, not a
@@ -19,8 +19,8 @@
 use cudarc::driver::DevicePtr;
 use nvfp4_gemm::driver::tensor_map::encode;
 use nvfp4_gemm::layout::Fp4Map;
-use nvfp4_gemm::probe::sm100::{byte_twin, plan_tensor_maps, tensor_bytes};
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapL2Promotion, TensorMapSwizzle, TiledMap};
+use nvfp4_gemm_diag::probe::sm100::{byte_twin, plan_tensor_maps, tensor_bytes};
 use nvfp4_gemm_model_tests::model_reading;
 
 fn driver_encode(map: &Fp4Map, base: u64) -> Result<TensorMap, String> {

@@ -1,20 +1,22 @@
-//! `cargo xtask build-ptx [--check] [--bless]`: device crate → PTX → cubin, for every architecture.
+//! `cargo xtask build-ptx [--check] [--bless]`: device crate → PTX → cubin, for every device crate
+//! (the product kernels and the diagnostic kernels, [`CRATES`]) and every architecture.
 
 use crate::toolchain::Pin;
 use crate::util::{repo_root, run_inherit, Error, Result};
 use crate::{collectives, link, ptxas};
 use std::path::{Path, PathBuf};
 
-/// One build of the device crate.
+/// One build of a device crate.
 pub struct Arch {
-    /// ptxas / LLVM cpu name, also the file stem under `host/kernels/`.
+    /// ptxas / LLVM cpu name, also the file stem under each crate's output folder.
     pub name: &'static str,
     /// `--cfg` that selects the architecture's modules in the kernel crate.
     pub cfg: &'static str,
     /// Extra LLVM target features (PTX ISA version).
     pub features: &'static str,
-    /// Per-kernel register caps, written into the PTX as `.maxnreg` (each kernel is sized for a
-    /// number of resident CTAs; the caps live in the abi beside the launch geometry).
+    /// Per-kernel register caps of the product kernels, written into the PTX as `.maxnreg` (each
+    /// kernel is sized for a number of resident CTAs; the caps live in the abi beside the launch
+    /// geometry).
     pub register_caps: &'static [&'static [(&'static str, u32)]],
 }
 
@@ -39,7 +41,26 @@ pub const ARCHES: [Arch; 2] = [
     },
 ];
 
-const KERNEL_LIB: &str = "nvfp4_gemm_kernel";
+/// A device crate: its own cargo workspace, built for every architecture into one PTX module and
+/// cubin each, with its own table of collective instructions.
+pub struct DeviceCrate {
+    /// Its folder (relative to the repository root), which holds its `Cargo.toml`, its
+    /// `target/` and its collective table `collectives.txt`.
+    pub dir: &'static str,
+    /// The library's name (the linked PTX's file stem).
+    pub lib: &'static str,
+    /// Where its PTX and cubins go (relative to the root), `<arch>.ptx` and `<arch>.cubin`.
+    pub out: &'static str,
+    /// Whether the architecture's register caps apply (they name product kernels only).
+    pub capped: bool,
+}
+
+/// The product kernels, which the library embeds, and the diagnostic kernels (probes, smoke, TMA
+/// bandwidth), which only the diagnostic crate (`diag/host/`) loads.
+pub const CRATES: [DeviceCrate; 2] = [
+    DeviceCrate { dir: "kernel", lib: "nvfp4_gemm_kernel", out: "host/kernels", capped: true },
+    DeviceCrate { dir: "diag/kernel", lib: "nvfp4_gemm_diag_kernel", out: "diag/kernels", capped: false },
+];
 
 pub fn run(args: &[&str]) -> Result<()> {
     let check = args.contains(&"--check");
@@ -61,69 +82,75 @@ pub fn run(args: &[&str]) -> Result<()> {
     pin.ensure_installed()?;
     let ptxas = ptxas::locate_or_install()?;
     println!("ptxas: {} ({})", ptxas.display(), ptxas::version(&ptxas)?);
-    let table_path = root.join("kernel/collectives.txt");
-    let table = std::fs::read_to_string(&table_path).unwrap_or_default();
-    let mut blessed = String::from(
-        "# Warp-collective PTX instructions per kernel: arch kernel opcode count.\n\
-         # Checked by `cargo xtask build-ptx`; regenerate with `--bless` and review against the source.\n",
-    );
     let mut stale = vec![];
     let mut problems = vec![];
     let mut report = String::new();
-    for arch in &ARCHES {
-        if only.is_some_and(|o| o != arch.name) {
-            // Keep the other architecture's table lines as they are.
-            blessed.push_str(&collectives::table_for(&table, arch.name));
-            continue;
-        }
-        // The link step's output stays as it is (cargo may not relink next time); the capped PTX
-        // is a file of its own, so the caps are inserted exactly once.
-        let linked = build_arch(&root, &pin, arch)?;
-        let ptx_text =
-            with_register_caps(&std::fs::read_to_string(&linked)?, arch.register_caps.iter().copied().flatten())?;
-        let ptx = linked.with_extension("capped.ptx");
-        std::fs::write(&ptx, &ptx_text)?;
-
-        let counts = collectives::count(&ptx_text);
-        let fresh = collectives::render(arch.name, &counts);
-        blessed.push_str(&fresh);
-        if !bless && fresh != collectives::table_for(&table, arch.name) {
-            problems.push(format!(
-                "{}: collective instruction counts differ from kernel/collectives.txt:\n--- table\n{}--- ptx\n{}\
-                 (an LLVM duplication into divergent code, or a source change: review, then `cargo xtask build-ptx --bless`)",
-                arch.name,
-                collectives::table_for(&table, arch.name),
-                fresh
-            ));
-        }
-
-        let cubin = ptx.with_extension("cubin");
-        let (resources, _) = ptxas::assemble(&ptxas, arch.name, &[], &ptx, &cubin)?;
-        for r in &resources {
-            report.push_str(&format!(
-                "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
-                arch.name, r.name, r.registers, r.smem, r.stack_frame, r.spill_stores, r.spill_loads
-            ));
-            // No kernel may spill: a spill is local memory traffic on the critical path.
-            let spilled = r.spill_stores + r.spill_loads;
-            if spilled > 0 {
-                problems.push(format!("{} {}: {} bytes of register spills", arch.name, r.name, spilled));
+    let mut blessed_tables = vec![];
+    for krate in &CRATES {
+        let table_path = root.join(krate.dir).join("collectives.txt");
+        let table = std::fs::read_to_string(&table_path).unwrap_or_default();
+        let mut blessed = String::from(
+            "# Warp-collective PTX instructions per kernel: arch kernel opcode count.\n\
+             # Checked by `cargo xtask build-ptx`; regenerate with `--bless` and review against the source.\n",
+        );
+        for arch in &ARCHES {
+            if only.is_some_and(|o| o != arch.name) {
+                // Keep the other architecture's table lines as they are.
+                blessed.push_str(&collectives::table_for(&table, arch.name));
+                continue;
             }
-        }
+            // The link step's output stays as it is (cargo may not relink next time); the capped
+            // PTX is a file of its own, so the caps are inserted exactly once.
+            let linked = build_arch(&root, &pin, krate, arch)?;
+            let caps: &[&[(&str, u32)]] = if krate.capped { arch.register_caps } else { &[] };
+            let ptx_text = with_register_caps(&std::fs::read_to_string(&linked)?, caps.iter().copied().flatten())?;
+            let ptx = linked.with_extension("capped.ptx");
+            std::fs::write(&ptx, &ptx_text)?;
 
-        let dest = root.join("host/kernels");
-        for (src, ext) in [(&ptx, "ptx"), (&cubin, "cubin")] {
-            let target = dest.join(format!("{}.{ext}", arch.name));
-            let new = std::fs::read(src)?;
-            if check {
-                if std::fs::read(&target).ok().as_deref() != Some(&new[..]) {
-                    stale.push(target.strip_prefix(&root).unwrap_or(&target).display().to_string());
+            let counts = collectives::count(&ptx_text);
+            let fresh = collectives::render(arch.name, &counts);
+            blessed.push_str(&fresh);
+            if !bless && fresh != collectives::table_for(&table, arch.name) {
+                problems.push(format!(
+                    "{} {}: collective instruction counts differ from {}/collectives.txt:\n--- table\n{}--- ptx\n{}\
+                     (an LLVM duplication into divergent code, or a source change: review, then `cargo xtask build-ptx --bless`)",
+                    krate.dir,
+                    arch.name,
+                    krate.dir,
+                    collectives::table_for(&table, arch.name),
+                    fresh
+                ));
+            }
+
+            let cubin = ptx.with_extension("cubin");
+            let (resources, _) = ptxas::assemble(&ptxas, arch.name, &[], &ptx, &cubin)?;
+            for r in &resources {
+                report.push_str(&format!(
+                    "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}\n",
+                    arch.name, r.name, r.registers, r.smem, r.stack_frame, r.spill_stores, r.spill_loads
+                ));
+                // No kernel may spill: a spill is local memory traffic on the critical path.
+                let spilled = r.spill_stores + r.spill_loads;
+                if spilled > 0 {
+                    problems.push(format!("{} {}: {} bytes of register spills", arch.name, r.name, spilled));
                 }
-            } else {
-                std::fs::create_dir_all(&dest)?;
-                std::fs::write(&target, &new)?;
+            }
+
+            let dest = root.join(krate.out);
+            for (src, ext) in [(&ptx, "ptx"), (&cubin, "cubin")] {
+                let target = dest.join(format!("{}.{ext}", arch.name));
+                let new = std::fs::read(src)?;
+                if check {
+                    if std::fs::read(&target).ok().as_deref() != Some(&new[..]) {
+                        stale.push(target.strip_prefix(&root).unwrap_or(&target).display().to_string());
+                    }
+                } else {
+                    std::fs::create_dir_all(&dest)?;
+                    std::fs::write(&target, &new)?;
+                }
             }
         }
+        blessed_tables.push((table_path, blessed));
     }
     println!(
         "{:<8} {:<28} {:>5} {:>7} {:>6} {:>6} {:>6}",
@@ -131,8 +158,10 @@ pub fn run(args: &[&str]) -> Result<()> {
     );
     print!("{report}");
     if bless {
-        std::fs::write(&table_path, &blessed)?;
-        println!("wrote {}", table_path.display());
+        for (table_path, blessed) in &blessed_tables {
+            std::fs::write(table_path, blessed)?;
+            println!("wrote {}", table_path.display());
+        }
     }
     if !stale.is_empty() {
         problems
@@ -175,10 +204,10 @@ fn register_caps_go_after_the_parameters() {
     assert!(with_register_caps(ptx, [("gone", 80)].iter()).is_err());
 }
 
-/// Builds the kernel crate for one architecture with the pinned toolchain and returns the path of
+/// Builds a device crate for one architecture with the pinned toolchain and returns the path of
 /// the linked PTX.
-fn build_arch(root: &Path, pin: &Pin, arch: &Arch) -> Result<PathBuf> {
-    let target_dir = root.join("kernel/target").join(arch.name);
+fn build_arch(root: &Path, pin: &Pin, krate: &DeviceCrate, arch: &Arch) -> Result<PathBuf> {
+    let target_dir = root.join(krate.dir).join("target").join(arch.name);
     let mut rustflags = format!(
         "-C target-cpu={} -C no-prepopulate-passes --cfg {} -C link-arg={}{:016x}",
         arch.name,
@@ -190,13 +219,13 @@ fn build_arch(root: &Path, pin: &Pin, arch: &Arch) -> Result<PathBuf> {
         rustflags.push_str(&format!(" -C target-feature={}", arch.features));
     }
     let exe = std::env::current_exe()?;
-    println!("building kernel crate for {} with {} ...", arch.name, pin.channel);
+    println!("building {} for {} with {} ...", krate.dir, arch.name, pin.channel);
     run_inherit(
         pin.cargo()
             .current_dir(root)
             .args(["build", "--release", "--quiet", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
             .arg("--manifest-path")
-            .arg(root.join("kernel/Cargo.toml"))
+            .arg(root.join(krate.dir).join("Cargo.toml"))
             .arg("--target-dir")
             .arg(&target_dir)
             .env_remove("RUSTFLAGS")
@@ -205,9 +234,9 @@ fn build_arch(root: &Path, pin: &Pin, arch: &Arch) -> Result<PathBuf> {
             .env("CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER", exe)
             .env(link::LINKER_MODE_ENV, "1"),
     )?;
-    let ptx = target_dir.join("nvptx64-nvidia-cuda/release").join(format!("{KERNEL_LIB}.ptx"));
+    let ptx = target_dir.join("nvptx64-nvidia-cuda/release").join(format!("{}.ptx", krate.lib));
     if !ptx.exists() {
-        return Err(Error::msg(format!("the kernel build produced no {}", ptx.display())));
+        return Err(Error::msg(format!("the {} build produced no {}", krate.dir, ptx.display())));
     }
     Ok(ptx)
 }

@@ -1,5 +1,5 @@
 //! Lint: per kernel, the count of warp-collective PTX instructions must equal a checked-in table
-//! (`kernel/collectives.txt`). An LLVM pass that duplicates one of them into divergent code (illegal
+//! (`kernel/collectives.txt`, `diag/kernel/collectives.txt`). An LLVM pass that duplicates one of them into divergent code (illegal
 //! for `.aligned` instructions, a hang on the GPU) changes a count and fails the build.
 //!
 //! Counted: any opcode containing `.aligned`, `bar.sync`/`bar.arrive`/`bar.red`, `barrier.*`,

@@ -1,11 +1,12 @@
 //! Developer commands for this repository. Run as `cargo xtask <command>`.
 //!
 //! - `build-ptx [--check] [--bless]`: installs the device toolchain pinned in
-//!   `kernel/rust-toolchain.toml` when missing (see [`toolchain`]), builds the device crate with it
-//!   for sm_90a and sm_100a, links it to PTX
-//!   (see [`link`]), lints the collective instructions, assembles cubins with ptxas, prints the
-//!   resource report and writes `host/kernels/`. `--check` compares with the committed files instead
-//!   of writing them; `--bless` rewrites `kernel/collectives.txt` from the fresh PTX.
+//!   `kernel/rust-toolchain.toml` when missing (see [`toolchain`]), builds the device crates with it
+//!   (`kernel/`, the product kernels; `diag/kernel/`, the diagnostic kernels) for sm_90a and
+//!   sm_100a, links each to PTX (see [`link`]), lints the collective instructions, assembles cubins
+//!   with ptxas, prints the resource report and writes `host/kernels/` and `diag/kernels/`.
+//!   `--check` compares with the committed files instead of writing them; `--bless` rewrites each
+//!   crate's `collectives.txt` from the fresh PTX.
 //! - `ptxas-path`: installs ptxas if missing and prints its path.
 //! - `bundle`: builds the release test binaries into `bundle/` with a script that runs them on the
 //!   GPU machine.

@@ -10,7 +10,6 @@
 //! - [`tma`]: FP4 tensor-map parameters and box coordinates;
 //! - [`config`]: the kernel variants (tiles, stages, cluster, warp roles, smem map, launch);
 //! - [`schedule`]: the persistent work list;
-//! - [`probe`]: the hardware probes' parameters (B200 against the device model);
 //! - [`params`]: the kernel parameters and the kernel's additions to [`config`] (accumulator
 //!   barriers, per-stage scale columns in TMEM).
 
@@ -18,7 +17,6 @@ pub mod config;
 pub mod desc;
 pub mod instr;
 pub mod params;
-pub mod probe;
 pub mod scale;
 pub mod schedule;
 pub mod tma;

@@ -271,8 +271,9 @@ pub enum Fp4Map {
 }
 
 impl Fp4Map {
-    /// Converts the abi's map description; errors name the group and operand.
-    pub(crate) fn new(
+    /// Converts the abi's map description; errors name the group and operand. (Public for the
+    /// sm_100a probes, `diag/host/`, which load the GEMM's own maps.)
+    pub fn new(
         map: core::result::Result<Fp4TensorMap, nvfp4_gemm_abi::sm100::TensorMapError>,
         g: usize,
         op: &'static str,

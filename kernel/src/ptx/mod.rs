@@ -9,7 +9,8 @@
 //!   pointers are only used for ordinary loads and stores.
 //! - Collective (`.aligned`) instructions must be reached by warp-uniform control flow. The build
 //!   marks every side-effecting `asm!` call `convergent` so LLVM cannot duplicate them into divergent
-//!   branches, and `xtask build-ptx` counts them per kernel against `kernel/collectives.txt`.
+//!   branches, and `xtask build-ptx` counts them per kernel against `kernel/collectives.txt`
+//!   (`diag/kernel/collectives.txt` for the diagnostic kernels).
 //!
 //! Two targets, one source: on nvptx64 each wrapper is its `asm!`; on any other target the same
 //! wrapper calls the instruction of the CPU model of the device (`nvfp4-gemm-model`, one call per
@@ -43,12 +44,17 @@ use nvfp4_gemm_model as model;
 /// exported `#[no_mangle] extern "ptx-kernel"` function on nvptx64, and a plain Rust function on
 /// the host, where the model launches it (a failing launch stops its threads by unwinding, which
 /// an `extern "C"` frame would turn into an abort). The attribute (a proc-macro, stable Rust) hands
-/// the function to [`entry_point!`], whose definition is chosen by the target.
-pub(crate) use nvfp4_gemm_kernel_macros::kernel;
+/// the function to `crate::ptx::entry_point!` of the crate that uses it: in this crate
+/// [`entry_point!`], which exports the product kernels only with the crate's `entries` feature (a
+/// default one); a crate of other kernels built on this one (`diag/kernel/`) names
+/// [`exported_entry_point!`] as its `ptx::entry_point`.
+pub use nvfp4_gemm_kernel_macros::kernel;
 
-/// The expansion of [`kernel`] on nvptx64.
+/// The expansion of [`kernel`] that always exports: on nvptx64 the `#[no_mangle]
+/// extern "ptx-kernel"` entry point, on the host a plain Rust function.
 #[cfg(target_arch = "nvptx64")]
-macro_rules! entry_point {
+#[macro_export]
+macro_rules! exported_entry_point {
     ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
         #[no_mangle]
@@ -56,8 +62,28 @@ macro_rules! entry_point {
     };
 }
 
-/// The expansion of [`kernel`] on the host: the entry point stays a Rust function.
+/// The expansion of [`kernel`] that always exports: on nvptx64 the `#[no_mangle]
+/// extern "ptx-kernel"` entry point, on the host a plain Rust function.
 #[cfg(not(target_arch = "nvptx64"))]
+#[macro_export]
+macro_rules! exported_entry_point {
+    ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        pub unsafe fn $name($($arg: $ty),*) $body
+    };
+}
+
+pub use exported_entry_point;
+
+/// The expansion of [`kernel`] for this crate's (the product's) kernels, with the `entries`
+/// feature: exported as [`exported_entry_point!`] exports.
+#[cfg(feature = "entries")]
+pub(crate) use exported_entry_point as entry_point;
+
+/// The expansion of [`kernel`] for this crate's kernels without the `entries` feature: a plain
+/// Rust function on every target, so that a module linking this crate for its own kernels exports
+/// none of these.
+#[cfg(not(feature = "entries"))]
 macro_rules! entry_point {
     ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
@@ -65,4 +91,5 @@ macro_rules! entry_point {
     };
 }
 
+#[cfg(not(feature = "entries"))]
 pub(crate) use entry_point;

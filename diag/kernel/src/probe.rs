@@ -1,7 +1,7 @@
 //! Hardware probes (sm_90a): small kernels that exercise exactly the Hopper features the device
 //! model implements and the sm_90a kernels use, through the same `ptx` wrappers and encodings,
 //! and write what they observed to global memory. The host runs each on the H200 and in the
-//! model and compares the outputs bit for bit (`nvfp4_gemm::probe`,
+//! model and compares the outputs bit for bit (`nvfp4_gemm_diag::probe`,
 //! `tests/tests/gpu_probe_sm90.rs`); `model-tests/tests/model_probe.rs` compares the model's
 //! outputs with expectations written from the ISA text.
 //!
@@ -17,9 +17,6 @@
 //!   128-byte-swizzled token tile described by `WgmmaDesc` and advanced per k-step, as the GEMM
 //!   kernel does; every thread writes its accumulator registers out by index.
 //!
-//! The entry points' names sort after every other sm_90a kernel's, so that adding them leaves the
-//! rest of the module's PTX (whose labels are numbered by function) byte for byte as it was.
-//!
 //! Every wait gives up after `PROBE_WAIT_LIMIT_NS` and records `PROBE_TIMED_OUT` (the model
 //! reports a deadlock instead), so a disagreement cannot hang the GPU test.
 
@@ -27,8 +24,8 @@ use crate::ptx::mbarrier::Mbarrier;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::wgmma::{self, MmaShape};
 use crate::ptx::{barrier, cluster, fence, sreg, tma};
-use nvfp4_gemm_abi::probe::*;
 use nvfp4_gemm_abi::sm90::{WgmmaDesc, CHUNK_K, K_STEPS_PER_CHUNK, TOKEN_K_STEP_BYTES};
+use nvfp4_gemm_diag_abi::probe::*;
 
 /// Waits for the phase of `parity` (cluster-scope acquire if `cluster`); false when it has not
 /// completed within `PROBE_WAIT_LIMIT_NS`.

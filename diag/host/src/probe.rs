@@ -1,4 +1,5 @@
-//! The hardware probes (`kernel/src/probe.rs`, sm_90a; [`sm100`] for `kernel/src/probe_sm100.rs`):
+//! The hardware probes (`diag/kernel/src/probe.rs`, sm_90a; [`sm100`] for
+//! `diag/kernel/src/probe_sm100.rs`):
 //! their cases, inputs and outputs, run on any [`ProbeTarget`] — the GPU ([`GpuTarget`]) or the
 //! CPU model of the device (`model-tests`' `ModelTarget`) — so that the same probe, with the same
 //! inputs, runs on both and the outputs can be compared bit for bit
@@ -9,15 +10,16 @@
 //! Every probe returns the raw bytes its kernel wrote, status word included
 //! ([`PROBE_OK`] when every wait completed).
 
-use crate::device::Gpu;
-use crate::driver::launch::{launch, set_max_dynamic_smem};
-use crate::driver::tensor_map;
+use crate::DiagKernels;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::f16;
+use nvfp4_gemm::driver::launch::{launch, set_max_dynamic_smem};
+use nvfp4_gemm::driver::tensor_map;
+use nvfp4_gemm::{Arch, Gpu};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
-pub use nvfp4_gemm_abi::probe::*;
 use nvfp4_gemm_abi::sm90::{token_map_with_box, weight_map, CHUNK_K, K_STEPS_PER_CHUNK};
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TensorMapSwizzle, TiledMap, L2_PROMOTION};
+pub use nvfp4_gemm_diag_abi::probe::*;
 use std::sync::Arc;
 
 pub mod sm100;
@@ -56,10 +58,10 @@ impl ProbeKernel {
     }
 
     /// The architecture it is compiled for.
-    pub const fn arch(self) -> crate::Arch {
+    pub const fn arch(self) -> Arch {
         match self {
-            ProbeKernel::Tma | ProbeKernel::Sync | ProbeKernel::WgmmaN16 | ProbeKernel::WgmmaN128 => crate::Arch::Sm90a,
-            ProbeKernel::Tmem | ProbeKernel::Umma | ProbeKernel::Tma4Multicast => crate::Arch::Sm100a,
+            ProbeKernel::Tma | ProbeKernel::Sync | ProbeKernel::WgmmaN16 | ProbeKernel::WgmmaN128 => Arch::Sm90a,
+            ProbeKernel::Tmem | ProbeKernel::Umma | ProbeKernel::Tma4Multicast => Arch::Sm100a,
         }
     }
 }
@@ -402,20 +404,21 @@ pub fn compare_bytes(what: &str, a_name: &str, a: &[u8], b_name: &str, b: &[u8])
     ))
 }
 
-/// The GPU as a [`ProbeTarget`] (its default stream).
-pub struct GpuTarget<'a> {
-    gpu: &'a Gpu,
+/// The GPU as a [`ProbeTarget`] (its default stream, the diagnostic kernels loaded into its
+/// context).
+pub struct GpuTarget {
+    kernels: DiagKernels,
     stream: Arc<CudaStream>,
 }
 
-impl<'a> GpuTarget<'a> {
-    /// Probes on `gpu`.
-    pub fn new(gpu: &'a Gpu) -> Self {
-        GpuTarget { gpu, stream: gpu.context().default_stream() }
+impl GpuTarget {
+    /// Probes on `gpu`: loads the diagnostic module of its architecture.
+    pub fn new(gpu: &Gpu) -> nvfp4_gemm::Result<Self> {
+        Ok(GpuTarget { kernels: DiagKernels::load(gpu)?, stream: gpu.context().default_stream() })
     }
 }
 
-impl ProbeTarget for GpuTarget<'_> {
+impl ProbeTarget for GpuTarget {
     type Buf = (CudaSlice<u8>, usize);
 
     fn upload(&self, bytes: &[u8]) -> Result<Self::Buf, String> {
@@ -447,7 +450,7 @@ impl ProbeTarget for GpuTarget<'_> {
         params: ProbeParams,
         _: ModelRules,
     ) -> Result<(), String> {
-        let f = self.gpu.function(kernel.name()).map_err(|e| e.to_string())?;
+        let f = self.kernels.function(kernel.name()).map_err(|e| e.to_string())?;
         set_max_dynamic_smem(&f, geometry.smem_bytes).map_err(|e| e.to_string())?;
         // SAFETY: every probe kernel takes one `ProbeParams`; the runners above allocate the
         // buffers its contract asks for.

@@ -3,9 +3,11 @@
 //! (TMA tile loads with swizzle and out-of-bounds fill, bulk copies, mbarrier phases and
 //! transaction bytes, a 2-CTA cluster exchange through remote arrivals, `wgmma` fragments and
 //! descriptors), each writing what it observed to global memory, so that the H200 and the model
-//! can be compared bit for bit (`nvfp4_gemm::probe`, `tests/tests/gpu_probe_sm90.rs`).
+//! can be compared bit for bit (`nvfp4_gemm_diag::probe`, `tests/tests/gpu_probe_sm90.rs`).
 
-use crate::launch::LaunchGeometry;
+use nvfp4_gemm_abi::launch::LaunchGeometry;
+
+pub mod sm100;
 
 /// The one parameter of every probe kernel, by value. What `args` means depends on the probe
 /// (see the constants below).

@@ -10,12 +10,11 @@
 //! loads of `boxes_per_stage` consecutive boxes each, wrapping around the tensor; load `l` is
 //! CTA `l % grid`'s (grid-stride), so at any time the CTAs read neighbouring boxes.
 
-use crate::launch::{LaunchGeometry, MAX_DYNAMIC_SMEM};
-use crate::sm90::{token_map_with_box, weight_map, BLOCK_N, CHUNK_K, WEIGHT_ROW_BYTES};
-use crate::tensor_map::TiledMap;
+use nvfp4_gemm_abi::launch::{LaunchGeometry, MAX_DYNAMIC_SMEM};
+use nvfp4_gemm_abi::sm90::{token_map_with_box, weight_map, BLOCK_N, CHUNK_K, WEIGHT_ROW_BYTES};
+use nvfp4_gemm_abi::tensor_map::TiledMap;
 
-/// The kernel's exported name. It sorts after every other sm_90a kernel's name, so that adding it
-/// leaves the rest of the module's PTX (whose labels are numbered by function) as it was.
+/// The kernel's exported name.
 pub const TMA_BANDWIDTH_KERNEL: &str = "xfer_tma_bandwidth";
 
 /// Stages of the ring.
@@ -267,7 +266,7 @@ pub const fn tma_bandwidth_launch(grid: u32) -> LaunchGeometry {
 mod tests {
     extern crate std;
     use super::*;
-    use crate::tensor_map::{TensorMapDataType, TensorMapSwizzle};
+    use nvfp4_gemm_abi::tensor_map::{TensorMapDataType, TensorMapSwizzle};
 
     #[test]
     fn boxes_are_the_gemms() {

@@ -1,12 +1,13 @@
-//! Runs the end-to-end smoke kernel (`smoke_tma_cluster`, see `kernel/src/smoke.rs`): a diagnostic
-//! that the toolchain, tensor-map encoding, cluster launch, mbarriers and TMA work on this device.
+//! Runs the end-to-end smoke kernel (`smoke_tma_cluster`, see `diag/kernel/src/smoke.rs`): a
+//! diagnostic that the toolchain, tensor-map encoding, cluster launch, mbarriers and TMA work on
+//! this device.
 
-use crate::device::Gpu;
-use crate::driver::launch::{launch, set_max_dynamic_smem};
-use crate::driver::tensor_map;
-use crate::error::{Error, Result};
+use crate::{driver_error, DiagKernels};
 use cudarc::driver::DevicePtr;
-use nvfp4_gemm_abi::smoke::{self, *};
+use nvfp4_gemm::driver::launch::{launch, set_max_dynamic_smem};
+use nvfp4_gemm::driver::tensor_map;
+use nvfp4_gemm::{Gpu, Result};
+use nvfp4_gemm_diag_abi::smoke::{self, *};
 
 /// What the smoke run found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
     let n = (rows * SMOKE_TMA_COLS) as usize;
     let input: Vec<u8> = (0..n).map(|i| (i.wrapping_mul(131) % 251) as u8 + 1).collect();
     let stream = gpu.context().default_stream();
-    let d = |e| Error::driver("running the smoke test", e);
+    let d = |e| driver_error("running the smoke test", e);
     let src = stream.clone_htod(&input).map_err(d)?;
     let tile_out = stream.clone_htod(&vec![0xAAu8; n]).map_err(d)?;
     let words_n = (ctas * SMOKE_THREADS * SMOKE_WORDS_PER_THREAD) as usize;
@@ -44,7 +45,7 @@ pub fn run_smoke(gpu: &Gpu) -> Result<SmokeReport> {
     let map = tensor_map::encode(&smoke::tile_map(), src_ptr)?;
     let maps = stream.clone_htod(&map.0).map_err(d)?;
 
-    let f = gpu.function("smoke_tma_cluster")?;
+    let f = DiagKernels::load(gpu)?.function("smoke_tma_cluster")?;
     set_max_dynamic_smem(&f, geom.smem_bytes)?;
     {
         let (map, _g1) = maps.device_ptr(&stream);

@@ -11,14 +11,14 @@
 //!    `[cluster rank, cluster size, peer-ok, 0xC0DE]` per thread.
 
 use crate::ptx::{cluster, fence, mbarrier::Mbarrier, smem, sreg, tma};
-use nvfp4_gemm_abi::smoke::{SmokeParams, SMOKE_TMA_COLS, SMOKE_TMA_ROWS, SMOKE_WORDS_PER_THREAD};
+use nvfp4_gemm_diag_abi::smoke::{SmokeParams, SMOKE_TMA_COLS, SMOKE_TMA_ROWS, SMOKE_WORDS_PER_THREAD};
 
 /// See the module docs. `p.map` is a 2D `u8` tensor map (inner dim 128 bytes, box 128×64,
 /// 128-byte swizzle) over `gridDim.x * 64` rows; `p.tile_out` has the same shape; `p.words` holds
 /// 4 words per thread.
 ///
 /// # Safety
-/// Launched as `nvfp4_gemm_abi::smoke::launch` says, with `p` pointing at buffers of those sizes.
+/// Launched as `nvfp4_gemm_diag_abi::smoke::launch` says, with `p` pointing at buffers of those sizes.
 #[crate::ptx::kernel]
 pub unsafe fn smoke_tma_cluster(p: SmokeParams) {
     let map = p.map as *const tma::TensorMap;

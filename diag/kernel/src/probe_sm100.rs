@@ -1,7 +1,7 @@
 //! Hardware probes (sm_100a): small kernels that exercise exactly the Blackwell features the
 //! device model implements and the sm_100a GEMM uses, through the same `ptx` wrappers and `abi`
 //! encodings, and write what they observed to global memory. The host runs each on a B200 and in
-//! the model and compares the outputs byte for byte (`nvfp4_gemm::probe::sm100`,
+//! the model and compares the outputs byte for byte (`nvfp4_gemm_diag::probe::sm100`,
 //! `tests/tests/gpu_probe_sm100.rs`); `model-tests/tests/model_probe_sm100.rs` compares the
 //! model's outputs with expectations written from the ISA and CuTe.
 //!
@@ -19,9 +19,6 @@
 //!   barrier with `tcgen05.commit ... multicast::cluster` (the GEMM's release of a multicast
 //!   stage), which rank 0 waits for.
 //!
-//! The entry points' names sort after every other sm_100a kernel's, so that adding them leaves the
-//! rest of the module's PTX (whose labels are numbered by function) byte for byte as it was.
-//!
 //! Every wait gives up after `PROBE_WAIT_LIMIT_NS` and records `PROBE_TIMED_OUT` (the model
 //! reports a deadlock instead), so a disagreement cannot hang the GPU test.
 
@@ -31,9 +28,9 @@ use crate::ptx::tma::{self, CachePolicy};
 use crate::ptx::{barrier, cluster, fence, sreg, tcgen05};
 use nvfp4_gemm_abi::scale_layout::BLOCK_BYTES;
 use nvfp4_gemm_abi::sm100::desc::{LboMode, SmemDescriptorFields, SmemSwizzle, OPERAND_SBO_BYTES, SCALE_SBO_BYTES};
-use nvfp4_gemm_abi::sm100::probe::*;
 use nvfp4_gemm_abi::sm100::tmem::warp_lane_base;
 use nvfp4_gemm_abi::sm100::{InstrDescriptor, SmemDescriptor, TmemAddress, TmemPlan};
+use nvfp4_gemm_diag_abi::probe::sm100::*;
 
 /// When a probe's waits give up: [`PROBE_WAIT_LIMIT_NS`] of `%globaltimer` after its start.
 #[derive(Clone, Copy)]

@@ -1,7 +1,7 @@
-//! Parameters and launch shapes of the sm_100a hardware probes (`kernel/src/probe_sm100.rs`):
+//! Parameters and launch shapes of the sm_100a hardware probes (`diag/kernel/src/probe_sm100.rs`):
 //! small kernels that exercise exactly the Blackwell features the device model implements and the
 //! sm_100a GEMM uses, each writing what it observed to global memory, so that the first B200 and
-//! the model can be compared byte for byte (`nvfp4_gemm::probe::sm100`,
+//! the model can be compared byte for byte (`nvfp4_gemm_diag::probe::sm100`,
 //! `tests/tests/gpu_probe_sm100.rs`):
 //! - `tmem_probe`: `tcgen05.alloc`, 33 `tcgen05.cp.32x128b.warpx4` of 512-byte scale blocks,
 //!   `tcgen05.ld.16x256b` read-back of a 128 × 128 TMEM window;
@@ -18,9 +18,9 @@
 //! (an LBO the ISA calls unused, scale columns off the 4-column grid), which only hardware can
 //! settle.
 
-use crate::launch::LaunchGeometry;
-pub use crate::probe::{ProbeParams, PROBE_BARRIER_BYTES, PROBE_OK, PROBE_TIMED_OUT, PROBE_WAIT_LIMIT_NS};
-use crate::scale_layout::BLOCK_BYTES;
+pub use super::{ProbeParams, PROBE_BARRIER_BYTES, PROBE_OK, PROBE_TIMED_OUT, PROBE_WAIT_LIMIT_NS};
+use nvfp4_gemm_abi::launch::LaunchGeometry;
+use nvfp4_gemm_abi::scale_layout::BLOCK_BYTES;
 
 /// Threads of every sm_100a probe CTA: four warps, one per TMEM lane quarter.
 pub const SM100_PROBE_THREADS: u32 = 128;
@@ -147,7 +147,7 @@ pub const fn multicast_probe_launch() -> LaunchGeometry {
 }
 
 const _: () = assert!(UMMA_PROBE_B_OFFSET % 1024 == 0 && UMMA_PROBE_A_OFFSET % 1024 == 0);
-const _: () = assert!(UMMA_PROBE_SMEM <= crate::launch::MAX_DYNAMIC_SMEM);
+const _: () = assert!(UMMA_PROBE_SMEM <= nvfp4_gemm_abi::launch::MAX_DYNAMIC_SMEM);
 const _: () = assert!(tmem_probe_copy_column(TMEM_PROBE_BLOCKS - 1, 3) + 4 <= TMEM_PROBE_ALLOC);
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The sm_100a hardware probes (`kernel/src/probe_sm100.rs`): their cases, inputs and outputs, run
+//! The sm_100a hardware probes (`diag/kernel/src/probe_sm100.rs`): their cases, inputs and outputs, run
 //! on any [`ProbeTarget`] — the first B200 ([`super::GpuTarget`]) or the device model — with the
 //! same bytes, so that `tests/tests/gpu_probe_sm100.rs` can compare the two byte for byte and
 //! `model-tests/tests/model_probe_sm100.rs` can compare the model's outputs with expectations
@@ -15,15 +15,15 @@
 //! (`model-tests/tests/model_tensor_maps.rs`).
 
 use super::{compare_bytes, element_bytes, pattern, ModelRules, ProbeKernel, ProbeTarget};
-use crate::layout::{Fp4Map, Sm100DeviceLayout, Sm100Layout};
-use crate::moe::{MoeProblem, TokenLayout};
-use crate::problem::{GroupShape, OutputType, Problem};
+use nvfp4_gemm::layout::{Fp4Map, Sm100DeviceLayout, Sm100Layout};
+use nvfp4_gemm::moe::{MoeProblem, TokenLayout};
+use nvfp4_gemm::problem::{GroupShape, OutputType, Problem};
 use nvfp4_gemm_abi::scale_layout::{self, BLOCK_BYTES};
 use nvfp4_gemm_abi::sm100::config::BLOCK_M;
-pub use nvfp4_gemm_abi::sm100::probe::*;
 use nvfp4_gemm_abi::sm100::scale::scale_block_offset;
 use nvfp4_gemm_abi::sm100::{Fp4MapLayout, Fp4TensorMap, KernelConfig};
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TensorMapDataType, TiledMap};
+pub use nvfp4_gemm_diag_abi::probe::sm100::*;
 use std::ops::Range;
 
 /// UE4M3 codes of the probes' scales: 0.5, 1, 2 and 4 (exponent bias 7, no mantissa), so that

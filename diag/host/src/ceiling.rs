@@ -1,15 +1,15 @@
-//! The TMA bandwidth kernel (`xfer_tma_bandwidth`, `kernel/src/ceiling.rs`, sm_90a) on the GPU,
+//! The TMA bandwidth kernel (`xfer_tma_bandwidth`, `diag/kernel/src/ceiling.rs`, sm_90a) on the GPU,
 //! for `nvfp4-bench`'s measured ceilings: prepared once per case ([`TmaBandwidth::new`]: the
 //! tensor map over the caller's buffer, the output), launched as often as the caller times it,
 //! its counters read back to check that every box arrived. Not part of the GEMM's API.
 
-use crate::device::{Arch, Gpu};
-use crate::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
-use crate::driver::module::Kernel;
-use crate::driver::tensor_map;
-use crate::error::{Error, Result};
+use crate::{driver_error, DiagKernels};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-pub use nvfp4_gemm_abi::ceiling::*;
+use nvfp4_gemm::driver::launch::{launch, set_max_dynamic_smem, LaunchGeometry};
+use nvfp4_gemm::driver::module::Kernel;
+use nvfp4_gemm::driver::tensor_map;
+use nvfp4_gemm::{Arch, Error, Gpu, Result};
+pub use nvfp4_gemm_diag_abi::ceiling::*;
 use std::sync::Arc;
 
 /// One case of the TMA bandwidth kernel, ready to launch on one stream.
@@ -42,7 +42,7 @@ impl TmaBandwidth {
                 buffer.len()
             )));
         }
-        let d = |e| Error::driver("preparing the TMA bandwidth kernel", e);
+        let d = |e| driver_error("preparing the TMA bandwidth kernel", e);
         let base = {
             let (ptr, _sync) = buffer.device_ptr(stream);
             ptr
@@ -56,7 +56,7 @@ impl TmaBandwidth {
             case.params(m, o)
         };
         let geometry = tma_bandwidth_launch(grid);
-        let f = gpu.function(TMA_BANDWIDTH_KERNEL)?;
+        let f = DiagKernels::load(gpu)?.function(TMA_BANDWIDTH_KERNEL)?;
         set_max_dynamic_smem(&f, geometry.smem_bytes)?;
         Ok(TmaBandwidth { f, stream: stream.clone(), _map: map, out, params, geometry })
     }
@@ -81,7 +81,7 @@ impl TmaBandwidth {
 
     /// After a launch: the boxes each CTA received (synchronizes the stream).
     pub fn boxes_received(&self) -> Result<Vec<u32>> {
-        let words = self.stream.clone_dtoh(&self.out).map_err(|e| Error::driver("reading the TMA counters", e))?;
+        let words = self.stream.clone_dtoh(&self.out).map_err(|e| driver_error("reading the TMA counters", e))?;
         Ok(words.chunks_exact(TMA_BW_OUT_WORDS as usize).map(|w| w[TMA_BW_OUT_BOXES as usize]).collect())
     }
 

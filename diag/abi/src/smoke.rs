@@ -14,7 +14,7 @@ pub const SMOKE_SMEM_BYTES: u32 = 1024 + SMOKE_TMA_ROWS * SMOKE_TMA_COLS;
 /// Words each thread writes to the smoke output: cluster rank, peer-arrival ok, tile checksum.
 pub const SMOKE_WORDS_PER_THREAD: u32 = 4;
 
-use crate::launch::LaunchGeometry;
+use nvfp4_gemm_abi::launch::LaunchGeometry;
 
 /// The parameter of `smoke_tma_cluster`, by value: three device addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -27,7 +27,7 @@ pub struct SmokeParams {
     /// Output: [`SMOKE_WORDS_PER_THREAD`] words per thread.
     pub words: u64,
 }
-use crate::tensor_map::{TensorMapDataType, TensorMapSwizzle, TiledMap, L2_PROMOTION};
+use nvfp4_gemm_abi::tensor_map::{TensorMapDataType, TensorMapSwizzle, TiledMap, L2_PROMOTION};
 
 /// CTAs of the smoke launch: two clusters.
 pub const SMOKE_CTAS: u32 = 2 * SMOKE_CLUSTER;

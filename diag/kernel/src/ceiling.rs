@@ -1,6 +1,6 @@
 //! The TMA bandwidth kernel (sm_90a): [`xfer_tma_bandwidth`] measures how fast 2D TMA tile loads
 //! reach shared memory, with the sm_90a GEMM's box shapes and a ring like its producer's
-//! (`nvfp4_gemm_abi::ceiling`: the parameters, the walk over the boxes, the launch).
+//! (`nvfp4_gemm_diag_abi::ceiling`: the parameters, the walk over the boxes, the launch).
 //!
 //! One producer thread (warp 0, lane 0) issues per stage `boxes_per_stage` TMA tile loads, all
 //! completing on the stage's full barrier; the consumer warps wait for each stage and release it
@@ -8,10 +8,10 @@
 //! touches the data: it reads the first word of each box and counts the boxes, and writes both to
 //! `out` at the end (so that the host, and the model, can check that every box arrived).
 
-use crate::pipeline::{Barriers, Consumer, Producer, Scope};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{barrier, fence, sreg, tma};
-use nvfp4_gemm_abi::ceiling::*;
+use nvfp4_gemm_diag_abi::ceiling::*;
+use nvfp4_gemm_kernel::pipeline::{Barriers, Consumer, Producer, Scope};
 
 /// See the module docs.
 ///
