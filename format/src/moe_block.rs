@@ -416,6 +416,10 @@ fn expert_row(a: &[f64], d: &Decoded, i: usize, options: &BlockOptions) -> Resul
     let (z_op, z_scale) = token_operand(&z, options.precision, d.w2_input)?;
     let mut o = vec![0.0; a.len()];
     gemm_row(&z_op, &d.w2, z_scale * d.w2_global, &mut o);
+    // The second GEMM stores its output in the 16-bit type, as the first does.
+    for v in &mut o {
+        *v = dtype.round(*v);
+    }
     Ok(o)
 }
 

@@ -286,7 +286,7 @@ fn w4a4_matches_the_grouped_reference_gemm() {
     };
     let h: Vec<f64> = gemm(q(&x, e.w13_input_scale), &e.w13).into_iter().map(bf16_round).collect();
     let z: Vec<f64> = (0..64).map(|j| bf16_round(silu(h[j]) * h[64 + j])).collect();
-    let o = gemm(q(&z, e.w2_input_scale), &e.w2);
+    let o: Vec<f64> = gemm(q(&z, e.w2_input_scale), &e.w2).into_iter().map(bf16_round).collect();
     let y = reference(&x, 128, &routing(&[0], &[0.75], 1), &experts, &W4A4_SILU).unwrap();
     for (c, (got, o)) in y.iter().zip(&o).enumerate() {
         let expected = 0.75 * o;
