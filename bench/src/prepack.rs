@@ -150,21 +150,6 @@ pub fn table(rows: &[PrepackResult], env: &Environment) -> String {
     out
 }
 
-/// Random e4m3 scale bytes: normal magnitudes of either sign, and often ±0, subnormals and NaN.
-fn random_scales(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|_| {
-            let sign = if rng.below(2) == 0 { 0 } else { 0x80 };
-            match rng.below(8) {
-                0 => sign,
-                1 => sign | (1 + rng.below(7) as u8),
-                2 => sign | 0x7F,
-                _ => sign | (8 + rng.below(0x77) as u8),
-            }
-        })
-        .collect()
-}
-
 impl Bench {
     /// Times the GPU prepack of `shape` for f16 and bf16 activations ([`table`]'s rows). Device
     /// memory: the stack twice (in and out), e.g. 2 × 2.1 GB for `ds-w2`; the inputs are
@@ -185,7 +170,7 @@ impl Bench {
         let mut rng = SplitMix64::new(o.seed ^ 0x9E9A);
         let mut values = vec![0u8; drawn * per_v];
         rng.fill_bytes(&mut values);
-        let scales = random_scales(&mut rng, drawn * per_s);
+        let scales = rng.e4m3_bytes(drawn * per_s);
         let prepacker = Prepacker::new(&self.gpu).map_err(lib("setup"))?;
         let stream = self.timer.stream().clone();
         let (drawn_v, drawn_s) = (

@@ -58,6 +58,23 @@ impl SplitMix64 {
             chunk.copy_from_slice(&bytes[..chunk.len()]);
         }
     }
+
+    /// `len` random e4m3 scale bytes of every kind a stored checkpoint may hold: normal magnitudes
+    /// of either sign (3 in 4), and often ±0, subnormals and NaN (1 in 8 each), so that code
+    /// reading scales meets signs, zeros and NaN in many blocks.
+    pub fn e4m3_bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                let sign = if self.below(2) == 0 { 0 } else { 0x80 };
+                match self.below(8) {
+                    0 => sign,
+                    1 => sign | (1 + self.below(7) as u8),
+                    2 => sign | 0x7F,
+                    _ => sign | (8 + self.below(0x77) as u8),
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,40 @@ pub fn prepack(m: &Nvfp4Matrix, activations: Activations) -> Result<W4a16Weights
     })
 }
 
+/// [`prepack`] of every matrix of a stack held as [`Prepacker::prepack`] takes it (values and
+/// blocked scales of each matrix back to back): the CPU reference of the GPU prepack. Errors as
+/// [`WeightStack::sizes`], and [`Error::InvalidProblem`] when a buffer is not the stack's size.
+pub fn prepack_stack(
+    stack: WeightStack,
+    values: &[u8],
+    scales: &[u8],
+    activations: Activations,
+) -> Result<(Vec<u8>, Vec<u8>)> {
+    let sizes = stack.sizes()?;
+    if values.len() != sizes.values || scales.len() != sizes.scales {
+        return Err(Error::InvalidProblem(format!(
+            "{stack:?}: {} value and {} scale bytes, expected {} and {}",
+            values.len(),
+            scales.len(),
+            sizes.values,
+            sizes.scales
+        )));
+    }
+    let (mut v, mut s) = (Vec::with_capacity(sizes.values), Vec::with_capacity(sizes.scales));
+    if stack.experts == 0 {
+        return Ok((v, s));
+    }
+    let (per_v, per_s) = (sizes.values / stack.experts, sizes.scales / stack.experts);
+    for (mv, ms) in values.chunks_exact(per_v.max(1)).zip(scales.chunks_exact(per_s.max(1))) {
+        let m = Nvfp4Matrix::new(stack.rows, stack.k, mv.to_vec(), ms.to_vec(), 1.0)
+            .map_err(|e| Error::InvalidProblem(format!("{stack:?}: {e}")))?;
+        let w = prepack(&m, activations)?;
+        v.extend_from_slice(&w.values);
+        s.extend_from_slice(&w.scales);
+    }
+    Ok((v, s))
+}
+
 /// The prepacked scale buffer of a blocked scale buffer for reduction length `k`: every byte,
 /// padding rows included (what padding holds reaches only rows and columns that are never
 /// stored; re-encoded, a finite padding byte stays finite), moved within its 16-row group as
@@ -336,6 +370,28 @@ mod tests {
             Error::InvalidArgument { call: CALL, field, .. } => field,
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_stack_prepack_is_each_matrix_prepacked() {
+        let stack = WeightStack { experts: 3, rows: 20, k: 128 };
+        let sizes = stack.sizes().unwrap();
+        let mut rng = SplitMix64::new(5);
+        let mut values = vec![0u8; sizes.values];
+        rng.fill_bytes(&mut values);
+        let scales = rng.e4m3_bytes(sizes.scales);
+        let (per_v, per_s) = (sizes.values / 3, sizes.scales / 3);
+        for act in [Activations::F16, Activations::Bf16] {
+            let (v, s) = prepack_stack(stack, &values, &scales, act).unwrap();
+            for e in 0..3 {
+                let (mv, ms) = (&values[e * per_v..][..per_v], &scales[e * per_s..][..per_s]);
+                let w = prepack(&Nvfp4Matrix::new(20, 128, mv.to_vec(), ms.to_vec(), 1.0).unwrap(), act).unwrap();
+                assert_eq!((&v[e * per_v..][..per_v], &s[e * per_s..][..per_s]), (&w.values[..], &w.scales[..]));
+            }
+        }
+        assert!(prepack_stack(stack, &values[1..], &scales, Activations::F16).is_err());
+        let empty = WeightStack { experts: 0, rows: 20, k: 128 };
+        assert_eq!(prepack_stack(empty, &[], &[], Activations::F16).unwrap(), (vec![], vec![]));
     }
 
     #[test]

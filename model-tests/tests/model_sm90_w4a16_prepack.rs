@@ -7,8 +7,8 @@
 //! byte, the CPU prepack (`nvfp4_gemm::w4a16::prepack`) of each expert's matrix, the guards and
 //! the inputs untouched.
 
-use nvfp4_format::{Nvfp4Matrix, SplitMix64};
-use nvfp4_gemm::w4a16::{prepack, prepack_params, Activations, PrepackViews, WeightStack};
+use nvfp4_format::SplitMix64;
+use nvfp4_gemm::w4a16::{prepack_params, prepack_stack, Activations, PrepackViews, WeightStack};
 use nvfp4_gemm_abi::sm90::prepack::{items, prepack_launch, PREPACK_CTAS_PER_SM};
 use nvfp4_gemm_kernel::sm90::prepack::sm90_w4a16_prepack;
 use nvfp4_gemm_model_tests::*;
@@ -17,48 +17,6 @@ use nvfp4_gemm_model_tests::*;
 const GUARD_BYTES: usize = 64;
 const GUARD_BYTE: u8 = 0xE7;
 const POISON_BYTE: u8 = 0xA5;
-
-/// Random bytes of `len`.
-fn bytes(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
-    (0..len).map(|_| rng.below(256) as u8).collect()
-}
-
-/// Random e4m3 scale bytes of `len`: normal magnitudes with either sign, and often ±0,
-/// subnormals and NaN (so that the bf16 prepack folds signs and zeros in many blocks).
-fn scales(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|_| {
-            let sign = if rng.below(2) == 0 { 0 } else { 0x80 };
-            match rng.below(8) {
-                0 => sign,
-                1 => sign | (1 + rng.below(7) as u8),
-                2 => sign | 0x7F,
-                _ => sign | (8 + rng.below(0x77) as u8),
-            }
-        })
-        .collect()
-}
-
-/// The CPU prepack of every expert of the stack, back to back.
-fn cpu_prepack(stack: WeightStack, values: &[u8], scales: &[u8], act: Activations) -> (Vec<u8>, Vec<u8>) {
-    let sizes = stack.sizes().unwrap();
-    let (per_v, per_s) = (sizes.values / stack.experts, sizes.scales / stack.experts);
-    let (mut v, mut s) = (vec![], vec![]);
-    for e in 0..stack.experts {
-        let m = Nvfp4Matrix::new(
-            stack.rows,
-            stack.k,
-            values[e * per_v..(e + 1) * per_v].to_vec(),
-            scales[e * per_s..(e + 1) * per_s].to_vec(),
-            1.0,
-        )
-        .unwrap();
-        let w = prepack(&m, act).unwrap();
-        v.extend_from_slice(&w.values);
-        s.extend_from_slice(&w.scales);
-    }
-    (v, s)
-}
 
 /// An output of `len` bytes between guards, poisoned.
 fn guarded(len: usize) -> DeviceBuf {
@@ -85,8 +43,10 @@ fn first_difference(got: &[u8], want: &[u8], per: usize) -> Option<String> {
 fn check(stack: WeightStack, act: Activations, sm_count: u32, seed: u64) {
     let mut rng = SplitMix64::new(seed);
     let sizes = stack.sizes().unwrap();
-    let (values, scale_bytes) = (bytes(&mut rng, sizes.values), scales(&mut rng, sizes.scales));
-    let (want_v, want_s) = cpu_prepack(stack, &values, &scale_bytes, act);
+    let mut values = vec![0u8; sizes.values];
+    rng.fill_bytes(&mut values);
+    let scale_bytes = rng.e4m3_bytes(sizes.scales);
+    let (want_v, want_s) = prepack_stack(stack, &values, &scale_bytes, act).unwrap();
     let (in_v, in_s) = (DeviceBuf::from_bytes(&values), DeviceBuf::from_bytes(&scale_bytes));
     let (out_v, out_s) = (guarded(sizes.values), guarded(sizes.scales));
     let view = |b: &DeviceBuf, len| nvfp4_gemm::problem::BufferView { ptr: b.addr() + GUARD_BYTES as u64, len };

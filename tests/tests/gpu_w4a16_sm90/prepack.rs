@@ -11,10 +11,10 @@
 //! module of `gpu_w4a16_sm90`: one test binary less in the GPU bundle.)
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use nvfp4_format::{Nvfp4Matrix, SplitMix64};
+use nvfp4_format::SplitMix64;
 use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::Nvfp4OperandMut;
-use nvfp4_gemm::w4a16::{prepack, Activations, PrepackViews, Prepacker, WeightStack};
+use nvfp4_gemm::w4a16::{prepack_stack, Activations, PrepackViews, Prepacker, WeightStack};
 use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand};
 use nvfp4_gemm_tests::{gpu_or_skip, require_gpu};
 use std::sync::Arc;
@@ -51,49 +51,13 @@ impl Guarded {
     }
 }
 
-/// Random e4m3 scale bytes: normal magnitudes of either sign, and often ±0, subnormals and NaN.
-fn random_scales(rng: &mut SplitMix64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|_| {
-            let sign = if rng.below(2) == 0 { 0 } else { 0x80 };
-            match rng.below(8) {
-                0 => sign,
-                1 => sign | (1 + rng.below(7) as u8),
-                2 => sign | 0x7F,
-                _ => sign | (8 + rng.below(0x77) as u8),
-            }
-        })
-        .collect()
-}
-
 /// A random stack's values and scales (padding rows random too).
 fn random_stack(stack: WeightStack, seed: u64) -> (Vec<u8>, Vec<u8>) {
     let mut rng = SplitMix64::new(seed);
     let sizes = stack.sizes().unwrap();
     let mut values = vec![0u8; sizes.values];
     rng.fill_bytes(&mut values);
-    (values, random_scales(&mut rng, sizes.scales))
-}
-
-/// The CPU prepack of every expert, back to back.
-fn cpu_prepack(stack: WeightStack, values: &[u8], scales: &[u8], act: Activations) -> (Vec<u8>, Vec<u8>) {
-    let sizes = stack.sizes().unwrap();
-    let (per_v, per_s) = (sizes.values / stack.experts, sizes.scales / stack.experts);
-    let (mut v, mut s) = (Vec::with_capacity(sizes.values), Vec::with_capacity(sizes.scales));
-    for e in 0..stack.experts {
-        let m = Nvfp4Matrix::new(
-            stack.rows,
-            stack.k,
-            values[e * per_v..(e + 1) * per_v].to_vec(),
-            scales[e * per_s..(e + 1) * per_s].to_vec(),
-            1.0,
-        )
-        .unwrap();
-        let w = prepack(&m, act).unwrap();
-        v.extend_from_slice(&w.values);
-        s.extend_from_slice(&w.scales);
-    }
-    (v, s)
+    (values, rng.e4m3_bytes(sizes.scales))
 }
 
 /// The first difference of `got` from `want` (matrices of `per` bytes), if any.
@@ -118,7 +82,7 @@ fn check(gpu: &Gpu, prepacker: &Prepacker, stack: WeightStack, seed: u64) {
     let (in_v, in_s) = (stream.clone_htod(&values).unwrap(), stream.clone_htod(&scales).unwrap());
     let (mut out_v, mut out_s) = (Guarded::new(&stream, sizes.values), Guarded::new(&stream, sizes.scales));
     for act in [Activations::F16, Activations::Bf16] {
-        let (want_v, want_s) = cpu_prepack(stack, &values, &scales, act);
+        let (want_v, want_s) = prepack_stack(stack, &values, &scales, act).unwrap();
         for poison in POISONS {
             out_v.poison(&stream, poison);
             out_s.poison(&stream, poison);
@@ -304,7 +268,7 @@ fn gpu_w4a16_prepack_through_the_c_interface() {
     let stack = WeightStack { experts: 3, rows: 200, k: 448 };
     let sizes = stack.sizes().unwrap();
     let (values, scales) = random_stack(stack, 77);
-    let (want_v, want_s) = cpu_prepack(stack, &values, &scales, Activations::Bf16);
+    let (want_v, want_s) = prepack_stack(stack, &values, &scales, Activations::Bf16).unwrap();
     let (in_v, in_s) = (stream.clone_htod(&values).unwrap(), stream.clone_htod(&scales).unwrap());
     let out_v = stream.clone_htod(&vec![0xA5u8; sizes.values]).unwrap();
     let out_s = stream.clone_htod(&vec![0xA5u8; sizes.scales]).unwrap();
