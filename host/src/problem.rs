@@ -530,8 +530,8 @@ pub(crate) struct BufferCache {
     spans: Vec<Span>,
 }
 
-/// How many validated calls a [`BufferCache`] remembers.
-pub(crate) const VALIDATED_CALLS: usize = crate::engine::TABLE_SETS;
+/// How many validated calls a [`BufferCache`] remembers: as many as the engine's table sets.
+pub(crate) const VALIDATED_CALLS: usize = crate::rules::CALLS_KEPT;
 
 impl BufferCache {
     /// An empty cache for calls of `groups` groups.

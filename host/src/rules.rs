@@ -24,6 +24,10 @@ pub const N_MULTIPLE: usize = 8;
 /// need 16).
 pub const BUFFER_ALIGN: u64 = 16;
 
+/// How many calls' buffers a plan keeps ready: its table sets (a call whose buffers one holds
+/// only launches) and the validated calls whose buffers it need not check again.
+pub const CALLS_KEPT: usize = 16;
+
 /// Bytes of `rows × k/16` e4m3 scales in the 128x4 blocked layout: rows padded to 128, scale
 /// columns to 4 (docs/format.md).
 pub const fn blocked_bytes(rows: usize, k: usize) -> usize {

@@ -245,7 +245,7 @@ pub(crate) enum Alphas {
 }
 
 /// How many table sets a plan keeps (each with the call it holds the tables of).
-pub const TABLE_SETS: usize = 16;
+pub const TABLE_SETS: usize = crate::rules::CALLS_KEPT;
 
 /// Which call's tables each table set holds (the signature of its last upload, see
 /// [`Layout::signature`], with where its alphas came from), and which set a call uses: the one
