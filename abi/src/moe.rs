@@ -46,6 +46,7 @@
 //! The schedulers' shared contract is [`schedule`]; the sm_90a kernel choice and tile numbering
 //! [`sm90`].
 
+pub mod block;
 pub mod schedule;
 pub mod sm90;
 
@@ -274,6 +275,9 @@ pub const fn max_busy_groups(s: &DeviceSizes) -> u64 {
 ///
 /// `convert` is as for `nvfp4_quantize` with `rows` = the token tensor's rows and `scales` the
 /// grouped scale tensor ([`DeviceSizes::scale_rows`] rows); only the rows of groups are quantized.
+/// `gather` (all zero for a plain grouped quantization) makes each row read a token row of
+/// another tensor, optionally weighted, and optionally stores the rows unquantized
+/// ([`block::Gather`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct GroupedConvertParams {
@@ -281,9 +285,11 @@ pub struct GroupedConvertParams {
     pub convert: crate::quantize::ConvertParams,
     /// The device sizes.
     pub sizes: DeviceSizes,
+    /// Where each row comes from, its router weight, the output kind.
+    pub gather: block::Gather,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 64);
+const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 88);
 
 #[cfg(test)]
 mod tests {

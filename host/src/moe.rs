@@ -347,6 +347,7 @@ fn validate_grouped_quantize(
             bf16: bf16 as u32,
         },
         sizes: p.device_sizes(sizes.ptr),
+        gather: Default::default(),
     })
 }
 

@@ -132,6 +132,8 @@ pub struct Quantizer {
     dequantize: Kernel,
     /// `nvfp4_quantize_grouped` (device-sized layouts, `crate::moe`).
     quantize_grouped: Kernel,
+    /// `moe_activate` (the MoE block's activation, `crate::moe_block`).
+    activate: Kernel,
     max_ctas: u32,
 }
 
@@ -145,6 +147,7 @@ impl Quantizer {
             quantize: gpu.function("nvfp4_quantize")?,
             dequantize: gpu.function("nvfp4_dequantize")?,
             quantize_grouped: gpu.function("nvfp4_quantize_grouped")?,
+            activate: gpu.function("moe_activate")?,
             max_ctas: gpu.sm_count().max(1) * CTAS_PER_SM,
         })
     }
@@ -264,6 +267,20 @@ impl Quantizer {
     ) -> Result<()> {
         // SAFETY: one `GroupedConvertParams` by value, as the kernel takes; the caller vouches.
         unsafe { launch(&self.quantize_grouped, stream, abi::launch(items, self.max_ctas), params) }
+    }
+
+    /// Launches `moe_activate` over `items` work items (`crate::moe_block`).
+    ///
+    /// # Safety
+    /// `params` must satisfy the kernel's `# Safety` contract.
+    pub(crate) unsafe fn launch_activate(
+        &self,
+        stream: &CudaStream,
+        items: u64,
+        params: &nvfp4_gemm_abi::moe::block::ActivateParams,
+    ) -> Result<()> {
+        // SAFETY: one `ActivateParams` by value, as the kernel takes; the caller vouches.
+        unsafe { launch(&self.activate, stream, abi::launch(items, self.max_ctas), params) }
     }
 
     /// # Safety

@@ -10,7 +10,7 @@
 //!
 //! Layering (dependencies point one way): [`ptx`] is the only module with `asm!` or other access to
 //! the hardware (special registers, shared memory, barriers, async copies, tensor-core ops);
-//! the kernels above it (`sm90`, `sm100`, [`quantize`], [`quantize_grouped`]) are written against
+//! the kernels above it (`sm90`, `sm100`, [`quantize`], [`quantize_grouped`], [`activate`]) are written against
 //! that vocabulary only, with the stage rings of [`pipeline`] and the work-list cursor of [`work`].
 //!
 //! Every kernel here is a product kernel. The diagnostic kernels (hardware probes, toolchain smoke,
@@ -27,6 +27,7 @@
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod activate;
 pub mod moe;
 pub mod pipeline;
 pub mod ptx;

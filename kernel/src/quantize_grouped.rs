@@ -4,18 +4,84 @@
 //! of groups are read and written (with the sizes clamped as the scheduler clamps them), and
 //! padding scale rows are left as they are.
 //!
+//! With `gather` set (`nvfp4_gemm_abi::moe::block::Gather`) it is the MoE block's first step:
+//! row `r` reads token row `row_token[r]` of `x`, optionally multiplied by `row_weight[r]` (the
+//! product of a 16-bit value and an `f32` has at most 11 + 24 significant bits, exact in `f64`,
+//! then rounded once to the input type, `D(x · w)` as the contract's step 1 says), and is either
+//! quantized as above (W4A4) or stored as 16-bit (W4A16).
+//!
 //! Work item = (token row, block of 16 values), grid-strided; each item finds its row's scale row
 //! from the device sizes (a binary search over the offsets, or a division for the masked layout).
 
-use crate::ptx::sreg;
+use crate::ptx::{cvt_f64, sreg};
+use nvfp4_gemm_abi::moe::block::Gather;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
-use nvfp4_gemm_abi::quantize::{quantize_block, BLOCK, THREADS};
+use nvfp4_gemm_abi::quantize::{half_to_f64, quantize_block, BLOCK, THREADS};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
-/// 16 bytes, so that loads through it become `ld.v4`.
+/// 16 bytes, so that loads and stores through it become `ld.v4` / `st.v4`.
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
-struct U32x4([u32; 4]);
+pub(crate) struct U32x4(pub(crate) [u32; 4]);
+
+/// `x` rounded once to the 16-bit type (bf16 when `bf16`), as its bit pattern.
+#[inline(always)]
+pub(crate) fn round_to_half(x: f64, bf16: bool) -> u16 {
+    if bf16 {
+        cvt_f64::f64_to_bf16_bits(x)
+    } else {
+        cvt_f64::f64_to_f16_bits(x)
+    }
+}
+
+/// Both halves of `word` times `w`, each rounded once.
+#[inline(always)]
+fn weigh(word: u32, w: f64, bf16: bool) -> u32 {
+    let lo = round_to_half(half_to_f64(word as u16, bf16) * w, bf16);
+    let hi = round_to_half(half_to_f64((word >> 16) as u16, bf16) * w, bf16);
+    lo as u32 | (hi as u32) << 16
+}
+
+/// The 16 input values of output row `row`, block `j`, as 8 words: the gathered token's (zeros
+/// for a token id out of range), weighted when the gather says so.
+///
+/// # Safety
+/// As the kernel's.
+#[inline(always)]
+unsafe fn load_block(dense: u64, k: u32, g: &Gather, row: u32, j: u32, bf16: bool) -> [u32; 8] {
+    let token = if g.row_token == 0 {
+        row
+    } else {
+        // SAFETY: `row_token` holds a `u32` per token row (the caller's contract).
+        unsafe { *(g.row_token as *const u32).add(row as usize) }
+    };
+    if g.row_token != 0 && token >= g.tokens {
+        return [0; 8];
+    }
+    let first = token as usize * k as usize + (BLOCK * j) as usize;
+    // SAFETY: token is a row of the input: its block's 32 bytes (32-byte aligned) are readable.
+    let (a, b) = unsafe {
+        let src = (dense as *const u8).add(2 * first) as *const U32x4;
+        ((*src).0, (*src.add(1)).0)
+    };
+    let words = [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]];
+    if g.row_weight == 0 {
+        return words;
+    }
+    // SAFETY: `row_weight` holds an `f32` per token row (the caller's contract).
+    let w = unsafe { *(g.row_weight as *const f32).add(row as usize) } as f64;
+    let [w0, w1, w2, w3, w4, w5, w6, w7] = words;
+    [
+        weigh(w0, w, bf16),
+        weigh(w1, w, bf16),
+        weigh(w2, w, bf16),
+        weigh(w3, w, bf16),
+        weigh(w4, w, bf16),
+        weigh(w5, w, bf16),
+        weigh(w6, w, bf16),
+        weigh(w7, w, bf16),
+    ]
+}
 
 /// See the module docs. Launch: [`THREADS`] threads per CTA, any number of CTAs (grid-strided
 /// over `rows · k / 16` items).
@@ -23,7 +89,11 @@ struct U32x4([u32; 4]);
 /// # Safety
 /// As `nvfp4_quantize` with `p.convert.rows` the token rows, except that `p.convert.scales` holds
 /// `p.sizes.scale_rows()` scale rows; `p.sizes.sizes` points to `p.sizes.sizes_len()` readable
-/// `u32`s. The host's `Quantizer::quantize_grouped` checks all of it before launching.
+/// `u32`s. With `p.gather.row_token` set, `p.convert.dense` holds `p.gather.tokens` rows and
+/// `row_token` `rows` readable `u32`s; with `row_weight` set, it holds `rows` readable `f32`s;
+/// with `dense_output`, `p.convert.values` holds `rows · k` writable 16-bit values. The host's
+/// `Quantizer::quantize_grouped` and `quantize_grouped_gather_views` check all of it before
+/// launching.
 #[crate::ptx::kernel]
 pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
     let c = p.convert;
@@ -43,14 +113,19 @@ pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
         let (row, j) = (item / blocks, item % blocks);
         if let Some(scale_row) = p.sizes.scale_row(row, load) {
             let first = row as usize * c.k as usize + (BLOCK * j) as usize;
-            // SAFETY: row < rows: the block's 16 values (32 bytes, 32-byte aligned) are in the
-            // input; its 8 packed bytes in the values; `scale_row` is below the scale rows.
+            // SAFETY: row < rows: the block's input is readable (`load_block`); its 8 packed
+            // bytes (or 32 16-bit bytes) are in the output; `scale_row` is below the scale rows.
             unsafe {
-                let src = (c.dense as *const u8).add(2 * first) as *const U32x4;
-                let (a, b) = ((*src).0, (*src.add(1)).0);
-                let (s, packed) = quantize_block([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]], bf16, global);
-                *((c.values as *mut u8).add(first / 2) as *mut u64) = packed;
-                *(c.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
+                let w = load_block(c.dense, c.k, &p.gather, row, j, bf16);
+                if p.gather.dense_output != 0 {
+                    let dst = (c.values as *mut u8).add(2 * first) as *mut U32x4;
+                    *dst = U32x4([w[0], w[1], w[2], w[3]]);
+                    *dst.add(1) = U32x4([w[4], w[5], w[6], w[7]]);
+                } else {
+                    let (s, packed) = quantize_block(w, bf16, global);
+                    *((c.values as *mut u8).add(first / 2) as *mut u64) = packed;
+                    *(c.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
+                }
             }
         }
         item += stride;

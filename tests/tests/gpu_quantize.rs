@@ -5,6 +5,7 @@
 //! output is poisoned before each of two runs (two different poison bytes, so an unwritten byte
 //! cannot pass by luck) and sits between guard bytes that must stay untouched. Also: the GEMM
 //! on GPU-quantized activations equals the GEMM on CPU-quantized ones, bit for bit.
+//! The MoE block's gather and activation kernels: the module `moe_block`.
 //! Ignored unless asked for: they need a Hopper or Blackwell GPU (the GEMM check an sm_90a one).
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -15,6 +16,9 @@ use nvfp4_gemm::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
 use nvfp4_gemm::{Arch, Error, Nvfp4Operand};
 use nvfp4_gemm_tests::{gpu_or_skip, require_any_gpu};
 use std::sync::Arc;
+
+#[path = "gpu_quantize/moe_block.rs"]
+mod moe_block;
 
 /// Guard bytes before and after every output (a multiple of 16, so the output stays aligned).
 const GUARD: usize = 256;
