@@ -58,8 +58,11 @@ impl Activation {
                 r * r
             }
             Self::GeluTanh => {
+                // g/2 · (1 + tanh u) = g · σ(2u) = g / (1 + e^(−2u)): the same function without
+                // the cancellation of 1 + tanh(u) for negative g.
                 let c = (2.0 / core::f64::consts::PI).sqrt();
-                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+                let u = c * (x + 0.044715 * x * x * x);
+                x / (1.0 + (-2.0 * u).exp())
             }
         }
     }
