@@ -41,7 +41,7 @@ mod device_sizes;
 mod engine;
 pub mod error;
 pub mod moe;
-pub mod moe_block;
+pub mod moe_block_tokens;
 mod moe_problem;
 mod overlap;
 pub mod plan;

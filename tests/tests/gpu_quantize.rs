@@ -17,8 +17,8 @@ use nvfp4_gemm::{Arch, Error, Nvfp4Operand};
 use nvfp4_gemm_tests::{gpu_or_skip, require_any_gpu};
 use std::sync::Arc;
 
-#[path = "gpu_quantize/moe_block.rs"]
-mod moe_block;
+#[path = "gpu_quantize/moe_block_tokens.rs"]
+mod moe_block_tokens;
 
 /// Guard bytes before and after every output (a multiple of 16, so the output stays aligned).
 const GUARD: usize = 256;
