@@ -28,6 +28,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod moe;
+pub mod moe_block;
 pub mod pipeline;
 pub mod ptx;
 pub mod quantize;

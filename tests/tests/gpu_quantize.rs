@@ -6,6 +6,7 @@
 //! cannot pass by luck) and sits between guard bytes that must stay untouched. Also: the GEMM
 //! on GPU-quantized activations equals the GEMM on CPU-quantized ones, bit for bit.
 //! Ignored unless asked for: they need a Hopper or Blackwell GPU (the GEMM check an sm_90a one).
+//! The module `moe_block` checks the MoE block's routing and combine kernels the same way.
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
@@ -15,6 +16,9 @@ use nvfp4_gemm::quantize::{DenseFloat, Nvfp4OperandMut, Nvfp4Sizes, Quantizer};
 use nvfp4_gemm::{Arch, Error, Nvfp4Operand};
 use nvfp4_gemm_tests::{gpu_or_skip, require_any_gpu};
 use std::sync::Arc;
+
+#[path = "gpu_quantize/moe_block.rs"]
+mod moe_block;
 
 /// Guard bytes before and after every output (a multiple of 16, so the output stays aligned).
 const GUARD: usize = 256;
