@@ -9,6 +9,7 @@
 
 pub mod launch;
 pub mod moe;
+pub mod moe_block;
 pub mod quantize;
 pub mod scale_layout;
 pub mod sm100;

@@ -41,7 +41,7 @@ mod device_sizes;
 mod engine;
 pub mod error;
 pub mod moe;
-pub mod moe_block_tokens;
+pub mod moe_block;
 mod moe_problem;
 mod overlap;
 pub mod plan;
@@ -80,6 +80,7 @@ pub mod layout {
 pub use device::{driver_present, is_capturing, Arch, Gpu};
 pub use error::{BufferName, Error, Result};
 pub use moe::{MoeArgs, MoeKernels, MoeOptions, MoePlan, MoeProblem, SizeStatus, TokenLayout};
+pub use moe_block::BlockKernels;
 pub use nvfp4_format as format;
 pub use nvfp4_gemm_abi::launch::LaunchGeometry;
 pub use plan::{

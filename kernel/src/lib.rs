@@ -29,6 +29,7 @@
 
 pub mod activate;
 pub mod moe;
+pub mod moe_block;
 pub mod pipeline;
 pub mod ptx;
 pub mod quantize;

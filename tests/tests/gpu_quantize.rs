@@ -5,7 +5,8 @@
 //! output is poisoned before each of two runs (two different poison bytes, so an unwritten byte
 //! cannot pass by luck) and sits between guard bytes that must stay untouched. Also: the GEMM
 //! on GPU-quantized activations equals the GEMM on CPU-quantized ones, bit for bit.
-//! The MoE block's gather and activation kernels: the module `moe_block`.
+//! The MoE block's kernels the same way: routing and combine (`moe_block_route`), gather and
+//! activation (`moe_block_tokens`).
 //! Ignored unless asked for: they need a Hopper or Blackwell GPU (the GEMM check an sm_90a one).
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -17,6 +18,8 @@ use nvfp4_gemm::{Arch, Error, Nvfp4Operand};
 use nvfp4_gemm_tests::{gpu_or_skip, require_any_gpu};
 use std::sync::Arc;
 
+#[path = "gpu_quantize/moe_block_route.rs"]
+mod moe_block_route;
 #[path = "gpu_quantize/moe_block_tokens.rs"]
 mod moe_block_tokens;
 

@@ -9,7 +9,7 @@ use super::{cpu_quantize, GUARD_BYTE};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nvfp4_format::SplitMix64;
 use nvfp4_gemm::moe::GroupRows;
-use nvfp4_gemm::moe_block::{Activation, BlockOutput, GatherInputs};
+use nvfp4_gemm::moe_block::{BlockOutput, GatherInputs, KernelActivation as Activation};
 use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::{MoeProblem, OutputType, TokenLayout};

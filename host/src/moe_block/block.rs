@@ -1,0 +1,520 @@
+//! [`ExpertBlock`]: the whole MoE expert block on the GPU (docs/moe-block.md §7) — routing, the
+//! tokens gathered (and quantized), the first grouped GEMM, the activation (and the
+//! requantization), the second grouped GEMM and the weighted combine — planned once for a bound
+//! on the tokens and run per step with every size the router decides read on the device: no
+//! host synchronization, no allocation per call, capturable in a CUDA graph.
+//!
+//! The arithmetic is the contract of `nvfp4_format::moe_block::reference`, with the options of
+//! that module ([`BlockOptions`]); the GEMMs are two device-sized [`MoePlan`]s, one group per
+//! local expert.
+
+use super::route::{BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
+use super::tokens::{BlockOutput, GatherInputs};
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::moe::{MoeArgs, MoePlan, MoeProblem, TokenLayout};
+use crate::plan::{Nvfp4Operand, Output, TokenOperand};
+use crate::problem::{Activations, BufferView, CallBuffers, OutputType, TokenKind};
+use crate::quantize::{DenseFloat, Nvfp4OperandMut, Quantizer};
+use crate::w4a16::{Prepacker, WeightStack};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DriverError};
+use half::{bf16, f16};
+use nvfp4_format::checkpoint::{LoadedExperts, PlainWeight};
+pub use nvfp4_format::moe_block::{Activation, BlockOptions, Dense16, Precision, RouterWeightAt};
+use nvfp4_gemm_abi::moe::block::Activation as KernelActivation;
+use std::sync::Arc;
+
+const CALL: &str = "ExpertBlock";
+
+/// A driver error while the block is planned.
+fn planning(e: DriverError) -> Error {
+    Error::driver("planning the MoE expert block", e)
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument { call: CALL, field, reason: reason.into() }
+}
+
+/// The shape of a block: the rank's local experts, the layer's sizes, and the bound on the tokens
+/// of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockShape {
+    /// The global id of local expert 0 (expert parallelism: a rank owns a slice).
+    pub first_expert: i64,
+    /// Local experts `E`.
+    pub experts: usize,
+    /// Hidden size `H` (a positive multiple of 64).
+    pub hidden: usize,
+    /// Intermediate size `I` (a positive multiple of 64).
+    pub intermediate: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// The most tokens a call may pass.
+    pub max_tokens: usize,
+}
+
+/// A 16-bit device buffer of the block's type.
+enum Dense {
+    F16(CudaSlice<f16>),
+    Bf16(CudaSlice<bf16>),
+}
+
+impl Dense {
+    fn alloc(stream: &Arc<CudaStream>, dtype: Dense16, len: usize) -> Result<Dense> {
+        // One element at least, so that every buffer has an address.
+        let len = len.max(8);
+        Ok(match dtype {
+            Dense16::F16 => Dense::F16(stream.alloc_zeros::<f16>(len).map_err(planning)?),
+            Dense16::Bf16 => Dense::Bf16(stream.alloc_zeros::<bf16>(len).map_err(planning)?),
+        })
+    }
+
+    fn read<'s>(&'s self, call: &mut CallBuffers<'s>) -> BufferView {
+        match self {
+            Dense::F16(s) => call.read(s),
+            Dense::Bf16(s) => call.read(s),
+        }
+    }
+
+    fn write<'s>(&'s mut self, call: &mut CallBuffers<'s>) -> BufferView {
+        match self {
+            Dense::F16(s) => call.write(s),
+            Dense::Bf16(s) => call.write(s),
+        }
+    }
+
+    fn tokens(&self) -> TokenOperand<'_> {
+        match self {
+            Dense::F16(s) => TokenOperand::F16(s),
+            Dense::Bf16(s) => TokenOperand::Bf16(s),
+        }
+    }
+
+    fn output(&mut self) -> Output<'_> {
+        match self {
+            Dense::F16(s) => Output::F16(s),
+            Dense::Bf16(s) => Output::Bf16(s),
+        }
+    }
+}
+
+/// A GEMM's token operand: NVFP4 in the grouped layout, or 16-bit rows.
+enum Tokens {
+    Nvfp4 { values: CudaSlice<u8>, scales: CudaSlice<u8> },
+    Dense(Dense),
+}
+
+impl Tokens {
+    fn alloc(stream: &Arc<CudaStream>, p: &MoeProblem, options: &BlockOptions) -> Result<Tokens> {
+        Ok(match options.precision {
+            Precision::W4a4 => {
+                let s = p.a_sizes();
+                Tokens::Nvfp4 {
+                    values: stream.alloc_zeros(s.values.max(16)).map_err(planning)?,
+                    scales: stream.alloc_zeros(s.scales.max(16)).map_err(planning)?,
+                }
+            }
+            Precision::W4a16 => Tokens::Dense(Dense::alloc(stream, options.dtype, p.token_rows() * p.k())?),
+        })
+    }
+
+    fn operand(&self) -> TokenOperand<'_> {
+        match self {
+            Tokens::Nvfp4 { values, scales } => TokenOperand::Nvfp4(Nvfp4Operand { values, scales }),
+            Tokens::Dense(d) => d.tokens(),
+        }
+    }
+
+    /// The output view of the kernel that writes these tokens (the quantizer's global scale for
+    /// NVFP4).
+    fn out<'s>(&'s mut self, p: &MoeProblem, call: &mut CallBuffers<'s>, global_scale: f32) -> BlockOutput {
+        match self {
+            Tokens::Nvfp4 { values, scales } => {
+                let (v, s) = (call.write(values), call.write(scales));
+                let a = p.a_sizes();
+                BlockOutput::Nvfp4 {
+                    values: BufferView { ptr: v.ptr, len: a.values },
+                    scales: BufferView { ptr: s.ptr, len: a.scales },
+                    global_scale,
+                }
+            }
+            Tokens::Dense(d) => {
+                let v = d.write(call);
+                BlockOutput::Dense(BufferView { ptr: v.ptr, len: p.token_rows() * p.k() })
+            }
+        }
+    }
+}
+
+/// One GEMM's weights of every local expert: values and blocked scales of each expert back to
+/// back (W4A16: prepacked on the GPU), and each expert's alpha.
+struct Weights {
+    values: CudaSlice<u8>,
+    scales: CudaSlice<u8>,
+    per_values: usize,
+    per_scales: usize,
+    alphas: Vec<f32>,
+}
+
+impl Weights {
+    /// Uploads `weights` (one per expert, `rows x k`), prepacking for W4A16 on the GPU.
+    fn upload(
+        stream: &Arc<CudaStream>,
+        prepacker: Option<(&Prepacker, Activations)>,
+        weights: &[&PlainWeight],
+        alphas: Vec<f32>,
+    ) -> Result<Weights> {
+        let (rows, k) = (weights[0].rows, weights[0].k);
+        let stack = WeightStack { experts: weights.len(), rows, k };
+        let sizes = stack.sizes()?;
+        let (mut values, mut scales) = (Vec::with_capacity(sizes.values), Vec::with_capacity(sizes.scales));
+        for w in weights {
+            let m = w.to_matrix().map_err(|e| invalid("weights", e.to_string()))?;
+            values.extend_from_slice(m.values());
+            scales.extend_from_slice(m.scales());
+        }
+        let (values, scales) =
+            (stream.clone_htod(&values).map_err(planning)?, stream.clone_htod(&scales).map_err(planning)?);
+        let (values, scales) = match prepacker {
+            None => (values, scales),
+            Some((prepacker, activations)) => {
+                let (mut pv, mut ps) = (
+                    stream.alloc_zeros::<u8>(sizes.values).map_err(planning)?,
+                    stream.alloc_zeros::<u8>(sizes.scales).map_err(planning)?,
+                );
+                prepacker.prepack(
+                    stream,
+                    Nvfp4Operand { values: &values, scales: &scales },
+                    stack,
+                    activations,
+                    Nvfp4OperandMut { values: &mut pv, scales: &mut ps },
+                )?;
+                (pv, ps)
+            }
+        };
+        let n = weights.len();
+        Ok(Weights { values, scales, per_values: sizes.values / n, per_scales: sizes.scales / n, alphas })
+    }
+
+    /// Each expert's operand (views into the stacks).
+    fn operands(&self) -> Vec<(CudaView<'_, u8>, CudaView<'_, u8>)> {
+        (0..self.alphas.len())
+            .map(|e| {
+                (
+                    self.values.slice(e * self.per_values..(e + 1) * self.per_values),
+                    self.scales.slice(e * self.per_scales..(e + 1) * self.per_scales),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The router's outputs, as [`ExpertBlock::run`] reads them.
+#[derive(Clone, Copy)]
+pub enum TopkIds<'a> {
+    /// int32 `[T, top_k]`.
+    I32(&'a dyn DevicePtr<i32>),
+    /// int64 `[T, top_k]`.
+    I64(&'a dyn DevicePtr<i64>),
+}
+
+/// The router's weights `[T, top_k]`.
+#[derive(Clone, Copy)]
+pub enum TopkWeights<'a> {
+    /// f32.
+    F32(&'a dyn DevicePtr<f32>),
+    /// bf16.
+    Bf16(&'a dyn DevicePtr<bf16>),
+}
+
+/// The whole MoE expert block for one GPU (module docs): planned once by [`ExpertBlock::new`]
+/// (weights uploaded, and prepacked on the GPU for W4A16; every buffer allocated for
+/// [`BlockShape::max_tokens`]), run per step by [`ExpertBlock::run`].
+///
+/// ⚠ Built and checked on the CPU (its kernels in the device model, its argument checks);
+/// its GPU tests are `gpu_moe_block_sm90`.
+pub struct ExpertBlock {
+    shape: BlockShape,
+    options: BlockOptions,
+    kernels: BlockKernels,
+    quantizer: Quantizer,
+    gemm1: MoePlan,
+    gemm2: MoePlan,
+    w13: Weights,
+    w2: Weights,
+    /// The input scales (W4A4 quantizers' global scales): the first GEMM's, the second's.
+    input_scales: (f32, f32),
+    offsets: CudaSlice<u32>,
+    slot_row: CudaSlice<u32>,
+    row_token: CudaSlice<u32>,
+    row_weight: CudaSlice<f32>,
+    a: Tokens,
+    h: Dense,
+    z: Tokens,
+    o: Dense,
+}
+
+impl ExpertBlock {
+    /// Plans the block for `shape` and `options` on `gpu`, with the rank's local experts as the
+    /// checkpoint loader returns them (`nvfp4_format::checkpoint`), on `stream` (used to upload
+    /// and prepack; the call returns when the weights are on the device).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a shape or experts that do not match (H, I, the
+    /// experts' count and numbering, a gated activation's W13 rows), input scales that differ
+    /// between experts under W4A4 (the grouped quantizer takes one global scale per GEMM),
+    /// scales that are not finite and positive; [`Error::Unsupported`] for W4A16 on sm_100a;
+    /// the plans' and the driver's errors.
+    pub fn new(
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        shape: BlockShape,
+        options: BlockOptions,
+        experts: &LoadedExperts,
+    ) -> Result<ExpertBlock> {
+        let BlockShape { experts: e, hidden, intermediate, top_k, max_tokens, first_expert } = shape;
+        if e == 0 || experts.experts.len() != e {
+            return Err(invalid("experts", format!("{} experts loaded for a block of {e}", experts.experts.len())));
+        }
+        if experts.first_expert as i64 != first_expert {
+            return Err(invalid(
+                "first_expert",
+                format!("{first_expert}; the experts start at {}", experts.first_expert),
+            ));
+        }
+        if top_k == 0 {
+            return Err(invalid("top_k", "must be at least 1"));
+        }
+        let gated = options.activation.gated();
+        let n1 = if gated { 2 * intermediate } else { intermediate };
+        for (i, x) in experts.experts.iter().enumerate() {
+            if (x.w13.rows, x.w13.k) != (n1, hidden) || (x.w2.rows, x.w2.k) != (hidden, intermediate) {
+                return Err(invalid(
+                    "experts",
+                    format!(
+                        "expert {i}: w13 {}x{}, w2 {}x{}; the shape needs w13 {n1}x{hidden}, w2 {hidden}x{intermediate}",
+                        x.w13.rows, x.w13.k, x.w2.rows, x.w2.k
+                    ),
+                ));
+            }
+        }
+        let w4a4 = options.precision == Precision::W4a4;
+        let input_scales = if w4a4 {
+            let same = |v: Vec<f32>, field| -> Result<f32> {
+                let s = v[0];
+                if !(s.is_finite() && s > 0.0) {
+                    return Err(invalid(field, format!("{s} is not finite and positive")));
+                }
+                if v.iter().any(|&x| x.to_bits() != s.to_bits()) {
+                    return Err(invalid(
+                        field,
+                        "the experts' input scales differ; the block quantizes each GEMM's tokens with one",
+                    ));
+                }
+                Ok(s)
+            };
+            (same(experts.w13_input_scales(), "w13_input_scale")?, same(experts.w2_input_scales(), "w2_input_scale")?)
+        } else {
+            (1.0, 1.0)
+        };
+        let rows = max_tokens
+            .checked_mul(top_k)
+            .ok_or_else(|| invalid("max_tokens", format!("{max_tokens} × {top_k} rows overflow")))?;
+        let output = match options.dtype {
+            Dense16::F16 => OutputType::F16,
+            Dense16::Bf16 => OutputType::Bf16,
+        };
+        let activations = match options.dtype {
+            Dense16::F16 => Activations::F16,
+            Dense16::Bf16 => Activations::Bf16,
+        };
+        let tokens = if w4a4 { TokenKind::Nvfp4 } else { TokenKind::Dense(activations) };
+        let layout = TokenLayout::Contiguous { max_tokens: rows };
+        let p1 = MoeProblem::new(e, n1, hidden, layout, output)?.with_tokens(tokens);
+        let p2 = MoeProblem::new(e, hidden, intermediate, layout, output)?.with_tokens(tokens);
+        let prepacker = if w4a4 { None } else { Some((Prepacker::new(gpu)?, activations)) };
+        let prepack = prepacker.as_ref().map(|(p, a)| (p, *a));
+        let w13: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w13).collect();
+        let w2: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w2).collect();
+        let alphas = |g: &dyn Fn(&nvfp4_format::checkpoint::ExpertWeights) -> f32| -> Result<Vec<f32>> {
+            experts
+                .experts
+                .iter()
+                .map(|x| {
+                    let a = g(x);
+                    if a.is_finite() && a > 0.0 {
+                        Ok(a)
+                    } else {
+                        Err(invalid("experts", format!("expert {}: alpha {a} is not finite and positive", x.expert)))
+                    }
+                })
+                .collect()
+        };
+        let (s13, s2) = input_scales;
+        let w13 = Weights::upload(stream, prepack, &w13, alphas(&|x| x.w13.global_scale * s13)?)?;
+        let w2 = Weights::upload(stream, prepack, &w2, alphas(&|x| x.w2.global_scale * s2)?)?;
+        let block = ExpertBlock {
+            shape,
+            options,
+            kernels: BlockKernels::new(gpu)?,
+            quantizer: Quantizer::new(gpu)?,
+            gemm1: MoePlan::new(gpu, p1.clone())?,
+            gemm2: MoePlan::new(gpu, p2.clone())?,
+            w13,
+            w2,
+            input_scales,
+            offsets: stream.alloc_zeros(e + 1).map_err(planning)?,
+            slot_row: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
+            row_token: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
+            row_weight: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
+            a: Tokens::alloc(stream, &p1, &options)?,
+            h: Dense::alloc(stream, options.dtype, rows * n1)?,
+            z: Tokens::alloc(stream, &p2, &options)?,
+            o: Dense::alloc(stream, options.dtype, rows * hidden)?,
+        };
+        stream.synchronize().map_err(planning)?;
+        Ok(block)
+    }
+
+    /// The block's shape.
+    pub fn shape(&self) -> &BlockShape {
+        &self.shape
+    }
+
+    /// The block's options.
+    pub fn options(&self) -> &BlockOptions {
+        &self.options
+    }
+
+    /// One step: `y = block(x)` for `tokens` tokens (`x` and `y` `[tokens, H]` of the block's
+    /// 16-bit type `T`, `ids` and `weights` `[tokens, top_k]`) on `stream`. Nothing is allocated
+    /// and the host never waits: the call can be captured in a CUDA graph (run it once outside
+    /// capture first, so that the GEMMs' tables hold the weights).
+    ///
+    /// Errors (before any launch): [`Error::InvalidArgument`] for `tokens` above the bound, a
+    /// buffer of the wrong length, `T` not the block's type; the kernels' argument errors.
+    pub fn run<T: DenseFloat>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        x: &dyn DevicePtr<T>,
+        tokens: usize,
+        ids: TopkIds<'_>,
+        weights: TopkWeights<'_>,
+        y: &mut dyn DevicePtrMut<T>,
+    ) -> Result<()> {
+        let BlockShape { experts, first_expert, hidden, top_k, max_tokens, .. } = self.shape;
+        if T::BF16 != (self.options.dtype == Dense16::Bf16) {
+            return Err(invalid("x", format!("the block's type is {:?}", self.options.dtype)));
+        }
+        if tokens > max_tokens {
+            return Err(invalid("tokens", format!("{tokens}; the block was planned for at most {max_tokens}")));
+        }
+        let slots = tokens * top_k;
+        let at_input = self.options.router_weight_at == RouterWeightAt::Input;
+        let bf16 = T::BF16;
+        let gated = self.options.activation.gated();
+        let activation = kernel_activation(self.options.activation);
+        let (s13, s2) = self.input_scales;
+        let p1 = self.gemm1.problem().clone();
+        let p2 = self.gemm2.problem().clone();
+        {
+            let mut call = CallBuffers::new(stream);
+            let (ids_view, ids_type) = match ids {
+                TopkIds::I32(p) => (call.read(p), IdType::I32),
+                TopkIds::I64(p) => (call.read(p), IdType::I64),
+            };
+            let (weights_view, weights_type) = match weights {
+                TopkWeights::F32(p) => (call.read(p), WeightType::F32),
+                TopkWeights::Bf16(p) => (call.read(p), WeightType::Bf16),
+            };
+            let x_view = call.read(x);
+            let offsets = call.write(&mut self.offsets);
+            let slot_row = call.write(&mut self.slot_row);
+            let row_token = call.write(&mut self.row_token);
+            let row_weight = call.write(&mut self.row_weight);
+            let cut = |v: BufferView, len: usize| BufferView { ptr: v.ptr, len };
+            let routing = Routing { tokens, top_k, first_expert, experts };
+            let route = RouteViews {
+                ids: ids_view,
+                ids_type,
+                weights: at_input.then_some(weights_view),
+                weights_type,
+                offsets,
+                slot_row: cut(slot_row, slots),
+                row_token: cut(row_token, slots),
+                row_weight: at_input.then(|| cut(row_weight, slots)),
+            };
+            let gather = GatherInputs {
+                x: x_view,
+                tokens,
+                row_token: Some(cut(row_token, p1.token_rows())),
+                row_weight: at_input.then(|| cut(row_weight, p1.token_rows())),
+                sizes: offsets,
+            };
+            let a_out = self.a.out(&p1, &mut call, s13);
+            // SAFETY: every view is a live buffer of this block or the caller's, of its length
+            // (cudarc's), kept alive by `call` until the launches are enqueued; the launches run
+            // in stream order.
+            unsafe {
+                self.kernels.route(stream, routing, route)?;
+                self.quantizer.quantize_grouped_gather_views(stream, &p1, bf16, &gather, a_out)?;
+            }
+        }
+        let w13 = self.w13.operands();
+        let w13: Vec<Nvfp4Operand<'_>> = w13.iter().map(|(v, s)| Nvfp4Operand { values: v, scales: s }).collect();
+        let mut args = MoeArgs {
+            sizes: &self.offsets,
+            a: self.a.operand(),
+            weights: &w13,
+            alphas: &self.w13.alphas,
+            c: self.h.output(),
+        };
+        self.gemm1.run(stream, &mut args)?;
+        {
+            let mut call = CallBuffers::new(stream);
+            let h = self.h.read(&mut call);
+            let sizes = call.read(&self.offsets);
+            let z_out = self.z.out(&p2, &mut call, s2);
+            // SAFETY: as above.
+            unsafe {
+                self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out)?;
+            }
+        }
+        let w2 = self.w2.operands();
+        let w2: Vec<Nvfp4Operand<'_>> = w2.iter().map(|(v, s)| Nvfp4Operand { values: v, scales: s }).collect();
+        let mut args = MoeArgs {
+            sizes: &self.offsets,
+            a: self.z.operand(),
+            weights: &w2,
+            alphas: &self.w2.alphas,
+            c: self.o.output(),
+        };
+        self.gemm2.run(stream, &mut args)?;
+        let mut call = CallBuffers::new(stream);
+        let (weights_view, weights_type) = match weights {
+            TopkWeights::F32(p) => (call.read(p), WeightType::F32),
+            TopkWeights::Bf16(p) => (call.read(p), WeightType::Bf16),
+        };
+        let o = self.o.read(&mut call);
+        let slot_row = call.read(&self.slot_row);
+        let y_view = call.write(y);
+        let views = CombineViews {
+            o,
+            slot_row: BufferView { ptr: slot_row.ptr, len: slots },
+            weights: (!at_input).then_some(weights_view),
+            weights_type,
+            y: y_view,
+            bf16,
+        };
+        // SAFETY: as above.
+        unsafe { self.kernels.combine(stream, tokens, top_k, hidden, views) }
+    }
+}
+
+/// The kernels' activation of the contract's.
+fn kernel_activation(a: Activation) -> KernelActivation {
+    match a {
+        Activation::Silu => KernelActivation::Silu,
+        Activation::GeluTanh => KernelActivation::GeluTanh,
+        Activation::Relu2 => KernelActivation::Relu2,
+    }
+}

@@ -1,0 +1,20 @@
+//! The whole MoE expert block on the GPU (docs/moe-block.md): [`ExpertBlock`] plans it once and
+//! runs it per step; its kernels around the two grouped GEMMs are here as well, each over device
+//! buffers given as views, for bindings and tests:
+//!
+//! - `route.rs`: [`BlockKernels`] — routing (`moe_route`: the router's `topk_ids` → rows sorted
+//!   by local expert) and the weighted combine (`moe_combine`);
+//! - `tokens.rs`: on [`crate::quantize::Quantizer`], the tokens gathered into the sorted rows
+//!   (and quantized: W4A4) and the activation (and the requantization: W4A4);
+//! - `block.rs`: [`ExpertBlock`], the chain route → tokens → first GEMM → activation → second
+//!   GEMM → combine over buffers it allocates once.
+
+mod block;
+mod route;
+mod tokens;
+
+pub use block::{
+    Activation, BlockOptions, BlockShape, Dense16, ExpertBlock, Precision, RouterWeightAt, TopkIds, TopkWeights,
+};
+pub use route::{combine_params, route_params, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
+pub use tokens::{activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs};

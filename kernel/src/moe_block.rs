@@ -1,0 +1,243 @@
+//! The MoE block's routing and combine kernels (both architectures; `nvfp4_gemm_abi::moe_block`,
+//! docs/moe-block.md "The GPU block").
+//!
+//! `moe_route` is one CTA that sorts the slots by local expert with a stable counting sort, with
+//! no atomics: slots go in tiles of one per thread; inside a warp each slot's rank among the
+//! warp's earlier slots of its expert comes from 32 shuffles, and the warps of a tile take turns
+//! (a CTA barrier per warp) to read and advance the per-expert counters in shared memory, so the
+//! order and every output are deterministic. A CTA-wide scan turns the counts into offsets, and
+//! a second pass over the slots writes each slot's row (its expert's first row plus its rank).
+//!
+//! `moe_combine` is grid-strided over (token, 8 values of H): each item sums its token's local
+//! rows of `o` in `f32` and stores 16 bytes of `y`.
+
+use crate::ptx::smem;
+use crate::ptx::{barrier, convert, sreg, warp};
+use crate::scan::cta_exclusive_sums;
+use nvfp4_gemm_abi::moe_block::{
+    half_bits_to_f32, local_expert, CombineParams, RouteParams, COMBINE_THREADS, COMBINE_VECTOR, NOT_LOCAL,
+    ROUTE_EXPERTS_PER_THREAD, ROUTE_MAX_EXPERTS, ROUTE_THREADS,
+};
+
+/// 16 bytes, so that loads and stores through it become `ld.v4` / `st.v4`.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct U32x4([u32; 4]);
+
+const WARPS: u32 = ROUTE_THREADS / 32;
+
+/// The local expert of slot `s`, or [`NOT_LOCAL`].
+///
+/// # Safety
+/// `s` is below `T · top_k`; `p.ids` holds that many ids of its width.
+#[inline(always)]
+unsafe fn slot_expert(p: &RouteParams, s: u32) -> u32 {
+    // SAFETY: the caller's contract.
+    let id = unsafe {
+        if p.ids_i64 != 0 {
+            *(p.ids as *const i64).add(s as usize)
+        } else {
+            *(p.ids as *const i32).add(s as usize) as i64
+        }
+    };
+    local_expert(id, p.first_expert, p.experts).unwrap_or(NOT_LOCAL)
+}
+
+/// Slot `s`'s router weight as f32.
+///
+/// # Safety
+/// `s` is below `T · top_k`; `weights` holds that many weights of its type.
+#[inline(always)]
+unsafe fn slot_weight(weights: u64, bf16: u32, s: u32) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if bf16 != 0 {
+            half_bits_to_f32(*(weights as *const u16).add(s as usize), true)
+        } else {
+            *(weights as *const f32).add(s as usize)
+        }
+    }
+}
+
+/// See the module docs. Launch: `nvfp4_gemm_abi::moe_block::route_launch()` (one CTA of
+/// [`ROUTE_THREADS`], `ROUTE_SMEM` bytes of dynamic shared memory).
+///
+/// # Safety
+/// `p.ids` holds `T · top_k` ids; `p.offsets` `experts + 1` writable u32; `p.slot_row` and
+/// `p.row_token` `T · top_k` writable u32 each; `p.row_weight` 0 or `T · top_k` writable f32,
+/// and then `p.weights` `T · top_k` weights; `1 ≤ experts ≤ ROUTE_MAX_EXPERTS`, `top_k ≥ 1`,
+/// `T · top_k ≤ ROUTE_MAX_SLOTS`; no output overlaps another buffer. The host's
+/// `BlockKernels::route` checks all of it.
+#[crate::ptx::kernel]
+pub unsafe fn moe_route(p: RouteParams) {
+    // Outside the contract (the host refuses these): nothing to do, and no division by zero.
+    if p.top_k == 0 || p.experts == 0 || p.experts > ROUTE_MAX_EXPERTS {
+        return;
+    }
+    let tid = sreg::tid_x();
+    let (warp_id, lane) = (tid / 32, tid % 32);
+    let base = smem::dynamic_base();
+    let counter = |e: u32| base.add(4 * e);
+    let table = base.add(4 * ROUTE_MAX_EXPERTS);
+    let slots = p.tokens * p.top_k;
+    let slot_row = p.slot_row as *mut u32;
+
+    let mut e = tid;
+    while e < p.experts {
+        // SAFETY: below ROUTE_MAX_EXPERTS counters; each written by one thread.
+        unsafe { smem::st_u32(counter(e), 0) };
+        e += ROUTE_THREADS;
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+
+    // Pass 1: each local slot's rank among its expert's earlier slots, into `slot_row`.
+    let mut first = 0;
+    while first < slots {
+        let s = first + tid;
+        // SAFETY: s < slots.
+        let key = if s < slots { unsafe { slot_expert(&p, s) } } else { NOT_LOCAL };
+        let (mut rank, mut same) = (0u32, 0u32);
+        for j in 0..32 {
+            if warp::shfl_idx(key, j) == key {
+                if j < lane {
+                    rank += 1;
+                }
+                same += 1;
+            }
+        }
+        for w in 0..WARPS {
+            if warp_id == w {
+                // SAFETY: `key` < experts; the warp reads its counters before its first lane of
+                // each expert advances them (`bar.warp.sync` between); other warps touch them
+                // only after the CTA barrier below.
+                unsafe {
+                    let earlier = if key != NOT_LOCAL { smem::ld_u32(counter(key)) } else { 0 };
+                    warp::sync();
+                    if key != NOT_LOCAL {
+                        *slot_row.add(s as usize) = earlier + rank;
+                        if rank == 0 {
+                            smem::st_u32(counter(key), earlier + same);
+                        }
+                    }
+                }
+            }
+            // SAFETY: every thread reaches it (the loop bounds are uniform).
+            unsafe { barrier::sync_all() };
+        }
+        first += ROUTE_THREADS;
+    }
+
+    // The counts to each expert's first row, and the offsets.
+    let own = tid * ROUTE_EXPERTS_PER_THREAD;
+    let mut counts = [0u32; ROUTE_EXPERTS_PER_THREAD as usize];
+    let mut sum = 0;
+    for (i, c) in counts.iter_mut().enumerate() {
+        if own + (i as u32) < p.experts {
+            // SAFETY: written before the last barrier.
+            *c = unsafe { smem::ld_u32(counter(own + i as u32)) };
+            sum += *c;
+        }
+    }
+    // SAFETY: every thread calls it; the table is this kernel's alone.
+    let (before, total, _) = unsafe { cta_exclusive_sums::<1>([sum], 0, warp_id, lane, WARPS, table) };
+    let offsets = p.offsets as *mut u32;
+    let mut start = before[0];
+    for (i, c) in counts.iter().enumerate() {
+        let e = own + i as u32;
+        if e < p.experts {
+            // SAFETY: this thread's own counters (nobody else reads them before the barrier);
+            // e < experts offsets.
+            unsafe {
+                smem::st_u32(counter(e), start);
+                *offsets.add(e as usize) = start;
+            }
+            start += c;
+        }
+    }
+    if tid == 0 {
+        // SAFETY: `experts + 1` offsets.
+        unsafe { *offsets.add(p.experts as usize) = total[0] };
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+
+    // Pass 2: each slot's row.
+    let mut first = 0;
+    while first < slots {
+        let s = first + tid;
+        if s < slots {
+            // SAFETY: s < slots; the rank was written by this thread in pass 1; `row` is below
+            // offsets[experts] ≤ slots.
+            unsafe {
+                let key = slot_expert(&p, s);
+                if key == NOT_LOCAL {
+                    *slot_row.add(s as usize) = NOT_LOCAL;
+                } else {
+                    let row = smem::ld_u32(counter(key)) + *slot_row.add(s as usize);
+                    *slot_row.add(s as usize) = row;
+                    *(p.row_token as *mut u32).add(row as usize) = s / p.top_k;
+                    if p.row_weight != 0 {
+                        *(p.row_weight as *mut f32).add(row as usize) = slot_weight(p.weights, p.weights_bf16, s);
+                    }
+                }
+            }
+        }
+        first += ROUTE_THREADS;
+    }
+}
+
+/// See the module docs: `y[t, h] = D(Σ_k w[t, k] · o[slot_row[t · top_k + k], h])` over the
+/// local slots in `k` ascending, an `f32` sum from +0 of rounded products (no fma), rounded once
+/// to D (`nvfp4_gemm_abi::moe_block::combine_sum`). Launch: `combine_launch`, any grid.
+///
+/// # Safety
+/// `p.o` holds `rows · hidden` 16-bit values, `p.slot_row` `T · top_k` u32, `p.weights` 0 or
+/// `T · top_k` weights, `p.y` `T · hidden` writable values overlapping no input; `o` and `y`
+/// 16-byte aligned; `hidden` a positive multiple of 64; `top_k ≥ 1`. The host's
+/// `BlockKernels::combine` checks all of it.
+#[crate::ptx::kernel]
+pub unsafe fn moe_combine(p: CombineParams) {
+    let vectors = p.hidden / COMBINE_VECTOR;
+    let items = p.tokens as u64 * vectors as u64;
+    if vectors == 0 || p.top_k == 0 {
+        return;
+    }
+    let bf16 = p.bf16 != 0;
+    let mut item = (sreg::ctaid_x() * COMBINE_THREADS + sreg::tid_x()) as u64;
+    let stride = (sreg::nctaid_x() * COMBINE_THREADS) as u64;
+    while item < items {
+        let t = (item / vectors as u64) as u32;
+        let c = (item % vectors as u64) as u32;
+        let mut acc = [0.0f32; COMBINE_VECTOR as usize];
+        for k in 0..p.top_k {
+            let s = t * p.top_k + k;
+            // SAFETY: s < T · top_k; a row below `rows` is in `o` (16-byte aligned: hidden is a
+            // multiple of 8 values).
+            unsafe {
+                let r = *(p.slot_row as *const u32).add(s as usize);
+                if r != NOT_LOCAL && r < p.rows {
+                    let w = if p.weights != 0 { slot_weight(p.weights, p.weights_bf16, s) } else { 1.0 };
+                    let at = r as usize * p.hidden as usize + (c * COMBINE_VECTOR) as usize;
+                    let v = (*((p.o as *const u16).add(at) as *const U32x4)).0;
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let bits = (v[i / 2] >> (16 * (i as u32 % 2))) as u16;
+                        *a += w * half_bits_to_f32(bits, bf16);
+                    }
+                }
+            }
+        }
+        let pack = |lo: f32, hi: f32| {
+            if bf16 {
+                convert::f32x2_to_bf16x2(lo, hi)
+            } else {
+                convert::f32x2_to_f16x2(lo, hi)
+            }
+        };
+        let out = U32x4([pack(acc[0], acc[1]), pack(acc[2], acc[3]), pack(acc[4], acc[5]), pack(acc[6], acc[7])]);
+        let at = t as usize * p.hidden as usize + (c * COMBINE_VECTOR) as usize;
+        // SAFETY: t < T, the item's 8 values are in `y` (16-byte aligned).
+        unsafe { *((p.y as *mut u16).add(at) as *mut U32x4) = out };
+        item += stride;
+    }
+}

@@ -1,0 +1,162 @@
+//! The whole MoE expert block on an sm_90a GPU (`nvfp4_gemm::moe_block::ExpertBlock`) against
+//! the fp64 reference of its contract (`nvfp4_format::moe_block::reference`, docs/moe-block.md):
+//! random experts and routings (ids out of the local range, −1, repeated ids, an expert with no
+//! tokens), every activation, W4A4 and W4A16, the router weight at the combine and at the input,
+//! T = 0, 1 and the bound; the output poisoned before each call; two runs bit for bit equal;
+//! arguments refused before any launch.
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
+use nvfp4_format::moe_block::{reference, round_output_as, Routing};
+use nvfp4_format::{random_matrix, InputDistribution, SplitMix64};
+use nvfp4_gemm::moe_block::{
+    Activation, BlockOptions, BlockShape, Dense16, ExpertBlock, Precision, RouterWeightAt, TopkIds, TopkWeights,
+};
+use nvfp4_gemm::{Arch, Error};
+use nvfp4_gemm_tests::require_gpu;
+
+const H: usize = 128;
+const I: usize = 64;
+const E: usize = 4;
+const FIRST: usize = 2;
+const TOP_K: usize = 3;
+const MAX_TOKENS: usize = 40;
+
+/// A random weight `rows x k` with block scales around 1 and global scale `g`.
+fn weight(rows: usize, k: usize, g: f32, rng: &mut SplitMix64) -> PlainWeight {
+    let m = random_matrix(rows, k, InputDistribution::Competition, rng).unwrap();
+    let mut w = PlainWeight::from(&m);
+    w.global_scale = g;
+    w
+}
+
+/// `E` experts from `FIRST`; one input scale per GEMM for all of them.
+fn experts(gated: bool, rng: &mut SplitMix64) -> LoadedExperts {
+    let n1 = if gated { 2 * I } else { I };
+    let experts = (0..E)
+        .map(|e| ExpertWeights {
+            expert: FIRST + e,
+            w13: weight(n1, H, 0.05 + 0.01 * e as f32, rng),
+            w2: weight(H, I, 0.04 + 0.01 * e as f32, rng),
+            w13_input_scale: 0.02,
+            w2_input_scale: 0.015,
+        })
+        .collect();
+    LoadedExperts { first_expert: FIRST, experts }
+}
+
+/// Random ids over `0..E + 4` global experts (so some are another rank's), some −1, one token
+/// routed twice to one expert.
+fn routing(tokens: usize, rng: &mut SplitMix64) -> Routing {
+    let mut ids: Vec<i64> = (0..tokens * TOP_K).map(|_| rng.below(E as u64 + 4) as i64 - 1).collect();
+    // Expert FIRST + E - 1 gets no token.
+    for id in &mut ids {
+        if *id == (FIRST + E - 1) as i64 {
+            *id = FIRST as i64;
+        }
+    }
+    if tokens > 0 {
+        ids[1.min(TOP_K - 1)] = ids[0];
+    }
+    let weights = (0..tokens * TOP_K).map(|_| 0.1 + 0.9 * rng.next_f64() as f32).collect();
+    Routing { ids, weights, top_k: TOP_K }
+}
+
+fn norm(v: impl Iterator<Item = f64>) -> f64 {
+    v.map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// One block against the reference over several token counts.
+fn check(activation: Activation, precision: Precision, at: RouterWeightAt, seed: u64) {
+    let gpu = require_gpu(Arch::Sm90a);
+    let stream = gpu.context().default_stream();
+    let mut rng = SplitMix64::new(seed);
+    let loaded = experts(activation.gated(), &mut rng);
+    let options = BlockOptions::new(activation, precision, Dense16::Bf16).with_router_weight_at(at);
+    let shape = BlockShape {
+        first_expert: FIRST as i64,
+        experts: E,
+        hidden: H,
+        intermediate: I,
+        top_k: TOP_K,
+        max_tokens: MAX_TOKENS,
+    };
+    let mut block = ExpertBlock::new(&gpu, &stream, shape, options, &loaded).unwrap();
+    for tokens in [0, 1, 17, MAX_TOKENS] {
+        let what = format!("{activation:?} {precision:?} {at:?} T={tokens}");
+        let x: Vec<bf16> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal())).collect();
+        let r = routing(tokens, &mut rng);
+        let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let want = round_output_as(&reference(&x64, H, &r, &loaded, &options).unwrap(), Dense16::Bf16);
+        let x_dev = stream.clone_htod(&x).unwrap();
+        let ids32: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
+        let (ids_dev, ids64_dev) = (stream.clone_htod(&ids32).unwrap(), stream.clone_htod(&r.ids).unwrap());
+        let w_dev = stream.clone_htod(&r.weights).unwrap();
+        let mut outs: Vec<Vec<bf16>> = vec![];
+        for (i, ids) in [TopkIds::I32(&ids_dev), TopkIds::I64(&ids64_dev)].into_iter().enumerate() {
+            let mut y: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+            block.run(&stream, &x_dev, tokens, ids, TopkWeights::F32(&w_dev), &mut y).unwrap();
+            let got = stream.clone_dtoh(&y).unwrap();
+            assert!(got.iter().all(|v| v.is_finite()), "{what} run {i}: a non-finite output");
+            outs.push(got);
+        }
+        assert!(
+            outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: int32 and int64 ids gave different bits"
+        );
+        let got: Vec<f64> = outs[0].iter().map(|v| v.to_f64()).collect();
+        let err = norm(got.iter().zip(&want).map(|(g, w)| g - w));
+        let scale = norm(want.iter().copied());
+        assert!(
+            err <= 2e-2 * scale.max(1e-30) || (scale == 0.0 && err == 0.0),
+            "{what}: ‖got − ref‖ / ‖ref‖ = {}",
+            err / scale
+        );
+        // Tokens with no local slot are exactly zero.
+        for t in 0..tokens {
+            let local = (0..TOP_K).any(|k| (FIRST as i64..(FIRST + E) as i64).contains(&r.ids[t * TOP_K + k]));
+            if !local {
+                assert!(got[t * H..(t + 1) * H].iter().all(|&v| v == 0.0), "{what}: token {t} has no local slot");
+            }
+        }
+    }
+    // Arguments refused before any launch: more tokens than planned; the wrong element type.
+    let x_dev = stream.clone_htod(&vec![bf16::ZERO; (MAX_TOKENS + 1) * H]).unwrap();
+    let ids = stream.clone_htod(&vec![0i32; (MAX_TOKENS + 1) * TOP_K]).unwrap();
+    let w = stream.clone_htod(&vec![1f32; (MAX_TOKENS + 1) * TOP_K]).unwrap();
+    let mut y = stream.clone_htod(&vec![bf16::NAN; (MAX_TOKENS + 1) * H]).unwrap();
+    let e = block.run(&stream, &x_dev, MAX_TOKENS + 1, TopkIds::I32(&ids), TopkWeights::F32(&w), &mut y);
+    assert!(matches!(e, Err(Error::InvalidArgument { field: "tokens", .. })), "{e:?}");
+    assert!(stream.clone_dtoh(&y).unwrap().iter().all(|v| v.is_nan()), "a refused call wrote its output");
+}
+
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_silu_w4a4() {
+    check(Activation::Silu, Precision::W4a4, RouterWeightAt::Combine, 1);
+}
+
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_gelu_tanh_w4a4_weight_at_input() {
+    check(Activation::GeluTanh, Precision::W4a4, RouterWeightAt::Input, 2);
+}
+
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_relu2_w4a4() {
+    check(Activation::Relu2, Precision::W4a4, RouterWeightAt::Combine, 3);
+}
+
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_silu_w4a16() {
+    check(Activation::Silu, Precision::W4a16, RouterWeightAt::Combine, 4);
+}
+
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_relu2_w4a16_weight_at_input() {
+    check(Activation::Relu2, Precision::W4a16, RouterWeightAt::Input, 5);
+}
