@@ -212,3 +212,36 @@ fn model_sm90_w4a16_scales_are_exact() {
         }
     }
 }
+
+/// The kernels' f64 → f16 / bf16 conversion (`cvt.rn.{f16,bf16}.f64`, in the model) rounds once:
+/// equal to the format crate's correctly rounded value on products of a 16-bit value and an f32 weight (up to 35
+/// significant bits, as the MoE block forms them), on values an f32 rounding would put exactly on
+/// a 16-bit midpoint, on subnormals, overflow and the specials.
+#[test]
+fn f64_to_16_bit_rounds_once() {
+    use nvfp4_gemm_kernel::ptx::cvt_f64::{f64_to_bf16_bits, f64_to_f16_bits};
+    let mut rng = nvfp4_format::SplitMix64::new(0xF64);
+    let mut xs: Vec<f64> =
+        vec![0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, 1e300, -1e300, 65520.0, 65519.99, 1e-8, -3e-41];
+    for _ in 0..200_000 {
+        let h = half::f16::from_bits(rng.below(0x7C00) as u16).to_f64();
+        let w = f32::from_bits(0x3000_0000 + rng.below(0x1800_0000) as u32) as f64;
+        xs.push(if rng.below(2) == 0 { h * w } else { -h * w });
+    }
+    // A 16-bit midpoint plus a tail below f32's last bit: rounding to f32 first lands on the
+    // midpoint, and a second rounding to nearest even may then go the wrong way.
+    for m in 0..2000u32 {
+        let base = 1.0 + m as f64 / 2048.0; // an f16 significand
+        let mid_f16 = base + 1.0 / 2048.0 / 2.0;
+        let mid_bf16 = (1.0 + (m % 128) as f64 / 128.0) + 1.0 / 256.0;
+        for tail in [1e-9, -1e-9, 2f64.powi(-30), -(2f64.powi(-30))] {
+            xs.extend([mid_f16 + tail, mid_bf16 + tail]);
+        }
+    }
+    for &x in &xs {
+        assert_eq!(f64_to_f16_bits(x), nvfp4_format::codec::f64_to_f16(x).to_bits(), "f16 of {x:e}");
+        assert_eq!(f64_to_bf16_bits(x), nvfp4_format::codec::f64_to_bf16(x).to_bits(), "bf16 of {x:e}");
+    }
+    assert!(half::f16::from_bits(f64_to_f16_bits(f64::NAN)).is_nan());
+    assert!(half::bf16::from_bits(f64_to_bf16_bits(f64::NAN)).is_nan());
+}

@@ -146,9 +146,9 @@ fn random_halves(rng: &mut SplitMix64, len: usize, scale: f64, bf16: bool) -> Ve
 /// conversion).
 fn round(v: f64, bf16: bool) -> u16 {
     if bf16 {
-        half::bf16::from_f64(v).to_bits()
+        nvfp4_format::codec::f64_to_bf16(v).to_bits()
     } else {
-        half::f16::from_f64(v).to_bits()
+        nvfp4_format::codec::f64_to_f16(v).to_bits()
     }
 }
 

@@ -79,20 +79,65 @@ pub fn cvt_rn_bf16x2_f32(hi: f32, lo: f32) -> u32 {
     (half::bf16::from_f32(hi).to_bits() as u32) << 16 | half::bf16::from_f32(lo).to_bits() as u32
 }
 
+/// `cvt.rz.f32.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): toward zero, subnormals kept, a finite
+/// magnitude beyond `f32::MAX` becomes `f32::MAX`; NaN stays NaN.
+pub fn cvt_rz_f32_f64(x: f64) -> f32 {
+    let r = x as f32; // nearest even, overflow to ±inf
+    if x.is_nan() || x.is_infinite() {
+        return r;
+    }
+    if r.is_infinite() {
+        return f32::MAX.copysign(r);
+    }
+    if (r as f64).abs() > x.abs() {
+        // One step toward zero (the magnitude's bits, below infinity here).
+        f32::from_bits(r.to_bits() - 1)
+    } else {
+        r
+    }
+}
+
 /// `cvt.rn.f16.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): one rounding to nearest even, overflow to
 /// ±inf, subnormals kept. Returns the bit pattern.
 pub fn cvt_rn_f16_f64(x: f64) -> u16 {
-    half::f16::from_f64(x).to_bits()
+    half::f16::from_f32(round_to_odd_f32(x)).to_bits()
 }
 
 /// `cvt.rn.bf16.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): as [`cvt_rn_f16_f64`], to bf16.
 pub fn cvt_rn_bf16_f64(x: f64) -> u16 {
-    half::bf16::from_f64(x).to_bits()
+    half::bf16::from_f32(round_to_odd_f32(x)).to_bits()
+}
+
+/// `x` rounded to `f32` to odd (toward zero, the last bit set when inexact): rounding that to
+/// nearest even in a format at least two significand bits narrower (f16: 11 of 24, bf16: 8) is
+/// one rounding of `x` (Boldo and Melquiond, IEEE Trans. Computers 57(4), 2008). `half`'s own
+/// `from_f64` rounds through `f32` to nearest (two roundings) and is not used.
+fn round_to_odd_f32(x: f64) -> f32 {
+    let r = cvt_rz_f32_f64(x);
+    if x.is_nan() || r as f64 == x {
+        r
+    } else {
+        f32::from_bits(r.to_bits() | 1)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rz_rounds_toward_zero() {
+        let third = 1.0f64 / 3.0;
+        for x in [third, -third, 1e-40, -1e-40, 1e300, -1e300, 0.0, 1.5] {
+            let r = cvt_rz_f32_f64(x);
+            assert!((r as f64).abs() <= x.abs(), "{x}: {r}");
+            let up = f32::from_bits(r.to_bits() + 1) as f64;
+            assert!(up.abs() > x.abs() || r == f32::MAX.copysign(r), "{x}: {r} is not the nearest toward zero");
+        }
+        assert_eq!(cvt_rz_f32_f64(1e300), f32::MAX);
+        assert!(cvt_rz_f32_f64(f64::NAN).is_nan());
+        assert_eq!(cvt_rz_f32_f64(f64::NEG_INFINITY), f32::NEG_INFINITY);
+    }
 
     #[test]
     fn lop3_truth_tables() {

@@ -36,6 +36,10 @@ use nvfp4_gemm_tests::moe::{
 use nvfp4_gemm_tests::{gpu_or_skip, GUARD, POISON};
 use std::sync::Arc;
 
+/// The whole expert block (`nvfp4_gemm::moe_block::ExpertBlock`) against the fp64 reference.
+#[path = "gpu_moe_sm90/block.rs"]
+mod block;
+
 /// Byte written over the quantized tokens before each call: rows of no group must keep it.
 const A_POISON: u8 = 0xA5;
 /// Global scale of the activations (they are about N(0, 1), amax well below 6 · 448 · g).

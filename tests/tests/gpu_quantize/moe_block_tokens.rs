@@ -45,9 +45,9 @@ impl Buffers {
 
 fn round(v: f64, bf16: bool) -> u16 {
     if bf16 {
-        half::bf16::from_f64(v).to_bits()
+        nvfp4_format::codec::f64_to_bf16(v).to_bits()
     } else {
-        half::f16::from_f64(v).to_bits()
+        nvfp4_format::codec::f64_to_f16(v).to_bits()
     }
 }
 
