@@ -232,7 +232,7 @@ pub enum TopkWeights<'a> {
 /// [`BlockShape::max_tokens`]), run per step by [`ExpertBlock::run`].
 ///
 /// ⚠ Built and checked on the CPU (its kernels in the device model, its argument checks);
-/// its GPU tests are `gpu_moe_block_sm90`.
+/// its GPU tests are the module `block` of `gpu_moe_sm90`.
 pub struct ExpertBlock {
     shape: BlockShape,
     options: BlockOptions,
