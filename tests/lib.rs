@@ -25,6 +25,7 @@
 //! both architectures' GPU test files share.
 
 pub mod cases;
+pub mod guarded;
 pub mod moe;
 mod run;
 pub mod w4a16;

@@ -7,59 +7,17 @@
 //! between guards that must stay untouched. (A module of `gpu_quantize`: one test binary less in
 //! the GPU bundle.)
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::CudaStream;
 use nvfp4_format::SplitMix64;
 use nvfp4_gemm::moe_block::{BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
-use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm_abi::moe_block::{combine_sum, half_bits_to_f32, route_reference, NOT_LOCAL};
+use nvfp4_gemm_tests::guarded::{Guarded, POISONS};
 use nvfp4_gemm_tests::require_any_gpu;
 use std::sync::Arc;
 
-const GUARD: usize = 256;
-const GUARD_BYTE: u8 = 0xE7;
-const POISONS: [u8; 2] = [0xA5, 0x5A];
-
-/// A device buffer of `len` bytes between guards.
-struct Guarded {
-    buf: CudaSlice<u8>,
-    len: usize,
-}
-
-impl Guarded {
-    fn new(stream: &Arc<CudaStream>, len: usize) -> Guarded {
-        Guarded { buf: stream.alloc_zeros::<u8>(len + 2 * GUARD).unwrap(), len }
-    }
-
-    fn poison(&mut self, stream: &Arc<CudaStream>, poison: u8) {
-        let mut host = vec![GUARD_BYTE; self.len + 2 * GUARD];
-        host[GUARD..GUARD + self.len].fill(poison);
-        stream.memcpy_htod(&host, &mut self.buf).unwrap();
-    }
-
-    /// A view of `elements` (of `self.len` bytes) past the front guard.
-    fn view(&self, stream: &Arc<CudaStream>, elements: usize) -> BufferView {
-        BufferView { ptr: self.buf.device_ptr(stream).0 + GUARD as u64, len: elements }
-    }
-
-    /// The body as little-endian u32s; panics if a guard changed.
-    fn u32s(&self, stream: &Arc<CudaStream>, what: &str) -> Vec<u32> {
-        self.body(stream, what).chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect()
-    }
-
-    fn body(&self, stream: &Arc<CudaStream>, what: &str) -> Vec<u8> {
-        let host = stream.clone_dtoh(&self.buf).unwrap();
-        let bad = host[..GUARD].iter().chain(&host[GUARD + self.len..]).filter(|&&b| b != GUARD_BYTE).count();
-        assert_eq!(bad, 0, "{what}: guard bytes written");
-        host[GUARD..GUARD + self.len].to_vec()
-    }
-}
-
-fn input(stream: &Arc<CudaStream>, bytes: &[u8]) -> Guarded {
-    let mut g = Guarded::new(stream, bytes.len());
-    let mut host = vec![GUARD_BYTE; bytes.len() + 2 * GUARD];
-    host[GUARD..GUARD + bytes.len()].copy_from_slice(bytes);
-    stream.memcpy_htod(&host, &mut g.buf).unwrap();
-    g
+/// The body of `g` as little-endian u32s; panics if a guard changed.
+fn u32s(g: &Guarded, stream: &Arc<CudaStream>, what: &str) -> Vec<u32> {
+    g.body(stream, what).chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect()
 }
 
 /// Router weights exactly representable in their type, as f32, and their bytes.
@@ -101,7 +59,7 @@ fn route_case(k: &BlockKernels, stream: &Arc<CudaStream>, c: RouteCase, seed: u6
         ids.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect()
     };
     let (w, w_bytes) = weights(&mut rng, slots, bf16_w);
-    let (ids_d, w_d) = (input(stream, &id_bytes), input(stream, &w_bytes));
+    let (ids_d, w_d) = (Guarded::input(stream, &id_bytes), Guarded::input(stream, &w_bytes));
     let mut outs = [
         Guarded::new(stream, 4 * (experts + 1)),
         Guarded::new(stream, 4 * slots),
@@ -129,10 +87,10 @@ fn route_case(k: &BlockKernels, stream: &Arc<CudaStream>, c: RouteCase, seed: u6
         // SAFETY: live buffers of these lengths, kept until the synchronizing reads below.
         unsafe { k.route(stream, routing, views).unwrap() };
         let what = format!("route {c:?} seed {seed} poison {poison:#x}");
-        assert_eq!(outs[0].u32s(stream, &what), off, "{what}: offsets");
-        assert_eq!(outs[1].u32s(stream, &what), sr, "{what}: slot_row");
-        assert_eq!(outs[2].u32s(stream, &what)[..rows], rt[..rows], "{what}: row_token");
-        let rw = outs[3].u32s(stream, &what);
+        assert_eq!(u32s(&outs[0], stream, &what), off, "{what}: offsets");
+        assert_eq!(u32s(&outs[1], stream, &what), sr, "{what}: slot_row");
+        assert_eq!(u32s(&outs[2], stream, &what)[..rows], rt[..rows], "{what}: row_token");
+        let rw = u32s(&outs[3], stream, &what);
         for (s, &r) in sr.iter().enumerate() {
             if r != NOT_LOCAL {
                 assert_eq!(rw[r as usize], w[s].to_bits(), "{what}: row_weight of slot {s}");
@@ -188,9 +146,9 @@ fn combine_case(k: &BlockKernels, stream: &Arc<CudaStream>, c: CombineCase, seed
         })
         .collect();
     let (w, w_bytes) = weights(&mut rng, slots, wt == Some(true));
-    let o_d = input(stream, &o.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
-    let sr_d = input(stream, &slot_row.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
-    let w_d = input(stream, &w_bytes);
+    let o_d = Guarded::input(stream, &o.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+    let sr_d = Guarded::input(stream, &slot_row.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+    let w_d = Guarded::input(stream, &w_bytes);
     let mut y = Guarded::new(stream, 2 * tokens * hidden);
     let mut want = vec![0u16; tokens * hidden];
     for t in 0..tokens {

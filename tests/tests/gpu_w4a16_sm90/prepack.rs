@@ -10,46 +10,14 @@
 //! sm_100a the prepacker is `Error::Unsupported`. Ignored unless asked for: they need a GPU. (A
 //! module of `gpu_w4a16_sm90`: one test binary less in the GPU bundle.)
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use nvfp4_format::SplitMix64;
 use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::Nvfp4OperandMut;
 use nvfp4_gemm::w4a16::{prepack_stack, Activations, PrepackViews, Prepacker, WeightStack};
 use nvfp4_gemm::{Arch, Error, Gpu, Nvfp4Operand};
+use nvfp4_gemm_tests::guarded::{Guarded, POISONS};
 use nvfp4_gemm_tests::{gpu_or_skip, require_gpu};
-use std::sync::Arc;
-
-/// Guard bytes before and after every output (a multiple of 16: the output stays aligned).
-const GUARD: usize = 256;
-const GUARD_BYTE: u8 = 0xE7;
-/// The two poisons written over the outputs before the two runs.
-const POISONS: [u8; 2] = [0xA5, 0x5A];
-
-/// A device output of `len` bytes between `GUARD`-byte guards.
-struct Guarded {
-    buf: CudaSlice<u8>,
-    len: usize,
-}
-
-impl Guarded {
-    fn new(stream: &Arc<CudaStream>, len: usize) -> Guarded {
-        Guarded { buf: stream.alloc_zeros::<u8>(len + 2 * GUARD).unwrap(), len }
-    }
-
-    /// Guards `GUARD_BYTE`, the body `poison`.
-    fn poison(&mut self, stream: &Arc<CudaStream>, poison: u8) {
-        let mut host = vec![GUARD_BYTE; self.len + 2 * GUARD];
-        host[GUARD..GUARD + self.len].fill(poison);
-        stream.memcpy_htod(&host, &mut self.buf).unwrap();
-    }
-
-    /// The body, and the number of guard bytes that changed.
-    fn read(&self, stream: &Arc<CudaStream>) -> (Vec<u8>, usize) {
-        let host = stream.clone_dtoh(&self.buf).unwrap();
-        let bad = host[..GUARD].iter().chain(&host[GUARD + self.len..]).filter(|&&b| b != GUARD_BYTE).count();
-        (host[GUARD..GUARD + self.len].to_vec(), bad)
-    }
-}
 
 /// A random stack's values and scales (padding rows random too).
 fn random_stack(stack: WeightStack, seed: u64) -> (Vec<u8>, Vec<u8>) {
@@ -87,8 +55,8 @@ fn check(gpu: &Gpu, prepacker: &Prepacker, stack: WeightStack, seed: u64) {
             out_v.poison(&stream, poison);
             out_s.poison(&stream, poison);
             {
-                let mut v = out_v.buf.slice_mut(GUARD..GUARD + sizes.values);
-                let mut s = out_s.buf.slice_mut(GUARD..GUARD + sizes.scales);
+                let mut v = out_v.body_mut();
+                let mut s = out_s.body_mut();
                 let input = Nvfp4Operand { values: &in_v, scales: &in_s };
                 let out = Nvfp4OperandMut { values: &mut v, scales: &mut s };
                 prepacker.prepack(&stream, input, stack, act, out).unwrap();
