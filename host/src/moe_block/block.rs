@@ -231,8 +231,35 @@ pub enum TopkWeights<'a> {
 /// (weights uploaded, and prepacked on the GPU for W4A16; every buffer allocated for
 /// [`BlockShape::max_tokens`]), run per step by [`ExpertBlock::run`].
 ///
-/// ⚠ Built and checked on the CPU (its kernels in the device model, its argument checks);
-/// its GPU tests are the module `block` of `gpu_moe_sm90`.
+/// Checked on an H100 against `nvfp4_format::moe_block::reference` (the module `block` of the
+/// `gpu_moe_sm90` tests); on sm_100a built and its kernels run in the device model only.
+///
+/// ```no_run
+/// use nvfp4_format::checkpoint::{Checkpoint, Convention, LoadOptions};
+/// use nvfp4_gemm::moe_block::{Activation, BlockOptions, BlockShape, Dense16, ExpertBlock, Precision};
+/// use nvfp4_gemm::moe_block::{TopkIds, TopkWeights};
+/// use nvfp4_gemm::Gpu;
+///
+/// let gpu = Gpu::new(0)?;
+/// let stream = gpu.context().default_stream();
+/// // A ModelOpt NVFP4 checkpoint as stored; this rank holds experts 0..64 of layer 3.
+/// let file = std::fs::read("model-00001.safetensors")?;
+/// let checkpoint = Checkpoint::parse(&file)?;
+/// let options = LoadOptions::new("model.layers.3.mlp", Convention::ModelOpt, 0..64);
+/// let experts = checkpoint.load_experts(&options)?;
+/// let shape = BlockShape { first_expert: 0, experts: 64, hidden: 2048, intermediate: 768, top_k: 8, max_tokens: 256 };
+/// let block_options = BlockOptions::new(Activation::Silu, Precision::W4a4, Dense16::Bf16);
+/// let mut block = ExpertBlock::new(&gpu, &stream, shape, block_options, &experts)?; // once
+///
+/// // Per step: the tokens and the router's choice, on the device.
+/// let tokens = 100;
+/// let x = stream.alloc_zeros::<half::bf16>(tokens * 2048)?;
+/// let ids = stream.alloc_zeros::<i32>(tokens * 8)?;
+/// let weights = stream.alloc_zeros::<f32>(tokens * 8)?;
+/// let mut y = stream.alloc_zeros::<half::bf16>(tokens * 2048)?;
+/// block.run(&stream, &x, tokens, TopkIds::I32(&ids), TopkWeights::F32(&weights), &mut y)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ExpertBlock {
     shape: BlockShape,
     options: BlockOptions,
