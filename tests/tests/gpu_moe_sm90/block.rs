@@ -160,3 +160,66 @@ fn gpu_moe_block_silu_w4a16() {
 fn gpu_moe_block_relu2_w4a16_weight_at_input() {
     check(Activation::Relu2, Precision::W4a16, RouterWeightAt::Input, 5);
 }
+
+/// One CUDA graph of the block, captured once at T = 24, replays changing routings (ids, weights
+/// and tokens rewritten in place between replays): each replay within the tolerance of the
+/// reference, and bit for bit the same call run eagerly.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_graph_replays_routings() {
+    use nvfp4_gemm_tests::moe::{capture, with_capture_stream};
+    let gpu = require_gpu(Arch::Sm90a);
+    with_capture_stream(&gpu, |stream| {
+        let mut rng = SplitMix64::new(0xB10C);
+        let loaded = experts(true, &mut rng);
+        let options = BlockOptions::new(Activation::Silu, Precision::W4a4, Dense16::Bf16);
+        let shape = BlockShape {
+            first_expert: FIRST as i64,
+            experts: E,
+            hidden: H,
+            intermediate: I,
+            top_k: TOP_K,
+            max_tokens: MAX_TOKENS,
+        };
+        let mut block = ExpertBlock::new(&gpu, stream, shape, options, &loaded).unwrap();
+        let tokens = 24;
+        let mut x_dev = stream.clone_htod(&vec![bf16::ZERO; tokens * H]).unwrap();
+        let mut ids_dev = stream.clone_htod(&vec![-1i32; tokens * TOP_K]).unwrap();
+        let mut w_dev = stream.clone_htod(&vec![0f32; tokens * TOP_K]).unwrap();
+        let mut y: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+        // A first call outside the capture uploads the GEMMs' tables.
+        block.run(stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y).unwrap();
+        stream.synchronize().unwrap();
+        let (graph, ()) = capture(stream, || {
+            block.run(stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y).unwrap();
+        });
+        for round in 0..4 {
+            let x: Vec<bf16> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal())).collect();
+            let mut r = routing(tokens, &mut rng);
+            if round == 2 {
+                // Every slot on one expert.
+                r.ids.iter_mut().for_each(|id| *id = FIRST as i64 + 1);
+            }
+            let ids32: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
+            stream.memcpy_htod(&x, &mut x_dev).unwrap();
+            stream.memcpy_htod(&ids32, &mut ids_dev).unwrap();
+            stream.memcpy_htod(&r.weights, &mut w_dev).unwrap();
+            stream.memcpy_htod(&vec![bf16::NAN; tokens * H], &mut y).unwrap();
+            graph.launch().unwrap();
+            stream.synchronize().unwrap();
+            let replayed = stream.clone_dtoh(&y).unwrap();
+            let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+            let want = round_output_as(&reference(&x64, H, &r, &loaded, &options).unwrap(), Dense16::Bf16);
+            let got: Vec<f64> = replayed.iter().map(|v| v.to_f64()).collect();
+            let err = norm(got.iter().zip(&want).map(|(g, w)| g - w)) / norm(want.iter().copied());
+            assert!(err <= 2e-2, "replay {round}: ‖got − ref‖ / ‖ref‖ = {err}");
+            let mut eager: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+            block.run(stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut eager).unwrap();
+            let eager = stream.clone_dtoh(&eager).unwrap();
+            assert!(
+                replayed.iter().zip(&eager).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "replay {round}: the graph and the eager call differ"
+            );
+        }
+    });
+}
