@@ -5,6 +5,7 @@
 //! current stream through hooks it registers at import (`hooks`). Every rule is checked in the
 //! library, once per call; its errors become Python exceptions with its text (`errors`).
 
+mod block;
 mod dlpack;
 mod errors;
 mod gemm;
@@ -324,6 +325,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Device>()?;
     m.add_class::<gemm::Prepared>()?;
     m.add_class::<moe::MoeLayer>()?;
+    m.add_class::<block::MoeBlock>()?;
     for f in [
         wrap_pyfunction!(gemm::grouped_gemm, m)?,
         wrap_pyfunction!(gemm::grouped_gemm_stacked, m)?,

@@ -560,3 +560,49 @@ def test_bad_inputs_raise_and_write_nothing():
         attempt(ValueError, "group 1: `b`: is on cuda:1", b=bv.to("cuda:1"))
     torch.cuda.synchronize()
     assert all(bool(o.isnan().all()) for o in out), "an output was written by a call that failed"
+
+
+def requantized(row, g):
+    """One 16-bit row quantized to NVFP4 with global scale `g` (the library's quantizer, which the
+    block uses) and dequantized, in fp32."""
+    k = row.shape[1]
+    values, blocked = nvfp4_gemm.quantize(row, global_scale=g)
+    return dequant(values, blocked.view(torch.uint8)[blocked_index(1, k)], 1, k) * g
+
+
+@pytest.mark.parametrize("w4a16", [False, True], ids=["w4a4", "w4a16"])
+def test_moe_block_against_a_dequantized_reference(w4a16):
+    # The whole block (routing, gate/up, silu, down, weighted combine) against the same arithmetic
+    # in fp32 on dequantized weights, rounding to bf16 where the block stores (docs/moe-block.md).
+    gen = torch.Generator(device=CUDA).manual_seed(42)
+    e, i, h, top_k, t = 4, 64, 128, 2, 24
+    ops13 = [random_operand(2 * i, h, gen) for _ in range(e)]
+    ops2 = [random_operand(h, i, gen) for _ in range(e)]
+    w13 = torch.stack([v for v, _ in ops13])
+    s13 = torch.stack([s.reshape(2 * i, h // 16) for _, s in ops13])
+    w2 = torch.stack([v for v, _ in ops2])
+    s2 = torch.stack([s.reshape(h, i // 16) for _, s in ops2])
+    g13, g2, in13, in2 = 2.0**-9, 2.0**-8, 0.05, 0.05
+    block = nvfp4_gemm.MoEBlock(w13, s13, g13, w2, s2, g2, in13, in2, top_k=top_k, max_tokens=32, w4a16=w4a16)
+    x = (torch.randn((t, h), generator=gen, device=CUDA)).to(torch.bfloat16)
+    ids = torch.randint(-1, e + 1, (t, top_k), generator=gen, device=CUDA, dtype=torch.int32)
+    weights = torch.rand((t, top_k), generator=gen, device=CUDA)
+    out = poisoned((t, h), torch.bfloat16)
+    got = nvfp4_gemm.fused_experts(x, block, weights, ids, out=out)
+    assert got is out
+    want = torch.zeros((t, h), device=CUDA)
+    for tok in range(t):
+        for k in range(top_k):
+            ex = int(ids[tok, k])
+            if not 0 <= ex < e:
+                continue
+            a = x[tok : tok + 1].float()
+            if not w4a16:
+                a = requantized(x[tok : tok + 1], in13)
+            hh = (a @ dequant(w13[ex], s13[ex], 2 * i, h).T * g13).to(torch.bfloat16).float()
+            z = (torch.nn.functional.silu(hh[:, :i]) * hh[:, i:]).to(torch.bfloat16)
+            zf = z.float() if w4a16 else requantized(z, in2)
+            o = (zf @ dequant(w2[ex], s2[ex], h, i).T * g2).to(torch.bfloat16).float()
+            want[tok] += float(weights[tok, k]) * o[0]
+    err = (out.float() - want).norm() / want.norm()
+    assert err < 2e-2, f"normalized error {err}"

@@ -507,3 +507,25 @@ def test_moe_w4a16_arguments():
         nvfp4_gemm.MoE(w, ws, 0.5, max_tokens=100, w4a16="bfloat16")
     with pytest.raises(TypeError, match="w4a16: float32"):
         nvfp4_gemm.MoE(w, ws, 0.5, max_tokens=100, w4a16="float32")
+
+
+def test_moe_block_arguments():
+    # The experts as a checkpoint stores them, on the host; every check runs before the device.
+    e, i, h = 2, 64, 128
+    w13, s13 = np.zeros((e, 2 * i, h // 2), np.uint8), np.zeros((e, 2 * i, h // 16), np.uint8)
+    w2, s2 = np.zeros((e, h, i // 2), np.uint8), np.zeros((e, h, i // 16), np.uint8)
+
+    def make(w13=w13, s13=s13, **kw):
+        return nvfp4_gemm.MoEBlock(w13, s13, 1.0, w2, s2, 1.0, 1.0, 1.0, top_k=2, max_tokens=8, **kw)
+
+    with pytest.raises(ValueError, match="activation: 'swish'"):
+        make(activation="swish")
+    with pytest.raises(ValueError, match="dtype: float32"):
+        make(dtype="float32")
+    with pytest.raises(ValueError, match="scale bytes"):
+        make(s13=s13[:, :64])
+    # relu2 is not gated: W13 must hold I rows, not 2I.
+    with pytest.raises(ValueError, match="scale bytes"):
+        make(activation="relu2")
+    with pytest.raises(Reached):
+        make()

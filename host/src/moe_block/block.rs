@@ -428,8 +428,32 @@ impl ExpertBlock {
         weights: TopkWeights<'_>,
         y: &mut dyn DevicePtrMut<T>,
     ) -> Result<()> {
+        let mut user = CallBuffers::new(stream);
+        let x = user.read(x);
+        let (ids, ids_type) = match ids {
+            TopkIds::I32(p) => (user.read(p), IdType::I32),
+            TopkIds::I64(p) => (user.read(p), IdType::I64),
+        };
+        let (weights, weights_type) = match weights {
+            TopkWeights::F32(p) => (user.read(p), WeightType::F32),
+            TopkWeights::Bf16(p) => (user.read(p), WeightType::Bf16),
+        };
+        let y = user.write(y);
+        let views = BlockViews { x, bf16: T::BF16, tokens, ids, ids_type, weights, weights_type, y };
+        // SAFETY: cudarc's live buffers of these lengths, kept alive and ordered by `user` until
+        // the launches are enqueued.
+        unsafe { self.run_views(stream, views) }
+    }
+
+    /// [`ExpertBlock::run`] on buffers given as addresses and lengths (elements): the typed entry
+    /// of bindings, with the same checks.
+    ///
+    /// # Safety
+    /// As [`crate::GemmPlan::run_views`], for every buffer.
+    pub unsafe fn run_views(&mut self, stream: &Arc<CudaStream>, v: BlockViews) -> Result<()> {
         let BlockShape { experts, first_expert, hidden, top_k, max_tokens, .. } = self.shape;
-        if T::BF16 != (self.options.dtype == Dense16::Bf16) {
+        let BlockViews { x: x_view, bf16, tokens, ids: ids_view, ids_type, weights: weights_view, weights_type, y } = v;
+        if bf16 != (self.options.dtype == Dense16::Bf16) {
             return Err(invalid("x", format!("the block's type is {:?}", self.options.dtype)));
         }
         if tokens > max_tokens {
@@ -437,23 +461,29 @@ impl ExpertBlock {
         }
         let slots = tokens * top_k;
         let at_input = self.options.router_weight_at == RouterWeightAt::Input;
-        let bf16 = T::BF16;
         let gated = self.options.activation.gated();
         let activation = kernel_activation(self.options.activation);
         let (s13, s2) = self.input_scales;
         let p1 = self.gemm1.problem().clone();
         let p2 = self.gemm2.problem().clone();
+        // The kernels check their own arguments before their launches; the tokens and the output
+        // are checked here as well, so that a call with a wrong one launches nothing.
+        let combine = CombineViews {
+            o: BufferView { ptr: 0, len: p1.token_rows() * hidden },
+            slot_row: BufferView { ptr: 0, len: slots },
+            weights: (!at_input).then_some(weights_view),
+            weights_type,
+            y,
+            bf16,
+        };
+        for (field, view) in [("x", x_view), ("y", y)] {
+            if view.len != tokens * hidden {
+                let want = tokens * hidden;
+                return Err(invalid(field, format!("has {} elements; [{tokens}, {hidden}] needs {want}", view.len)));
+            }
+        }
         {
             let mut call = CallBuffers::new(stream);
-            let (ids_view, ids_type) = match ids {
-                TopkIds::I32(p) => (call.read(p), IdType::I32),
-                TopkIds::I64(p) => (call.read(p), IdType::I64),
-            };
-            let (weights_view, weights_type) = match weights {
-                TopkWeights::F32(p) => (call.read(p), WeightType::F32),
-                TopkWeights::Bf16(p) => (call.read(p), WeightType::Bf16),
-            };
-            let x_view = call.read(x);
             let offsets = call.write(&mut self.offsets);
             let slot_row = call.write(&mut self.slot_row);
             let row_token = call.write(&mut self.row_token);
@@ -478,9 +508,9 @@ impl ExpertBlock {
                 sizes: offsets,
             };
             let a_out = self.a.out(&p1, &mut call, s13);
-            // SAFETY: every view is a live buffer of this block or the caller's, of its length
-            // (cudarc's), kept alive by `call` until the launches are enqueued; the launches run
-            // in stream order.
+            // SAFETY: every view is a live buffer of this block or the caller's (the caller's
+            // contract), of its length, kept alive until the launches are enqueued; the launches
+            // run in stream order.
             unsafe {
                 self.kernels.route(stream, routing, route)?;
                 self.quantizer.quantize_grouped_gather_views(stream, &p1, bf16, &gather, a_out)?;
@@ -517,24 +547,33 @@ impl ExpertBlock {
         };
         self.gemm2.run(stream, &mut args)?;
         let mut call = CallBuffers::new(stream);
-        let (weights_view, weights_type) = match weights {
-            TopkWeights::F32(p) => (call.read(p), WeightType::F32),
-            TopkWeights::Bf16(p) => (call.read(p), WeightType::Bf16),
-        };
         let o = self.o.read(&mut call);
         let slot_row = call.read(&self.slot_row);
-        let y_view = call.write(y);
-        let views = CombineViews {
-            o,
-            slot_row: BufferView { ptr: slot_row.ptr, len: slots },
-            weights: (!at_input).then_some(weights_view),
-            weights_type,
-            y: y_view,
-            bf16,
-        };
+        let views = CombineViews { o, slot_row: BufferView { ptr: slot_row.ptr, len: slots }, ..combine };
         // SAFETY: as above.
         unsafe { self.kernels.combine(stream, tokens, top_k, hidden, views) }
     }
+}
+
+/// One call's buffers as addresses and lengths in elements ([`ExpertBlock::run_views`]).
+#[derive(Clone, Copy, Debug)]
+pub struct BlockViews {
+    /// The tokens `x`, `[tokens, H]` of the block's 16-bit type.
+    pub x: BufferView,
+    /// `x` and `y` are bf16 (else f16); must be the block's type.
+    pub bf16: bool,
+    /// Tokens `T` of this call (at most the block's bound).
+    pub tokens: usize,
+    /// `topk_ids`, `[T, top_k]`.
+    pub ids: BufferView,
+    /// Their type.
+    pub ids_type: IdType,
+    /// `topk_weights`, `[T, top_k]`.
+    pub weights: BufferView,
+    /// Their type.
+    pub weights_type: WeightType,
+    /// The output `y`, `[T, H]` of the block's 16-bit type.
+    pub y: BufferView,
 }
 
 /// The kernels' activation of the contract's.

@@ -9,6 +9,8 @@ one e4m3 scale per 16 values in the 128x4 blocked layout), C fp16 or bf16.
 - :func:`quantize` / :func:`dequantize`;
 - :class:`MoE`: a mixture-of-experts layer's GEMM with the routing on the GPU (CUDA-graph
   capturable), NVFP4 activations or (``w4a16=``) 16-bit ones used as they are;
+- :class:`MoEBlock` / :func:`fused_experts`: the whole expert block (routing, gate/up GEMM,
+  activation, down GEMM, weighted combine) from a ModelOpt checkpoint's experts;
 - :mod:`nvfp4_gemm.w4a16`: W4A16 on Hopper — fp16/bf16 activations times NVFP4 weights
   prepacked once (:func:`nvfp4_gemm.w4a16.prepack`, :func:`nvfp4_gemm.w4a16.grouped_gemm`);
 - :func:`custom_kernel`: the GPU MODE ``nvfp4_group_gemm`` entry point;
@@ -26,6 +28,7 @@ own rules (the native module) before anything is launched: bad arguments raise
 from . import _hooks, _native, layout, w4a16
 from ._core import PreparedGemm, clear_cache, dequantize, device, grouped_gemm, grouped_gemm_stacked, prepare, quantize
 from ._native import CaptureError, CudaError, NoDriverError, UnsupportedError, blocked_bytes
+from .block import MoEBlock, fused_experts
 from .competition import custom_kernel
 from .moe import MoE, offsets_from_counts
 
@@ -43,6 +46,7 @@ __all__ = [
     "CaptureError",
     "CudaError",
     "MoE",
+    "MoEBlock",
     "NoDriverError",
     "PreparedGemm",
     "UnsupportedError",
@@ -52,6 +56,7 @@ __all__ = [
     "dequantize",
     "device",
     "driver_present",
+    "fused_experts",
     "grouped_gemm",
     "grouped_gemm_stacked",
     "layout",
