@@ -41,7 +41,7 @@
 //! into C: a panic becomes [`NVFP4_PANIC`].
 
 use crate::device::Gpu;
-use crate::error::{Error, Result};
+use crate::error::{invalid, Error, Result};
 use crate::moe::{MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout};
 use crate::plan::{GemmPlan, StackedViews};
 use crate::problem::{Activations, BufferView, GroupBuffers, GroupShape, OutputType, Problem, TokenKind};
@@ -196,11 +196,6 @@ pub struct Nvfp4GemmPlan {
 pub struct Nvfp4MoePlan {
     ctx: Arc<CudaContext>,
     plan: MoePlan,
-}
-
-/// The error of an invalid argument `field` of the C function `call`.
-fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
-    Error::InvalidArgument { call, field, reason: reason.into() }
 }
 
 fn null_error(call: &'static str, field: &'static str) -> Error {

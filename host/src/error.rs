@@ -107,6 +107,11 @@ impl fmt::Display for BufferName {
     }
 }
 
+/// [`Error::InvalidArgument`]: `call`'s argument `field`, and why it is refused.
+pub(crate) fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument { call, field, reason: reason.into() }
+}
+
 impl Error {
     pub(crate) fn driver(during: &'static str, error: DriverError) -> Self {
         Error::Driver { during, error, detail: String::new() }

@@ -65,8 +65,7 @@
 use crate::device::{Arch, Gpu};
 pub use crate::device_sizes::{MoeKernels, MoeOptions};
 use crate::engine::{Alphas, Engine};
-use crate::error::{Error, Result};
-use crate::moe_problem::invalid;
+use crate::error::{invalid, Error, Result};
 use crate::overlap::{self, Span};
 use crate::plan::{w4a16_unsupported, Nvfp4Operand, Output, TokenOperand};
 use crate::problem::{BufferView, CallBuffers, TokenKind, BUFFER_ALIGN};

@@ -4,7 +4,7 @@
 //! device-sized plans (`sm90/`, `sm100/`), which read it, and [`crate::moe`], which re-exports it
 //! with the plan.
 
-use crate::error::{within, BufferName, Error, Result};
+use crate::error::{invalid, within, BufferName, Error, Result};
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, Nvfp4Sizes, OutputType, TokenKind, BUFFER_ALIGN};
 use crate::rules::{self, Limit};
@@ -197,11 +197,6 @@ impl MoeProblem {
         let status = rows.iter().fold(0, |acc, r| acc | r.status);
         Ok((rows, SizeStatus(status)))
     }
-}
-
-/// An [`Error::InvalidArgument`] of `call`'s `field`.
-pub(crate) fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
-    Error::InvalidArgument { call, field, reason: reason.into() }
 }
 
 /// The plan's sticky status word: which sizes were beyond the plan's bounds since the last

@@ -31,7 +31,7 @@
 use crate::device::Gpu;
 use crate::driver::launch::launch;
 use crate::driver::module::Kernel;
-use crate::error::{Error, Result};
+use crate::error::{invalid, Error, Result};
 use crate::overlap::{self, Span};
 use crate::plan::{Nvfp4Operand, TokenOperand};
 use crate::problem::Activations;
@@ -312,10 +312,6 @@ struct Buffers {
     dense: BufferView,
     values: BufferView,
     scales: BufferView,
-}
-
-fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
-    Error::InvalidArgument { call, field, reason: reason.into() }
 }
 
 /// `k` a positive multiple of 64; `rows`, `k` in `u32`; the quantizer's item count (the larger)

@@ -16,7 +16,7 @@ use nvfp4_gemm_abi::moe_block::{
 use crate::device::Gpu;
 use crate::driver::launch::launch;
 use crate::driver::module::Kernel;
-use crate::error::{Error, Result};
+use crate::error::{invalid, Result};
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, BUFFER_ALIGN};
 
@@ -103,10 +103,6 @@ pub struct CombineViews {
 const ROUTE: &str = "moe_route";
 const COMBINE: &str = "moe_combine";
 
-fn invalid(call: &'static str, field: &'static str, reason: impl Into<String>) -> Error {
-    Error::InvalidArgument { call, field, reason: reason.into() }
-}
-
 fn check_view(call: &'static str, field: &'static str, v: BufferView, len: usize) -> Result<()> {
     if v.len != len {
         return Err(invalid(call, field, format!("has {} elements; exactly {len} are needed", v.len)));
@@ -132,9 +128,9 @@ fn slots(call: &'static str, tokens: usize, top_k: usize) -> Result<usize> {
 }
 
 /// Checks `moe_route`'s arguments and returns its parameters. Errors
-/// ([`Error::InvalidArgument`]): `top_k` 0; `experts` 0 or above 4096; `T · top_k` at or above
+/// ([`crate::Error::InvalidArgument`]): `top_k` 0; `experts` 0 or above 4096; `T · top_k` at or above
 /// 2³¹; a buffer of the wrong length or (when not empty) not 16-byte aligned; `row_weight` without
-/// `weights`. [`Error::Overlap`]: an output sharing a byte with another buffer.
+/// `weights`. [`crate::Error::Overlap`]: an output sharing a byte with another buffer.
 pub fn route_params(r: Routing, v: RouteViews) -> Result<RouteParams> {
     let s = slots(ROUTE, r.tokens, r.top_k)?;
     if r.experts == 0 || r.experts > ROUTE_MAX_EXPERTS as usize {
@@ -187,10 +183,10 @@ pub fn route_params(r: Routing, v: RouteViews) -> Result<RouteParams> {
 
 /// Checks `moe_combine`'s arguments for `tokens x top_k` slots and hidden size `hidden`, and
 /// returns its parameters, or `None` for `tokens = 0` (nothing to launch). Errors
-/// ([`Error::InvalidArgument`]): `top_k` 0; `hidden` not a positive multiple of 64; `o` not a
+/// ([`crate::Error::InvalidArgument`]): `top_k` 0; `hidden` not a positive multiple of 64; `o` not a
 /// whole number of rows or fewer than `T · top_k` of them (every routed row must fit); a buffer
 /// of the wrong length or not 16-byte aligned; sizes beyond the kernel's 32-bit indexing.
-/// [`Error::Overlap`]: `y` sharing a byte with another buffer.
+/// [`crate::Error::Overlap`]: `y` sharing a byte with another buffer.
 pub fn combine_params(tokens: usize, top_k: usize, hidden: usize, v: CombineViews) -> Result<Option<CombineParams>> {
     let s = slots(COMBINE, tokens, top_k)?;
     if hidden == 0 || hidden % COMBINE_H_MULTIPLE as usize != 0 || hidden > u32::MAX as usize {
@@ -298,6 +294,7 @@ impl BlockKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     fn view(ptr: u64, len: usize) -> BufferView {
         BufferView { ptr, len }

@@ -14,8 +14,7 @@
 //! quantizer call, validate every argument before launching (typed errors, nothing launched on an
 //! error), allocate nothing and never synchronise the host (capturable).
 
-use crate::error::Result;
-use crate::moe_problem::invalid;
+use crate::error::{invalid, Result};
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, BUFFER_ALIGN};
 use crate::quantize::Quantizer;
