@@ -2,7 +2,7 @@
 //! tokens gathered (and quantized), the first grouped GEMM, the activation (and the
 //! requantization), the second grouped GEMM and the weighted combine — planned once for a bound
 //! on the tokens and run per step with every size the router decides read on the device: no
-//! host synchronization, no allocation per call, capturable in a CUDA graph.
+//! host synchronization, no device allocation per call, capturable in a CUDA graph.
 //!
 //! The arithmetic is the contract of `nvfp4_format::moe_block::reference`, with the options of
 //! that module ([`BlockOptions`]); the GEMMs are two device-sized [`MoePlan`]s, one group per
@@ -413,8 +413,8 @@ impl ExpertBlock {
     }
 
     /// One step: `y = block(x)` for `tokens` tokens (`x` and `y` `[tokens, H]` of the block's
-    /// 16-bit type `T`, `ids` and `weights` `[tokens, top_k]`) on `stream`. Nothing is allocated
-    /// and the host never waits: the call can be captured in a CUDA graph (run it once outside
+    /// 16-bit type `T`, `ids` and `weights` `[tokens, top_k]`) on `stream`. No device memory is
+    /// allocated (two host vectors of the experts' operand views are) and the host never waits: the call can be captured in a CUDA graph (run it once outside
     /// capture first, so that the GEMMs' tables hold the weights).
     ///
     /// Errors (before any launch): [`Error::InvalidArgument`] for `tokens` above the bound, a
@@ -468,14 +468,6 @@ impl ExpertBlock {
         let p2 = self.gemm2.problem().clone();
         // The kernels check their own arguments before their launches; the tokens and the output
         // are checked here as well, so that a call with a wrong one launches nothing.
-        let combine = CombineViews {
-            o: BufferView { ptr: 0, len: p1.token_rows() * hidden },
-            slot_row: BufferView { ptr: 0, len: slots },
-            weights: (!at_input).then_some(weights_view),
-            weights_type,
-            y,
-            bf16,
-        };
         for (field, view) in [("x", x_view), ("y", y)] {
             if view.len != tokens * hidden {
                 let want = tokens * hidden;
@@ -549,7 +541,14 @@ impl ExpertBlock {
         let mut call = CallBuffers::new(stream);
         let o = self.o.read(&mut call);
         let slot_row = call.read(&self.slot_row);
-        let views = CombineViews { o, slot_row: BufferView { ptr: slot_row.ptr, len: slots }, ..combine };
+        let views = CombineViews {
+            o,
+            slot_row: BufferView { ptr: slot_row.ptr, len: slots },
+            weights: (!at_input).then_some(weights_view),
+            weights_type,
+            y,
+            bf16,
+        };
         // SAFETY: as above.
         unsafe { self.kernels.combine(stream, tokens, top_k, hidden, views) }
     }
