@@ -1,5 +1,6 @@
 //! `MoeBlock`: the whole MoE expert block (`nvfp4_gemm::moe_block::ExpertBlock`) for the package's
-//! `MoEBlock`. The experts come as host bytes (the checkpoint's tensors as stored: packed values,
+//! `MoEBlock`. The experts come as host bytes, borrowed from Python's `bytes` (the checkpoint's
+//! tensors as stored: packed values,
 //! plain e4m3 scales, one global scale per weight, the input scales), the sizes from the package;
 //! each call reads its tensors once and runs the block on the current stream.
 
@@ -67,11 +68,11 @@ impl MoeBlock {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        w13: Vec<u8>,
-        w13_scale: Vec<u8>,
+        w13: &[u8],
+        w13_scale: &[u8],
         w13_global: Vec<f32>,
-        w2: Vec<u8>,
-        w2_scale: Vec<u8>,
+        w2: &[u8],
+        w2_scale: &[u8],
         w2_global: Vec<f32>,
         w13_input_scale: Vec<f32>,
         w2_input_scale: Vec<f32>,
@@ -110,8 +111,8 @@ impl MoeBlock {
                 same
             )));
         }
-        let w13 = weights(&w13, &w13_scale, &w13_global, n1, hidden)?;
-        let w2 = weights(&w2, &w2_scale, &w2_global, hidden, intermediate)?;
+        let w13 = weights(w13, w13_scale, &w13_global, n1, hidden)?;
+        let w2 = weights(w2, w2_scale, &w2_global, hidden, intermediate)?;
         let loaded = LoadedExperts {
             first_expert,
             experts: w13
