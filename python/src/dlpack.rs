@@ -93,11 +93,12 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
 /// `None` (no Python error left set) otherwise.
 pub fn cuda_tensor(obj: &Bound<'_, PyAny>) -> Option<TensorDesc> {
     let py = obj.py();
+    let torch = torch(py)?;
     // SAFETY: `obj` is a live object; `Py_TYPE` reads its type pointer.
-    if unsafe { ffi::Py_TYPE(obj.as_ptr()) } as usize != torch(py)?.tensor_type {
+    if unsafe { ffi::Py_TYPE(obj.as_ptr()) } as usize != torch.tensor_type {
         return None;
     }
-    let capsule = match torch(py)?.to_dlpack.bind(py).call1((obj,)) {
+    let capsule = match torch.to_dlpack.bind(py).call1((obj,)) {
         Ok(c) => c,
         Err(_) => return None,
     };
