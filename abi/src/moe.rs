@@ -130,10 +130,18 @@ impl DeviceSizes {
     }
 
     /// The scale row of token row `row`, if the row belongs to a group (`load` as for
-    /// [`Self::group`]). Contiguous: a binary search over the clamped offsets (for decreasing
-    /// offsets it finds some group or none; the row it returns still lies in the scale tensor).
+    /// [`Self::group`]): [`Self::locate`]'s second number.
     #[inline(always)]
     pub fn scale_row(&self, row: u32, load: impl Fn(u32) -> u32) -> Option<u32> {
+        self.locate(row, load).map(|(_, scale_row)| scale_row)
+    }
+
+    /// The group of token row `row` and the row's scale row, if the row belongs to a group
+    /// (`load` as for [`Self::group`]). Contiguous: a binary search over the clamped offsets (for
+    /// decreasing offsets it finds some group or none; the row it returns still lies in the scale
+    /// tensor).
+    #[inline(always)]
+    pub fn locate(&self, row: u32, load: impl Fn(u32) -> u32) -> Option<(u32, u32)> {
         if self.layout == LAYOUT_MASKED {
             if self.rows == 0 {
                 return None;
@@ -141,7 +149,7 @@ impl DeviceSizes {
             let (g, i) = (row / self.rows, row % self.rows);
             let count = load(g);
             if i < count {
-                Some(masked_scale_first(g, self.rows) + i)
+                Some((g, masked_scale_first(g, self.rows) + i))
             } else {
                 None
             }
@@ -170,7 +178,7 @@ impl DeviceSizes {
             }
             let (first, end) = (clamped(lo), clamped(lo + 1));
             if row < end {
-                Some(contiguous_scale_first(lo, first) + (row - first))
+                Some((lo, contiguous_scale_first(lo, first) + (row - first)))
             } else {
                 None
             }
@@ -289,7 +297,7 @@ pub struct GroupedConvertParams {
     pub gather: block::Gather,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 88);
+const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 96);
 
 #[cfg(test)]
 mod tests {
@@ -366,7 +374,7 @@ mod tests {
             }
             let s = contiguous(groups, t);
             let load = |i: u32| offsets[i as usize];
-            let mut owner: Vec<Option<u32>> = std::vec![None; t as usize];
+            let mut owner: Vec<Option<(u32, u32)>> = std::vec![None; t as usize];
             let mut blocks = std::vec![false; (s.scale_rows() / 128) as usize];
             let mut status = 0;
             for g in 0..groups {
@@ -381,7 +389,7 @@ mod tests {
                         blocks[b as usize] = true;
                     }
                     for row in r.first..r.first + r.rows {
-                        owner[row as usize] = Some(r.scale_first + (row - r.first));
+                        owner[row as usize] = Some((g, r.scale_first + (row - r.first)));
                     }
                 }
             }
@@ -390,9 +398,10 @@ mod tests {
             let monotone_now = offsets.windows(2).all(|w| w[0] <= w[1]);
             assert_eq!(status & STATUS_OFFSETS_DECREASING != 0, !monotone_now);
             for row in 0..t {
-                let got = s.scale_row(row, load);
-                if let Some(sr) = got {
-                    assert!(sr < s.scale_rows());
+                let got = s.locate(row, load);
+                assert_eq!(got.map(|(_, sr)| sr), s.scale_row(row, load));
+                if let Some((g, sr)) = got {
+                    assert!(sr < s.scale_rows() && g < groups);
                 }
                 if monotone_now {
                     assert_eq!(got, owner[row as usize], "case {case} row {row} {offsets:?}");
@@ -410,6 +419,8 @@ mod tests {
         assert_eq!(s.scale_row(20, load), Some(128));
         assert_eq!(s.scale_row(39, load), Some(147));
         assert_eq!(s.scale_row(59, load), Some(275), "clamped count 25 → 20 covers the last row");
+        assert_eq!(s.locate(39, load), Some((1, 147)));
+        assert_eq!(s.locate(59, load), Some((2, 275)));
         assert_eq!(s.group(2, load).status, STATUS_COUNT_OVER_BOUND);
     }
 

@@ -2,13 +2,13 @@
 //! (docs/moe-block.md, "The GPU block"), per row of a group: `z[j] = D(act(h[j]) · h[I + j])`
 //! (gated) or `D(act(h[j]))`, the activation's `f32` arithmetic `nvfp4_gemm_abi::moe::block`'s
 //! (the product exact in `f64`, one rounding to `D`), then either stored as `D` (W4A16) or
-//! quantized with the second GEMM's input scale into the grouped NVFP4 layout (W4A4: the same
-//! block arithmetic and scale rows as `nvfp4_quantize_grouped`).
+//! quantized with the second GEMM's input scale (one, or one per group) into the grouped NVFP4
+//! layout (W4A4: the same block arithmetic and scale rows as `nvfp4_quantize_grouped`).
 //!
 //! Work item = (token row, block of 16 outputs), grid-strided; rows of no group are skipped.
 
 use crate::ptx::sreg;
-use crate::quantize_grouped::{round_to_half, U32x4};
+use crate::quantize_grouped::{round_to_half, row_global_scale, U32x4};
 use nvfp4_gemm_abi::moe::block::{activated, ActivateParams, Activation};
 use nvfp4_gemm_abi::quantize::{quantize_block, BLOCK, THREADS};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
@@ -38,7 +38,8 @@ unsafe fn load16(p: *const u8) -> [u32; 8] {
 /// # Safety
 /// `p.h` holds `rows · n1` readable 16-bit values (`rows = p.sizes.token_rows()`, `n1 = 2I`
 /// gated, else `I`); `p.out` `rows · I` writable 16-bit values (W4A16) or `rows · I / 2` bytes
-/// (W4A4), and then `p.scales` `p.sizes.scale_rows() · I / 16` bytes; `p.sizes.sizes` points to
+/// (W4A4), and then `p.scales` `p.sizes.scale_rows() · I / 16` bytes and, with `p.group_scales`
+/// set, that address `p.sizes.groups` readable `f32`s; `p.sizes.sizes` points to
 /// `p.sizes.sizes_len()` readable `u32`s; the outputs overlap nothing the kernel reads. The host's
 /// `Quantizer::activate_grouped_views` checks all of it before launching.
 #[crate::ptx::kernel]
@@ -61,7 +62,7 @@ pub unsafe fn moe_activate(p: ActivateParams) {
     let stride = sreg::nctaid_x() * THREADS;
     while item < items {
         let (row, j) = (item / blocks, item % blocks);
-        if let Some(scale_row) = p.sizes.scale_row(row, load) {
+        if let Some((group, scale_row)) = p.sizes.locate(row, load) {
             let src = row as usize * n1 as usize + (BLOCK * j) as usize;
             let first = row as usize * inter as usize + (BLOCK * j) as usize;
             // SAFETY: row < rows: the gate (and up) blocks are in `h`, the outputs in `out` /
@@ -93,6 +94,7 @@ pub unsafe fn moe_activate(p: ActivateParams) {
                     ]
                 };
                 if p.quantize != 0 {
+                    let global = row_global_scale(p.group_scales, group, global);
                     let (s, packed) = quantize_block(z, bf16, global);
                     *((p.out as *mut u8).add(first / 2) as *mut u64) = packed;
                     *(p.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;

@@ -8,7 +8,8 @@
 //! row `r` reads token row `row_token[r]` of `x`, optionally multiplied by `row_weight[r]` (the
 //! product of a 16-bit value and an `f32` has at most 11 + 24 significant bits, exact in `f64`,
 //! then rounded once to the input type, `D(x · w)` as the contract's step 1 says), and is either
-//! quantized as above (W4A4) or stored as 16-bit (W4A16).
+//! quantized as above (W4A4, with the row's group's own global scale when `group_scales` is set)
+//! or stored as 16-bit (W4A16).
 //!
 //! Work item = (token row, block of 16 values), grid-strided; each item finds its row's scale row
 //! from the device sizes (a binary search over the offsets, or a division for the masked layout).
@@ -31,6 +32,21 @@ pub(crate) fn round_to_half(x: f64, bf16: bool) -> u16 {
         cvt_f64::f64_to_bf16_bits(x)
     } else {
         cvt_f64::f64_to_f16_bits(x)
+    }
+}
+
+/// The global scale a row of group `group` is quantized with: `group_scales[group]` when that
+/// address is set (`Gather::group_scales`, `ActivateParams::group_scales`), else `global`.
+///
+/// # Safety
+/// With `group_scales` set, it holds a readable `f32` at index `group`.
+#[inline(always)]
+pub(crate) unsafe fn row_global_scale(group_scales: u64, group: u32, global: f64) -> f64 {
+    if group_scales == 0 {
+        global
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { *(group_scales as *const f32).add(group as usize) as f64 }
     }
 }
 
@@ -91,6 +107,7 @@ unsafe fn load_block(dense: u64, k: u32, g: &Gather, row: u32, j: u32, bf16: boo
 /// `p.sizes.scale_rows()` scale rows; `p.sizes.sizes` points to `p.sizes.sizes_len()` readable
 /// `u32`s. With `p.gather.row_token` set, `p.convert.dense` holds `p.gather.tokens` rows and
 /// `row_token` `rows` readable `u32`s; with `row_weight` set, it holds `rows` readable `f32`s;
+/// with `group_scales` set, `p.sizes.groups` readable `f32`s;
 /// with `dense_output`, `p.convert.values` holds `rows · k` writable 16-bit values. The host's
 /// `Quantizer::quantize_grouped` and `quantize_grouped_gather_views` check all of it before
 /// launching.
@@ -111,7 +128,7 @@ pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
     let stride = sreg::nctaid_x() * THREADS;
     while item < items {
         let (row, j) = (item / blocks, item % blocks);
-        if let Some(scale_row) = p.sizes.scale_row(row, load) {
+        if let Some((group, scale_row)) = p.sizes.locate(row, load) {
             let first = row as usize * c.k as usize + (BLOCK * j) as usize;
             // SAFETY: row < rows: the block's input is readable (`load_block`); its 8 packed
             // bytes (or 32 16-bit bytes) are in the output; `scale_row` is below the scale rows.
@@ -122,6 +139,7 @@ pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
                     *dst = U32x4([w[0], w[1], w[2], w[3]]);
                     *dst.add(1) = U32x4([w[4], w[5], w[6], w[7]]);
                 } else {
+                    let global = row_global_scale(p.gather.group_scales, group, global);
                     let (s, packed) = quantize_block(w, bf16, global);
                     *((c.values as *mut u8).add(first / 2) as *mut u64) = packed;
                     *(c.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;

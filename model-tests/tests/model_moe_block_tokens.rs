@@ -10,7 +10,8 @@
 use nvfp4_format::moe_block::{Activation as Act64, Dense16};
 use nvfp4_format::{quantize_with_global_scale, Nvfp4Matrix, SplitMix64};
 use nvfp4_gemm::moe::GroupRows;
-use nvfp4_gemm::moe_block::{activate_params, gather_params, BlockOutput, GatherInputs};
+use nvfp4_gemm::moe_block::{activate_params, gather_params, BlockOutput, GatherInputs, GlobalScale};
+use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::{MoeProblem, OutputType, TokenLayout};
 use nvfp4_gemm_abi::quantize::launch;
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
@@ -172,6 +173,48 @@ fn cpu_quantize(bits: &[u16], m: usize, k: usize, bf16: bool, g: f32) -> Nvfp4Ma
     }
 }
 
+/// The W4A4 quantizer's global scale: one for every row, or one per group.
+#[derive(Clone, Debug)]
+enum Global {
+    One(f32),
+    PerGroup(Vec<f32>),
+}
+
+impl Global {
+    /// Group `g`'s scale.
+    fn of(&self, g: usize) -> f32 {
+        match self {
+            Global::One(s) => *s,
+            Global::PerGroup(v) => v[g],
+        }
+    }
+
+    /// The device copy of the per-group scales (`None` for one scale).
+    fn upload(&self) -> Option<DeviceBuf> {
+        match self {
+            Global::One(_) => None,
+            Global::PerGroup(v) => {
+                Some(DeviceBuf::from_bytes(&v.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<_>>()))
+            }
+        }
+    }
+
+    /// The output argument over `values` and `scales` (`per_group`: [`Global::upload`]'s buffer).
+    fn output(&self, values: BufferView, scales: BufferView, per_group: Option<&DeviceBuf>) -> BlockOutput {
+        let global_scale = match (self, per_group) {
+            (Global::One(s), _) => GlobalScale::Tensor(*s),
+            (Global::PerGroup(v), Some(b)) => GlobalScale::PerGroup(b.view(v.len())),
+            (Global::PerGroup(_), None) => unreachable!("per-group scales are uploaded"),
+        };
+        BlockOutput::Nvfp4 { values, scales, global_scale }
+    }
+}
+
+/// Scales that differ from group to group (`groups` of them, around `s`).
+fn per_group(s: f32, groups: usize) -> Global {
+    Global::PerGroup((0..groups).map(|g| s * (1.0 + 0.37 * g as f32)).collect())
+}
+
 /// The expected outputs: `want(r)` the 16-bit row `r` of a group. W4A4 (`Some(g)`): each group's
 /// rows quantized by the CPU quantizer, values at the rows, scales from the group's scale row,
 /// every other byte poisoned; W4A16: the rows, others poisoned.
@@ -179,24 +222,24 @@ fn check(
     what: &str,
     l: &Layout,
     want: impl Fn(usize) -> Vec<u16>,
-    global: Option<f32>,
+    global: Option<&Global>,
     bf16: bool,
     out: &DeviceBuf,
     scales: &DeviceBuf,
 ) {
     let (k, rows) = (l.problem.k(), l.problem.token_rows());
     match global {
-        Some(g) => {
+        Some(global) => {
             let rk = rest_k(k as u32);
             let mut values = vec![POISON_BYTE; rows * k / 2];
             let mut want_scales = vec![POISON_BYTE; scales.bytes().len()];
-            for gr in &l.rows {
+            for (group, gr) in l.rows.iter().enumerate() {
                 let (first, m) = (gr.first as usize, gr.rows as usize);
                 if m == 0 {
                     continue;
                 }
                 let bits: Vec<u16> = (first..first + m).flat_map(&want).collect();
-                let q = cpu_quantize(&bits, m, k, bf16, g);
+                let q = cpu_quantize(&bits, m, k, bf16, global.of(group));
                 values[first * k / 2..(first + m) * k / 2].copy_from_slice(q.values());
                 for i in 0..m as u32 {
                     for j in 0..(k / 16) as u32 {
@@ -246,11 +289,12 @@ fn gather_case(
     row_token: Option<Vec<u32>>,
     row_weight: Option<Vec<f32>>,
     bf16: bool,
-    global: Option<f32>,
+    global: Option<&Global>,
     seed: u64,
 ) {
     let mut rng = SplitMix64::new(seed);
     let (k, rows) = (l.problem.k(), l.problem.token_rows());
+    let group_scales = global.and_then(Global::upload);
     let x = random_halves(&mut rng, tokens * k, 1.0, bf16);
     let want = |r: usize| -> Vec<u16> {
         let t = row_token.as_ref().map_or(r, |t| t[r] as usize);
@@ -283,9 +327,7 @@ fn gather_case(
             sizes: sizes.view(l.sizes.len()),
         };
         let output = match global {
-            Some(g) => {
-                BlockOutput::Nvfp4 { values: out.view(a.values), scales: scales.view(a.scales), global_scale: g }
-            }
+            Some(g) => g.output(out.view(a.values), scales.view(a.scales), group_scales.as_ref()),
             None => BlockOutput::Dense(out.view(rows * k)),
         };
         let (params, items) = gather_params(&l.problem, bf16, &inputs, output).expect("valid arguments");
@@ -312,7 +354,8 @@ fn masked_layout(k: usize) -> Layout {
 fn model_gather_quantize_matches_the_cpu() {
     let mut rng = SplitMix64::new(0x6A7);
     for bf16 in [false, true] {
-        for global in [Some(0.37f32), None] {
+        for global in [Some(Global::One(0.37)), Some(per_group(0.37, 4)), None] {
+            let global = global.as_ref();
             let l = contiguous_layout(128);
             // Repeated tokens (50 of them for 300 rows) and one out-of-range id (reads zeros).
             let mut tokens: Vec<u32> = (0..300).map(|_| rng.below(50) as u32).collect();
@@ -332,7 +375,11 @@ fn model_gather_quantize_matches_the_cpu() {
             let m = masked_layout(192);
             let tokens: Vec<u32> = (0..120).map(|_| rng.below(9) as u32).collect();
             let weights: Vec<f32> = (0..120).map(|_| rng.next_f64() as f32).collect();
-            gather_case("masked", &m, 9, Some(tokens), Some(weights), bf16, global, 6);
+            let global = global.map(|g| match g {
+                Global::One(s) => Global::One(*s),
+                Global::PerGroup(v) => Global::PerGroup(v[..3].to_vec()),
+            });
+            gather_case("masked", &m, 9, Some(tokens), Some(weights), bf16, global.as_ref(), 6);
         }
     }
 }
@@ -340,8 +387,9 @@ fn model_gather_quantize_matches_the_cpu() {
 /// One activation in the model against the CPU: `h` random, `z` from the f32 activation
 /// (`Activation::apply`, exact product, one rounding by the `half` crate), quantized by the CPU
 /// quantizer (W4A4) or compared as 16-bit rows.
-fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: Option<f32>, seed: u64) {
+fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: Option<&Global>, seed: u64) {
     let mut rng = SplitMix64::new(seed);
+    let group_scales = global.and_then(Global::upload);
     let (inter, rows) = (l.problem.k(), l.problem.token_rows());
     let n1 = if gated { 2 * inter } else { inter };
     let h = random_halves(&mut rng, rows * n1, 3.0, bf16);
@@ -363,9 +411,7 @@ fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: O
             None => (poisoned(2 * rows * inter), poisoned(16)),
         };
         let output = match global {
-            Some(g) => {
-                BlockOutput::Nvfp4 { values: out.view(a.values), scales: scales.view(a.scales), global_scale: g }
-            }
+            Some(g) => g.output(out.view(a.values), scales.view(a.scales), group_scales.as_ref()),
             None => BlockOutput::Dense(out.view(rows * inter)),
         };
         let (params, items) =
@@ -386,15 +432,16 @@ fn model_activate_matches_the_cpu() {
     for act in Activation::ALL {
         for gated in [true, false] {
             for bf16 in [false, true] {
-                for global in [Some(0.05f32), None] {
+                for global in [Some(Global::One(0.05)), Some(per_group(0.05, 4)), None] {
                     seed += 1;
-                    activate_case(&contiguous_layout(64), act, gated, bf16, global, seed);
+                    activate_case(&contiguous_layout(64), act, gated, bf16, global.as_ref(), seed);
                 }
             }
         }
     }
     for act in Activation::ALL {
-        activate_case(&masked_layout(128), act, act != Activation::Relu2, true, Some(0.2), 100);
+        activate_case(&masked_layout(128), act, act != Activation::Relu2, true, Some(&Global::One(0.2)), 100);
+        activate_case(&masked_layout(128), act, act != Activation::Relu2, true, Some(&per_group(0.2, 3)), 102);
         activate_case(&masked_layout(128), act, act != Activation::Relu2, false, None, 101);
     }
 }

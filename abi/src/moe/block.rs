@@ -164,9 +164,13 @@ pub struct Gather {
     /// 1: write the (weighted) 16-bit rows to `convert.values` as a dense `[rows, k]` tensor of
     /// the input type (W4A16) instead of quantizing; `convert.scales` unused.
     pub dense_output: u32,
+    /// Device address of `f32 group_scales[groups]`: a row of group `g` is quantized with
+    /// `group_scales[g]` (each finite and positive) instead of `convert.global_scale` (an MoE
+    /// checkpoint's per-expert input scales). 0: `convert.global_scale` for every row.
+    pub group_scales: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<Gather>() == 24);
+const _: () = assert!(core::mem::size_of::<Gather>() == 32);
 
 /// Parameters of `moe_activate` (both architectures): `h` `[rows, n1]` of the 16-bit type `D`
 /// (`n1 = 2I` gated, gate columns first, else `I`) → `z = D(act(gate) · up)` or `D(act(h))`,
@@ -194,11 +198,14 @@ pub struct ActivateParams {
     pub bf16: u32,
     /// 1: quantize `z` (W4A4); 0: store it (W4A16).
     pub quantize: u32,
-    /// The second GEMM's input scale `s2` (W4A4; finite, positive).
+    /// The second GEMM's input scale `s2` (W4A4; finite, positive) when `group_scales` is 0.
     pub global_scale: f32,
+    /// W4A4: device address of `f32 group_scales[groups]`, the second GEMM's input scale per
+    /// group (each finite and positive), used instead of `global_scale`; 0: `global_scale`.
+    pub group_scales: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ActivateParams>() == 72);
+const _: () = assert!(core::mem::size_of::<ActivateParams>() == 80);
 
 /// Work items of `moe_activate`: every token row's blocks of 16 outputs.
 pub const fn activate_items(rows: u32, inter: u32) -> u64 {
@@ -227,6 +234,8 @@ mod tests {
         assert_eq!(core::mem::offset_of!(ActivateParams, sizes), 24);
         assert_eq!(core::mem::offset_of!(ActivateParams, inter), 48);
         assert_eq!(core::mem::offset_of!(ActivateParams, global_scale), 68);
+        assert_eq!(core::mem::offset_of!(ActivateParams, group_scales), 72);
+        assert_eq!(core::mem::offset_of!(Gather, group_scales), 24);
         assert_eq!(activate_items(3, 128), 24);
         for a in Activation::ALL {
             assert_eq!(Activation::from_code(a as u32), a);

@@ -9,7 +9,7 @@
 //! local expert.
 
 use super::route::{BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
-use super::tokens::{BlockOutput, GatherInputs};
+use super::tokens::{BlockOutput, GatherInputs, GlobalScale};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::moe::{MoeArgs, MoePlan, MoeProblem, TokenLayout};
@@ -125,9 +125,9 @@ impl Tokens {
         }
     }
 
-    /// The output view of the kernel that writes these tokens (the quantizer's global scale for
+    /// The output view of the kernel that writes these tokens (the quantizer's global scales for
     /// NVFP4).
-    fn out<'s>(&'s mut self, p: &MoeProblem, call: &mut CallBuffers<'s>, global_scale: f32) -> BlockOutput {
+    fn out<'s>(&'s mut self, p: &MoeProblem, call: &mut CallBuffers<'s>, global_scale: GlobalScale) -> BlockOutput {
         match self {
             Tokens::Nvfp4 { values, scales } => {
                 let (v, s) = (call.write(values), call.write(scales));
@@ -269,8 +269,9 @@ pub struct ExpertBlock {
     gemm2: MoePlan,
     w13: Weights,
     w2: Weights,
-    /// The input scales (W4A4 quantizers' global scales): the first GEMM's, the second's.
-    input_scales: (f32, f32),
+    /// Each local expert's input scales (the W4A4 quantizers' global scales; 1 under W4A16, where
+    /// nothing reads them): the first GEMM's, the second's.
+    input_scales: (CudaSlice<f32>, CudaSlice<f32>),
     offsets: CudaSlice<u32>,
     slot_row: CudaSlice<u32>,
     row_token: CudaSlice<u32>,
@@ -287,9 +288,8 @@ impl ExpertBlock {
     /// and prepack; the call returns when the weights are on the device).
     ///
     /// Errors: [`Error::InvalidArgument`] for a shape or experts that do not match (H, I, the
-    /// experts' count and numbering, a gated activation's W13 rows), input scales that differ
-    /// between experts under W4A4 (the grouped quantizer takes one global scale per GEMM),
-    /// scales that are not finite and positive; [`Error::Unsupported`] for W4A16 on sm_100a;
+    /// experts' count and numbering, a gated activation's W13 rows), scales that are not finite
+    /// and positive; [`Error::Unsupported`] for W4A16 on sm_100a;
     /// the plans' and the driver's errors.
     pub fn new(
         gpu: &Gpu,
@@ -325,24 +325,21 @@ impl ExpertBlock {
             }
         }
         let w4a4 = options.precision == Precision::W4a4;
-        let input_scales = if w4a4 {
-            let same = |v: Vec<f32>, field| -> Result<f32> {
-                let s = v[0];
-                if !(s.is_finite() && s > 0.0) {
-                    return Err(invalid(field, format!("{s} is not finite and positive")));
+        // W4A4: each expert's input scales (the quantizers' global scales, one per row's expert);
+        // W4A16 reads none.
+        let input_scales = |v: Vec<f32>, field| -> Result<Vec<f32>> {
+            if !w4a4 {
+                return Ok(vec![1.0; v.len()]);
+            }
+            for (x, s) in experts.experts.iter().zip(&v) {
+                if !(s.is_finite() && *s > 0.0) {
+                    return Err(invalid(field, format!("expert {}: {s} is not finite and positive", x.expert)));
                 }
-                if v.iter().any(|&x| x.to_bits() != s.to_bits()) {
-                    return Err(invalid(
-                        field,
-                        "the experts' input scales differ; the block quantizes each GEMM's tokens with one",
-                    ));
-                }
-                Ok(s)
-            };
-            (same(experts.w13_input_scales(), "w13_input_scale")?, same(experts.w2_input_scales(), "w2_input_scale")?)
-        } else {
-            (1.0, 1.0)
+            }
+            Ok(v)
         };
+        let s13 = input_scales(experts.w13_input_scales(), "w13_input_scale")?;
+        let s2 = input_scales(experts.w2_input_scales(), "w2_input_scale")?;
         let rows = max_tokens
             .checked_mul(top_k)
             .ok_or_else(|| invalid("max_tokens", format!("{max_tokens} × {top_k} rows overflow")))?;
@@ -362,12 +359,15 @@ impl ExpertBlock {
         let prepack = prepacker.as_ref().map(|(p, a)| (p, *a));
         let w13: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w13).collect();
         let w2: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w2).collect();
-        let alphas = |g: &dyn Fn(&nvfp4_format::checkpoint::ExpertWeights) -> f32| -> Result<Vec<f32>> {
+        let alphas = |g: &dyn Fn(&nvfp4_format::checkpoint::ExpertWeights, f32) -> f32,
+                      s: &[f32]|
+         -> Result<Vec<f32>> {
             experts
                 .experts
                 .iter()
-                .map(|x| {
-                    let a = g(x);
+                .zip(s)
+                .map(|(x, &s)| {
+                    let a = g(x, s);
                     if a.is_finite() && a > 0.0 {
                         Ok(a)
                     } else {
@@ -376,9 +376,8 @@ impl ExpertBlock {
                 })
                 .collect()
         };
-        let (s13, s2) = input_scales;
-        let w13 = Weights::upload(stream, prepack, &w13, alphas(&|x| x.w13.global_scale * s13)?)?;
-        let w2 = Weights::upload(stream, prepack, &w2, alphas(&|x| x.w2.global_scale * s2)?)?;
+        let w13 = Weights::upload(stream, prepack, &w13, alphas(&|x, s| x.w13.global_scale * s, &s13)?)?;
+        let w2 = Weights::upload(stream, prepack, &w2, alphas(&|x, s| x.w2.global_scale * s, &s2)?)?;
         let block = ExpertBlock {
             shape,
             options,
@@ -388,7 +387,7 @@ impl ExpertBlock {
             gemm2: MoePlan::new(gpu, p2.clone())?,
             w13,
             w2,
-            input_scales,
+            input_scales: (stream.clone_htod(&s13).map_err(planning)?, stream.clone_htod(&s2).map_err(planning)?),
             offsets: stream.alloc_zeros(e + 1).map_err(planning)?,
             slot_row: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
             row_token: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
@@ -463,7 +462,6 @@ impl ExpertBlock {
         let at_input = self.options.router_weight_at == RouterWeightAt::Input;
         let gated = self.options.activation.gated();
         let activation = kernel_activation(self.options.activation);
-        let (s13, s2) = self.input_scales;
         let p1 = self.gemm1.problem().clone();
         let p2 = self.gemm2.problem().clone();
         // The kernels check their own arguments before their launches; the tokens and the output
@@ -499,6 +497,7 @@ impl ExpertBlock {
                 row_weight: at_input.then(|| cut(row_weight, p1.token_rows())),
                 sizes: offsets,
             };
+            let s13 = GlobalScale::PerGroup(call.read(&self.input_scales.0));
             let a_out = self.a.out(&p1, &mut call, s13);
             // SAFETY: every view is a live buffer of this block or the caller's (the caller's
             // contract), of its length, kept alive until the launches are enqueued; the launches
@@ -522,6 +521,7 @@ impl ExpertBlock {
             let mut call = CallBuffers::new(stream);
             let h = self.h.read(&mut call);
             let sizes = call.read(&self.offsets);
+            let s2 = GlobalScale::PerGroup(call.read(&self.input_scales.1));
             let z_out = self.z.out(&p2, &mut call, s2);
             // SAFETY: as above.
             unsafe {

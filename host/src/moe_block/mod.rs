@@ -21,4 +21,6 @@ pub use block::{
 /// [`ExpertBlock::new`] takes.
 pub use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
 pub use route::{combine_params, route_params, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
-pub use tokens::{activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs};
+pub use tokens::{
+    activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs, GlobalScale,
+};

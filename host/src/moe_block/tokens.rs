@@ -43,18 +43,30 @@ pub struct GatherInputs {
     pub sizes: BufferView,
 }
 
+/// The global scale a W4A4 output is quantized with (the GEMM's input scale).
+#[derive(Debug, Clone, Copy)]
+pub enum GlobalScale {
+    /// One scale for every row: finite, positive.
+    Tensor(f32),
+    /// One scale per group (per local expert: a checkpoint's per-expert input scales), `f32
+    /// [groups]` on the device, 4-byte aligned; a row of group `g` is quantized with entry `g`.
+    /// The entries must be finite and positive: they are device memory, which the call does not
+    /// read on the host (the expert block checks the scales it uploads).
+    PerGroup(BufferView),
+}
+
 /// Where a gather or an activation writes, and how.
 #[derive(Debug, Clone, Copy)]
 pub enum BlockOutput {
     /// W4A4: NVFP4 in the problem's grouped layout ([`MoeProblem::a_sizes`] bytes each),
-    /// quantized with `global_scale` (the GEMM's input scale: finite, positive).
+    /// quantized with `global_scale`.
     Nvfp4 {
         /// Packed e2m1 values.
         values: BufferView,
         /// Blocked e4m3 scales.
         scales: BufferView,
-        /// The quantizer's global scale.
-        global_scale: f32,
+        /// The quantizer's global scale(s).
+        global_scale: GlobalScale,
     },
     /// W4A16: the 16-bit rows, `[token_rows, K]` of the input type (16-byte aligned).
     Dense(BufferView),
@@ -81,29 +93,42 @@ struct OutputParams {
     /// Blocked scales (0 for a dense output).
     scales: u64,
     global_scale: f32,
+    /// Per-group scales (0: `global_scale`).
+    group_scales: u64,
     quantize: bool,
 }
 
-/// The output's checks; its spans (ids 8, 9) and parameters.
+/// The output's checks; its spans (ids 5 (per-group scales, read), 8, 9) and parameters.
 fn check_output(call: &'static str, p: &MoeProblem, out: BlockOutput) -> Result<(Vec<Span>, OutputParams)> {
     match out {
         BlockOutput::Nvfp4 { values, scales, global_scale } => {
-            if !(global_scale.is_finite() && global_scale > 0.0) {
-                return Err(invalid(call, "global_scale", format!("{global_scale} is not finite and positive")));
-            }
             let a = p.a_sizes();
             check_view(call, "values", values, a.values, BUFFER_ALIGN)?;
             check_view(call, "scales", scales, a.scales, BUFFER_ALIGN)?;
+            let mut spans = vec![Span::new(8, values, 1, true), Span::new(9, scales, 1, true)];
+            let (global_scale, group_scales) = match global_scale {
+                GlobalScale::Tensor(s) => {
+                    if !(s.is_finite() && s > 0.0) {
+                        return Err(invalid(call, "global_scale", format!("{s} is not finite and positive")));
+                    }
+                    (s, 0)
+                }
+                GlobalScale::PerGroup(v) => {
+                    check_view(call, "global_scale", v, p.groups(), 4)?;
+                    spans.push(Span::new(5, v, 4, false));
+                    (1.0, v.ptr)
+                }
+            };
             Ok((
-                vec![Span::new(8, values, 1, true), Span::new(9, scales, 1, true)],
-                OutputParams { values: values.ptr, scales: scales.ptr, global_scale, quantize: true },
+                spans,
+                OutputParams { values: values.ptr, scales: scales.ptr, global_scale, group_scales, quantize: true },
             ))
         }
         BlockOutput::Dense(dense) => {
             check_view(call, "output", dense, p.token_rows() * p.k(), BUFFER_ALIGN)?;
             Ok((
                 vec![Span::new(8, dense, 2, true)],
-                OutputParams { values: dense.ptr, scales: 0, global_scale: 1.0, quantize: false },
+                OutputParams { values: dense.ptr, scales: 0, global_scale: 1.0, group_scales: 0, quantize: false },
             ))
         }
     }
@@ -113,7 +138,9 @@ fn check_output(call: &'static str, p: &MoeProblem, out: BlockOutput) -> Result<
 fn name_of(out: BlockOutput) -> impl Fn(u32) -> crate::error::BufferName {
     overlap::fields(match out {
         BlockOutput::Dense(_) => &["x", "row_token", "row_weight", "sizes", "h", "", "", "", "output", "scales"],
-        BlockOutput::Nvfp4 { .. } => &["x", "row_token", "row_weight", "sizes", "h", "", "", "", "values", "scales"],
+        BlockOutput::Nvfp4 { .. } => {
+            &["x", "row_token", "row_weight", "sizes", "h", "global_scale", "", "", "values", "scales"]
+        }
     })
 }
 
@@ -148,7 +175,8 @@ pub fn gather_params(
         check_view(GATHER, "row_weight", w, rows, 4)?;
         spans.push(Span::new(2, w, 4, false));
     }
-    let (out_spans, OutputParams { values, scales, global_scale, quantize }) = check_output(GATHER, p, out)?;
+    let (out_spans, OutputParams { values, scales, global_scale, group_scales, quantize }) =
+        check_output(GATHER, p, out)?;
     spans.extend(out_spans);
     overlap::check(GATHER, &mut spans, name_of(out))?;
     let params = GroupedConvertParams {
@@ -167,6 +195,7 @@ pub fn gather_params(
             row_weight: inputs.row_weight.map_or(0, |v| v.ptr),
             tokens,
             dense_output: !quantize as u32,
+            group_scales,
         },
     };
     Ok((params, rows as u64 * (k as u64 / qabi::BLOCK as u64)))
@@ -193,7 +222,8 @@ pub fn activate_params(
     check_view(ACTIVATE, "h", h, rows * n1, BUFFER_ALIGN)?;
     check_view(ACTIVATE, "sizes", sizes, p.sizes_len(), 4)?;
     let mut spans = vec![Span::new(4, h, 2, false), Span::new(3, sizes, 4, false)];
-    let (out_spans, OutputParams { values, scales, global_scale, quantize }) = check_output(ACTIVATE, p, out)?;
+    let (out_spans, OutputParams { values, scales, global_scale, group_scales, quantize }) =
+        check_output(ACTIVATE, p, out)?;
     spans.extend(out_spans);
     overlap::check(ACTIVATE, &mut spans, name_of(out))?;
     let params = ActivateParams {
@@ -207,6 +237,7 @@ pub fn activate_params(
         bf16: bf16 as u32,
         quantize: quantize as u32,
         global_scale,
+        group_scales,
     };
     Ok((params, items))
 }
@@ -304,7 +335,7 @@ mod tests {
         let nvfp4 = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
-            global_scale: 0.5,
+            global_scale: GlobalScale::Tensor(0.5),
         };
         let (params, items) = gather_params(&p, true, &inputs, nvfp4).unwrap();
         assert_eq!(items, 40 * 8);
@@ -313,7 +344,10 @@ mod tests {
             (params.convert.values, params.convert.scales, params.convert.global_scale),
             (0x30_0000, 0x40_0000, 0.5)
         );
-        assert_eq!(params.gather, Gather { row_token: 0x20_0000, row_weight: 0x21_0000, tokens: 7, dense_output: 0 });
+        assert_eq!(
+            params.gather,
+            Gather { row_token: 0x20_0000, row_weight: 0x21_0000, tokens: 7, dense_output: 0, group_scales: 0 }
+        );
         assert_eq!(params.sizes, p.device_sizes(0x22_0004));
         let dense = BlockOutput::Dense(view(0x50_0000, 40 * 128));
         let (params, _) = gather_params(&p, false, &inputs, dense).unwrap();
@@ -321,7 +355,7 @@ mod tests {
         let identity =
             GatherInputs { row_token: None, row_weight: None, x: view(0x10_0000, 40 * 128), tokens: 40, ..inputs };
         let (params, _) = gather_params(&p, false, &identity, nvfp4).unwrap();
-        assert_eq!(params.gather, Gather { row_token: 0, row_weight: 0, tokens: 40, dense_output: 0 });
+        assert_eq!(params.gather, Gather { row_token: 0, row_weight: 0, tokens: 40, dense_output: 0, group_scales: 0 });
 
         assert_eq!(field(gather_params(&p, false, &GatherInputs { tokens: 7, ..identity }, nvfp4)), "tokens");
         assert_eq!(field(gather_params(&p, false, &GatherInputs { tokens: 8, ..inputs }, nvfp4)), "x");
@@ -344,13 +378,13 @@ mod tests {
         let bad_scale = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
-            global_scale: f32::NAN,
+            global_scale: GlobalScale::Tensor(f32::NAN),
         };
         assert_eq!(field(gather_params(&p, false, &inputs, bad_scale)), "global_scale");
         let short = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values - 1),
             scales: view(0x40_0000, a.scales),
-            global_scale: 1.0,
+            global_scale: GlobalScale::Tensor(1.0),
         };
         assert_eq!(field(gather_params(&p, false, &inputs, short)), "values");
         assert_eq!(field(gather_params(&p, false, &inputs, BlockOutput::Dense(view(0x50_0000, 7 * 128)))), "output");
@@ -361,23 +395,39 @@ mod tests {
         let on_weight = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x21_0000, a.scales),
-            global_scale: 1.0,
+            global_scale: GlobalScale::Tensor(1.0),
         };
         assert_eq!(overlap(gather_params(&p, false, &inputs, on_weight)), ("scales", "row_weight"));
         let on_token = BlockOutput::Nvfp4 {
             values: view(0x20_0000, a.values),
             scales: view(0x40_0000, a.scales),
-            global_scale: 1.0,
+            global_scale: GlobalScale::Tensor(1.0),
         };
         assert_eq!(overlap(gather_params(&p, false, &inputs, on_token)), ("values", "row_token"));
         let on_values = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x30_0010, a.scales),
-            global_scale: 1.0,
+            global_scale: GlobalScale::Tensor(1.0),
         };
         assert_eq!(overlap(gather_params(&p, false, &inputs, on_values)), ("scales", "values"));
         let shared = GatherInputs { row_weight: Some(view(0x20_0000, 40)), ..inputs };
         assert!(gather_params(&p, false, &shared, nvfp4).is_ok());
+
+        // One global scale per group: an f32 per group, read like the inputs.
+        let per_group = |scales: BufferView| BlockOutput::Nvfp4 {
+            values: view(0x30_0000, a.values),
+            scales: view(0x40_0000, a.scales),
+            global_scale: GlobalScale::PerGroup(scales),
+        };
+        let (params, _) = gather_params(&p, true, &inputs, per_group(view(0x60_0000, 3))).unwrap();
+        assert_eq!((params.gather.group_scales, params.convert.global_scale), (0x60_0000, 1.0));
+        assert_eq!(field(gather_params(&p, true, &inputs, per_group(view(0x60_0000, 2)))), "global_scale");
+        assert_eq!(field(gather_params(&p, true, &inputs, per_group(view(0x60_0002, 3)))), "global_scale");
+        assert_eq!(
+            overlap(gather_params(&p, true, &inputs, per_group(view(0x30_0000, 3)))),
+            ("values", "global_scale")
+        );
+        assert!(gather_params(&p, true, &inputs, per_group(view(0x21_0000, 3))).is_ok(), "inputs may share memory");
     }
 
     #[test]
@@ -388,7 +438,7 @@ mod tests {
         let nvfp4 = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
-            global_scale: 2.0,
+            global_scale: GlobalScale::Tensor(2.0),
         };
         let (params, items) = activate_params(&p, Activation::GeluTanh, true, true, h, sizes, nvfp4).unwrap();
         assert_eq!(items, 20 * 8);
@@ -405,6 +455,7 @@ mod tests {
                 bf16: 1,
                 quantize: 1,
                 global_scale: 2.0,
+                group_scales: 0,
             }
         );
         let dense = BlockOutput::Dense(view(0x50_0000, 20 * 128));
@@ -421,13 +472,13 @@ mod tests {
         let bad = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
-            global_scale: 0.0,
+            global_scale: GlobalScale::Tensor(0.0),
         };
         assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h, sizes, bad)), "global_scale");
         let short = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales + 1),
-            global_scale: 1.0,
+            global_scale: GlobalScale::Tensor(1.0),
         };
         assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h, sizes, short)), "scales");
         assert_eq!(
@@ -445,11 +496,27 @@ mod tests {
         let on_sizes = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x20_0000, a.scales),
-            global_scale: 1.0,
+            global_scale: GlobalScale::Tensor(1.0),
         };
         assert_eq!(
             overlap(activate_params(&p, Activation::Silu, true, false, h, sizes, on_sizes)),
             ("scales", "sizes")
+        );
+        let per_group = |scales: BufferView| BlockOutput::Nvfp4 {
+            values: view(0x30_0000, a.values),
+            scales: view(0x40_0000, a.scales),
+            global_scale: GlobalScale::PerGroup(scales),
+        };
+        let (params, _) =
+            activate_params(&p, Activation::Silu, true, false, h, sizes, per_group(view(0x60_0000, 2))).unwrap();
+        assert_eq!((params.group_scales, params.global_scale), (0x60_0000, 1.0));
+        assert_eq!(
+            field(activate_params(&p, Activation::Silu, true, false, h, sizes, per_group(view(0x60_0000, 3)))),
+            "global_scale"
+        );
+        assert_eq!(
+            overlap(activate_params(&p, Activation::Silu, true, false, h, sizes, per_group(view(0x40_0000, 2)))),
+            ("scales", "global_scale")
         );
     }
 }

@@ -36,9 +36,9 @@ class MoEBlock:
       ``w13_scale``: ``[E, N1, H/16]`` e4m3, the plain layout; ``w13_scale_2``: the weight's
       global dequantization scale per expert (``[E]``, a list or one number);
     - ``w2``, ``w2_scale``, ``w2_scale_2``: the same for ``[E, H, I/2]``;
-    - ``w13_input_scale``, ``w2_input_scale``: the activations' dequantization scales (W4A4: the
-      quantizer's global scale of each GEMM's input; one value for every expert is required);
-      unused with ``w4a16=True``.
+    - ``w13_input_scale``, ``w2_input_scale``: the activations' dequantization scales per expert
+      (``[E]``, a list or one number; W4A4: the global scale a token row routed to expert ``e``
+      is quantized with for that GEMM, as calibrated); unused with ``w4a16=True``.
 
     Options: ``top_k``, ``max_tokens`` (the most tokens a call may pass), ``activation``
     (``"silu"``, ``"gelu_tanh"``, ``"relu2"``), ``w4a16`` (bf16/f16 activations times the NVFP4

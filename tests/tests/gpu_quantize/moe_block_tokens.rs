@@ -1,15 +1,15 @@
 //! The MoE block's own kernels on the GPU (`Quantizer::quantize_grouped_gather_views`,
 //! `Quantizer::activate_grouped_views`) against the CPU, bit for bit: gathers of repeated and
 //! permuted tokens with and without the router weight, every activation gated and not, f16 and
-//! bf16, W4A4 (the CPU quantizer of the CPU rows) and W4A16 (the rows), a contiguous layout with
-//! an empty group, a one-row group and rows of no group, and a masked one. Outputs are poisoned
-//! first; bytes of no group's rows must still be poison.
+//! bf16, W4A4 (the CPU quantizer of the CPU rows, one global scale or one per group) and W4A16
+//! (the rows), a contiguous layout with an empty group, a one-row group and rows of no group, and
+//! a masked one. Outputs are poisoned first; bytes of no group's rows must still be poison.
 
 use super::{cpu_quantize, GUARD_BYTE};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nvfp4_format::SplitMix64;
 use nvfp4_gemm::moe::GroupRows;
-use nvfp4_gemm::moe_block::{BlockOutput, GatherInputs, KernelActivation as Activation};
+use nvfp4_gemm::moe_block::{BlockOutput, GatherInputs, GlobalScale, KernelActivation as Activation};
 use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::{MoeProblem, OutputType, TokenLayout};
@@ -70,13 +70,19 @@ fn bytes32<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
 }
 
-/// The expected output bytes: W4A4 `(values, scales)` of each group's rows quantized by the CPU,
+/// Global scales that differ from group to group, around `s`.
+fn per_group(s: f32, groups: usize) -> Vec<f32> {
+    (0..groups).map(|g| s * (1.0 + 0.37 * g as f32)).collect()
+}
+
+/// The expected output bytes: W4A4 `(values, scales)` of each group's rows quantized by the CPU
+/// (with the group's global scale),
 /// W4A16 `(rows, [])`; bytes of no group's rows poison.
 fn expected(
     p: &MoeProblem,
     groups: &[GroupRows],
     want: &dyn Fn(usize) -> Vec<u16>,
-    g: Option<f32>,
+    g: Option<&[f32]>,
     bf16: bool,
 ) -> (Vec<u8>, Vec<u8>) {
     let (k, rows) = (p.k(), p.token_rows());
@@ -85,10 +91,10 @@ fn expected(
             let a = p.a_sizes();
             let (mut v, mut s) = (vec![POISON; a.values], vec![POISON; a.scales]);
             let rk = rest_k(k as u32);
-            for gr in groups.iter().filter(|gr| gr.rows > 0) {
+            for (group, gr) in groups.iter().enumerate().filter(|(_, gr)| gr.rows > 0) {
                 let (first, m) = (gr.first as usize, gr.rows as usize);
                 let bits: Vec<u16> = (first..first + m).flat_map(want).collect();
-                let q = cpu_quantize(&bits, m, k, g, bf16);
+                let q = cpu_quantize(&bits, m, k, if g.len() == 1 { g[0] } else { g[group] }, bf16);
                 v[first * k / 2..(first + m) * k / 2].copy_from_slice(q.values());
                 for i in 0..m as u32 {
                     for j in 0..(k / 16) as u32 {
@@ -133,14 +139,19 @@ fn compare(b: &Buffers, out: (usize, usize), want: &(Vec<u8>, Vec<u8>), what: &s
     None
 }
 
-/// Allocates the poisoned outputs of a call and its `BlockOutput`.
-fn outputs(b: &mut Buffers, p: &MoeProblem, g: Option<f32>) -> (BlockOutput, (usize, usize)) {
+/// Allocates the poisoned outputs of a call and its `BlockOutput`: W4A4 with one global scale
+/// (`g` of length 1) or one per group (uploaded), W4A16 for `None`.
+fn outputs(b: &mut Buffers, p: &MoeProblem, g: Option<&[f32]>) -> (BlockOutput, (usize, usize)) {
     match g {
         Some(g) => {
             let a = p.a_sizes();
             let (values, iv) = b.put(&vec![POISON; a.values], a.values);
             let (scales, is) = b.put(&vec![POISON; a.scales], a.scales);
-            (BlockOutput::Nvfp4 { values, scales, global_scale: g }, (iv, is))
+            let global_scale = match g {
+                [one] => GlobalScale::Tensor(*one),
+                each => GlobalScale::PerGroup(b.put(&bytes32(each, f32::to_le_bytes), each.len()).0),
+            };
+            (BlockOutput::Nvfp4 { values, scales, global_scale }, (iv, is))
         }
         None => {
             let n = p.token_rows() * p.k();
@@ -164,7 +175,8 @@ fn gpu_moe_gather_quantize_matches_cpu() {
         let (rows, k) = (p.token_rows(), p.k());
         for bf16 in [false, true] {
             for weighted in [false, true] {
-                for g in [Some(0.37f32), None] {
+                for g in [Some(vec![0.37f32]), Some(per_group(0.37, p.groups())), None] {
+                    let g = g.as_deref();
                     let tokens = 1 + rng.below(rows as u64) as usize;
                     let x = halves(&mut rng, tokens * k, 1.0, bf16);
                     let mut row_token: Vec<u32> = (0..rows).map(|_| rng.below(tokens as u64) as u32).collect();
@@ -223,7 +235,8 @@ fn gpu_moe_activate_matches_cpu() {
         for act in [Activation::Silu, Activation::GeluTanh, Activation::Relu2] {
             for gated in [true, false] {
                 for bf16 in [false, true] {
-                    for g in [Some(0.05f32), None] {
+                    for g in [Some(vec![0.05f32]), Some(per_group(0.05, p.groups())), None] {
+                        let g = g.as_deref();
                         let n1 = if gated { 2 * inter } else { inter };
                         let h = halves(&mut rng, rows * n1, 3.0, bf16);
                         let want = |r: usize| -> Vec<u16> {
