@@ -1018,16 +1018,27 @@ fn run_sm100_schedule_launch(
 
 /// Runs a device-sized sm_100a call in the model: the scheduler, then the GEMM variant the layout
 /// chose for `residency`, on the library's tables. Returns what ran and what the scheduler wrote.
-pub fn run_sm100_moe(
-    ops: &MoeOperands,
+pub fn run_sm100_moe(ops: &MoeOperands, residency: Residency, run: &ModelRun) -> Result<Sm100MoeRun, Failure> {
+    run_sm100_moe_on(&ops.problem, &ops.buffers(), residency, run)
+}
+
+/// What a device-sized sm_100a call in the model returns: what ran, what the scheduler wrote, and
+/// the layout.
+pub type Sm100MoeRun = (Vec<Launched>, ScheduleOutcome<Sm100GroupParams>, Sm100DeviceLayout);
+
+/// [`run_sm100_moe`] on given buffers (validated by the caller, as `MoePlan::run` validates
+/// them: `validate_moe_buffers`): the sizes, tokens, weights and C of a call whose buffers other
+/// kernels wrote, such as the MoE block's chain.
+pub fn run_sm100_moe_on(
+    problem: &MoeProblem,
+    buffers: &MoeBuffers,
     residency: Residency,
     run: &ModelRun,
-) -> Result<(Vec<Launched>, ScheduleOutcome<Sm100GroupParams>, Sm100DeviceLayout), Failure> {
-    let layout = Sm100DeviceLayout::new(&ops.problem, |k| residency.of(k)).expect("sm100 device layout");
-    let buffers = ops.buffers();
-    let tables = MoeTables::new(&layout, &buffers);
-    let launches = plan_launches(&layout, &buffers, &tables);
-    let mut launched = vec![run_sm100_schedule_launch(&layout, &buffers, &tables, &launches, run)?];
+) -> Result<Sm100MoeRun, Failure> {
+    let layout = Sm100DeviceLayout::new(problem, |k| residency.of(k)).expect("sm100 device layout");
+    let tables = MoeTables::new(&layout, buffers);
+    let launches = plan_launches(&layout, buffers, &tables);
+    let mut launched = vec![run_sm100_schedule_launch(&layout, buffers, &tables, &launches, run)?];
     for l in &launches[1..] {
         let kernel = sm100_kernel(l.kernel);
         assert_eq!(kernel, layout.kernel, "the GEMM the layout chose");
@@ -1132,6 +1143,22 @@ pub fn run_sm90_moe_w4a16(
     let layout = Sm90DeviceLayout::new(&ops.w4a16_problem(inputs.kind), sm_count, options).expect("w4a16 layout");
     assert_eq!(layout.activations, Some(inputs.kind));
     run_sm90_device_sized(layout, &ops.w4a16_buffers(inputs), run)
+}
+
+/// A device-sized sm_90a call in the model on given buffers (validated by the caller, as
+/// `MoePlan::run` validates them: `validate_moe_buffers`), as [`Sm90DeviceLayout`] plans
+/// `problem` (NVFP4 or W4A16 tokens) for `sm_count` SMs and `options`: the launches of
+/// [`run_sm90_moe`] or [`run_sm90_moe_w4a16`] on the sizes, tokens, weights and C of a call whose
+/// buffers other kernels wrote, such as the MoE block's chain.
+pub fn run_sm90_moe_on(
+    problem: &MoeProblem,
+    buffers: &MoeBuffers,
+    sm_count: u32,
+    options: &MoeOptions,
+    run: &ModelRun,
+) -> Result<Sm90MoeRun, Failure> {
+    let layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
+    run_sm90_device_sized(layout, buffers, run)
 }
 
 fn run_sm90_device_sized(
