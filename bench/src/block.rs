@@ -67,8 +67,9 @@ pub const CHECK_BOUND: f64 = 2e-2;
 /// the activations' magnitudes 0.5–2).
 pub const WEIGHT_SCALE: f64 = 0.5;
 
-/// Both GEMMs' input scale (the W4A4 quantizers' global scale, the same for every expert, as
-/// the block requires): a 16-block's scale is `amax / 6 / s`, e4m3's normal range for amax
+/// Both GEMMs' input scale (the W4A4 quantizers' global scale), the same for every expert, as the
+/// Python bench's unfused composition (one `MoE` layer per GEMM, one quantizer scale each) needs
+/// to compute the same block: a 16-block's scale is `amax / 6 / s`, e4m3's normal range for amax
 /// from ~0.004 to ~84.
 pub const INPUT_SCALE: f32 = 1.0 / 32.0;
 
@@ -251,7 +252,7 @@ pub fn floor_us(bytes: u64, copy_tb_s: f64) -> f64 {
     bytes as f64 / (copy_tb_s * 1e12) * 1e6
 }
 
-/// The issue's targets for one row (issue #42, item 6); `None` where a target does not apply to
+/// The expert block's performance targets for one row; `None` where a target does not apply to
 /// the row's token count or its measurement is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct Targets {

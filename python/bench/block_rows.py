@@ -3,7 +3,7 @@ the byte floor, the issue's targets, the option parsing and the table. No torch,
 on any machine (python/tests/test_block_rows.py). The same layers, floor and targets as the Rust
 bench's block rows (bench/src/block.rs).
 
-Targets (issue #42, item 6), per row:
+The expert block's performance targets, per row:
 - floor: T <= 64 at >= 75% of the byte floor (floor time / block time);
 - torch: T <= 64 at >= 3x PyTorch's bf16 block, T = 4096 at >= 1.1x (PyTorch time / block time);
 - unfused: T <= 64 the fused block at <= 0.75x the library's unfused composition.
@@ -26,7 +26,8 @@ CHECK_TOKENS = 2
 CHECK_BOUND = 2e-2
 
 # The weights' global scale is WEIGHT_SCALE / sqrt(K) (outputs of order 1); both GEMMs' input
-# scale (W4A4's quantizer global scale, one for all experts) INPUT_SCALE.
+# scale (W4A4's quantizer global scale) INPUT_SCALE for every expert: the unfused composition's
+# `MoE` layers take one quantizer scale per GEMM.
 WEIGHT_SCALE = 0.5
 INPUT_SCALE = 1.0 / 32.0
 # e4m3 block-scale codes drawn: 0x30 (0.5) to 0x40 (2.0), finite and positive.
