@@ -2,9 +2,12 @@
 //! statistics, table, JSON, SVG) are unit-tested on any machine. [`measure`] holds the GPU work
 //! (with `cublas`, the baseline, and `inputs`, the inputs' generation and upload), [`ceiling`] the
 //! TMA ceilings; [`moe`] the MoE rows (`moe_measure` their GPU half) and [`torch`] the PyTorch
-//! baseline script's runner; [`prepack`] the W4A16 prepack rows.
+//! baseline script's runner; [`prepack`] the W4A16 prepack rows; [`block`] the whole-expert-block
+//! rows (`block_measure` their GPU half).
 #![warn(missing_docs)]
 
+pub mod block;
+mod block_measure;
 pub mod ceiling;
 mod cublas;
 mod inputs;

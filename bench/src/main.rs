@@ -1,6 +1,7 @@
 //! `nvfp4-bench`: see `nvfp4-bench --help` and bench/README.md.
 
 use indicatif::{ProgressBar, ProgressStyle};
+use nvfp4_gemm_bench::block::BlockReport;
 use nvfp4_gemm_bench::measure::Bench;
 use nvfp4_gemm_bench::moe::{MoeReport, RoutingFile};
 use nvfp4_gemm_bench::options::{self, Options, Parsed};
@@ -41,10 +42,15 @@ fn run(o: Options) -> Result<ExitCode, String> {
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
     let steps_per_shape = STEPS_PER_SHAPE + u64::from(o.w4a16);
     let steps_per_moe = STEPS_PER_MOE + 2 * u64::from(o.w4a16);
+    // `Bench::block_layer` calls its step callback once before drawing the weights, then per
+    // precision once before planning, once before the check (unless --no-check) and once per
+    // token count.
+    let steps_per_block = o.block.precisions.len() as u64 * (1 + u64::from(o.check) + o.block.tokens.len() as u64);
     let pb = ProgressBar::new(
         1 + steps_per_shape * o.problems.len() as u64
             + steps_per_moe * o.moe.len() as u64
-            + STEPS_PER_PREPACK * o.prepack.len() as u64,
+            + STEPS_PER_PREPACK * o.prepack.len() as u64
+            + steps_per_block * o.block.layers.len() as u64,
     );
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} {msg}")
@@ -161,7 +167,44 @@ fn run(o: Options) -> Result<ExitCode, String> {
             }
         }
     }
+    let mut block_runs = vec![];
+    for layer in &o.block.layers {
+        let mut steps: u64 = 0;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            bench.block_layer(layer, &o, &environment, &mut |phase| {
+                if steps > 0 {
+                    pb.inc(1);
+                }
+                steps += 1;
+                log(&pb, format!("block {}: {phase}", layer.name));
+            })
+        }))
+        .unwrap_or_else(|_| Err("panicked (message above)".into()));
+        pb.inc(steps_per_block.saturating_sub(steps.saturating_sub(1)));
+        match result {
+            Ok(runs) => {
+                pb.suspend(|| {
+                    for r in &runs {
+                        let check = r.check.as_deref().unwrap_or("check skipped (--no-check)");
+                        eprintln!("block {} {}: {check}", r.layer.name, r.precision.name());
+                    }
+                });
+                block_runs.extend(runs);
+            }
+            Err(e) => {
+                pb.suspend(|| eprintln!("block {}: ERROR: {e}", layer.name));
+                errors.push(format!("block {}: {e}", layer.name));
+            }
+        }
+    }
     pb.finish_and_clear();
+    let block = (!o.block.layers.is_empty()).then_some(BlockReport {
+        seed: o.seed,
+        iters: o.iters,
+        check_tokens: o.block.check_tokens,
+        copy_tb_s: environment.copy_tb_s,
+        runs: block_runs,
+    });
     let unix_time = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let report = Report {
         tool: format!("nvfp4-bench {}", env!("CARGO_PKG_VERSION")),
@@ -171,6 +214,7 @@ fn run(o: Options) -> Result<ExitCode, String> {
         shapes,
         moe: torch.map(|torch| MoeReport { seed: o.seed, torch, shapes: moe_rows }),
         prepack: prepack_rows,
+        block,
     };
     let (json, svg) = report::output_paths(&report, &o.out);
     report::write_json(&report, &json)?;

@@ -1,5 +1,8 @@
 //! Command-line options of `nvfp4-bench` (clap), turned into [`Options`].
 
+use crate::block::{
+    BlockLayer, BlockPrecision, BLOCK_LAYERS, BLOCK_TOKENS, CHECK_TOKENS, MAX_BLOCK_TOKENS, QUICK_LAYERS, QUICK_TOKENS,
+};
 use crate::moe::MoeShape;
 use crate::prepack::PrepackShape;
 use clap::error::ErrorKind;
@@ -62,6 +65,20 @@ PREPACK ROWS (--prepack, --prepack-shape; run after the shapes and the MoE rows)
   the CPU prepack, bit for bit), then events around one call after an L2 flush, median of
   ITERS. Table: ms, GB/s (values and scales read and written / time) and of_copy (GB/s / the
   copy ceiling). Device memory: the tensor twice (ds-w2, ds-w1: 2 x 2.1 GB).
+
+BLOCK ROWS (--block, --block-shapes, --block-quick; run after the prepack rows)
+  The whole MoE expert block (nvfp4_gemm::moe_block::ExpertBlock: route, gather (+ quantize),
+  GEMM1, silu, GEMM2, combine), bf16 activations and output, random experts (seeded):
+    ds      = DeepSeek-V3:   256 experts, top 8, hidden 7168, intermediate 2048 (6.34 GB NVFP4)
+    qwen3   = Qwen3-30B-A3B: 128 experts, top 8, hidden 2048, intermediate 768 (0.34 GB)
+    mixtral = Mixtral-8x7B:    8 experts, top 2, hidden 4096, intermediate 14336 (0.79 GB)
+  at T = --block-tokens (1,8,64,512,4096), W4A4 and W4A16 (--block-precision). Routing: per
+  token top_k distinct experts drawn uniformly, weights the softmax of random logits (int32 ids,
+  f32 weights). Per layer and precision ONE block planned for the largest T, checked once at
+  --block-check-tokens tokens against the CPU reference, then per T: events around one run
+  after an L2 flush, median of ITERS. Table: us, the byte floor (NVFP4 weights of the distinct
+  experts touched + x and y bytes, at the copy ceiling), %floor and the target (T <= 64: >= 75%).
+  PyTorch bf16 and the unfused composition: python/bench/bench.py --block.
 
 OUTPUT
   stdout: one table row per shape (µs are medians):
@@ -143,7 +160,8 @@ struct Args {
     w4a16: bool,
     /// Where the results go: nvfp4-bench.json and nvfp4-bench.svg for a run with
     /// shapes, nvfp4-bench-moe.json for MoE rows only (--shapes none),
-    /// nvfp4-bench-ceilings.json for --ceilings
+    /// nvfp4-bench-prepack.json for prepack rows only, nvfp4-bench-block.json for
+    /// block rows only, nvfp4-bench-ceilings.json for --ceilings
     #[arg(long, value_name = "DIR", default_value = "bench-results", verbatim_doc_comment)]
     out: PathBuf,
     /// Measure the ceilings only (copy, bf16 tensor rate, TMA), print and write the
@@ -182,6 +200,78 @@ struct Args {
     /// An extra prepack row (repeatable), e.g. e=64,n=4096,k=7168,name=mine
     #[arg(long = "prepack-shape", value_name = "SPEC", value_parser = prepack_shape)]
     prepack_extra: Vec<PrepackShape>,
+    /// Add the expert-block rows: ds, qwen3, mixtral (below)
+    #[arg(long)]
+    block: bool,
+    /// Which block layers (comma-separated of ds, qwen3, mixtral, or `all` or `none`);
+    /// implies --block
+    #[arg(long = "block-shapes", value_name = "LIST", value_parser = block_list, verbatim_doc_comment)]
+    block_shapes: Option<BlockList>,
+    /// The block rows' token counts (comma-separated; default 1,8,64,512,4096)
+    #[arg(long = "block-tokens", value_name = "LIST", value_parser = token_list)]
+    block_tokens: Option<TokenList>,
+    /// The block rows' precisions (comma-separated of w4a4, w4a16, or `all`, the default)
+    #[arg(long = "block-precision", value_name = "LIST", value_parser = precision_list)]
+    block_precision: Option<PrecisionList>,
+    /// Tokens of each block's check against the CPU reference (few: the reference decodes
+    /// every expert they touch)
+    #[arg(long = "block-check-tokens", value_name = "N", default_value_t = CHECK_TOKENS, value_parser = at_least::<1>, verbatim_doc_comment)]
+    block_check_tokens: usize,
+    /// The quicker block subset: qwen3 and mixtral at T = 1,64,4096 (unless
+    /// --block-shapes or --block-tokens say otherwise); implies --block
+    #[arg(long = "block-quick", verbatim_doc_comment)]
+    block_quick: bool,
+}
+
+/// `--block-shapes`: the listed layers.
+#[derive(Debug, Clone)]
+struct BlockList(Vec<BlockLayer>);
+
+/// `--block-tokens`: the listed token counts.
+#[derive(Debug, Clone)]
+struct TokenList(Vec<usize>);
+
+/// `--block-precision`: the listed precisions.
+#[derive(Debug, Clone)]
+struct PrecisionList(Vec<BlockPrecision>);
+
+fn block_list(v: &str) -> Result<BlockList, String> {
+    Ok(BlockList(match v {
+        "all" => BLOCK_LAYERS.to_vec(),
+        "none" => vec![],
+        _ => v
+            .split(',')
+            .map(|s| BlockLayer::named(s.trim()).ok_or_else(|| format!("unknown layer `{s}` (ds, qwen3, mixtral)")))
+            .collect::<Result<_, _>>()?,
+    }))
+}
+
+fn token_list(v: &str) -> Result<TokenList, String> {
+    let tokens: Vec<usize> = v
+        .split(',')
+        .map(|s| {
+            let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+            if n == 0 || n > MAX_BLOCK_TOKENS {
+                return Err(format!("{n} tokens: 1 to {MAX_BLOCK_TOKENS}"));
+            }
+            Ok(n)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(TokenList(tokens))
+}
+
+fn precision_list(v: &str) -> Result<PrecisionList, String> {
+    if v == "all" {
+        return Ok(PrecisionList(BlockPrecision::ALL.to_vec()));
+    }
+    let mut out: Vec<BlockPrecision> = vec![];
+    for s in v.split(',') {
+        let p = BlockPrecision::named(s.trim()).ok_or_else(|| format!("unknown precision `{s}` (w4a4, w4a16)"))?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(PrecisionList(out))
 }
 
 /// `--shapes`: the listed shapes of the default set.
@@ -350,9 +440,36 @@ pub struct Options {
     /// Measure the ceilings only (`--ceilings`): no problems, no MoE rows.
     #[serde(skip)]
     pub ceilings_only: bool,
-    /// The W4A16 prepack rows to run last (none unless asked for).
+    /// The W4A16 prepack rows to run after the MoE rows (none unless asked for).
     #[serde(skip)]
     pub prepack: Vec<PrepackShape>,
+    /// The expert-block rows to run last (no layers unless asked for).
+    #[serde(skip)]
+    pub block: BlockSelection,
+}
+
+/// The expert-block rows a run asks for (`--block` and its options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockSelection {
+    /// Layers, in order (none: no block rows).
+    pub layers: Vec<BlockLayer>,
+    /// Token counts, in order.
+    pub tokens: Vec<usize>,
+    /// Precisions, in order.
+    pub precisions: Vec<BlockPrecision>,
+    /// Tokens of each block's check.
+    pub check_tokens: usize,
+}
+
+impl Default for BlockSelection {
+    fn default() -> Self {
+        BlockSelection {
+            layers: vec![],
+            tokens: BLOCK_TOKENS.to_vec(),
+            precisions: BlockPrecision::ALL.to_vec(),
+            check_tokens: CHECK_TOKENS,
+        }
+    }
 }
 
 /// Fewest input sets the measurements with new tensors every call rotate over: the plan keeps
@@ -436,6 +553,7 @@ impl Default for Options {
             write_routing: None,
             ceilings_only: false,
             prepack: vec![],
+            block: BlockSelection::default(),
         }
     }
 }
@@ -491,7 +609,10 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
         write_routing: a.write_moe_routing,
         ceilings_only: a.ceilings,
         prepack: vec![],
+        block: BlockSelection::default(),
     };
+    let block_asked =
+        a.block || a.block_quick || a.block_shapes.is_some() || a.block_tokens.is_some() || a.block_precision.is_some();
     if o.ceilings_only {
         let asked = a.shapes.is_some()
             || !a.extra.is_empty()
@@ -500,11 +621,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
             || !a.moe_extra.is_empty()
             || o.write_routing.is_some()
             || a.prepack
-            || !a.prepack_extra.is_empty();
+            || !a.prepack_extra.is_empty()
+            || block_asked;
         if asked {
             return fail(
                 ErrorKind::ArgumentConflict,
-                "--ceilings measures the ceilings only: no --shapes, --shape, MoE or prepack options",
+                "--ceilings measures the ceilings only: no --shapes, --shape, MoE, prepack or block options",
             );
         }
         return Ok(Parsed::Run(o));
@@ -530,12 +652,38 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
     let mut prepack_extra = a.prepack_extra;
     number_customs(&mut prepack_extra, |s| &mut s.name);
     prepack.extend(prepack_extra);
-    if problems.is_empty() && moe.is_empty() && prepack.is_empty() {
-        return fail(ErrorKind::InvalidValue, "no shapes to run (--shapes none and no --shape, --moe or --prepack)");
+    if block_asked && !(a.block || a.block_quick || a.block_shapes.is_some()) {
+        return fail(
+            ErrorKind::InvalidValue,
+            "--block-tokens and --block-precision need --block, --block-quick or --block-shapes",
+        );
+    }
+    let quick = |names: &[&str]| names.iter().map(|n| BlockLayer::named(n).expect("a block layer")).collect();
+    let block = BlockSelection {
+        layers: match a.block_shapes {
+            Some(l) => l.0,
+            None if a.block_quick => quick(&QUICK_LAYERS),
+            None if a.block => BLOCK_LAYERS.to_vec(),
+            None => vec![],
+        },
+        tokens: match a.block_tokens {
+            Some(t) => t.0,
+            None if a.block_quick => QUICK_TOKENS.to_vec(),
+            None => BLOCK_TOKENS.to_vec(),
+        },
+        precisions: a.block_precision.map_or_else(|| BlockPrecision::ALL.to_vec(), |p| p.0),
+        check_tokens: a.block_check_tokens,
+    };
+    if problems.is_empty() && moe.is_empty() && prepack.is_empty() && block.layers.is_empty() {
+        return fail(
+            ErrorKind::InvalidValue,
+            "no shapes to run (--shapes none and no --shape, --moe, --prepack or --block)",
+        );
     }
     o.problems = problems;
     o.moe = moe;
     o.prepack = prepack;
+    o.block = block;
     Ok(Parsed::Run(o))
 }
 
@@ -727,5 +875,58 @@ mod tests {
         assert!(err("--shapes none --moe-shapes none").contains("no shapes"));
         assert!(err("--write-moe-routing /tmp/r.json --moe-shapes none").contains("no MoE shapes"));
         assert!(err("--torch").contains("a value is required for '--torch <WHAT>'"));
+    }
+
+    #[test]
+    fn block_rows_are_off_unless_asked_for() {
+        assert!(run("").block.layers.is_empty());
+        let o = run("--block --shapes none --out /tmp/b");
+        assert!(o.problems.is_empty() && o.moe.is_empty() && o.prepack.is_empty());
+        let names: Vec<&str> = o.block.layers.iter().map(|l| l.name).collect();
+        assert_eq!(names, ["ds", "qwen3", "mixtral"]);
+        assert_eq!(o.block.tokens, [1, 8, 64, 512, 4096]);
+        assert_eq!(o.block.precisions, [BlockPrecision::W4a4, BlockPrecision::W4a16]);
+        assert_eq!(o.block.check_tokens, 2);
+        assert_eq!(run("--block").problems.len(), 7, "the default shapes stay");
+        let o = run("--shapes none --block-shapes mixtral,ds --block-tokens 4096,1 --block-precision w4a16 --block-check-tokens 3");
+        let names: Vec<&str> = o.block.layers.iter().map(|l| l.name).collect();
+        assert_eq!(names, ["mixtral", "ds"]);
+        assert_eq!((o.block.tokens.clone(), o.block.precisions.clone()), (vec![4096, 1], vec![BlockPrecision::W4a16]));
+        assert_eq!(o.block.check_tokens, 3);
+        assert_eq!(
+            run("--block --block-precision w4a16,w4a4,w4a16").block.precisions,
+            [BlockPrecision::W4a16, BlockPrecision::W4a4]
+        );
+        assert_eq!(run("--block --block-precision all").block.precisions, BlockPrecision::ALL);
+        assert_eq!(run("--block-shapes all").block.layers, BLOCK_LAYERS);
+        assert!(run("--block-shapes none").block.layers.is_empty());
+        // The quick subset, unless the layers or the tokens are named.
+        let o = run("--shapes none --block-quick");
+        let names: Vec<&str> = o.block.layers.iter().map(|l| l.name).collect();
+        assert_eq!((names, o.block.tokens.clone()), (vec!["qwen3", "mixtral"], vec![1, 64, 4096]));
+        let o = run("--shapes none --block-quick --block-shapes ds --block-tokens 8");
+        assert_eq!((o.block.layers[0].name, o.block.tokens.clone()), ("ds", vec![8]));
+        // The JSON's options are unchanged by the block options.
+        let keys = |o: &Options| serde_json::to_value(o).unwrap().as_object().unwrap().len();
+        assert_eq!(keys(&run("--block --block-tokens 1")), keys(&run("")));
+        let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
+        assert!(err("--block-shapes dsv3").contains("unknown layer `dsv3` (ds, qwen3, mixtral)"));
+        assert!(err("--block --block-tokens 0").contains("0 tokens: 1 to 16384"));
+        assert!(err("--block --block-tokens 1,x").contains("`x` is not a whole number"));
+        assert!(err("--block --block-tokens 16385").contains("1 to 16384"));
+        assert!(err("--block --block-precision w4a8").contains("unknown precision `w4a8` (w4a4, w4a16)"));
+        assert!(err("--block --block-check-tokens 0").contains("at least 1"));
+        assert!(err("--block-tokens 1").contains("need --block"));
+        assert!(err("--block-precision w4a4 --shapes none").contains("need --block"));
+        assert!(err("--shapes none --block-shapes none").contains("--block"));
+        assert!(err("--ceilings --block").contains("ceilings only"));
+        assert!(err("--ceilings --block-quick").contains("ceilings only"));
+        assert!(err("--block=1").contains("unexpected value '1' for '--block'"));
+        match parse(&args("--help")) {
+            Ok(Parsed::Help(text)) => {
+                assert!(text.contains("--block-shapes <LIST>") && text.contains("BLOCK ROWS"), "{text}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -161,6 +161,10 @@ pub struct Report {
     /// otherwise).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prepack: Vec<crate::prepack::PrepackResult>,
+    /// The expert-block rows (only with `--block` and its options; absent from the JSON
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<crate::block::BlockReport>,
 }
 
 impl Report {
@@ -169,6 +173,7 @@ impl Report {
         self.shapes.iter().all(|s| s.check_passed)
             && self.moe.as_ref().is_none_or(|m| m.shapes.iter().all(|s| s.check_passed))
             && self.prepack.iter().all(|p| p.check_passed)
+            && self.block.as_ref().is_none_or(crate::block::BlockReport::passed)
     }
 }
 
@@ -292,6 +297,12 @@ pub fn table(report: &Report) -> String {
         }
         out += &crate::prepack::table(&report.prepack, env);
     }
+    if let Some(block) = &report.block {
+        if !report.shapes.is_empty() || report.moe.is_some() || !report.prepack.is_empty() {
+            out.push('\n');
+        }
+        out += &crate::block::table(block);
+    }
     out
 }
 
@@ -379,7 +390,8 @@ pub(crate) fn aligned_left<R: AsRef<[String]>>(header: &[&str], rows: &[R], left
 /// kinds into one folder (the default set, then the MoE rows alone, as `cargo xtask bench` prints
 /// them) keep each other's results: `nvfp4-bench.json` and `nvfp4-bench.svg` with shapes,
 /// `nvfp4-bench-moe.json` with MoE rows (and no shapes), `nvfp4-bench-prepack.json` with prepack
-/// rows only, `nvfp4-bench-ceilings.json` with none of them.
+/// rows (and neither of those), `nvfp4-bench-block.json` with block rows only,
+/// `nvfp4-bench-ceilings.json` with none of them.
 pub fn output_paths(report: &Report, out: &Path) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
     if !report.shapes.is_empty() {
         (out.join("nvfp4-bench.json"), Some(out.join("nvfp4-bench.svg")))
@@ -387,6 +399,8 @@ pub fn output_paths(report: &Report, out: &Path) -> (std::path::PathBuf, Option<
         (out.join("nvfp4-bench-moe.json"), None)
     } else if !report.prepack.is_empty() {
         (out.join("nvfp4-bench-prepack.json"), None)
+    } else if report.block.is_some() {
+        (out.join("nvfp4-bench-block.json"), None)
     } else {
         (out.join("nvfp4-bench-ceilings.json"), None)
     }
@@ -531,6 +545,7 @@ pub(crate) mod tests {
             shapes: vec![shape("b0", 16.0, Some(20.0)), shape("custom", 10.0, None)],
             moe: None,
             prepack: vec![],
+            block: None,
         }
     }
 
@@ -559,6 +574,15 @@ pub(crate) mod tests {
         assert_eq!(name(&moe_only), ("results/nvfp4-bench-moe.json".into(), None));
         assert_eq!(name(&ceilings), ("results/nvfp4-bench-ceilings.json".into(), None));
         assert_eq!(name(&prepack_only), ("results/nvfp4-bench-prepack.json".into(), None));
+        let block_only = Report { block: Some(crate::block::tests::sample()), ..ceilings.clone() };
+        assert_eq!(name(&block_only), ("results/nvfp4-bench-block.json".into(), None));
+        // The block table after the others, in the JSON, and its failed check fails the run.
+        let text = table(&Report { block: Some(crate::block::tests::sample()), ..sample() });
+        assert!(text.contains("\n\nMoE expert block (ExpertBlock::run"), "{text}");
+        assert!(!block_only.passed() && default.passed());
+        let v = serde_json::to_value(&block_only).unwrap();
+        assert_eq!(v["block"]["runs"][0]["layer"]["model"], "Qwen3-30B-A3B");
+        assert!(serde_json::to_value(&default).unwrap().get("block").is_none());
     }
 
     #[test]

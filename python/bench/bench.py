@@ -27,6 +27,14 @@ Rows (each freed before the next; each input set has its own output tensors):
   `moe-routing.json` (--routing), else the counts of the Rust JSON's MoE row (--rust), else the
   decode shape's M per group (d rows) or drawn here with the Rust bench's ranges (m rows).
 
+- --block / --block-only (ds, qwen3, mixtral: DeepSeek-V3, Qwen3-30B-A3B, Mixtral-8x7B MoE layers,
+  silu, bf16, T = 1..4096, W4A4 and W4A16): `MoEBlock` (fused) against the library's unfused
+  composition (torch routing, gather and combine, `MoE` per GEMM, torch silu between) and
+  PyTorch's bf16 block (`grouped_mm` on dequantized weights) on the same routing, each checked
+  once against an f64 reference, then timed alternated; against the byte floor of the experts
+  touched and the issue's targets (block_rows.py; docs/python.md, "Expert-block rows"). Its own
+  table after the others, and `block` in the JSON.
+
 Columns (one table line per row and call; µs are medians; JSON: each row's `calls`, with the
 columns' names but same_us = `host_same_us`, new/kern = `new_ratio`, harness = `harness_ok` (and
 `harness_scope`), rust_us / budget / host = `rust.us` / `rust.budget_us` / `rust.host_ok`; each
@@ -70,6 +78,7 @@ reported, not enforced).
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -80,6 +89,8 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import block_rows as br  # noqa: E402
 import nvfp4_ref  # noqa: E402
 
 import nvfp4_gemm  # noqa: E402
@@ -662,6 +673,370 @@ def moe_call(name, call, layer, sets, refs, offsets, timer, args, prepack_s=None
     return call_record(call, 3, check, ev, host, harness_scope(name, call), graph_us=ev["graph"], **extra)
 
 
+# ---- expert-block rows (--block) -------------------------------------------------------------
+
+E2M1_F32 = nvfp4_ref.E2M1.to(torch.float32)
+
+
+def copy_tb_s():
+    """The copy ceiling as the Rust bench measures it: a 1 GiB device-to-device copy, (read +
+    write bytes) / time, median of 20 after 3 warm-ups (no L2 flush)."""
+    n = 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device=CUDA), torch.empty(n, dtype=torch.uint8, device=CUDA)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    free()
+    return 2 * n / statistics.median(times) / 1e12
+
+
+def block_weights(name, seed):
+    """A layer's experts as a ModelOpt checkpoint stores them, drawn on the GPU: w13 [E, 2I, H/2]
+    and w2 [E, H, I/2] packed e2m1 (every code), plain e4m3 scales [E, rows, K/16] from 0.5 to 2
+    (finite, positive), global scales WEIGHT_SCALE / sqrt(K); one input scale for every expert."""
+    _, e, _, h, i = br.LAYERS[name]
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+
+    def values(rows, k):
+        return torch.randint(0, 256, (e, rows, k // 2), generator=gen, device=CUDA, dtype=torch.uint8)
+
+    def scales(rows, k):
+        return torch.randint(br.SCALE_CODE_LO, br.SCALE_CODE_HI + 1, (e, rows, k // 16), generator=gen, device=CUDA, dtype=torch.uint8)
+
+    return {
+        "w13": values(2 * i, h),
+        "s13": scales(2 * i, h),
+        "g13": br.weight_scale(h),
+        "w2": values(h, i),
+        "s2": scales(h, i),
+        "g2": br.weight_scale(i),
+        "input_scale": br.INPUT_SCALE,
+    }
+
+
+def dequant_bf16(v, s, g):
+    """[E, rows, K/2] packed values and [E, rows, K/16] plain scales -> [E, rows, K] bf16, each
+    element e2m1 · e4m3 · g rounded once; a few experts at a time (~2^27 elements)."""
+    e, rows, half = v.shape
+    k = 2 * half
+    out = torch.empty((e, rows, k), dtype=torch.bfloat16, device=CUDA)
+    lut = E2M1_F32.to(CUDA)
+    chunk = max(1, (1 << 27) // (rows * k))
+    for a in range(0, e, chunk):
+        vv = v[a : a + chunk].long()
+        vals = torch.stack([lut[vv & 15], lut[vv >> 4]], dim=-1).reshape(vv.shape[0], rows, k)
+        del vv
+        sc = s[a : a + chunk].view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
+        out[a : a + chunk] = (vals * sc * g).to(torch.bfloat16)
+        del vals, sc
+    return out
+
+
+def block_routing(tokens, experts, top_k, gen):
+    """Per token `top_k` distinct experts drawn uniformly, weights the softmax of random logits:
+    (int32 ids, f32 weights), [T, top_k] each, as an engine passes them."""
+    ids = torch.rand((tokens, experts), generator=gen, device=CUDA).argsort(dim=1)[:, :top_k].to(torch.int32).contiguous()
+    weights = torch.softmax(torch.randn((tokens, top_k), generator=gen, device=CUDA), dim=1).contiguous()
+    return ids, weights
+
+
+def sort_slots(ids, experts):
+    """The slots sorted by expert, stably, on the device: (order [R] int64: the slot of each
+    sorted row; ends [E] int32: each expert's end row (grouped_mm's offs); offsets [E + 1] int32:
+    0 then the ends (nvfp4_gemm.MoE's sizes))."""
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    ends = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=CUDA), ends])
+    return order, ends, offsets
+
+
+def combine(o_sorted, order, weights, out):
+    """y[t] = sum_k w[t, k] · o[row of slot (t, k)] in fp32, rounded once into `out` (bf16)."""
+    tokens, top_k = weights.shape
+    o = torch.empty_like(o_sorted)
+    o[order] = o_sorted
+    out.copy_((o.view(tokens, top_k, -1).float() * weights.unsqueeze(-1)).sum(1))
+    return out
+
+
+def grouped_mm_function():
+    """(function, name) of PyTorch's grouped GEMM, or (None, None)."""
+    f = getattr(torch.nn.functional, "grouped_mm", None)
+    if f is not None:
+        return f, "torch.nn.functional.grouped_mm"
+    f = getattr(torch, "_grouped_mm", None)
+    return (f, "torch._grouped_mm") if f is not None else (None, None)
+
+
+class TorchBlock:
+    """PyTorch's bf16 expert block with the same routing: the slots sorted by expert on the
+    device, the tokens gathered, `grouped_mm` (one launch per GEMM, sizes on the device) on the
+    bf16 weights, silu(gate) · up, `grouped_mm`, the weighted combine in fp32; without
+    `grouped_mm` (or when it refuses these operands) one `torch.mm` per expert (sizes read on the
+    host)."""
+
+    def __init__(self, name, w13, w2):
+        _, self.experts, self.top_k, self.hidden, self.inter = br.LAYERS[name]
+        self.w13, self.w2 = w13, w2
+        gmm, gname = grouped_mm_function()
+        self.gmm, self.path = None, "loop (torch.mm per expert)"
+        if gmm is not None:
+            ends = torch.full((self.experts,), 16, dtype=torch.int32, device=CUDA)
+            probe = torch.zeros((16, self.hidden), dtype=torch.bfloat16, device=CUDA)
+            # B as [E, K, N] (a K-major view of [E, N, K]); a torch that wants [E, N, K] says so.
+            for b13, b2, how in ((w13.transpose(1, 2), w2.transpose(1, 2), "[E, K, N] view"), (w13, w2, "[E, N, K]")):
+                try:
+                    gmm(probe, b13, offs=ends, out_dtype=torch.bfloat16)
+                    torch.cuda.synchronize()
+                except RuntimeError:
+                    continue
+                self.gmm, self.b13, self.b2, self.path = gmm, b13, b2, f"{gname}, B as {how}"
+                break
+
+    def _gemm(self, a, which, ends, offsets):
+        if self.gmm is not None:
+            return self.gmm(a, self.b13 if which == 1 else self.b2, offs=ends, out_dtype=torch.bfloat16)
+        w = self.w13 if which == 1 else self.w2
+        out = torch.empty((a.shape[0], w.shape[1]), dtype=torch.bfloat16, device=CUDA)
+        bounds = offsets.tolist()
+        for e in range(self.experts):
+            s, t = bounds[e], bounds[e + 1]
+            if t > s:
+                torch.mm(a[s:t], w[e].t(), out=out[s:t])
+        return out
+
+    def __call__(self, x, weights, ids, out):
+        order, ends, offsets = sort_slots(ids, self.experts)
+        h = self._gemm(x.index_select(0, order // self.top_k), 1, ends, offsets)
+        z = torch.nn.functional.silu(h[:, : self.inter]) * h[:, self.inter :]
+        return combine(self._gemm(z, 2, ends, offsets), order, weights, out)
+
+
+class UnfusedBlock:
+    """The library's unfused composition of the block, its separate public calls: the routing
+    (slots sorted by expert) and the gather in torch, `nvfp4_gemm.MoE` for each GEMM (W4A4: the
+    GPU quantization + the grouped GEMM, sizes read on the device; W4A16: the GEMM on the bf16
+    rows, weights prepacked once), silu(gate) · up in torch between them, the weighted combine in
+    torch. Its buffers are allocated once for `max_tokens`."""
+
+    def __init__(self, name, wts, precision, max_tokens):
+        _, self.experts, self.top_k, h, self.inter = br.LAYERS[name]
+        bound = max_tokens * self.top_k
+        common = {"layout": "contiguous", "max_tokens": bound, "out_dtype": torch.bfloat16, "scale_layout": "plain"}
+        s = wts["input_scale"]
+        if precision == "w4a16":
+            self.gemm1 = nvfp4_gemm.MoE(wts["w13"], wts["s13"], wts["g13"], w4a16="bfloat16", **common)
+            self.gemm2 = nvfp4_gemm.MoE(wts["w2"], wts["s2"], wts["g2"], w4a16="bfloat16", **common)
+        else:
+            self.gemm1 = nvfp4_gemm.MoE(wts["w13"], wts["s13"], wts["g13"] * s, input_global_scale=s, **common)
+            self.gemm2 = nvfp4_gemm.MoE(wts["w2"], wts["s2"], wts["g2"] * s, input_global_scale=s, **common)
+
+        def buf(cols):
+            return torch.zeros((bound, cols), dtype=torch.bfloat16, device=CUDA)
+
+        self.xs, self.h, self.z, self.o = buf(h), buf(2 * self.inter), buf(self.inter), buf(h)
+
+    def __call__(self, x, weights, ids, out):
+        rows = ids.numel()
+        order, _, offsets = sort_slots(ids, self.experts)
+        torch.index_select(x, 0, order // self.top_k, out=self.xs[:rows])
+        self.gemm1(self.xs, offsets, out=self.h)
+        torch.mul(torch.nn.functional.silu(self.h[:rows, : self.inter]), self.h[:rows, self.inter :], out=self.z[:rows])
+        self.gemm2(self.z, offsets, out=self.o)
+        return combine(self.o[:rows], order, weights, out)
+
+
+def requantized(a, g):
+    """Rows of 16-bit values quantized by the library's quantizer with global scale `g` (as the
+    block's W4A4 steps quantize) and dequantized exactly, in f64."""
+    rows, k = a.shape
+    values, blocked = nvfp4_gemm.quantize(a.contiguous(), global_scale=g)
+    return nvfp4_ref.dequant(values, blocked.view(torch.uint8)[nvfp4_ref.blocked_index(rows, k)], rows, k) * g
+
+
+def block_reference(name, wts, x, weights, ids, precision):
+    """The block in f64 on exactly dequantized weights, rounding to bf16 where the block stores
+    and (W4A4) quantizing each GEMM's input with the library's quantizer (docs/moe-block.md); only
+    the experts the routing touches are dequantized, one at a time."""
+    _, _, _, h, i = br.LAYERS[name]
+    s = wts["input_scale"]
+    want = torch.zeros((x.shape[0], h), dtype=torch.float64, device=CUDA)
+
+    def bf(v):
+        return v.to(torch.bfloat16).double()
+
+    for ex in ids.unique().tolist():
+        tok, slot = (ids == ex).nonzero(as_tuple=True)
+        a = x[tok]
+        a = requantized(a, s) if precision == "w4a4" else a.double()
+        hh = bf(a @ nvfp4_ref.dequant(wts["w13"][ex], wts["s13"][ex], 2 * i, h).T * wts["g13"])
+        z = (torch.nn.functional.silu(hh[:, :i]) * hh[:, i:]).to(torch.bfloat16)
+        zf = requantized(z, s) if precision == "w4a4" else z.double()
+        o = bf(zf @ nvfp4_ref.dequant(wts["w2"][ex], wts["s2"][ex], h, i).T * wts["g2"])
+        want.index_add_(0, tok, weights[tok, slot].double().unsqueeze(1) * o)
+    return want
+
+
+def relative_error(got, want):
+    """‖got − want‖ / ‖want‖ (inf for a non-finite output)."""
+    got = got.double()
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    return float((got - want).norm() / want.norm().clamp_min(1e-300))
+
+
+def block_check(name, wts, paths, precision, tokens, gen):
+    """One call of each path (outputs poisoned with NaN) on `tokens` tokens against the f64
+    reference: the fused block and the unfused composition against the precision's reference,
+    PyTorch's bf16 block against W4A16's (bf16 activations as they are). {path: relative error},
+    PASS/FAIL text, passed."""
+    _, e, k, h, _ = br.LAYERS[name]
+    x = torch.randn((tokens, h), generator=gen, device=CUDA).to(torch.bfloat16)
+    ids, weights = block_routing(tokens, e, k, gen)
+    errors = {}
+    refs = {}
+    for path, fn in paths.items():
+        want_p = "w4a16" if path == "torch" else precision
+        if want_p not in refs:
+            refs[want_p] = block_reference(name, wts, x, weights, ids, want_p)
+        out = torch.full((tokens, h), NAN, dtype=torch.bfloat16, device=CUDA)
+        fn(x, weights, ids, out)
+        torch.cuda.synchronize()
+        errors[path] = relative_error(out, refs[want_p])
+    bad = [f"{p} {err:.2e}" for p, err in errors.items() if not err <= br.CHECK_BOUND]
+    text = ", ".join(f"{p} {err:.2e}" for p, err in errors.items())
+    touched = ids.unique().numel()
+    verdict = "FAIL" if bad else "PASS"
+    return errors, f"{verdict}: T = {tokens} ({touched} experts), ‖got − ref‖ / ‖ref‖ {text} (bound {br.CHECK_BOUND:g})", not bad
+
+
+def bench_block(name, timer, args, copy_rate):
+    """One layer: its experts drawn on the GPU, PyTorch's bf16 weights dequantized from them,
+    then per precision the fused block (`nvfp4_gemm.MoEBlock`) and the unfused composition made,
+    the three paths checked once, and every token count timed on all three alternated in rounds
+    (events around one call after an L2 flush, median of --iters). The precision's objects are
+    freed before the next precision's."""
+    model, e, k, h, i = br.LAYERS[name]
+    t0 = time.perf_counter()
+    wts = block_weights(name, args.seed)
+    torch_block = TorchBlock(name, dequant_bf16(wts["w13"], wts["s13"], wts["g13"]), dequant_bf16(wts["w2"], wts["s2"], wts["g2"]))
+    result = {
+        "name": name,
+        "model": model,
+        "experts": e,
+        "top_k": k,
+        "hidden": h,
+        "intermediate": i,
+        "weight_bytes": br.weight_bytes(name),
+        "bf16_weight_bytes": br.bf16_weight_bytes(name),
+        "torch_path": torch_block.path,
+        "setup_s": time.perf_counter() - t0,
+        "runs": [],
+    }
+    max_tokens = max(args.block_tokens + [args.block_check_tokens])
+    gen = torch.Generator(device=CUDA).manual_seed(args.seed + 1)
+    for precision in args.block_precisions:
+        run = {"name": name, "precision": precision, "rows": []}
+        result["runs"].append(run)
+        fused = unfused = paths = None
+        try:
+            t1 = time.perf_counter()
+            fused = nvfp4_gemm.MoEBlock(
+                wts["w13"], wts["s13"], wts["g13"], wts["w2"], wts["s2"], wts["g2"], wts["input_scale"], wts["input_scale"],
+                top_k=k, max_tokens=max_tokens, w4a16=precision == "w4a16",
+            )
+            run["build_s"] = time.perf_counter() - t1
+            unfused = UnfusedBlock(name, wts, precision, max_tokens)
+            paths = {
+                "fused": lambda x, w, ids, out: fused(x, w, ids, out=out),
+                "unfused": unfused,
+                "torch": torch_block,
+            }
+            run["check_errors"], run["check_detail"], ok = block_check(name, wts, paths, precision, args.block_check_tokens, gen)
+            run["check"] = "PASS" if ok else "FAIL"
+            for tokens in args.block_tokens:
+                x = torch.randn((tokens, h), generator=gen, device=CUDA).to(torch.bfloat16)
+                ids, weights = block_routing(tokens, e, k, gen)
+                outs = {p: torch.empty((tokens, h), dtype=torch.bfloat16, device=CUDA) for p in paths}
+                fns = {p: (lambda fn=fn, o=outs[p], x=x, w=weights, i=ids: fn(x, w, i, o)) for p, fn in paths.items()}
+                ev = timer.rounds(fns, args.iters)
+                finite = all(bool(torch.isfinite(o).all()) for o in outs.values())
+                touched = ids.unique().numel()
+                fb = br.floor_bytes(name, tokens, touched)
+                fu = br.floor_us(fb, copy_rate)
+                us, tu, uu = ev["fused"]["median"], ev["torch"]["median"], ev["unfused"]["median"]
+                row = {
+                    "tokens": tokens,
+                    "touched": touched,
+                    "floor_bytes": fb,
+                    "floor_us": fu,
+                    "us": ev["fused"],
+                    "torch_us": ev["torch"],
+                    "unfused_us": ev["unfused"],
+                    "of_floor": fu / us,
+                    "x_torch": tu / us,
+                    "of_unfused": us / uu,
+                    "finite": finite,
+                }
+                row["targets"] = br.targets(tokens, row["of_floor"], row["x_torch"], row["of_unfused"])
+                if not finite:
+                    run["check"] = "FAIL"
+                    run["check_detail"] += f"; T = {tokens}: a non-finite output"
+                run["rows"].append(row)
+                del x, ids, weights, outs, fns
+        except Exception as ex:  # noqa: BLE001  (the other precision and layers still run)
+            traceback.print_exc()
+            run["error"] = f"{type(ex).__name__}: {ex}"
+            run["check"] = "ERROR"
+        finally:
+            # The precision's block and layers go before the next precision's are made.
+            fused = unfused = paths = None
+            free()
+    del wts, torch_block
+    free()
+    return result
+
+
+def block_runs(result):
+    """Every layer's runs (each with its layer's name)."""
+    return [run for layer in result["block"]["layers"] for run in layer.get("runs", [])]
+
+
+def print_block(result, args):
+    block = result["block"]
+    runs = block_runs(result)
+    print(
+        f"\nMoE expert block (MoEBlock, bf16 in and out; events around one call after an L2 flush, median of {args.iters}, "
+        f"the three paths alternated in rounds): torch = PyTorch's bf16 block with the same routing, unfused = the "
+        f"library's separate calls (torch routing, MoE per GEMM, torch silu and combine); floor = (NVFP4 weights of "
+        f"the distinct experts touched + x and y) / copy {block['copy_tb_s']:.2f} TB/s"
+    )
+    print(aligned(br.HEADER, br.table_rows([r for r in runs if r["rows"]])))
+    for layer in block["layers"]:
+        if layer.get("error"):
+            print(f"block {layer['name']}: ERROR {layer['error']}")
+            continue
+        print(f"block {layer['name']} ({layer['model']}): PyTorch path {layer['torch_path']}")
+        for run in layer["runs"]:
+            what = run.get("error") or run.get("check_detail", "")
+            print(f"block {layer['name']} {run['precision']}: {what}")
+    t = block["targets"]
+    print(
+        "block targets: "
+        + "; ".join(f"{k} {t[k][0]}/{t[k][1]}" for k in ("floor", "torch", "unfused"))
+        + " (floor: T <= 64 at >= 75%; torch: T <= 64 >= 3x, T = 4096 >= 1.1x; unfused: T <= 64 <= 0.75x)"
+    )
+
+
 # ---- the Rust bench's JSON -------------------------------------------------------------------
 
 
@@ -908,6 +1283,13 @@ def parser():
         help=f"where the Rust JSON keeps a call's host time (CALL: {', '.join(RUST_PATHS)}; PATH like host_us.1 "
         "or w4a16.bf16.host_rotating_us; several comma-separated, first found wins)",
     )
+    p.add_argument("--block", action="store_true", help="the expert-block rows: ds, qwen3, mixtral (MoEBlock against PyTorch's bf16 block and the unfused composition)")
+    p.add_argument("--block-shapes", default=None, metavar="LIST", help="which block layers: ds, qwen3, mixtral (comma-separated), all or none; implies --block")
+    p.add_argument("--block-tokens", default=None, metavar="LIST", help="the block rows' token counts (default 1,8,64,512,4096)")
+    p.add_argument("--block-precision", default="all", metavar="LIST", help="w4a4, w4a16 (comma-separated) or all (default)")
+    p.add_argument("--block-check-tokens", type=at_least(1), default=br.CHECK_TOKENS, help="tokens of each block's check (default 2)")
+    p.add_argument("--block-quick", action="store_true", help="the quicker block subset: qwen3 and mixtral at T = 1,64,4096; implies --block")
+    p.add_argument("--block-only", action="store_true", help="run the block rows only (--shapes, --w4a16, --stacked and --moe none)")
     return p
 
 
@@ -933,6 +1315,19 @@ def parse_args(argv=None):
         extra = [n for n in args.moe_w4a16_rows if n not in args.moe]
         if extra:
             parser().error(f"argument --moe-w4a16: {', '.join(extra)} not among --moe's rows")
+    # The block rows: layers, token counts and precisions (the options' text replaced by lists).
+    tokens_text, args.block_layers, args.block_tokens, args.block_precisions = args.block_tokens, [], [], []
+    if args.block or args.block_quick or args.block_shapes is not None or args.block_only:
+        try:
+            args.block_layers, args.block_tokens, args.block_precisions = br.selection(
+                args.block_shapes, tokens_text, args.block_precision, args.block_quick
+            )
+        except ValueError as e:
+            parser().error(f"block options: {e}")
+    elif tokens_text is not None:
+        parser().error("--block-tokens needs --block, --block-quick or --block-shapes")
+    if args.block_only:
+        args.shapes, args.w4a16, args.stacked, args.moe, args.moe_w4a16_rows, args.moe_w4a16_skipped = [], [], [], [], [], {}
     try:
         args.rust_paths = rust_paths(args.rust_field)
     except ValueError as e:
@@ -977,6 +1372,14 @@ def main():
         if name in args.moe_w4a16_skipped:
             row["calls"].append({"call": "moe_w4a16", "tensors": 3, "skipped": args.moe_w4a16_skipped[name]})
         result["moe"].append(row)
+    if args.block_layers:
+        nvfp4_gemm.clear_cache()
+        progress("copy ceiling")
+        result["block"] = {"copy_tb_s": copy_tb_s(), "layers": []}
+        for name in args.block_layers:
+            progress(f"{name} expert block")
+            result["block"]["layers"].append(guarded(name, bench_block, name, timer, args, result["block"]["copy_tb_s"]))
+        result["block"]["targets"] = br.target_summary(block_runs(result))
     for r in every_row(result):
         for c in r["calls"]:
             if "host_us" in c:
@@ -994,7 +1397,8 @@ def main():
         f"stacked and MoE calls on d0..d2); host budget = Rust call + {HOST_BASE_US:g} + {HOST_PER_TENSOR_US:g} x tensors"
         + ("" if args.rust else " (no --rust: no budgets)")
     )
-    print(aligned(HEADER, rows))
+    if rows or not args.block_layers:
+        print(aligned(HEADER, rows))
     for line in others:
         print(line)
     if any((c.get("rust") or {}).get("stand_in") for r in every_row(result) for c in r["calls"]):
@@ -1015,6 +1419,10 @@ def main():
     print(line)
     bad = [f"{r['name']} ({s} row)" for s in ("shapes", "stacked", "moe") for r in result[s] if r.get("error")]
     bad += [f"{r['name']} {c['call']}" for r in every_row(result) for c in r["calls"] if c.get("check") == "FAIL" or "error" in c]
+    if args.block_layers:
+        print_block(result, args)
+        bad += [f"block {layer['name']}" for layer in result["block"]["layers"] if layer.get("error")]
+        bad += [f"block {r['name']} {r['precision']}" for r in block_runs(result) if r.get("check") != "PASS"]
     print("checks: " + ("all PASS" if not bad else "FAIL " + ", ".join(bad)))
     print(f"({result['seconds']:.0f} s)", file=sys.stderr)
     sys.exit(1 if bad else 0)

@@ -112,5 +112,11 @@ pub fn run(args: &[&str]) -> Result<()> {
     println!(
         "  set -o pipefail; bundle/bin/run-bench.sh --prepack --shapes none --no-baseline --out \"$OUT\" 2>&1 | tee \"$OUT/bench-prepack.log\""
     );
+    println!(
+        "Expert-block rows (ExpertBlock on DeepSeek-V3, Qwen3-30B-A3B, Mixtral-8x7B; --block-quick for a subset):"
+    );
+    println!(
+        "  set -o pipefail; bundle/bin/run-bench.sh --block --shapes none --out \"$OUT\" 2>&1 | tee \"$OUT/bench-block.log\""
+    );
     Ok(())
 }
