@@ -754,6 +754,7 @@ impl MoeOperands {
             alphas: self.groups.iter().map(|g| g.effective_alpha_f32()).collect(),
             c: BufferView { ptr: self.c.addr() + 2 * GUARD as u64, len: self.problem.c_elements() },
             c_type: self.problem.output(),
+            activated: None,
         };
         validate_moe_buffers(&self.problem, &b).expect("valid buffers");
         b
@@ -1083,6 +1084,7 @@ pub fn schedule_only_buffers(problem: &MoeProblem, sizes: &[u32]) -> (DeviceBuf,
         alphas: vec![1.0; problem.groups()],
         c: fake(3, problem.c_elements()),
         c_type: problem.output(),
+        activated: None,
     };
     validate_moe_buffers(problem, &buffers).expect("valid buffers");
     (sizes_buf, buffers)

@@ -309,6 +309,47 @@ pub fn quantize_block(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
     (scale, packed)
 }
 
+/// The largest magnitude of the values of `W` words (two each), as a bit pattern (NaN patterns
+/// above infinity): a block's is the largest of its parts' ([`quantize_block_part`]).
+#[inline(always)]
+pub fn block_part_amax<const W: usize>(words: [u32; W]) -> u16 {
+    let mag = |w: u32| (w as u16 & 0x7FFF).max((w >> 16) as u16 & 0x7FFF);
+    let mut m = 0;
+    let mut i = 0;
+    while i < W {
+        m = m.max(mag(words[i]));
+        i += 1;
+    }
+    m
+}
+
+/// One part of [`quantize_block`], for threads sharing a block: `words` are `W ≤ 4` consecutive
+/// words of the block (from word `j`), `amax_bits` the block's largest magnitude pattern (the
+/// largest of all parts' [`block_part_amax`]). Returns the block's scale code and the part's
+/// `2W` packed e2m1 codes (element `2j + i` in bits `4i..4i+4`): together the parts give exactly
+/// [`quantize_block`]'s scale and packed codes.
+#[inline(always)]
+pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16: bool, global: f64) -> (u8, u32) {
+    const { assert!(W >= 1 && W <= 4) };
+    let scale = block_scale(amax_bits, bf16, global);
+    if scale == E4M3_NAN {
+        return (scale, 0x7777_7777 >> (32 - 8 * W));
+    }
+    let unit = e4m3_to_f64(scale) * global;
+    if unit == 0.0 {
+        return (scale, 0);
+    }
+    let c = thresholds(unit, bf16);
+    let byte = |word: u32| (e2m1_code(word as u16, &c) | e2m1_code((word >> 16) as u16, &c) << 4) as u32;
+    let mut packed = 0;
+    let mut i = 0;
+    while i < W {
+        packed |= byte(words[i]) << (8 * i);
+        i += 1;
+    }
+    (scale, packed)
+}
+
 /// The exact value `e2m1(code) * e4m3(scale) * g` of one element (`code` in the low nibble), as
 /// `f64` (at most 2 + 4 + 24 significant bits: exact); NaN when the scale is NaN. The dequantizer
 /// rounds it once to f16 or bf16.
@@ -330,6 +371,54 @@ mod tests {
     extern crate std;
     use super::*;
     use std::vec;
+
+    #[test]
+    fn parts_are_one_block() {
+        let mut state = 0x1234_5678_9ABC_DEF0u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let specials = [0u16, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x3C00];
+        for case in 0..20_000 {
+            let bf16 = case % 2 == 1;
+            let words: [u32; 8] = core::array::from_fn(|_| {
+                let r = next();
+                let half = |x: u64| {
+                    if x % 11 == 0 {
+                        specials[(x / 11 % specials.len() as u64) as usize] as u32
+                    } else {
+                        // Magnitudes spread over the exponent range, random signs.
+                        (x as u32 & 0x83FF) | ((((x >> 16) % 31) as u32) << 10)
+                    }
+                };
+                half(r) | half(r >> 32) << 16
+            });
+            let global = [1.0, 0.37, 2.0f64.powi(-9), 1e-30, 6.0 * 448.0][case % 5];
+            let (scale, packed) = quantize_block(words, bf16, global);
+            // Two halves.
+            let lo: [u32; 4] = [words[0], words[1], words[2], words[3]];
+            let hi: [u32; 4] = [words[4], words[5], words[6], words[7]];
+            let amax = block_part_amax(lo).max(block_part_amax(hi));
+            let (s0, p0) = quantize_block_part(lo, amax, bf16, global);
+            let (s1, p1) = quantize_block_part(hi, amax, bf16, global);
+            assert_eq!((s0, s1), (scale, scale), "case {case}");
+            assert_eq!(p0 as u64 | (p1 as u64) << 32, packed, "case {case}: {words:x?}");
+            // Four quarters.
+            let q: [[u32; 2]; 4] = core::array::from_fn(|i| [words[2 * i], words[2 * i + 1]]);
+            let amax4 = q.iter().map(|&w| block_part_amax(w)).max().unwrap();
+            assert_eq!(amax4, amax);
+            let mut joined = 0u64;
+            for (i, &w) in q.iter().enumerate() {
+                let (s, p) = quantize_block_part(w, amax4, bf16, global);
+                assert_eq!(s, scale, "case {case}");
+                joined |= (p as u64) << (16 * i);
+            }
+            assert_eq!(joined, packed, "case {case}: quarters {words:x?}");
+        }
+    }
 
     #[test]
     fn params_layout() {

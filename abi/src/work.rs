@@ -36,8 +36,8 @@ const _: () = assert!(core::mem::size_of::<WorkItem>() == 12);
 const _: () = assert!(core::mem::align_of::<WorkItem>() == 4);
 
 /// The parameters of every GEMM kernel of both architectures (and of the sm_90a token
-/// dequantization), passed by value: 48 bytes, align 8 (no 64-byte-aligned tensor map by value).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+/// dequantization), passed by value: 88 bytes, align 8 (no 64-byte-aligned tensor map by value).
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct KernelParams {
     /// Device address of the architecture's `GroupParams[group_count]`.
@@ -60,9 +60,12 @@ pub struct KernelParams {
     /// kernel, `crate::moe`) before the launch: the kernel walks `min(*work_len_device, work_len)`
     /// items.
     pub work_len_device: u64,
+    /// The sm_90a NVFP4 GEMMs' activation epilogue (the MoE block's first GEMM,
+    /// [`crate::moe::block::ActivationEpilogue`]); all zero (every other launch): C is stored.
+    pub epilogue: crate::moe::block::ActivationEpilogue,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelParams>() == 48);
+const _: () = assert!(core::mem::size_of::<KernelParams>() == 88);
 const _: () = assert!(core::mem::align_of::<KernelParams>() == 8);
 
 /// Index of the first operand's map of group `g` in the tensor-map table (the token operand A
@@ -90,6 +93,7 @@ mod tests {
     fn bytes() {
         let w = WorkItem { group: 1, tile_m: 2, tile_n: 3 };
         assert_eq!(bytemuck::bytes_of(&w), &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
-        assert_eq!(bytemuck::bytes_of(&KernelParams::default()).len(), 48);
+        assert_eq!(bytemuck::bytes_of(&KernelParams::default()).len(), 88);
+        assert_eq!(core::mem::offset_of!(KernelParams, epilogue), 48);
     }
 }

@@ -127,18 +127,23 @@ impl BlockLayer {
 pub enum BlockPrecision {
     /// NVFP4 activations, quantized on the GPU (`Precision::W4a4`).
     W4a4,
+    /// W4A4 with the activation and requantization in the first GEMM's epilogue
+    /// (`ActivationPlacement::FirstGemmEpilogue`, sm_90a).
+    #[serde(rename = "w4a4-epilogue")]
+    W4a4Epilogue,
     /// bf16 activations times the weights prepacked on the GPU (`Precision::W4a16`).
     W4a16,
 }
 
 impl BlockPrecision {
-    /// Both, in the order they run.
-    pub const ALL: [BlockPrecision; 2] = [BlockPrecision::W4a4, BlockPrecision::W4a16];
+    /// Every one, in the order they run.
+    pub const ALL: [BlockPrecision; 3] = [BlockPrecision::W4a4, BlockPrecision::W4a4Epilogue, BlockPrecision::W4a16];
 
-    /// `w4a4` or `w4a16`.
+    /// `w4a4`, `w4a4-epilogue` or `w4a16`.
     pub fn name(self) -> &'static str {
         match self {
             BlockPrecision::W4a4 => "w4a4",
+            BlockPrecision::W4a4Epilogue => "w4a4-epilogue",
             BlockPrecision::W4a16 => "w4a16",
         }
     }

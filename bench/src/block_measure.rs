@@ -20,7 +20,8 @@ use half::bf16;
 use nvfp4_format::checkpoint::LoadedExperts;
 use nvfp4_format::moe_block::{reference, round_output_as};
 use nvfp4_gemm::moe_block::{
-    Activation, BlockOptions, BlockShape, Dense16, ExpertBlock, Precision, TopkIds, TopkWeights,
+    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, Dense16, ExpertBlock, Precision, TopkIds,
+    TopkWeights,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,14 +124,16 @@ impl Bench {
             top_k: layer.top_k,
             max_tokens,
         };
-        let kind = match precision {
-            BlockPrecision::W4a4 => Precision::W4a4,
-            BlockPrecision::W4a16 => Precision::W4a16,
+        let (kind, activation) = match precision {
+            BlockPrecision::W4a4 => (Precision::W4a4, ActivationPlacement::Kernel),
+            BlockPrecision::W4a4Epilogue => (Precision::W4a4, ActivationPlacement::FirstGemmEpilogue),
+            BlockPrecision::W4a16 => (Precision::W4a16, ActivationPlacement::Kernel),
         };
         let options = BlockOptions::new(Activation::Silu, kind, Dense16::Bf16);
         let started = Instant::now();
-        let mut block =
-            ExpertBlock::new(&self.gpu, &stream, shape, options, experts).map_err(lib("ExpertBlock::new"))?;
+        let plan = BlockPlan { activation };
+        let mut block = ExpertBlock::with_plan(&self.gpu, &stream, shape, options, experts, plan)
+            .map_err(lib("ExpertBlock::with_plan"))?;
         let build_s = started.elapsed().as_secs_f64();
 
         let (check, mut check_passed) = if o.check {

@@ -72,7 +72,8 @@ BLOCK ROWS (--block, --block-shapes, --block-quick; run after the prepack rows)
     ds      = DeepSeek-V3:   256 experts, top 8, hidden 7168, intermediate 2048 (6.34 GB NVFP4)
     qwen3   = Qwen3-30B-A3B: 128 experts, top 8, hidden 2048, intermediate 768 (0.34 GB)
     mixtral = Mixtral-8x7B:    8 experts, top 2, hidden 4096, intermediate 14336 (0.79 GB)
-  at T = --block-tokens (1,8,64,512,4096), W4A4 and W4A16 (--block-precision). Routing: per
+  at T = --block-tokens (1,8,64,512,4096), W4A4 (the activation kernel, and w4a4-epilogue: the
+  activation in the first GEMM's epilogue) and W4A16 (--block-precision). Routing: per
   token top_k distinct experts drawn uniformly, weights the softmax of random logits (int32 ids,
   f32 weights). Per layer and precision ONE block planned for the largest T, checked once at
   --block-check-tokens tokens against the CPU reference, then per T: events around one run
@@ -210,7 +211,8 @@ struct Args {
     /// The block rows' token counts (comma-separated; default 1,8,64,512,4096)
     #[arg(long = "block-tokens", value_name = "LIST", value_parser = token_list)]
     block_tokens: Option<TokenList>,
-    /// The block rows' precisions (comma-separated of w4a4, w4a16, or `all`, the default)
+    /// The block rows' precisions (comma-separated of w4a4, w4a4-epilogue, w4a16, or `all`, the
+    /// default)
     #[arg(long = "block-precision", value_name = "LIST", value_parser = precision_list)]
     block_precision: Option<PrecisionList>,
     /// Tokens of each block's check against the CPU reference (few: the reference decodes
@@ -266,7 +268,8 @@ fn precision_list(v: &str) -> Result<PrecisionList, String> {
     }
     let mut out: Vec<BlockPrecision> = vec![];
     for s in v.split(',') {
-        let p = BlockPrecision::named(s.trim()).ok_or_else(|| format!("unknown precision `{s}` (w4a4, w4a16)"))?;
+        let p = BlockPrecision::named(s.trim())
+            .ok_or_else(|| format!("unknown precision `{s}` (w4a4, w4a4-epilogue, w4a16)"))?;
         if !out.contains(&p) {
             out.push(p);
         }
@@ -885,7 +888,7 @@ mod tests {
         let names: Vec<&str> = o.block.layers.iter().map(|l| l.name).collect();
         assert_eq!(names, ["ds", "qwen3", "mixtral"]);
         assert_eq!(o.block.tokens, [1, 8, 64, 512, 4096]);
-        assert_eq!(o.block.precisions, [BlockPrecision::W4a4, BlockPrecision::W4a16]);
+        assert_eq!(o.block.precisions, BlockPrecision::ALL);
         assert_eq!(o.block.check_tokens, 2);
         assert_eq!(run("--block").problems.len(), 7, "the default shapes stay");
         let o = run("--shapes none --block-shapes mixtral,ds --block-tokens 4096,1 --block-precision w4a16 --block-check-tokens 3");
@@ -914,7 +917,7 @@ mod tests {
         assert!(err("--block --block-tokens 0").contains("0 tokens: 1 to 16384"));
         assert!(err("--block --block-tokens 1,x").contains("`x` is not a whole number"));
         assert!(err("--block --block-tokens 16385").contains("1 to 16384"));
-        assert!(err("--block --block-precision w4a8").contains("unknown precision `w4a8` (w4a4, w4a16)"));
+        assert!(err("--block --block-precision w4a8").contains("unknown precision `w4a8` (w4a4, w4a4-epilogue, w4a16)"));
         assert!(err("--block --block-check-tokens 0").contains("at least 1"));
         assert!(err("--block-tokens 1").contains("need --block"));
         assert!(err("--block-precision w4a4 --shapes none").contains("need --block"));

@@ -734,6 +734,7 @@ pub unsafe extern "C" fn nvfp4_moe_run(
                 alphas: alphas.to_vec(),
                 c: view(args.c),
                 c_type: problem.output(),
+                activated: None,
             };
             let stream = borrow_stream(&p.ctx, stream);
             p.plan.run_views(&stream, &buffers)

@@ -79,7 +79,10 @@ use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
 use std::sync::Arc;
 
-pub use crate::moe_problem::{validate_moe_buffers, MoeBuffers, MoeProblem, MoeTokens, SizeStatus, TokenLayout};
+pub use crate::moe_problem::{
+    interleave_w13_row, validate_moe_buffers, ActivatedOutput, ActivationEpilogue, GlobalScale, MoeBuffers, MoeProblem,
+    MoeTokens, SizeStatus, TokenLayout,
+};
 /// Most groups of a [`MoeProblem`].
 pub use crate::rules::MAX_GROUPS;
 
@@ -146,6 +149,12 @@ impl MoePlan {
                 if problem.tokens() != TokenKind::Nvfp4 {
                     return Err(w4a16_unsupported(gpu.arch()));
                 }
+                if problem.activation_epilogue().is_some() {
+                    return Err(Error::Unsupported(
+                        "the activation epilogue is in the sm_90a GEMMs; on sm_100a the block runs its activation kernel"
+                            .into(),
+                    ));
+                }
                 let resident = resident_ctas(gpu)?;
                 let layout = Sm100DeviceLayout::new(&problem, |k| {
                     resident.iter().find(|(x, _)| *x == k).map_or(0, |(_, c)| *c)
@@ -188,7 +197,7 @@ impl MoePlan {
         self.alphas.clear();
         self.alphas.extend_from_slice(args.alphas);
         let (weights, alphas) = (std::mem::take(&mut self.weights), std::mem::take(&mut self.alphas));
-        let buffers = MoeBuffers { sizes, a, weights, alphas, c, c_type };
+        let buffers = MoeBuffers { sizes, a, weights, alphas, c, c_type, activated: None };
         // SAFETY: the guards in `call` keep the buffers alive until the launches are enqueued,
         // stream order for the work.
         let result = unsafe { self.run_views(stream_arc, &buffers) };

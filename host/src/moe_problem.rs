@@ -8,6 +8,7 @@ use crate::error::{invalid, within, BufferName, Error, Result};
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, Nvfp4Sizes, OutputType, TokenKind, BUFFER_ALIGN};
 use crate::rules::{self, Limit};
+use nvfp4_gemm_abi::moe::block::Activation as KernelActivation;
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes, GroupRows};
 use nvfp4_gemm_abi::scale_layout::blocked_bytes;
 use nvfp4_gemm_abi::sm90::w4a16::Activations;
@@ -47,6 +48,52 @@ pub struct MoeProblem {
     layout: TokenLayout,
     output: OutputType,
     tokens: TokenKind,
+    epilogue: Option<ActivationEpilogue>,
+}
+
+/// The MoE block's activation in the epilogue of its first grouped GEMM
+/// ([`MoeProblem::with_activation_epilogue`]): the GEMM's output `h = D(alpha · A·Bᵀ)` is not
+/// stored; its rows become the second GEMM's NVFP4 tokens `z` (`[token_rows, I]`, the activation
+/// of each row's `h` quantized with the group's global scale), bit for bit what `moe_activate`
+/// writes from the stored `h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ActivationEpilogue {
+    /// The activation.
+    pub activation: KernelActivation,
+    /// Gated (`N = 2I`, `z = act(gate) · up`; the weights' rows interleaved, [`interleave_w13_row`])
+    /// or not (`N = I`).
+    pub gated: bool,
+}
+
+/// The row of the plain W13 (`[2I, H]`: the gate rows, then the up rows) that row `r` of the
+/// weights of an activation-epilogue problem must hold (gated; the identity otherwise): each
+/// 64-row slice holds the gate rows of 32 intermediate columns, then their up rows, so that one
+/// consumer warpgroup of the GEMM has both inputs of its columns of `z`.
+pub fn interleave_w13_row(r: usize, inter: usize, gated: bool) -> usize {
+    nvfp4_gemm_abi::moe::block::epilogue_source_row(r as u32, inter as u32, gated) as usize
+}
+
+/// The global scale a W4A4 output is quantized with (the next GEMM's input scale).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GlobalScale {
+    /// One scale for every row: finite, positive.
+    Tensor(f32),
+    /// One scale per group (per local expert: a checkpoint's per-expert input scales), `f32
+    /// [groups]` on the device, 4-byte aligned; a row of group `g` is quantized with entry `g`.
+    /// The entries must be finite and positive: they are device memory, which the call does not
+    /// read on the host (the expert block checks the scales it uploads).
+    PerGroup(BufferView),
+}
+
+/// Where an activation-epilogue problem's call writes `z` ([`MoeBuffers::activated`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ActivatedOutput {
+    /// Packed e2m1 values, [`MoeProblem::activated_sizes`]`.values` bytes, 16-byte aligned.
+    pub values: BufferView,
+    /// Blocked e4m3 scales in the layout's grouped form, `.scales` bytes, 16-byte aligned.
+    pub scales: BufferView,
+    /// The quantizer's global scale(s).
+    pub global_scale: GlobalScale,
 }
 
 fn problem_error(reason: String) -> Error {
@@ -86,7 +133,7 @@ impl MoeProblem {
         within(None, "a.values", rows * k64, Limit::Index32)?;
         within(None, "c", rows * n64, Limit::Index32)?;
         // From here every row count fits the abi's `u32` formulas (rows < 2^25, G ≤ 2^12).
-        let p = MoeProblem { groups, n, k, layout, output, tokens: TokenKind::Nvfp4 };
+        let p = MoeProblem { groups, n, k, layout, output, tokens: TokenKind::Nvfp4, epilogue: None };
         let scale_rows = p.scale_rows() as u64;
         within(None, "a.scales", scale_rows * k64, Limit::Index32)?;
         let tiles = abi::max_m_tiles(&p.device_sizes(0)) * nvfp4_gemm_abi::sm90::n_tiles(n as u32) as u64;
@@ -142,6 +189,67 @@ impl MoeProblem {
         self
     }
 
+    /// This problem as the MoE block's first GEMM with `activation` in its epilogue
+    /// ([`ActivationEpilogue`]): its output is the second GEMM's NVFP4 tokens
+    /// ([`MoeProblem::activated_sizes`], [`MoeBuffers::activated`]) and C is not written (a call
+    /// passes an empty C). NVFP4 tokens, the contiguous layout; `I = N/2` (gated) or `N` a
+    /// multiple of 64 (the second GEMM's K); sm_90a ([`crate::MoePlan::new`] refuses it on
+    /// sm_100a).
+    ///
+    /// Errors: [`Error::InvalidProblem`] for a problem that breaks one of these rules,
+    /// [`Error::TooLarge`] for a `z` beyond the kernels' 32-bit byte offsets.
+    pub fn with_activation_epilogue(mut self, activation: KernelActivation, gated: bool) -> Result<MoeProblem> {
+        self.epilogue = Some(ActivationEpilogue { activation, gated });
+        self.check_epilogue()?;
+        Ok(self)
+    }
+
+    /// The activation epilogue, if any.
+    pub fn activation_epilogue(&self) -> Option<ActivationEpilogue> {
+        self.epilogue
+    }
+
+    /// The intermediate size `I` of an activation-epilogue problem.
+    fn inter(&self, gated: bool) -> usize {
+        if gated {
+            self.n / 2
+        } else {
+            self.n
+        }
+    }
+
+    /// The rules of [`MoeProblem::with_activation_epilogue`] (none without the epilogue).
+    pub(crate) fn check_epilogue(&self) -> Result<()> {
+        let Some(e) = self.epilogue else { return Ok(()) };
+        if self.tokens != TokenKind::Nvfp4 {
+            return Err(problem_error("the activation epilogue takes NVFP4 tokens (W4A4)".into()));
+        }
+        if !matches!(self.layout, TokenLayout::Contiguous { .. }) {
+            return Err(problem_error("the activation epilogue takes the contiguous token layout".into()));
+        }
+        let inter = self.inter(e.gated);
+        if (e.gated && self.n % 2 != 0) || inter % rules::K_MULTIPLE != 0 {
+            return Err(problem_error(format!(
+                "n = {}: the activation epilogue's I = {inter} must be a multiple of {} (the second GEMM's K)",
+                self.n,
+                rules::K_MULTIPLE
+            )));
+        }
+        let z = self.activated_sizes().expect("an epilogue problem");
+        within(None, "activated.values", z.values as u64, Limit::Index32)?;
+        within(None, "activated.scales", z.scales as u64, Limit::Index32)?;
+        Ok(())
+    }
+
+    /// Sizes of an activation-epilogue problem's output `z` (the second GEMM's token tensor):
+    /// values `token_rows · I/2` bytes, scales `scale_rows · I/16`; `None` without the epilogue.
+    pub fn activated_sizes(&self) -> Option<Nvfp4Sizes> {
+        self.epilogue.map(|e| {
+            let inter = self.inter(e.gated);
+            Nvfp4Sizes { values: self.token_rows() * inter / 2, scales: self.scale_rows() * inter / 16 }
+        })
+    }
+
     /// The sizes the device kernels read (`sizes`: the device address of the sizes array).
     pub(crate) fn device_sizes(&self, sizes: u64) -> DeviceSizes {
         let (layout, rows) = match self.layout {
@@ -177,9 +285,14 @@ impl MoeProblem {
         Nvfp4Sizes { values: self.n * self.k / 2, scales: blocked_bytes(self.n as u32, self.k as u32) }
     }
 
-    /// Elements of C: `token_rows · N`.
+    /// Elements of C: `token_rows · N` (0 for an activation-epilogue problem, which writes `z`
+    /// instead).
     pub fn c_elements(&self) -> usize {
-        self.token_rows() * self.n
+        if self.epilogue.is_some() {
+            0
+        } else {
+            self.token_rows() * self.n
+        }
     }
 
     /// The rows of every group for the sizes array `sizes` (host copy), clamped exactly as the
@@ -306,6 +419,9 @@ pub struct MoeBuffers {
     pub c: BufferView,
     /// C's element type.
     pub c_type: OutputType,
+    /// An activation-epilogue problem's output `z` ([`MoeProblem::with_activation_epilogue`]);
+    /// `None` for every other problem.
+    pub activated: Option<ActivatedOutput>,
 }
 
 /// Checks one call's buffers against the problem, as [`MoePlan::run`](crate::moe::MoePlan::run) does before any launch.
@@ -381,6 +497,7 @@ pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
             return Err(Error::group(g, "alpha", format!("{alpha} is not finite")));
         }
     }
+    validate_activated(p, b, CALL, &tokens)?;
     // C is the only output: it overlaps none of the inputs (which may share memory). Ids: 0..4
     // the call's buffers, then each group's weight values and scales.
     let fields = ["c", "sizes", tokens[0].0, tokens[1].0];
@@ -398,6 +515,87 @@ pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
         _ => BufferName { group: Some((id as usize - 4) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
     };
     overlap::check_one_output(CALL, Span::new(0, b.c, 2, true), inputs.into_iter().chain(weights), name)
+}
+
+/// An activation-epilogue problem's output checks ([`validate_moe_buffers`]): present exactly
+/// when the problem has the epilogue; `z`'s lengths and alignment; its global scale(s); `z`
+/// overlapping no input (the inputs may share memory) and its two parts apart.
+fn validate_activated(
+    p: &MoeProblem,
+    b: &MoeBuffers,
+    call: &'static str,
+    tokens: &[(&'static str, BufferView, usize, u64); 2],
+) -> Result<()> {
+    let out = match (p.activated_sizes(), b.activated) {
+        (None, None) => return Ok(()),
+        (None, Some(_)) => {
+            return Err(invalid(call, "activated", "given to a problem without the activation epilogue"))
+        }
+        (Some(_), None) => {
+            return Err(invalid(call, "activated", "the problem's activation epilogue writes it; none given"))
+        }
+        (Some(z), Some(out)) => {
+            for (field, view, len) in
+                [("activated.values", out.values, z.values), ("activated.scales", out.scales, z.scales)]
+            {
+                if view.len != len {
+                    return Err(invalid(
+                        call,
+                        field,
+                        format!("has {} elements; the problem needs exactly {len}", view.len),
+                    ));
+                }
+                if view.ptr % BUFFER_ALIGN != 0 {
+                    return Err(invalid(
+                        call,
+                        field,
+                        format!("address {:#x} is not {BUFFER_ALIGN}-byte aligned", view.ptr),
+                    ));
+                }
+            }
+            out
+        }
+    };
+    let mut spans = vec![
+        Span::new(0, out.values, 1, true),
+        Span::new(1, out.scales, 1, true),
+        Span::new(2, b.sizes, 4, false),
+        Span::new(3, tokens[0].1, tokens[0].3, false),
+        Span::new(4, tokens[1].1, tokens[1].3, false),
+    ];
+    match out.global_scale {
+        GlobalScale::Tensor(s) => {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(invalid(call, "activated.global_scale", format!("{s} is not finite and positive")));
+            }
+        }
+        GlobalScale::PerGroup(v) => {
+            if v.len != p.groups {
+                return Err(invalid(
+                    call,
+                    "activated.global_scale",
+                    format!("has {} elements; one per group needs exactly {}", v.len, p.groups),
+                ));
+            }
+            if v.ptr % 4 != 0 {
+                return Err(invalid(
+                    call,
+                    "activated.global_scale",
+                    format!("address {:#x} is not 4-byte aligned", v.ptr),
+                ));
+            }
+            spans.push(Span::new(5, v, 4, false));
+        }
+    }
+    for (g, (values, scales)) in b.weights.iter().enumerate() {
+        let id = 6 + 2 * g as u32;
+        spans.extend([Span::new(id, *values, 1, false), Span::new(id + 1, *scales, 1, false)]);
+    }
+    let fields = ["activated.values", "activated.scales", "sizes", tokens[0].0, tokens[1].0, "activated.global_scale"];
+    overlap::check(call, &mut spans, |id| match id {
+        0..6 => BufferName { group: None, field: fields[id as usize] },
+        _ => BufferName { group: Some((id as usize - 6) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
+    })
 }
 
 #[cfg(test)]
@@ -459,6 +657,7 @@ mod tests {
             alphas: vec![1.0; p.groups()],
             c: v(4, p.c_elements()),
             c_type: p.output(),
+            activated: None,
         }
     }
 
@@ -553,6 +752,86 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
+    }
+
+    /// The activation epilogue's rules: NVFP4 tokens, the contiguous layout, I a multiple of 64;
+    /// its `z` sizes; C empty.
+    #[test]
+    fn activation_epilogue_problems() {
+        use KernelActivation::{Relu2, Silu};
+        let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
+        let gated = p.clone().with_activation_epilogue(Silu, true).unwrap();
+        assert_eq!(gated.activation_epilogue(), Some(ActivationEpilogue { activation: Silu, gated: true }));
+        // I = 128: values 300 · 64 bytes, scales 128 · (⌈300/128⌉ + 4) rows of 8 bytes.
+        assert_eq!(gated.activated_sizes(), Some(Nvfp4Sizes { values: 300 * 64, scales: 128 * 7 * 8 }));
+        assert_eq!((gated.c_elements(), p.c_elements()), (0, 300 * 256));
+        let plain = p.clone().with_activation_epilogue(Relu2, false).unwrap();
+        assert_eq!(plain.activated_sizes(), Some(Nvfp4Sizes { values: 300 * 128, scales: 128 * 7 * 16 }));
+        assert_eq!(p.activated_sizes(), None);
+        let refused = |p: MoeProblem, gated: bool| match p.with_activation_epilogue(Silu, gated) {
+            Err(Error::InvalidProblem(reason)) => reason,
+            other => panic!("{other:?}"),
+        };
+        let w4a16 = p.clone().with_tokens(TokenKind::Dense(Activations::Bf16));
+        assert!(refused(w4a16, true).contains("NVFP4 tokens"));
+        let masked = MoeProblem::new(4, 256, 512, TokenLayout::Masked { max_rows: 30 }, OutputType::Bf16).unwrap();
+        assert!(refused(masked, true).contains("contiguous"));
+        let n192 = MoeProblem::new(4, 192, 512, TokenLayout::Contiguous { max_tokens: 30 }, OutputType::F16).unwrap();
+        assert!(refused(n192.clone(), true).contains("I = 96 must be a multiple of 64"));
+        assert!(n192.with_activation_epilogue(Relu2, false).is_ok(), "not gated: I = N = 192");
+        // The interleaved W13: slice s holds gate rows 32s.. then up rows I + 32s.. .
+        let rows: Vec<usize> = (0..256).map(|r| interleave_w13_row(r, 128, true)).collect();
+        assert_eq!((rows[0], rows[31], rows[32], rows[63], rows[64], rows[96]), (0, 31, 128, 159, 32, 160));
+        assert_eq!(interleave_w13_row(77, 128, false), 77);
+    }
+
+    /// An activation-epilogue call: `activated` present exactly when the problem has the
+    /// epilogue, its lengths, alignment and global scale(s) checked, C empty, and `z` overlapping
+    /// no input (the inputs may share memory).
+    #[test]
+    fn activated_outputs_are_checked() {
+        let p = contiguous(3, 300).with_activation_epilogue(KernelActivation::Silu, true).unwrap();
+        let z = p.activated_sizes().unwrap();
+        let v = |i: u64, len| BufferView { ptr: 0x1000_0000 * i, len };
+        let good = MoeBuffers {
+            activated: Some(ActivatedOutput {
+                values: v(30, z.values),
+                scales: v(31, z.scales),
+                global_scale: GlobalScale::PerGroup(v(32, 3)),
+            }),
+            ..good_buffers(&p)
+        };
+        assert_eq!(good.c.len, 0);
+        assert!(validate_moe_buffers(&p, &good).is_ok());
+        let field = |b: &MoeBuffers| match validate_moe_buffers(&p, b).unwrap_err() {
+            Error::InvalidArgument { field, .. } => field,
+            Error::Overlap { output, other, .. } => {
+                assert_eq!(output.field, "activated.values");
+                other.field
+            }
+            other => panic!("{other:?}"),
+        };
+        let with = |f: &dyn Fn(&mut ActivatedOutput)| {
+            let mut b = good.clone();
+            f(b.activated.as_mut().unwrap());
+            b
+        };
+        assert_eq!(field(&MoeBuffers { activated: None, ..good.clone() }), "activated");
+        assert_eq!(field(&with(&|o| o.values.len -= 1)), "activated.values");
+        assert_eq!(field(&with(&|o| o.scales.ptr += 8)), "activated.scales");
+        assert_eq!(field(&with(&|o| o.global_scale = GlobalScale::PerGroup(v(32, 2)))), "activated.global_scale");
+        assert_eq!(field(&with(&|o| o.global_scale = GlobalScale::Tensor(f32::NAN))), "activated.global_scale");
+        assert!(validate_moe_buffers(&p, &with(&|o| o.global_scale = GlobalScale::Tensor(0.5))).is_ok());
+        assert_eq!(field(&with(&|o| o.values.ptr = 0x2000_0000)), "a.values");
+        assert_eq!(field(&with(&|o| o.values.ptr = 0x1000_0000 * 32 - 16)), "activated.global_scale");
+        assert_eq!(field(&MoeBuffers { c: v(4, 1), ..good.clone() }), "c");
+        let mut on_weights = good.clone();
+        on_weights.activated.as_mut().unwrap().values.ptr = 0x1000_0000 * 10;
+        assert_eq!(field(&on_weights), "b.values");
+        // A problem without the epilogue takes none.
+        let plain = contiguous(3, 300);
+        let b = MoeBuffers { activated: good.activated, ..good_buffers(&plain) };
+        assert!(validate_moe_buffers(&plain, &b).unwrap_err().to_string().contains("activated"));
     }
 
     /// C (the only output) overlapping any input is refused, naming both; the inputs may share

@@ -15,7 +15,7 @@ use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
 /// One output word (two values) from a gate word and an up word (`None`: not gated).
 #[inline(always)]
-fn word(act: Activation, gate: u32, up: Option<u32>, bf16: bool) -> u32 {
+pub(crate) fn word(act: Activation, gate: u32, up: Option<u32>, bf16: bool) -> u32 {
     let lo = activated(act, gate as u16, up.map(|u| u as u16), bf16);
     let hi = activated(act, (gate >> 16) as u16, up.map(|u| (u >> 16) as u16), bf16);
     round_to_half(lo, bf16) as u32 | (round_to_half(hi, bf16) as u32) << 16

@@ -29,7 +29,10 @@ use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
 use nvfp4_format::codec::{e2m1_to_f32, e4m3_to_f32, f64_to_bf16, f64_to_f16};
 use nvfp4_format::moe_block::{reference, round_output_as, Routing as RouterOutput};
 use nvfp4_format::{quantize_with_global_scale, random_matrix, InputDistribution, SplitMix64, Tolerance};
-use nvfp4_gemm::moe::{validate_moe_buffers, GroupRows, MoeBuffers, MoeOptions, MoeTokens};
+use nvfp4_gemm::moe::{
+    interleave_w13_row, validate_moe_buffers, ActivatedOutput, GlobalScale, GroupRows, MoeBuffers, MoeOptions,
+    MoeTokens,
+};
 use nvfp4_gemm::moe_block::{
     activate_params, combine_params, gather_params, route_params, Activation, BlockOptions, BlockOutput, CombineViews,
     Dense16, GatherInputs, IdType, KernelActivation, Precision, RouteViews, RouterWeightAt, Routing, WeightType,
@@ -161,6 +164,10 @@ struct Case {
     ids_i64: bool,
     weights_bf16: bool,
     run: ModelRun,
+    /// Also run the first GEMM with the activation in its epilogue (sm_90a W4A4) and compare.
+    fused: bool,
+    /// sm_90a: the GEMMs' general kernel runs a group's last tile 64 wide (`MoeOptions::tail64`).
+    tail64: bool,
 }
 
 impl Case {
@@ -201,9 +208,9 @@ fn experts(c: &Case, rng: &mut SplitMix64) -> LoadedExperts {
         let m = random_matrix(rows, k, InputDistribution::Competition, rng).unwrap();
         PlainWeight { global_scale: g, ..PlainWeight::from(&m) }
     };
-    // The same input scales for every expert: the gather and the activation quantize each
-    // GEMM's tokens with one global scale (`ExpertBlock::new` refuses experts that differ).
-    let input_scales = |_expert: usize| (0.02, 0.01);
+    // Input scales of each expert's own, as a calibrated checkpoint has them: the gather and the
+    // activation quantize a row with its expert's (`GlobalScale::PerGroup`).
+    let input_scales = |e: usize| ((0.02 * (1.0 + 0.25 * e as f64)) as f32, (0.01 * (1.0 + 0.4 * e as f64)) as f32);
     let experts = (0..c.experts)
         .map(|e| ExpertWeights {
             expert: c.first_expert + e,
@@ -216,11 +223,22 @@ fn experts(c: &Case, rng: &mut SplitMix64) -> LoadedExperts {
     LoadedExperts { first_expert: c.first_expert, experts }
 }
 
-/// The one global scale a GEMM's token quantizer takes (the gather's or the activation's
-/// `BlockOutput::Nvfp4`): the experts' common input scale.
-fn common_scale(scales: &[f32]) -> f32 {
-    assert!(scales.iter().all(|s| s.to_bits() == scales[0].to_bits()), "one input scale per GEMM: {scales:?}");
-    scales[0]
+/// A GEMM's token quantizers' global scales, one per expert, on the "device" (as `ExpertBlock`
+/// uploads them) and on the host.
+struct Scales {
+    host: Vec<f32>,
+    device: DeviceBuf,
+}
+
+impl Scales {
+    fn new(host: Vec<f32>) -> Scales {
+        let device = DeviceBuf::from_bytes(&host.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>());
+        Scales { host, device }
+    }
+
+    fn global_scale(&self) -> GlobalScale {
+        GlobalScale::PerGroup(self.device.view(self.host.len()))
+    }
 }
 
 /// One GEMM's weights of every local expert, stacked as `ExpertBlock` uploads them (values and
@@ -290,7 +308,10 @@ struct Planned {
     p2: MoeProblem,
     w13: Weights,
     w2: Weights,
-    input_scales: (f32, f32),
+    input_scales: (Scales, Scales),
+    /// The first GEMM with the activation in its epilogue and its interleaved W13 (sm_90a W4A4
+    /// cases that check it against the activation kernel).
+    fused: Option<(MoeProblem, Weights)>,
 }
 
 impl Planned {
@@ -298,9 +319,9 @@ impl Planned {
         let c = &case;
         let loaded = experts(c, rng);
         let input_scales = if c.w4a4() {
-            (common_scale(&loaded.w13_input_scales()), common_scale(&loaded.w2_input_scales()))
+            (Scales::new(loaded.w13_input_scales()), Scales::new(loaded.w2_input_scales()))
         } else {
-            (1.0, 1.0)
+            (Scales::new(vec![1.0; c.experts]), Scales::new(vec![1.0; c.experts]))
         };
         let rows = c.max_tokens * c.top_k;
         let (output, activations) = match c.options.dtype {
@@ -317,12 +338,30 @@ impl Planned {
         let input = |s: f32| if c.w4a4() { s } else { 1.0 };
         let w13: Vec<&PlainWeight> = loaded.experts.iter().map(|x| &x.w13).collect();
         let w2: Vec<&PlainWeight> = loaded.experts.iter().map(|x| &x.w2).collect();
-        let a13 = loaded.experts.iter().map(|x| x.w13.global_scale * input(x.w13_input_scale)).collect();
+        let a13: Vec<f32> = loaded.experts.iter().map(|x| x.w13.global_scale * input(x.w13_input_scale)).collect();
         let a2 = loaded.experts.iter().map(|x| x.w2.global_scale * input(x.w2_input_scale)).collect();
+        let fused = c.fused.then(|| {
+            let p = p1.clone().with_activation_epilogue(kernel_activation(c.options.activation), c.gated()).unwrap();
+            let interleaved: Vec<PlainWeight> = loaded.experts.iter().map(|x| interleave(&x.w13, c)).collect();
+            let refs: Vec<&PlainWeight> = interleaved.iter().collect();
+            (p, Weights::upload(&refs, a13.clone(), None))
+        });
         let w13 = Weights::upload(&w13, a13, prepacked);
         let w2 = Weights::upload(&w2, a2, prepacked);
-        Planned { case, loaded, p1, p2, w13, w2, input_scales }
+        Planned { case, loaded, p1, p2, w13, w2, input_scales, fused }
     }
+}
+
+/// W13's rows in the order of the activation epilogue's weights (`interleave_w13_row`).
+fn interleave(w: &PlainWeight, c: &Case) -> PlainWeight {
+    let (vb, sb) = (w.k / 2, w.k / 16);
+    let mut out = PlainWeight { values: vec![], plain_scales: vec![], ..w.clone() };
+    for r in 0..w.rows {
+        let src = interleave_w13_row(r, c.inter, c.gated());
+        out.values.extend_from_slice(&w.values[src * vb..(src + 1) * vb]);
+        out.plain_scales.extend_from_slice(&w.plain_scales[src * sb..(src + 1) * sb]);
+    }
+    out
 }
 
 /// A GEMM's token operand: NVFP4 values and blocked scales, or 16-bit rows.
@@ -342,7 +381,7 @@ impl Tokens {
     }
 
     /// The view the gather or the activation writes (`ExpertBlock`'s `Tokens::out`).
-    fn out(&self, p: &MoeProblem, global_scale: f32) -> BlockOutput {
+    fn out(&self, p: &MoeProblem, global_scale: GlobalScale) -> BlockOutput {
         match self {
             Tokens::Nvfp4 { values, scales } => {
                 let a = p.a_sizes();
@@ -397,26 +436,27 @@ impl Tokens {
 }
 
 /// Checks a token operand the gather or the activation wrote: each row of a group is `row(r)`
-/// (16-bit bits) — quantized by the CPU quantizer with `scale` into the row's values and its
-/// scale row (W4A4), or as it is (W4A16) — and every other byte still poison.
+/// (16-bit bits) — quantized by the CPU quantizer with its group's entry of `global_scales` into
+/// the row's values and its scale row (W4A4), or as it is (W4A16) — and every other byte still
+/// poison.
 fn check_tokens(
     what: &str,
     tokens: &Tokens,
     p: &MoeProblem,
     groups: &[GroupRows],
     row: impl Fn(usize) -> Vec<u16>,
-    scale: f32,
+    global_scales: &[f32],
     bf16: bool,
 ) {
     let k = p.k();
     match tokens {
         Tokens::Nvfp4 { values, scales } => {
             let (mut want_v, mut want_s, rk) = (values.poison(), scales.poison(), rest_k(k as u32));
-            for g in groups {
+            for (g, scale) in groups.iter().zip(global_scales) {
                 for i in 0..g.rows {
                     let r = (g.first + i) as usize;
                     let v: Vec<f64> = row(r).iter().map(|&b| half_to_f64(b, bf16)).collect();
-                    let q = quantize_with_global_scale(&v, 1, k, scale).unwrap();
+                    let q = quantize_with_global_scale(&v, 1, k, *scale).unwrap();
                     want_v[r * k / 2..(r + 1) * k / 2].copy_from_slice(q.values());
                     for j in 0..(k / 16) as u32 {
                         want_s[blocked_offset(g.scale_first + i, j, rk)] = q.scales()[blocked_offset(0, j, rk)];
@@ -560,8 +600,9 @@ fn run_gemm(what: &str, c: &Case, p: &MoeProblem, buffers: &MoeBuffers, groups: 
             launched
         }
         Device::Sm90 { sms } => {
-            let (launched, outcome, _) = run_sm90_moe_on(p, buffers, sms, &MoeOptions::default(), &c.run)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let options = MoeOptions { tail64: c.tail64, ..MoeOptions::default() };
+            let (launched, outcome, _) =
+                run_sm90_moe_on(p, buffers, sms, &options, &c.run).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(outcome.status, 0, "{what}: status word");
             launched
         }
@@ -622,7 +663,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
     let z = Tokens::new(p2, c.w4a4());
     let o = Guarded::new(2 * rows * h, &NAN16);
     let y = Guarded::new(2 * tokens * h, &NAN16);
-    let (s13, s2) = b.input_scales;
+    let (s13, s2) = (&b.input_scales.0, &b.input_scales.1);
     let sms = c.device.sms();
     let mut kernels = vec![];
 
@@ -648,7 +689,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         sizes: offsets.view(e + 1),
     };
     let (params, items) =
-        gather_params(p1, bf16, &gather, a.out(p1, s13)).unwrap_or_else(|err| panic!("{what}: {err}"));
+        gather_params(p1, bf16, &gather, a.out(p1, s13.global_scale())).unwrap_or_else(|err| panic!("{what}: {err}"));
     let geometry = convert_launch(items, sms * CTAS_PER_SM);
     kernels.push(launch_kernel(&what, "nvfp4_quantize_grouped", c, geometry, nvfp4_quantize_grouped, params));
 
@@ -667,6 +708,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         alphas: b.w13.alphas.clone(),
         c: hb.view(rows * n1),
         c_type: p1.output(),
+        activated: None,
     };
     kernels.extend(run_gemm(&format!("{what}: first GEMM"), c, p1, &gemm1, &groups1));
 
@@ -678,11 +720,39 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         bf16,
         hb.view(rows * n1),
         offsets.view(e + 1),
-        z.out(p2, s2),
+        z.out(p2, s2.global_scale()),
     )
     .unwrap_or_else(|err| panic!("{what}: {err}"));
     let geometry = convert_launch(items, sms * CTAS_PER_SM);
     kernels.push(launch_kernel(&what, "moe_activate", c, geometry, moe_activate, params));
+
+    // The first GEMM again with the activation in its epilogue (interleaved W13): its `z` must
+    // be the activation kernel's, byte for byte, poison included.
+    if let Some((pf, w13f)) = &b.fused {
+        let zf = Tokens::new(p2, true);
+        let Tokens::Nvfp4 { values, scales } = &zf else { unreachable!("W4A4") };
+        let zs = p2.a_sizes();
+        let fused = MoeBuffers {
+            sizes: offsets.view(e + 1),
+            a: a.operand(p1),
+            weights: w13f.views(),
+            alphas: w13f.alphas.clone(),
+            c: BufferView { ptr: hb.view(0).ptr, len: 0 },
+            c_type: p1.output(),
+            activated: Some(ActivatedOutput {
+                values: values.view(zs.values),
+                scales: scales.view(zs.scales),
+                global_scale: s2.global_scale(),
+            }),
+        };
+        kernels.extend(run_gemm(&format!("{what}: first GEMM, activation epilogue"), c, pf, &fused, &groups1));
+        let (Tokens::Nvfp4 { values: zv, scales: zsc }, Tokens::Nvfp4 { values: fv, scales: fs }) = (&z, &zf) else {
+            unreachable!("W4A4")
+        };
+        same_bytes(&format!("{what}: fused z values"), fv.bytes(), zv.bytes(), inter / 2);
+        same_bytes(&format!("{what}: fused z scales"), fs.bytes(), zsc.bytes(), 1);
+        zf.check_guards(&format!("{what}: fused Z"));
+    }
 
     // Second GEMM: Z x W2 -> o.
     let gemm2 = MoeBuffers {
@@ -692,6 +762,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         alphas: b.w2.alphas.clone(),
         c: o.view(rows * h),
         c_type: p2.output(),
+        activated: None,
     };
     kernels.extend(run_gemm(&format!("{what}: second GEMM"), c, p2, &gemm2, &groups2));
 
@@ -751,7 +822,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
             row.to_vec()
         }
     };
-    check_tokens(&format!("{what}: gathered tokens"), &a, p1, &groups1, gathered, s13, bf16);
+    check_tokens(&format!("{what}: gathered tokens"), &a, p1, &groups1, gathered, &s13.host, bf16);
 
     // First GEMM on the tokens the device wrote.
     let inexact1 = check_gemm(&format!("{what}: h"), &hb, n1, h, &groups1, &a, &b.w13, dtype);
@@ -768,7 +839,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
             })
             .collect()
     };
-    check_tokens(&format!("{what}: activated tokens"), &z, p2, &groups2, activated_row, s2, bf16);
+    check_tokens(&format!("{what}: activated tokens"), &z, p2, &groups2, activated_row, &s2.host, bf16);
 
     // Second GEMM on the tokens the device wrote.
     let inexact2 = check_gemm(&format!("{what}: o"), &o, h, inter, &groups2, &z, &b.w2, dtype);
@@ -869,6 +940,8 @@ fn case(device: Device, activation: Activation, precision: Precision, dtype: Den
         ids_i64: false,
         weights_bf16: false,
         run: ModelRun::default(),
+        fused: false,
+        tail64: false,
     }
 }
 
@@ -933,9 +1006,37 @@ fn model_moe_block_chain_sm90_w4a4() {
         hidden: 128,
         inter: 64,
         max_tokens: 32,
+        fused: true,
         ..case(device, Activation::Silu, Precision::W4a4, Dense16::F16)
     };
     run_case("sm90 w4a4 silu f16", c, &[5, 32], 6);
+}
+
+/// sm_90a, W4A4, with the first GEMM also run with the activation in its epilogue (general
+/// kernels, interleaved W13) and its `z` compared byte for byte with the activation kernel's:
+/// relu2 in bf16 with I = 192 (N = 192: the second 128-row weight tile has one warpgroup's slice,
+/// the other past N) at T = 48 (two experts of about 70 rows: both 64-row rounds of a 128-token
+/// tile), and gated gelu_tanh in bf16 with I = 128 (two tiles of two slices each) on the 64-wide
+/// tail tiles (`sm90_grouped_gemm_t64`).
+#[test]
+fn model_moe_block_chain_sm90_w4a4_activation_epilogue() {
+    let device = Device::Sm90 { sms: 2 };
+    let c = Case {
+        experts: 3,
+        hidden: 128,
+        inter: 192,
+        max_tokens: 48,
+        fused: true,
+        ..case(device, Activation::Relu2, Precision::W4a4, Dense16::Bf16)
+    };
+    run_case("sm90 w4a4 relu2 bf16, activation epilogue", c, &[48], 9);
+    let c = Case { inter: 128, ..case(device, Activation::GeluTanh, Precision::W4a4, Dense16::Bf16) };
+    run_case(
+        "sm90 w4a4 gelu_tanh bf16, activation epilogue",
+        Case { fused: true, tail64: true, experts: 3, hidden: 128, max_tokens: 20, ..c },
+        &[20],
+        10,
+    );
 }
 
 /// sm_90a, W4A16 (16-bit tokens, prepacked weights) on 2 SMs, H = 128, I = 64: relu2 in bf16

@@ -948,20 +948,23 @@ def bench_block(name, timer, args, copy_rate):
         run = {"name": name, "precision": precision, "rows": []}
         result["runs"].append(run)
         fused = unfused = paths = None
+        # "w4a4-epilogue": W4A4 with the activation in the first GEMM's epilogue (the same
+        # arithmetic: the unfused composition and the check are W4A4's).
+        kind = "w4a16" if precision == "w4a16" else "w4a4"
         try:
             t1 = time.perf_counter()
             fused = nvfp4_gemm.MoEBlock(
                 wts["w13"], wts["s13"], wts["g13"], wts["w2"], wts["s2"], wts["g2"], wts["input_scale"], wts["input_scale"],
-                top_k=k, max_tokens=max_tokens, w4a16=precision == "w4a16",
+                top_k=k, max_tokens=max_tokens, w4a16=kind == "w4a16", activation_epilogue=precision == "w4a4-epilogue",
             )
             run["build_s"] = time.perf_counter() - t1
-            unfused = UnfusedBlock(name, wts, precision, max_tokens)
+            unfused = UnfusedBlock(name, wts, kind, max_tokens)
             paths = {
                 "fused": lambda x, w, ids, out: fused(x, w, ids, out=out),
                 "unfused": unfused,
                 "torch": torch_block,
             }
-            run["check_errors"], run["check_detail"], ok = block_check(name, wts, paths, precision, args.block_check_tokens, gen)
+            run["check_errors"], run["check_detail"], ok = block_check(name, wts, paths, kind, args.block_check_tokens, gen)
             run["check"] = "PASS" if ok else "FAIL"
             for tokens in args.block_tokens:
                 x = torch.randn((tokens, h), generator=gen, device=CUDA).to(torch.bfloat16)
@@ -1286,7 +1289,7 @@ def parser():
     p.add_argument("--block", action="store_true", help="the expert-block rows: ds, qwen3, mixtral (MoEBlock against PyTorch's bf16 block and the unfused composition)")
     p.add_argument("--block-shapes", default=None, metavar="LIST", help="which block layers: ds, qwen3, mixtral (comma-separated), all or none; implies --block")
     p.add_argument("--block-tokens", default=None, metavar="LIST", help="the block rows' token counts (default 1,8,64,512,4096)")
-    p.add_argument("--block-precision", default="all", metavar="LIST", help="w4a4, w4a16 (comma-separated) or all (default)")
+    p.add_argument("--block-precision", default="all", metavar="LIST", help="w4a4, w4a4-epilogue, w4a16 (comma-separated) or all (default)")
     p.add_argument("--block-check-tokens", type=at_least(1), default=br.CHECK_TOKENS, help="tokens of each block's check (default 2)")
     p.add_argument("--block-quick", action="store_true", help="the quicker block subset: qwen3 and mixtral at T = 1,64,4096; implies --block")
     p.add_argument("--block-only", action="store_true", help="run the block rows only (--shapes, --w4a16, --stacked and --moe none)")

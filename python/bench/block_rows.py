@@ -18,7 +18,7 @@ LAYERS = {
     "mixtral": ("Mixtral-8x7B", 8, 2, 4096, 14336),
 }
 TOKENS = (1, 8, 64, 512, 4096)
-PRECISIONS = ("w4a4", "w4a16")
+PRECISIONS = ("w4a4", "w4a4-epilogue", "w4a16")
 QUICK_LAYERS = ("qwen3", "mixtral")
 QUICK_TOKENS = (1, 64, 4096)
 MAX_TOKENS = 16384
@@ -127,14 +127,14 @@ def parse_tokens(text):
 
 
 def parse_precisions(text):
-    """`w4a4,w4a16` or `all` -> names, in order, without repeats."""
+    """`w4a4,w4a4-epilogue,w4a16` or `all` -> names, in order, without repeats."""
     if text == "all":
         return list(PRECISIONS)
     out = []
     for s in text.split(","):
         s = s.strip()
         if s not in PRECISIONS:
-            raise ValueError(f"unknown precision `{s}` (w4a4, w4a16)")
+            raise ValueError(f"unknown precision `{s}` (w4a4, w4a4-epilogue, w4a16)")
         if s not in out:
             out.append(s)
     return out

@@ -8,8 +8,8 @@ use crate::errors::{py_err, value_error};
 use crate::{hooks, read, Device};
 use cudarc::driver::{sys, CudaStream};
 use nvfp4_gemm::moe_block::{
-    Activation, BlockOptions, BlockShape, BlockViews, Dense16, ExpertBlock, ExpertWeights, IdType, LoadedExperts,
-    PlainWeight, Precision, RouterWeightAt, WeightType,
+    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16, ExpertBlock,
+    ExpertWeights, IdType, LoadedExperts, PlainWeight, Precision, RouterWeightAt, WeightType,
 };
 use nvfp4_gemm::tensor::{self, Arg, DType, SameDevice};
 use pyo3::prelude::*;
@@ -64,7 +64,7 @@ impl MoeBlock {
     /// Plans the block on device `ordinal` from the experts' bytes (module docs; the package's
     /// `MoEBlock` passes them).
     #[new]
-    #[pyo3(signature = (w13, w13_scale, w13_global, w2, w2_scale, w2_global, w13_input_scale, w2_input_scale, hidden, intermediate, first_expert, top_k, max_tokens, activation, w4a16, dtype, weight_at_input, ordinal, stream=None))]
+    #[pyo3(signature = (w13, w13_scale, w13_global, w2, w2_scale, w2_global, w13_input_scale, w2_input_scale, hidden, intermediate, first_expert, top_k, max_tokens, activation, w4a16, dtype, weight_at_input, ordinal, stream=None, activation_epilogue=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -87,6 +87,7 @@ impl MoeBlock {
         weight_at_input: bool,
         ordinal: u32,
         stream: Option<&Bound<'_, PyAny>>,
+        activation_epilogue: bool,
     ) -> PyResult<MoeBlock> {
         let activation = match activation {
             "silu" => Activation::Silu,
@@ -140,7 +141,10 @@ impl MoeBlock {
             let dev = device.bind(py).borrow();
             // SAFETY: the caller's current stream of this device, alive through the planning.
             let s = unsafe { dev.gpu().context().wrap_borrowed_stream(handle as sys::CUstream) };
-            let block = ExpertBlock::new(dev.gpu(), &s, shape, options, &loaded).map_err(py_err)?;
+            let activation =
+                if activation_epilogue { ActivationPlacement::FirstGemmEpilogue } else { ActivationPlacement::Kernel };
+            let plan = BlockPlan { activation };
+            let block = ExpertBlock::with_plan(dev.gpu(), &s, shape, options, &loaded, plan).map_err(py_err)?;
             Inner { block, stream: Some((handle, s)) }
         };
         Ok(MoeBlock { inner: Mutex::new(block), device, ordinal, dtype, hidden, top_k, max_tokens })

@@ -468,7 +468,7 @@ impl MoeLayer {
     ) -> PyResult<()> {
         let c_type = self.dtype.output().expect("a 16-bit output type");
         let (weights, alphas) = (std::mem::take(&mut inner.weights), std::mem::take(&mut inner.alphas));
-        let buffers = MoeBuffers { sizes, a, weights, alphas, c, c_type };
+        let buffers = MoeBuffers { sizes, a, weights, alphas, c, c_type, activated: None };
         // SAFETY: live CUDA tensors of this device (checked), the layer's weights kept alive.
         let result = unsafe { inner.plan.run_views(stream, &buffers) }.map_err(py_err);
         (inner.weights, inner.alphas) = (buffers.weights, buffers.alphas);

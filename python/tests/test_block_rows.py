@@ -37,7 +37,7 @@ class BlockRows(unittest.TestCase):
         self.assertEqual([br.cell(True), br.cell(False), br.cell(None)], ["pass", "MISS", "-"])
 
     def test_options(self):
-        self.assertEqual(br.selection(None, None, "all", False), (["ds", "qwen3", "mixtral"], [1, 8, 64, 512, 4096], ["w4a4", "w4a16"]))
+        self.assertEqual(br.selection(None, None, "all", False), (["ds", "qwen3", "mixtral"], [1, 8, 64, 512, 4096], ["w4a4", "w4a4-epilogue", "w4a16"]))
         self.assertEqual(br.selection(None, None, "w4a16", True), (["qwen3", "mixtral"], [1, 64, 4096], ["w4a16"]))
         self.assertEqual(br.selection("ds", "8", "w4a16,w4a4,w4a16", True), (["ds"], [8], ["w4a16", "w4a4"]))
         self.assertEqual(br.parse_layers("none"), [])

@@ -597,14 +597,47 @@ def test_moe_block_against_a_dequantized_reference(w4a16):
             ex = int(ids[tok, k])
             if not 0 <= ex < e:
                 continue
-            a = x[tok : tok + 1].float()
+            # fp64 throughout the products: `dequant` returns fp64 and matmul takes one dtype.
+            a = x[tok : tok + 1].double()
             if not w4a16:
                 a = requantized(x[tok : tok + 1], in13[ex])
             hh = (a @ dequant(w13[ex], s13[ex], 2 * i, h).T * g13).to(torch.bfloat16).float()
             z = (torch.nn.functional.silu(hh[:, :i]) * hh[:, i:]).to(torch.bfloat16)
-            zf = z.float() if w4a16 else requantized(z, in2[ex])
+            zf = z.double() if w4a16 else requantized(z, in2[ex])
             o = (zf @ dequant(w2[ex], s2[ex], h, i).T * g2).to(torch.bfloat16).float()
             want[tok] += float(weights[tok, k]) * o[0]
     err = (out.float() - want).norm() / want.norm()
     print(f"moe block w4a16={w4a16}: normalized error {float(err):.3e}")
     assert err < 2e-2, f"normalized error {err}"
+
+
+def test_moe_block_activation_epilogue_is_the_kernel_bit_for_bit():
+    # W4A4: the activation and requantization in the first GEMM's epilogue give the activation
+    # kernel's output bit for bit (docs/moe-block.md §10), for gated and non-gated activations.
+    gen = torch.Generator(device=CUDA).manual_seed(7)
+    e, i, h, top_k, t = 4, 64, 128, 2, 40
+    for activation, gated in (("silu", True), ("relu2", False)):
+        n1 = 2 * i if gated else i
+        ops13 = [random_operand(n1, h, gen) for _ in range(e)]
+        ops2 = [random_operand(h, i, gen) for _ in range(e)]
+        args = (
+            torch.stack([v for v, _ in ops13]),
+            torch.stack([s.reshape(n1, h // 16) for _, s in ops13]),
+            2.0**-9,
+            torch.stack([v for v, _ in ops2]),
+            torch.stack([s.reshape(h, i // 16) for _, s in ops2]),
+            2.0**-8,
+            [0.05, 0.06, 0.04, 0.07],
+            [0.05, 0.03, 0.08, 0.05],
+        )
+        kw = dict(top_k=top_k, max_tokens=t, activation=activation)
+        separate = nvfp4_gemm.MoEBlock(*args, **kw)
+        fused = nvfp4_gemm.MoEBlock(*args, activation_epilogue=True, **kw)
+        x = torch.randn((t, h), generator=gen, device=CUDA).to(torch.bfloat16)
+        ids = torch.randint(-1, e + 1, (t, top_k), generator=gen, device=CUDA, dtype=torch.int32)
+        weights = torch.rand((t, top_k), generator=gen, device=CUDA)
+        want = separate(x, weights, ids, out=poisoned((t, h), torch.bfloat16))
+        got = fused(x, weights, ids, out=poisoned((t, h), torch.bfloat16))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{activation}: the epilogue differs"
+    with pytest.raises(Exception, match="epilogue"):
+        nvfp4_gemm.MoEBlock(*args, w4a16=True, activation_epilogue=True, **kw)

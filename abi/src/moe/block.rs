@@ -36,7 +36,7 @@ pub const ACT_GELU_TANH: u32 = 1;
 pub const ACT_RELU2: u32 = 2;
 
 /// The activation, as the kernels' parameter ([`ActivateParams::activation`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Activation {
     /// `g / (1 + e^(−g))`.
@@ -207,6 +207,71 @@ pub struct ActivateParams {
 
 const _: () = assert!(core::mem::size_of::<ActivateParams>() == 80);
 
+/// The first grouped GEMM's activation epilogue (sm_90a, NVFP4 tokens, a device-sized contiguous
+/// layout: the MoE block under W4A4): instead of storing `h = D(alpha · acc)`, each consumer
+/// warpgroup turns its 64 weight rows of `h`, rounded to `D` exactly as C would be, into `z`
+/// (what `moe_activate` computes from those rows, bit for bit) and quantizes `z` into the second
+/// GEMM's token operand; `h` never reaches memory. `values == 0`: the plain epilogue.
+///
+/// The first GEMM's weights must then be W13 with its rows interleaved per warpgroup
+/// ([`epilogue_source_row`]): each block of [`EPILOGUE_SLICE_ROWS`] rows holds the gate rows of
+/// 32 consecutive intermediate columns and then their up rows (gated), or the W1 rows of 64
+/// consecutive columns (not gated), so that a warpgroup has every input of its columns of `z`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ActivationEpilogue {
+    /// Device address of `z`'s packed e2m1 values, `[rows, I/2]` bytes (the block's token rows;
+    /// row `r` of the layout at `r · I/2`), 16-byte aligned; 0: the plain epilogue.
+    pub values: u64,
+    /// `z`'s blocked e4m3 scales in the contiguous grouped layout of the same sizes (`I/16`
+    /// columns).
+    pub scales: u64,
+    /// 0, or the device address of `f32 group_scales[groups]`: the quantizer's global scale of
+    /// each group (expert), instead of `global_scale`.
+    pub group_scales: u64,
+    /// The quantizer's global scale (finite, positive) when `group_scales` is 0.
+    pub global_scale: f32,
+    /// [`ACT_SILU`], [`ACT_GELU_TANH`] or [`ACT_RELU2`].
+    pub activation: u32,
+    /// 1: `N = 2I`, rows interleaved gate/up per slice; 0: `N = I`.
+    pub gated: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ActivationEpilogue>() == 40);
+
+/// Weight rows of one warpgroup's slice of the interleaved W13 ([`ActivationEpilogue`]): the
+/// sm_90a consumer warpgroup's rows (`nvfp4_gemm_abi::sm90::WG_ROWS`).
+pub const EPILOGUE_SLICE_ROWS: u32 = 64;
+
+const _: () = assert!(EPILOGUE_SLICE_ROWS == crate::sm90::WG_ROWS);
+
+/// Intermediate columns of one slice: 32 gated (gate and up rows), 64 not gated.
+pub const fn epilogue_slice_columns(gated: bool) -> u32 {
+    if gated {
+        EPILOGUE_SLICE_ROWS / 2
+    } else {
+        EPILOGUE_SLICE_ROWS
+    }
+}
+
+/// The row of the plain W13 (`[2I, H]`: gate rows `0..I`, then up rows) that row `r` of the
+/// interleaved W13 holds: slice `s = r / 64`, `i = r % 64`: gate row `32s + i` for `i < 32`, up
+/// row `I + 32s + i − 32` above. Not gated: the identity.
+pub const fn epilogue_source_row(r: u32, inter: u32, gated: bool) -> u32 {
+    if !gated {
+        return r;
+    }
+    let (s, i) = (r / EPILOGUE_SLICE_ROWS, r % EPILOGUE_SLICE_ROWS);
+    let half = EPILOGUE_SLICE_ROWS / 2;
+    if i < half {
+        half * s + i
+    } else {
+        inter + half * s + (i - half)
+    }
+}
+
 /// Work items of `moe_activate`: every token row's blocks of 16 outputs.
 pub const fn activate_items(rows: u32, inter: u32) -> u64 {
     rows as u64 * (inter / crate::quantize::BLOCK) as u64
@@ -237,9 +302,28 @@ mod tests {
         assert_eq!(core::mem::offset_of!(ActivateParams, group_scales), 72);
         assert_eq!(core::mem::offset_of!(Gather, group_scales), 24);
         assert_eq!(activate_items(3, 128), 24);
+        assert_eq!(core::mem::offset_of!(ActivationEpilogue, global_scale), 24);
         for a in Activation::ALL {
             assert_eq!(Activation::from_code(a as u32), a);
         }
+    }
+
+    #[test]
+    fn interleaved_rows_are_a_permutation() {
+        let inter = 192;
+        let mut seen = std::vec![false; 2 * inter as usize];
+        for r in 0..2 * inter {
+            let src = epilogue_source_row(r, inter, true);
+            assert!(!seen[src as usize], "row {src} twice");
+            seen[src as usize] = true;
+        }
+        // Slice 1: gate columns 32..64, then their up rows.
+        assert_eq!(epilogue_source_row(64, inter, true), 32);
+        assert_eq!(epilogue_source_row(95, inter, true), 63);
+        assert_eq!(epilogue_source_row(96, inter, true), inter + 32);
+        assert_eq!(epilogue_source_row(127, inter, true), inter + 63);
+        assert_eq!(epilogue_source_row(77, inter, false), 77);
+        assert_eq!((epilogue_slice_columns(true), epilogue_slice_columns(false)), (32, 64));
     }
 
     #[test]

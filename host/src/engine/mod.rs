@@ -93,6 +93,7 @@ impl Tables {
             out_bf16: (output == OutputType::Bf16) as u32,
             reserved: 0,
             work_len_device,
+            epilogue: Default::default(),
         }
     }
 }

@@ -9,10 +9,13 @@
 //! local expert.
 
 use super::route::{BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
-use super::tokens::{BlockOutput, GatherInputs, GlobalScale};
-use crate::device::Gpu;
+use super::tokens::{BlockOutput, GatherInputs};
+use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
-use crate::moe::{MoeArgs, MoePlan, MoeProblem, TokenLayout};
+use crate::moe::{
+    interleave_w13_row, ActivatedOutput, MoeArgs, MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout,
+};
+use crate::moe_problem::GlobalScale;
 use crate::plan::{Nvfp4Operand, Output, TokenOperand};
 use crate::problem::{Activations, BufferView, CallBuffers, OutputType, TokenKind};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Quantizer};
@@ -196,6 +199,19 @@ impl Weights {
         Ok(Weights { values, scales, per_values: sizes.values / n, per_scales: sizes.scales / n, alphas })
     }
 
+    /// Each expert's values and scales as views for one call.
+    fn views<'s>(&'s self, call: &mut CallBuffers<'s>) -> Vec<(BufferView, BufferView)> {
+        let (v, s) = (call.read(&self.values), call.read(&self.scales));
+        (0..self.alphas.len())
+            .map(|e| {
+                (
+                    BufferView { ptr: v.ptr + (e * self.per_values) as u64, len: self.per_values },
+                    BufferView { ptr: s.ptr + (e * self.per_scales) as u64, len: self.per_scales },
+                )
+            })
+            .collect()
+    }
+
     /// Each expert's operand (views into the stacks).
     fn operands(&self) -> Vec<(CudaView<'_, u8>, CudaView<'_, u8>)> {
         (0..self.alphas.len())
@@ -225,6 +241,26 @@ pub enum TopkWeights<'a> {
     F32(&'a dyn DevicePtr<f32>),
     /// bf16.
     Bf16(&'a dyn DevicePtr<bf16>),
+}
+
+/// Where a W4A4 block on sm_90a computes the activation between its GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ActivationPlacement {
+    /// The activation kernel (`moe_activate`) between the two GEMMs: every architecture and
+    /// precision.
+    #[default]
+    Kernel,
+    /// In the first GEMM's epilogue (sm_90a, W4A4): the GEMM's output `h` never reaches memory,
+    /// one launch fewer; the first GEMM then runs the general kernels at every T (not the
+    /// 16-token decode kernel). The same output bit for bit ([`crate::moe::ActivationEpilogue`]).
+    FirstGemmEpilogue,
+}
+
+/// How [`ExpertBlock::with_plan`] builds the block beyond its shape and options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BlockPlan {
+    /// Where the activation runs (W4A4 on sm_90a; [`ActivationPlacement::Kernel`] otherwise).
+    pub activation: ActivationPlacement,
 }
 
 /// The whole MoE expert block for one GPU (module docs): planned once by [`ExpertBlock::new`]
@@ -269,6 +305,8 @@ pub struct ExpertBlock {
     gemm2: MoePlan,
     w13: Weights,
     w2: Weights,
+    /// The activation runs in the first GEMM's epilogue ([`ActivationPlacement`]).
+    fused: bool,
     /// Each local expert's input scales (the W4A4 quantizers' global scales; 1 under W4A16, where
     /// nothing reads them): the first GEMM's, the second's.
     input_scales: (CudaSlice<f32>, CudaSlice<f32>),
@@ -298,6 +336,19 @@ impl ExpertBlock {
         options: BlockOptions,
         experts: &LoadedExperts,
     ) -> Result<ExpertBlock> {
+        Self::with_plan(gpu, stream, shape, options, experts, BlockPlan::default())
+    }
+
+    /// [`ExpertBlock::new`] built as `plan` says. Errors as there, and [`Error::Unsupported`]
+    /// for [`ActivationPlacement::FirstGemmEpilogue`] other than W4A4 on sm_90a.
+    pub fn with_plan(
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        shape: BlockShape,
+        options: BlockOptions,
+        experts: &LoadedExperts,
+        plan: BlockPlan,
+    ) -> Result<ExpertBlock> {
         let BlockShape { experts: e, hidden, intermediate, top_k, max_tokens, first_expert } = shape;
         if e == 0 || experts.experts.len() != e {
             return Err(invalid("experts", format!("{} experts loaded for a block of {e}", experts.experts.len())));
@@ -325,6 +376,14 @@ impl ExpertBlock {
             }
         }
         let w4a4 = options.precision == Precision::W4a4;
+        let fused = plan.activation == ActivationPlacement::FirstGemmEpilogue;
+        if fused && !(w4a4 && gpu.arch() == Arch::Sm90a) {
+            return Err(Error::Unsupported(format!(
+                "the activation in the first GEMM's epilogue is built for W4A4 on sm_90a; this block is {:?} on {:?}",
+                options.precision,
+                gpu.arch()
+            )));
+        }
         // W4A4: each expert's input scales (the quantizers' global scales, one per row's expert);
         // W4A16 reads none.
         let input_scales = |v: Vec<f32>, field| -> Result<Vec<f32>> {
@@ -353,11 +412,25 @@ impl ExpertBlock {
         };
         let tokens = if w4a4 { TokenKind::Nvfp4 } else { TokenKind::Dense(activations) };
         let layout = TokenLayout::Contiguous { max_tokens: rows };
-        let p1 = MoeProblem::new(e, n1, hidden, layout, output)?.with_tokens(tokens);
+        let mut p1 = MoeProblem::new(e, n1, hidden, layout, output)?.with_tokens(tokens);
+        if fused {
+            p1 = p1.with_activation_epilogue(kernel_activation(options.activation), gated)?;
+        }
         let p2 = MoeProblem::new(e, hidden, intermediate, layout, output)?.with_tokens(tokens);
         let prepacker = if w4a4 { None } else { Some((Prepacker::new(gpu)?, activations)) };
         let prepack = prepacker.as_ref().map(|(p, a)| (p, *a));
-        let w13: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w13).collect();
+        // The fused epilogue's W13: each 64-row slice the gate rows of 32 columns, then their up
+        // rows (`interleave_w13_row`).
+        let interleaved: Vec<PlainWeight> = if fused && gated {
+            experts.experts.iter().map(|x| interleave_rows(&x.w13, intermediate)).collect()
+        } else {
+            Vec::new()
+        };
+        let w13: Vec<&PlainWeight> = if interleaved.is_empty() {
+            experts.experts.iter().map(|x| &x.w13).collect()
+        } else {
+            interleaved.iter().collect()
+        };
         let w2: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w2).collect();
         let alphas = |g: &dyn Fn(&nvfp4_format::checkpoint::ExpertWeights, f32) -> f32,
                       s: &[f32]|
@@ -393,7 +466,9 @@ impl ExpertBlock {
             row_token: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
             row_weight: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
             a: Tokens::alloc(stream, &p1, &options)?,
-            h: Dense::alloc(stream, options.dtype, rows * n1)?,
+            // The fused epilogue stores no `h`.
+            h: Dense::alloc(stream, options.dtype, if fused { 0 } else { rows * n1 })?,
+            fused,
             z: Tokens::alloc(stream, &p2, &options)?,
             o: Dense::alloc(stream, options.dtype, rows * hidden)?,
         };
@@ -507,17 +582,19 @@ impl ExpertBlock {
                 self.quantizer.quantize_grouped_gather_views(stream, &p1, bf16, &gather, a_out)?;
             }
         }
-        let w13 = self.w13.operands();
-        let w13: Vec<Nvfp4Operand<'_>> = w13.iter().map(|(v, s)| Nvfp4Operand { values: v, scales: s }).collect();
-        let mut args = MoeArgs {
-            sizes: &self.offsets,
-            a: self.a.operand(),
-            weights: &w13,
-            alphas: &self.w13.alphas,
-            c: self.h.output(),
-        };
-        self.gemm1.run(stream, &mut args)?;
-        {
+        if self.fused {
+            self.gemm1_activated(stream)?;
+        } else {
+            let w13 = self.w13.operands();
+            let w13: Vec<Nvfp4Operand<'_>> = w13.iter().map(|(v, s)| Nvfp4Operand { values: v, scales: s }).collect();
+            let mut args = MoeArgs {
+                sizes: &self.offsets,
+                a: self.a.operand(),
+                weights: &w13,
+                alphas: &self.w13.alphas,
+                c: self.h.output(),
+            };
+            self.gemm1.run(stream, &mut args)?;
             let mut call = CallBuffers::new(stream);
             let h = self.h.read(&mut call);
             let sizes = call.read(&self.offsets);
@@ -552,6 +629,60 @@ impl ExpertBlock {
         // SAFETY: as above.
         unsafe { self.kernels.combine(stream, tokens, top_k, hidden, views) }
     }
+}
+
+impl ExpertBlock {
+    /// The first GEMM with the activation in its epilogue: the tokens `A` and the experts' W13
+    /// (interleaved) in, the second GEMM's tokens `Z` (quantized with each expert's `s2`) out.
+    fn gemm1_activated(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        let mut call = CallBuffers::new(stream);
+        let sizes = call.read(&self.offsets);
+        let a = match &self.a {
+            Tokens::Nvfp4 { values, scales } => {
+                MoeTokens::Nvfp4 { values: call.read(values), scales: call.read(scales) }
+            }
+            Tokens::Dense(_) => unreachable!("the fused epilogue is W4A4 only"),
+        };
+        let weights = self.w13.views(&mut call);
+        let c = self.h.write(&mut call);
+        let global_scale = GlobalScale::PerGroup(call.read(&self.input_scales.1));
+        let activated = match &mut self.z {
+            Tokens::Nvfp4 { values, scales } => {
+                ActivatedOutput { values: call.write(values), scales: call.write(scales), global_scale }
+            }
+            Tokens::Dense(_) => unreachable!("the fused epilogue is W4A4 only"),
+        };
+        let z = self.gemm1.problem().activated_sizes().expect("an activation-epilogue problem");
+        let buffers = MoeBuffers {
+            sizes,
+            a,
+            weights,
+            alphas: self.w13.alphas.clone(),
+            c: BufferView { ptr: c.ptr, len: 0 },
+            c_type: self.gemm1.problem().output(),
+            activated: Some(ActivatedOutput {
+                values: BufferView { ptr: activated.values.ptr, len: z.values },
+                scales: BufferView { ptr: activated.scales.ptr, len: z.scales },
+                ..activated
+            }),
+        };
+        // SAFETY: the block's own buffers, alive and ordered by `call` until the launches are
+        // enqueued.
+        unsafe { self.gemm1.run_views(stream, &buffers) }
+    }
+}
+
+/// `w`'s rows in the order of the fused epilogue's W13 (`interleave_w13_row`): values and plain
+/// scales moved row by row.
+fn interleave_rows(w: &PlainWeight, inter: usize) -> PlainWeight {
+    let (vb, sb) = (w.k / 2, w.k / 16);
+    let (mut values, mut plain_scales) = (Vec::with_capacity(w.values.len()), Vec::with_capacity(w.plain_scales.len()));
+    for r in 0..w.rows {
+        let src = interleave_w13_row(r, inter, true);
+        values.extend_from_slice(&w.values[src * vb..(src + 1) * vb]);
+        plain_scales.extend_from_slice(&w.plain_scales[src * sb..(src + 1) * sb]);
+    }
+    PlainWeight { rows: w.rows, k: w.k, values, plain_scales, global_scale: w.global_scale }
 }
 
 /// One call's buffers as addresses and lengths in elements ([`ExpertBlock::run_views`]).

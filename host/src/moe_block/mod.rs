@@ -13,14 +13,13 @@ mod block;
 mod route;
 mod tokens;
 
+pub use crate::moe_problem::GlobalScale;
 pub use block::{
-    Activation, BlockOptions, BlockShape, BlockViews, Dense16, ExpertBlock, Precision, RouterWeightAt, TopkIds,
-    TopkWeights,
+    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16, ExpertBlock, Precision,
+    RouterWeightAt, TopkIds, TopkWeights,
 };
 /// The experts as the checkpoint loader returns them (`nvfp4_format::checkpoint`), what
 /// [`ExpertBlock::new`] takes.
 pub use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
 pub use route::{combine_params, route_params, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
-pub use tokens::{
-    activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs, GlobalScale,
-};
+pub use tokens::{activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs};

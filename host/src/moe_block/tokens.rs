@@ -15,6 +15,7 @@
 //! error), allocate nothing and never synchronise the host (capturable).
 
 use crate::error::{invalid, Result};
+use crate::moe_problem::GlobalScale;
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, BUFFER_ALIGN};
 use crate::quantize::Quantizer;
@@ -41,18 +42,6 @@ pub struct GatherInputs {
     pub row_weight: Option<BufferView>,
     /// The device sizes (`offsets[G + 1]` or `counts[G]`), as the GEMMs read them.
     pub sizes: BufferView,
-}
-
-/// The global scale a W4A4 output is quantized with (the GEMM's input scale).
-#[derive(Debug, Clone, Copy)]
-pub enum GlobalScale {
-    /// One scale for every row: finite, positive.
-    Tensor(f32),
-    /// One scale per group (per local expert: a checkpoint's per-expert input scales), `f32
-    /// [groups]` on the device, 4-byte aligned; a row of group `g` is quantized with entry `g`.
-    /// The entries must be finite and positive: they are device memory, which the call does not
-    /// read on the host (the expert block checks the scales it uploads).
-    PerGroup(BufferView),
 }
 
 /// Where a gather or an activation writes, and how.

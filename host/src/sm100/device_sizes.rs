@@ -290,6 +290,7 @@ mod tests {
             alphas: vec![0.5, 1.0, 2.0],
             c: v(0x3000, p.c_elements()),
             c_type: OutputType::F16,
+            activated: None,
         };
         let tables = Tables { groups: 1, maps: 2, work: [3, 0], work_len: [4, 0], status: 5, ..Default::default() };
         let (groups, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();

@@ -516,7 +516,8 @@ mod tests {
                 group_count: 3,
                 out_bf16: 0,
                 reserved: 0,
-                work_len_device: 0
+                work_len_device: 0,
+                epilogue: Default::default(),
             }
         );
     }

@@ -26,7 +26,8 @@ use crate::driver::launch::{LaunchGeometry, Params, Start};
 use crate::driver::tensor_map::TiledMapEncoder;
 use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEHOLDER_BASE};
 use crate::error::{Error, Result};
-use crate::moe_problem::{MoeBuffers, MoeProblem};
+use crate::moe_problem::{GlobalScale, MoeBuffers, MoeProblem};
+use nvfp4_gemm_abi::moe::block::ActivationEpilogue as ActivationEpilogueParams;
 use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, smem};
 use nvfp4_gemm_abi::moe::sm90::{
     general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
@@ -35,6 +36,7 @@ use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 use nvfp4_gemm_abi::tensor_map::TensorMap;
+use nvfp4_gemm_abi::work::KernelParams;
 
 /// One GEMM launch of a device-sized sm_90a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +97,12 @@ impl Sm90DeviceLayout {
         let weight_tiles = sm90::n_tiles(n) as u64;
         // The most rows any group can have within the bounds (`M_max`, or all `T` tokens): when
         // that fits a 16-token tile the decode kernel serves every routing.
-        let kernels = if sizes.rows <= SMALL_TILE_M {
+        problem.check_epilogue()?;
+        let kernels = if problem.activation_epilogue().is_some() {
+            // The activation epilogue is in the general kernels only (`GENERAL_CONFIGS`; the
+            // decode kernel's registers do not hold it).
+            KERNELS_GENERAL
+        } else if sizes.rows <= SMALL_TILE_M {
             KERNELS_DECODE
         } else {
             match options.kernels {
@@ -191,6 +198,28 @@ impl Sm90DeviceLayout {
         match self.activations {
             None => at.workspace,
             Some(_) => buffers.a.base(),
+        }
+    }
+
+    /// The GEMMs' activation epilogue for `call` (all zero without one: C is stored).
+    pub fn epilogue_params(&self, call: Option<&MoeBuffers>) -> ActivationEpilogueParams {
+        match (self.problem.activation_epilogue(), call.and_then(|b| b.activated)) {
+            (Some(e), Some(out)) => {
+                let (global_scale, group_scales) = match out.global_scale {
+                    GlobalScale::Tensor(s) => (s, 0),
+                    GlobalScale::PerGroup(v) => (1.0, v.ptr),
+                };
+                ActivationEpilogueParams {
+                    values: out.values.ptr,
+                    scales: out.scales.ptr,
+                    group_scales,
+                    global_scale,
+                    activation: e.activation as u32,
+                    gated: e.gated as u32,
+                    reserved: 0,
+                }
+            }
+            _ => ActivationEpilogueParams::default(),
         }
     }
 
@@ -303,8 +332,13 @@ impl Layout for Sm90DeviceLayout {
                 params: Params::of(&at.kernel_params(0, 0, 0, groups as usize, output)),
             });
         }
+        let epilogue = self.epilogue_params(call);
         for (slot, gemm) in self.gemms.iter().enumerate() {
             if let Some(gemm) = gemm {
+                let params = KernelParams {
+                    epilogue,
+                    ..at.kernel_params(0, gemm.max_list, at.work_len[slot], groups as usize, output)
+                };
                 out.push(Launch {
                     kernel: self.gemm_kernel(gemm.config),
                     geometry: gemm.launch,
@@ -313,7 +347,7 @@ impl Layout for Sm90DeviceLayout {
                     // returned, and it waits before its first token load. W4A16: it waits before
                     // reading anything (`w4a16::GEMM_WAITS_FIRST`).
                     start: if self.activations.is_some() { super::W4A16_GEMM_START } else { super::GEMM_AFTER_DEQUANT },
-                    params: Params::of(&at.kernel_params(0, gemm.max_list, at.work_len[slot], groups as usize, output)),
+                    params: Params::of(&params),
                 });
             }
         }
@@ -445,6 +479,67 @@ mod tests {
         assert_eq!(l.gemms[1].unwrap().launch.grid, 12);
     }
 
+    /// An activation-epilogue problem runs the general kernel alone (also for bounds a decode
+    /// tile holds), its GEMM launches carry the epilogue's outputs and scales, the
+    /// dequantization's none.
+    #[test]
+    fn activation_epilogue_parameters() {
+        use crate::moe_problem::ActivatedOutput;
+        use nvfp4_gemm_abi::moe::block::Activation;
+        let small = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 16 }, OutputType::Bf16).unwrap();
+        assert_eq!(layout(&small, MoeKernels::Auto, false).kernels, KERNELS_DECODE);
+        let fused = small.with_activation_epilogue(Activation::GeluTanh, true).unwrap();
+        for tail64 in [false, true] {
+            let l = layout(&fused, MoeKernels::Decode, tail64);
+            assert_eq!(l.kernels, KERNELS_GENERAL);
+            assert!(l.gemms[0].is_none() && l.gemms[1].is_some_and(|g| g.config == general_config(tail64 as u32)));
+        }
+        let l = layout(&fused, MoeKernels::Auto, false);
+        let (a, w, z) = (fused.a_sizes(), fused.b_sizes(), fused.activated_sizes().unwrap());
+        let v = |ptr: u64, len| BufferView { ptr, len };
+        let buffers = MoeBuffers {
+            sizes: v(0x100, 5),
+            a: MoeTokens::Nvfp4 { values: v(0x1000, a.values), scales: v(0x2_0000, a.scales) },
+            weights: (0..4)
+                .map(|g| (v(0x100_0000 * (g + 1), w.values), v(0x100_0000 * (g + 1) + 0x8_0000, w.scales)))
+                .collect(),
+            alphas: vec![1.0; 4],
+            c: v(0x3000, 0),
+            c_type: OutputType::Bf16,
+            activated: Some(ActivatedOutput {
+                values: v(0x5_0000, z.values),
+                scales: v(0x6_0000, z.scales),
+                global_scale: GlobalScale::PerGroup(v(0x7_0000, 4)),
+            }),
+        };
+        crate::moe_problem::validate_moe_buffers(&fused, &buffers).unwrap();
+        let tables = Tables { groups: 1, maps: 2, work: [3, 0], work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
+        let all = launches(&l, Some(&buffers), &tables);
+        let names: Vec<_> = all.iter().map(|l| l.kernel).collect();
+        assert_eq!(names, ["sm90_schedule", "sm90_dequant_tokens", "sm90_grouped_gemm"]);
+        let kp = |i: usize| all[i].params.get::<KernelParams>().unwrap();
+        assert_eq!(kp(1).epilogue, ActivationEpilogueParams::default());
+        assert_eq!(
+            kp(2).epilogue,
+            ActivationEpilogueParams {
+                values: 0x5_0000,
+                scales: 0x6_0000,
+                group_scales: 0x7_0000,
+                global_scale: 1.0,
+                activation: Activation::GeluTanh as u32,
+                gated: 1,
+                reserved: 0,
+            }
+        );
+        let one = MoeBuffers {
+            activated: buffers.activated.map(|o| ActivatedOutput { global_scale: GlobalScale::Tensor(0.25), ..o }),
+            ..buffers.clone()
+        };
+        let e = l.epilogue_params(Some(&one));
+        assert_eq!((e.group_scales, e.global_scale), (0, 0.25));
+        assert_eq!(l.epilogue_params(None), ActivationEpilogueParams::default());
+    }
+
     #[test]
     fn tables_and_parameters() {
         let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
@@ -460,6 +555,7 @@ mod tests {
             alphas: vec![0.5, 1.0, 2.0, 4.0],
             c: v(0x3000, p.c_elements()),
             c_type: OutputType::Bf16,
+            activated: None,
         };
         let tables = Tables { groups: 1, maps: 2, work: [3, 0], work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
         let (groups, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();

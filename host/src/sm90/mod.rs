@@ -564,7 +564,8 @@ mod tests {
                 group_count: 2,
                 out_bf16: 1,
                 reserved: 0,
-                work_len_device: 0
+                work_len_device: 0,
+                epilogue: Default::default(),
             }
         );
         let names: Vec<_> = launches(&l, None, &at).iter().map(|l| l.kernel).collect();

@@ -40,6 +40,35 @@ pub mod wgmma;
 #[cfg(not(target_arch = "nvptx64"))]
 use nvfp4_gemm_model as model;
 
+/// `v`, as a value LLVM cannot see through: an empty `asm!` that is not `pure`, so what is
+/// computed from it stays where it is used instead of being hoisted out of a persistent kernel's
+/// tile loop (where it would hold a register through every main loop; [`smem::SmemAddr::opaque`]
+/// does the same for shared addresses). Emits no instruction.
+#[inline(always)]
+pub fn opaque_u32(v: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    let v = {
+        let mut v = v;
+        // SAFETY: a comment only: no instruction, no memory access.
+        unsafe { core::arch::asm!("/* opaque {v} */", v = inout(reg32) v, options(nomem, nostack, preserves_flags)) };
+        v
+    };
+    v
+}
+
+/// [`opaque_u32`] for a 64-bit value (an address).
+#[inline(always)]
+pub fn opaque_u64(v: u64) -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    let v = {
+        let mut v = v;
+        // SAFETY: a comment only: no instruction, no memory access.
+        unsafe { core::arch::asm!("/* opaque {v} */", v = inout(reg64) v, options(nomem, nostack, preserves_flags)) };
+        v
+    };
+    v
+}
+
 /// Marks a kernel entry point: `#[ptx::kernel] pub unsafe fn name(p: Params) { .. }` is the
 /// exported `#[no_mangle] extern "ptx-kernel"` function on nvptx64, and a plain Rust function on
 /// the host, where the model launches it (a failing launch stops its threads by unwinding, which

@@ -48,6 +48,7 @@ impl Variant for General {
     const CFG: GemmConfig = GemmConfig::GENERAL;
     type Narrow = wgmma::N16;
     type Wide = wgmma::N128;
+    const ACTIVATION_EPILOGUE: bool = true;
 }
 
 /// 128-token tiles whose group's last tile runs 64 wide when its rows fit, 5 stages, one CTA per SM.
@@ -56,6 +57,7 @@ impl Variant for T64 {
     const CFG: GemmConfig = GemmConfig::T64;
     type Narrow = wgmma::N64;
     type Wide = wgmma::N128;
+    const ACTIVATION_EPILOGUE: bool = true;
 }
 
 /// 192 weight rows (three consumer warpgroups) × 128-token tiles, the group's last tile 64 wide

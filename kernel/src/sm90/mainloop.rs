@@ -294,7 +294,7 @@ unsafe fn consume_tile<V: Variant, const STAGES: u32, S: MmaShape>(
     };
     // SAFETY: C of the group is valid for `m × n` elements (validated by the host); every thread
     // of the warpgroup stores.
-    unsafe { epilogue::store_tile::<V, S>(st, &acc, &g, tile, bf16) };
+    unsafe { epilogue::store_tile::<V, S>(st, &acc, &g, tile, bf16, &p.epilogue) };
 }
 
 /// Where the thread's fragments lie in a stage, computed once per tile: its two weight rows'

@@ -64,6 +64,11 @@ trait Variant {
     /// parameters again for the epilogue instead of keeping them through the K loop (registers
     /// fewer, for a variant whose consumers have less than 176).
     const EAGER_LOADS: bool = true;
+    /// Whether the variant has the MoE block's activation epilogue (`ActivationEpilogue`): the
+    /// configurations of device-sized plans' general kernels
+    /// (`nvfp4_gemm_abi::moe::sm90::GENERAL_CONFIGS`), NVFP4 tokens. The decode variant leaves it
+    /// out: its registers (two CTAs per SM) do not hold it without spilling.
+    const ACTIVATION_EPILOGUE: bool = false;
     /// W4A16 (`nvfp4_gemm_abi::sm90::w4a16`): the tokens are the caller's f16 activations in
     /// natural K order and the weights prepacked, so a consumer thread's chunk touches all four
     /// scale blocks (one per k-step) instead of block `q`.

@@ -45,7 +45,9 @@ class MoEBlock:
     weights, prepacked here on the GPU; W4A4 quantizes the activations to NVFP4 on the GPU),
     ``dtype`` (``torch.bfloat16`` default, or ``torch.float16``: the activations, intermediates
     and output), ``apply_router_weight_on_input`` (vLLM's name: the router weight multiplies the
-    input instead of the output). The weights are copied to the device once, here.
+    input instead of the output), ``activation_epilogue`` (W4A4 on sm_90a: the activation and
+    the requantization in the first GEMM's epilogue instead of a kernel of their own, the same
+    output bit for bit; docs/moe-block.md §10). The weights are copied to the device once, here.
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class MoEBlock:
         w4a16=False,
         dtype=None,
         apply_router_weight_on_input=False,
+        activation_epilogue=False,
         device=None,
         stream=None,
     ):
@@ -95,6 +98,7 @@ class MoEBlock:
             bool(apply_router_weight_on_input),
             int(device),
             stream,
+            bool(activation_epilogue),
         )
 
     def __call__(self, hidden_states, topk_weights, topk_ids, *, out=None, stream=None):

@@ -253,3 +253,76 @@ fn gpu_moe_block_refuses_bad_input_scales() {
         assert!(ExpertBlock::new(&gpu, &stream, shape, w4a16, &loaded).is_ok(), "W4A16 reads no input scale");
     }
 }
+
+/// The block with its activation in the first GEMM's epilogue against the same block with the
+/// activation kernel: the same output bit for bit (the epilogue computes what `moe_activate`
+/// computes from the stored `h`), for every activation and both 16-bit types, T = 1 .. the
+/// bound; and within the tolerance of the reference. W4A16 with the epilogue is refused.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_activation_epilogue_matches_the_kernel() {
+    use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan};
+    let gpu = require_gpu(Arch::Sm90a);
+    let stream = gpu.context().default_stream();
+    let shape = BlockShape {
+        first_expert: FIRST as i64,
+        experts: E,
+        hidden: H,
+        intermediate: I,
+        top_k: TOP_K,
+        max_tokens: MAX_TOKENS,
+    };
+    let fused_plan = BlockPlan { activation: ActivationPlacement::FirstGemmEpilogue };
+    let mut rng = SplitMix64::new(0xF05E);
+    for activation in [Activation::Silu, Activation::GeluTanh, Activation::Relu2] {
+        for dtype in [Dense16::Bf16, Dense16::F16] {
+            let loaded = experts(activation.gated(), &mut rng);
+            let options = BlockOptions::new(activation, Precision::W4a4, dtype);
+            let mut separate = ExpertBlock::new(&gpu, &stream, shape, options, &loaded).unwrap();
+            let mut fused = ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, fused_plan).unwrap();
+            for tokens in [1, 17, MAX_TOKENS] {
+                let what = format!("{activation:?} {dtype:?} T={tokens}");
+                let r = routing(tokens, &mut rng);
+                let x64: Vec<f64> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal()).to_f64()).collect();
+                let want = round_output_as(&reference(&x64, H, &r, &loaded, &options).unwrap(), dtype);
+                let ids: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
+                let (ids_dev, w_dev) = (stream.clone_htod(&ids).unwrap(), stream.clone_htod(&r.weights).unwrap());
+                // Both blocks' outputs as bits and as f64, over the same x in the block's type.
+                let run = |block: &mut ExpertBlock| -> (Vec<u16>, Vec<f64>) {
+                    if dtype == Dense16::Bf16 {
+                        let x: Vec<bf16> = x64.iter().map(|&v| bf16::from_f64(v)).collect();
+                        let x_dev = stream.clone_htod(&x).unwrap();
+                        let mut y = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+                        block
+                            .run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y)
+                            .unwrap();
+                        let y = stream.clone_dtoh(&y).unwrap();
+                        (y.iter().map(|v| v.to_bits()).collect(), y.iter().map(|v| v.to_f64()).collect())
+                    } else {
+                        let x: Vec<half::f16> = x64.iter().map(|&v| half::f16::from_f64(v)).collect();
+                        let x_dev = stream.clone_htod(&x).unwrap();
+                        let mut y = stream.clone_htod(&vec![half::f16::NAN; tokens * H]).unwrap();
+                        block
+                            .run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y)
+                            .unwrap();
+                        let y = stream.clone_dtoh(&y).unwrap();
+                        (y.iter().map(|v| v.to_bits()).collect(), y.iter().map(|v| v.to_f64()).collect())
+                    }
+                };
+                let (bits_separate, _) = run(&mut separate);
+                let (bits_fused, got) = run(&mut fused);
+                assert!(
+                    bits_fused == bits_separate,
+                    "{what}: the epilogue's output differs from the activation kernel's"
+                );
+                let err = norm(got.iter().zip(&want).map(|(g, w)| g - w)) / norm(want.iter().copied()).max(1e-30);
+                println!("CASE {what}: fused = separate bit for bit; ‖got − ref‖ / ‖ref‖ = {err:.3e}");
+                assert!(err <= 2e-2, "{what}: ‖got − ref‖ / ‖ref‖ = {err}");
+            }
+        }
+    }
+    let loaded = experts(true, &mut rng);
+    let w4a16 = BlockOptions::new(Activation::Silu, Precision::W4a16, Dense16::Bf16);
+    let refused = ExpertBlock::with_plan(&gpu, &stream, shape, w4a16, &loaded, fused_plan);
+    assert!(matches!(refused, Err(Error::Unsupported(_))), "{:?}", refused.map(|_| ()));
+}
