@@ -63,6 +63,11 @@ fn routing(tokens: usize, rng: &mut SplitMix64) -> Routing {
     Routing { ids, weights, top_k: TOP_K }
 }
 
+/// The test blocks' shape: `E` experts from `FIRST`, H, I, top-`TOP_K`, at most `max_tokens`.
+fn block_shape(max_tokens: usize) -> BlockShape {
+    BlockShape { first_expert: FIRST as i64, experts: E, hidden: H, intermediate: I, top_k: TOP_K, max_tokens }
+}
+
 fn norm(v: impl Iterator<Item = f64>) -> f64 {
     v.map(|x| x * x).sum::<f64>().sqrt()
 }
@@ -74,14 +79,7 @@ fn check(activation: Activation, precision: Precision, at: RouterWeightAt, seed:
     let mut rng = SplitMix64::new(seed);
     let loaded = experts(activation.gated(), &mut rng);
     let options = BlockOptions::new(activation, precision, Dense16::Bf16).with_router_weight_at(at);
-    let shape = BlockShape {
-        first_expert: FIRST as i64,
-        experts: E,
-        hidden: H,
-        intermediate: I,
-        top_k: TOP_K,
-        max_tokens: MAX_TOKENS,
-    };
+    let shape = block_shape(MAX_TOKENS);
     let mut block = ExpertBlock::new(&gpu, &stream, shape, options, &loaded).unwrap();
     for tokens in [0, 1, 17, MAX_TOKENS] {
         let what = format!("{activation:?} {precision:?} {at:?} T={tokens}");
@@ -174,14 +172,7 @@ fn gpu_moe_block_graph_replays_routings() {
         let mut rng = SplitMix64::new(0xB10C);
         let loaded = experts(true, &mut rng);
         let options = BlockOptions::new(Activation::Silu, Precision::W4a4, Dense16::Bf16);
-        let shape = BlockShape {
-            first_expert: FIRST as i64,
-            experts: E,
-            hidden: H,
-            intermediate: I,
-            top_k: TOP_K,
-            max_tokens: MAX_TOKENS,
-        };
+        let shape = block_shape(MAX_TOKENS);
         let mut block = ExpertBlock::new(&gpu, stream, shape, options, &loaded).unwrap();
         let tokens = 24;
         let mut x_dev = stream.clone_htod(&vec![bf16::ZERO; tokens * H]).unwrap();
@@ -232,8 +223,7 @@ fn gpu_moe_block_graph_replays_routings() {
 fn gpu_moe_block_refuses_bad_input_scales() {
     let gpu = require_gpu(Arch::Sm90a);
     let stream = gpu.context().default_stream();
-    let shape =
-        BlockShape { first_expert: FIRST as i64, experts: E, hidden: H, intermediate: I, top_k: TOP_K, max_tokens: 8 };
+    let shape = block_shape(8);
     for (bad, field) in [(f32::NAN, "w13_input_scale"), (0.0, "w2_input_scale"), (-1.0, "w13_input_scale")] {
         let mut loaded = experts(true, &mut SplitMix64::new(7));
         if field == "w13_input_scale" {
@@ -264,14 +254,7 @@ fn gpu_moe_block_activation_epilogue_matches_the_kernel() {
     use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan};
     let gpu = require_gpu(Arch::Sm90a);
     let stream = gpu.context().default_stream();
-    let shape = BlockShape {
-        first_expert: FIRST as i64,
-        experts: E,
-        hidden: H,
-        intermediate: I,
-        top_k: TOP_K,
-        max_tokens: MAX_TOKENS,
-    };
+    let shape = block_shape(MAX_TOKENS);
     let fused_plan = BlockPlan { activation: ActivationPlacement::FirstGemmEpilogue };
     let mut rng = SplitMix64::new(0xF05E);
     for activation in [Activation::Silu, Activation::GeluTanh, Activation::Relu2] {
