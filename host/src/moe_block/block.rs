@@ -23,6 +23,7 @@ use crate::w4a16::{Prepacker, WeightStack};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DriverError};
 use half::{bf16, f16};
 use nvfp4_format::checkpoint::{LoadedExperts, PlainWeight};
+use nvfp4_format::layout::plain_to_blocked;
 pub use nvfp4_format::moe_block::{Activation, BlockOptions, Dense16, Precision, RouterWeightAt};
 use nvfp4_gemm_abi::moe::block::Activation as KernelActivation;
 use std::sync::Arc;
@@ -160,24 +161,61 @@ struct Weights {
 }
 
 impl Weights {
-    /// Uploads `weights` (one per expert, `rows x k`), prepacking for W4A16 on the GPU.
+    /// Uploads `weights` (one per expert, `rows x k`), prepacking for W4A16 on the GPU; with
+    /// `interleave = Some(I)` the rows in the order of the fused epilogue's W13
+    /// (`interleave_w13_row`). Each expert's values go to the device as they are stored (rows
+    /// moved through one expert's host buffer when interleaved) and its scales through one
+    /// expert's blocked copy: the host holds no copy of the whole stack.
     fn upload(
         stream: &Arc<CudaStream>,
         prepacker: Option<(&Prepacker, Activations)>,
         weights: &[&PlainWeight],
         alphas: Vec<f32>,
+        interleave: Option<usize>,
     ) -> Result<Weights> {
         let (rows, k) = (weights[0].rows, weights[0].k);
         let stack = WeightStack { experts: weights.len(), rows, k };
         let sizes = stack.sizes()?;
-        let (mut values, mut scales) = (Vec::with_capacity(sizes.values), Vec::with_capacity(sizes.scales));
-        for w in weights {
-            let m = w.to_matrix().map_err(|e| invalid("weights", e.to_string()))?;
-            values.extend_from_slice(m.values());
-            scales.extend_from_slice(m.scales());
+        let n = weights.len();
+        let (per_values, per_scales) = (sizes.values / n, sizes.scales / n);
+        let mut values = stream.alloc_zeros::<u8>(sizes.values).map_err(planning)?;
+        let mut scales = stream.alloc_zeros::<u8>(sizes.scales).map_err(planning)?;
+        let (row_bytes, row_scales) = (k / 2, k / 16);
+        let (mut moved_values, mut moved_scales) = (Vec::new(), Vec::new());
+        for (e, w) in weights.iter().enumerate() {
+            if w.values.len() != per_values || w.plain_scales.len() != rows * row_scales {
+                return Err(invalid(
+                    "weights",
+                    format!(
+                        "expert {e}: {} value bytes and {} scales; {rows}x{k} needs {per_values} and {}",
+                        w.values.len(),
+                        w.plain_scales.len(),
+                        rows * row_scales
+                    ),
+                ));
+            }
+            let (v, plain): (&[u8], &[u8]) = match interleave {
+                None => (&w.values, &w.plain_scales),
+                Some(inter) => {
+                    moved_values.clear();
+                    moved_scales.clear();
+                    for r in 0..rows {
+                        let src = interleave_w13_row(r, inter, true);
+                        moved_values.extend_from_slice(&w.values[src * row_bytes..(src + 1) * row_bytes]);
+                        moved_scales.extend_from_slice(&w.plain_scales[src * row_scales..(src + 1) * row_scales]);
+                    }
+                    (&moved_values, &moved_scales)
+                }
+            };
+            let blocked =
+                plain_to_blocked(plain, rows, k).map_err(|err| invalid("weights", format!("expert {e}: {err}")))?;
+            // Pageable copies: the driver has staged the bytes when each call returns, so the
+            // host buffers may be reused for the next expert.
+            stream.memcpy_htod(v, &mut values.slice_mut(e * per_values..(e + 1) * per_values)).map_err(planning)?;
+            stream
+                .memcpy_htod(&blocked, &mut scales.slice_mut(e * per_scales..(e + 1) * per_scales))
+                .map_err(planning)?;
         }
-        let (values, scales) =
-            (stream.clone_htod(&values).map_err(planning)?, stream.clone_htod(&scales).map_err(planning)?);
         let (values, scales) = match prepacker {
             None => (values, scales),
             Some((prepacker, activations)) => {
@@ -195,8 +233,7 @@ impl Weights {
                 (pv, ps)
             }
         };
-        let n = weights.len();
-        Ok(Weights { values, scales, per_values: sizes.values / n, per_scales: sizes.scales / n, alphas })
+        Ok(Weights { values, scales, per_values, per_scales, alphas })
     }
 
     /// Each expert's values and scales as views for one call.
@@ -419,18 +456,7 @@ impl ExpertBlock {
         let p2 = MoeProblem::new(e, hidden, intermediate, layout, output)?.with_tokens(tokens);
         let prepacker = if w4a4 { None } else { Some((Prepacker::new(gpu)?, activations)) };
         let prepack = prepacker.as_ref().map(|(p, a)| (p, *a));
-        // The fused epilogue's W13: each 64-row slice the gate rows of 32 columns, then their up
-        // rows (`interleave_w13_row`).
-        let interleaved: Vec<PlainWeight> = if fused && gated {
-            experts.experts.iter().map(|x| interleave_rows(&x.w13, intermediate)).collect()
-        } else {
-            Vec::new()
-        };
-        let w13: Vec<&PlainWeight> = if interleaved.is_empty() {
-            experts.experts.iter().map(|x| &x.w13).collect()
-        } else {
-            interleaved.iter().collect()
-        };
+        let w13: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w13).collect();
         let w2: Vec<&PlainWeight> = experts.experts.iter().map(|x| &x.w2).collect();
         let alphas = |g: &dyn Fn(&nvfp4_format::checkpoint::ExpertWeights, f32) -> f32,
                       s: &[f32]|
@@ -449,8 +475,11 @@ impl ExpertBlock {
                 })
                 .collect()
         };
-        let w13 = Weights::upload(stream, prepack, &w13, alphas(&|x, s| x.w13.global_scale * s, &s13)?)?;
-        let w2 = Weights::upload(stream, prepack, &w2, alphas(&|x, s| x.w2.global_scale * s, &s2)?)?;
+        // The fused epilogue's W13: each 64-row slice the gate rows of 32 columns, then their up
+        // rows (`interleave_w13_row`).
+        let interleave = (fused && gated).then_some(intermediate);
+        let w13 = Weights::upload(stream, prepack, &w13, alphas(&|x, s| x.w13.global_scale * s, &s13)?, interleave)?;
+        let w2 = Weights::upload(stream, prepack, &w2, alphas(&|x, s| x.w2.global_scale * s, &s2)?, None)?;
         let block = ExpertBlock {
             shape,
             options,
@@ -670,19 +699,6 @@ impl ExpertBlock {
         // enqueued.
         unsafe { self.gemm1.run_views(stream, &buffers) }
     }
-}
-
-/// `w`'s rows in the order of the fused epilogue's W13 (`interleave_w13_row`): values and plain
-/// scales moved row by row.
-fn interleave_rows(w: &PlainWeight, inter: usize) -> PlainWeight {
-    let (vb, sb) = (w.k / 2, w.k / 16);
-    let (mut values, mut plain_scales) = (Vec::with_capacity(w.values.len()), Vec::with_capacity(w.plain_scales.len()));
-    for r in 0..w.rows {
-        let src = interleave_w13_row(r, inter, true);
-        values.extend_from_slice(&w.values[src * vb..(src + 1) * vb]);
-        plain_scales.extend_from_slice(&w.plain_scales[src * sb..(src + 1) * sb]);
-    }
-    PlainWeight { rows: w.rows, k: w.k, values, plain_scales, global_scale: w.global_scale }
 }
 
 /// One call's buffers as addresses and lengths in elements ([`ExpertBlock::run_views`]).
