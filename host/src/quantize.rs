@@ -137,8 +137,9 @@ pub struct Quantizer {
     max_ctas: u32,
 }
 
-/// Resident CTAs per SM the grid is sized for (the threads grid-stride beyond).
-const CTAS_PER_SM: u32 = 8;
+/// Resident CTAs per SM the quantizers' and the activation's grids are sized for (the threads
+/// grid-stride beyond).
+pub const CTAS_PER_SM: u32 = 8;
 
 impl Quantizer {
     /// Looks up the kernels in `gpu`'s image.

@@ -33,11 +33,13 @@ use nvfp4_gemm::moe::{
     interleave_w13_row, validate_moe_buffers, ActivatedOutput, GlobalScale, GroupRows, MoeBuffers, MoeOptions,
     MoeTokens,
 };
+use nvfp4_gemm::moe_block::COMBINE_CTAS_PER_SM;
 use nvfp4_gemm::moe_block::{
     activate_params, combine_params, gather_params, route_params, Activation, BlockOptions, BlockOutput, CombineViews,
     Dense16, GatherInputs, IdType, KernelActivation, Precision, RouteViews, RouterWeightAt, Routing, WeightType,
 };
 use nvfp4_gemm::problem::BufferView;
+use nvfp4_gemm::quantize::CTAS_PER_SM;
 use nvfp4_gemm::w4a16::{prepack, Activations, WeightStack};
 use nvfp4_gemm::{MoeProblem, OutputType, TokenKind, TokenLayout};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
@@ -55,11 +57,6 @@ use nvfp4_gemm_model_tests::*;
 /// and alphas, the f32 activation, the f32 combine, each moving a 16-bit or quantized
 /// intermediate by one step at times).
 const BLOCK_TOLERANCE: f64 = 2e-2;
-
-/// Resident CTAs per SM the library sizes the quantizer's and the activation's grids for
-/// (`host/src/quantize.rs`, `CTAS_PER_SM`) and the combine's (`host/src/moe_block/route.rs`,
-/// `COMBINE_CTAS_PER_SM`).
-const CTAS_PER_SM: u32 = 8;
 
 /// Guard bytes on each side of every buffer the chain writes (a multiple of 16, so that the
 /// buffer stays 16-byte aligned).
@@ -776,7 +773,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         bf16,
     };
     if let Some(params) = combine_params(tokens, top_k, h, views).unwrap_or_else(|err| panic!("{what}: {err}")) {
-        let geometry = combine_launch(combine_items(params.tokens, params.hidden), sms * CTAS_PER_SM);
+        let geometry = combine_launch(combine_items(params.tokens, params.hidden), sms * COMBINE_CTAS_PER_SM);
         kernels.push(launch_kernel(&what, "moe_combine", c, geometry, moe_combine, params));
     }
 

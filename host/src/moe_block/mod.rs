@@ -21,5 +21,8 @@ pub use block::{
 /// The experts as the checkpoint loader returns them (`nvfp4_format::checkpoint`), what
 /// [`ExpertBlock::new`] takes.
 pub use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
-pub use route::{combine_params, route_params, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
+pub use route::{
+    combine_params, route_params, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType,
+    COMBINE_CTAS_PER_SM,
+};
 pub use tokens::{activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs};

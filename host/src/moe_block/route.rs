@@ -238,7 +238,7 @@ pub fn combine_params(tokens: usize, top_k: usize, hidden: usize, v: CombineView
 }
 
 /// Resident combine CTAs per SM the grid is sized for (the threads grid-stride beyond).
-const COMBINE_CTAS_PER_SM: u32 = 8;
+pub const COMBINE_CTAS_PER_SM: u32 = 8;
 
 /// The routing and combine kernels of a [`Gpu`] (both architectures), looked up once.
 #[derive(Debug)]
