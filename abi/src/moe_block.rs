@@ -7,6 +7,10 @@
 //! expert `e` at `offsets[e] .. offsets[e + 1]` in slot order (slot `s = t · top_k + k`
 //! ascending: a stable counting sort). The combine sums each token's rows back:
 //! `y[t] = D(Σ_k w[t, k] · o[slot_row[t · top_k + k]])` in `f32`.
+//!
+//! Routing runs on one of two paths with the same outputs: the one-CTA `moe_route`, or for more
+//! than [`ROUTE_MULTI_CTA_ABOVE`] slots three launches over [`route_chunks`] chunks of slots
+//! (`moe_route_count`, `moe_route_scan`, `moe_route_scatter`; [`RouteParams::chunks`]).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -34,9 +38,72 @@ const _: () = assert!(ROUTE_EXPERTS_PER_THREAD * ROUTE_THREADS == ROUTE_MAX_EXPE
 const _: () = assert!(ROUTE_SMEM <= crate::launch::MAX_DYNAMIC_SMEM);
 
 /// `moe_route`'s one launch: one CTA of [`ROUTE_THREADS`] (it loops over the slots in tiles of
-/// [`ROUTE_THREADS`]).
+/// [`ROUTE_THREADS`]). `moe_route_scan` has the same geometry.
 pub const fn route_launch() -> crate::launch::LaunchGeometry {
     crate::launch::LaunchGeometry { grid: 1, block: ROUTE_THREADS, cluster: 1, smem_bytes: ROUTE_SMEM }
+}
+
+/// Routings of more slots than this take the multi-CTA path. At this size the one CTA walks 16
+/// tiles of slots twice (128 CTA barriers in its ranking pass), a few microseconds, comparable
+/// to the two extra launches of the multi-CTA path; beyond, the one CTA's time grows with the
+/// slots (about one barrier per 32 slots on one SM) while each chunk CTA's stays at a few tiles.
+/// A guess from that count, not a measurement: the crossover has not been timed.
+pub const ROUTE_MULTI_CTA_ABOVE: u64 = 4096;
+
+/// Fewest slots per chunk CTA the multi-CTA path aims for (4 tiles of [`ROUTE_THREADS`]: each
+/// CTA's fixed cost, its counters and three barriers, stays small beside its slots).
+pub const ROUTE_CHUNK_MIN_SLOTS: u64 = 1024;
+
+/// Most chunks of the multi-CTA path (a grid well under one wave of an H100's 132 SMs; beyond
+/// 128 · 1024 slots the chunks grow instead).
+pub const ROUTE_MAX_CHUNKS: u32 = 128;
+
+/// Most per-(chunk, expert) counts the path's one scan CTA handles (`chunks · E`, 256 per
+/// thread): with many experts the chunks are fewer.
+pub const ROUTE_SCAN_MAX_COUNTS: u32 = 1 << 16;
+
+/// The routing path for `slots` slots and `experts` local experts: 0 for the one-CTA
+/// `moe_route`, else the multi-CTA path's chunk count: `⌈slots / ROUTE_CHUNK_MIN_SLOTS⌉`, at
+/// most [`ROUTE_MAX_CHUNKS`] and `ROUTE_SCAN_MAX_COUNTS / experts` (at least 1).
+pub const fn route_chunks(slots: u64, experts: u32) -> u32 {
+    if slots <= ROUTE_MULTI_CTA_ABOVE {
+        return 0;
+    }
+    let by_slots = slots.div_ceil(ROUTE_CHUNK_MIN_SLOTS);
+    let by_scan = match ROUTE_SCAN_MAX_COUNTS.checked_div(experts) {
+        Some(c) => c,
+        None => ROUTE_MAX_CHUNKS,
+    };
+    let mut c = if by_slots > ROUTE_MAX_CHUNKS as u64 { ROUTE_MAX_CHUNKS } else { by_slots as u32 };
+    if c > by_scan {
+        c = by_scan;
+    }
+    if c == 0 {
+        1
+    } else {
+        c
+    }
+}
+
+/// Slots per chunk of `chunks ≥ 1` chunks over `slots` slots: `⌈slots / chunks⌉` (the last
+/// chunks may hold fewer, or none).
+pub const fn route_chunk_slots(slots: u64, chunks: u32) -> u32 {
+    if chunks == 0 {
+        return 0;
+    }
+    slots.div_ceil(chunks as u64) as u32
+}
+
+/// u32 words of the multi-CTA path's scratch (`RouteParams::counts`): one per (chunk, expert);
+/// 0 for the one-CTA path (`chunks` 0).
+pub const fn route_scratch_words(chunks: u32, experts: u32) -> u64 {
+    chunks as u64 * experts as u64
+}
+
+/// `moe_route_count`'s and `moe_route_scatter`'s launch: one CTA of [`ROUTE_THREADS`] per chunk
+/// (each loops over its chunk in tiles), the shared memory of `moe_route`.
+pub const fn route_chunk_launch(chunks: u32) -> crate::launch::LaunchGeometry {
+    crate::launch::LaunchGeometry { grid: chunks, block: ROUTE_THREADS, cluster: 1, smem_bytes: ROUTE_SMEM }
 }
 
 /// `moe_route`'s parameters (addresses are device addresses; 0 = absent where allowed).
@@ -56,6 +123,9 @@ pub struct RouteParams {
     pub row_token: u64,
     /// Output (0 = none): `T · top_k` f32; entries below `offsets[experts]` written.
     pub row_weight: u64,
+    /// Multi-CTA path only: scratch of `chunks · experts` u32, the count of each (chunk, expert)
+    /// at `c · experts + e`, then that pair's first row.
+    pub counts: u64,
     /// The global id of local expert 0.
     pub first_expert: i64,
     /// Tokens `T`.
@@ -68,14 +138,25 @@ pub struct RouteParams {
     pub ids_i64: u32,
     /// 1: `weights` are bf16.
     pub weights_bf16: u32,
+    /// 0: the one-CTA `moe_route`; else the multi-CTA path over this many chunks
+    /// (1 ..= [`ROUTE_MAX_CHUNKS`]), chunk `c` the slots `c · chunk_slots ..` (up to `T · top_k`).
+    pub chunks: u32,
+    /// Slots per chunk (`route_chunk_slots`; `chunks · chunk_slots ≥ T · top_k`).
+    pub chunk_slots: u32,
     /// Zero.
     pub pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<RouteParams>() == 80);
+const _: () = assert!(core::mem::size_of::<RouteParams>() == 96);
 
-/// Register caps of both kernels (`.maxnreg`, see `cargo xtask build-ptx`): 64 per thread, so
-/// that four CTAs of either fit an SM's registers.
-pub const REGISTER_CAPS: [(&str, u32); 2] = [("moe_route", 64), ("moe_combine", 64)];
+/// Register caps of the routing and combine kernels (`.maxnreg`, see `cargo xtask build-ptx`):
+/// 64 per thread, so that four CTAs of any fit an SM's registers.
+pub const REGISTER_CAPS: [(&str, u32); 5] = [
+    ("moe_route", 64),
+    ("moe_route_count", 64),
+    ("moe_route_scan", 64),
+    ("moe_route_scatter", 64),
+    ("moe_combine", 64),
+];
 const _: () = assert!(ROUTE_THREADS * 64 <= crate::launch::REGISTERS_PER_SM);
 
 /// Threads per `moe_combine` CTA.
@@ -263,5 +344,30 @@ mod tests {
         assert_eq!(combine_launch(257, 8).grid, 2);
         assert_eq!(combine_launch(1 << 20, 8).grid, 8);
         assert_eq!(combine_items(3, 128), 48);
+    }
+
+    #[test]
+    fn routing_paths() {
+        assert_eq!(route_chunks(0, 8), 0);
+        assert_eq!(route_chunks(ROUTE_MULTI_CTA_ABOVE, 8), 0);
+        assert_eq!(route_chunks(ROUTE_MULTI_CTA_ABOVE + 1, 8), 5);
+        assert_eq!(route_chunks(32768, 8), 32);
+        assert_eq!(route_chunks(1 << 30, 1), ROUTE_MAX_CHUNKS);
+        assert_eq!(route_chunks(1 << 30, 4096), 16);
+        assert_eq!(route_chunks(1 << 20, 1000), 65);
+        for (slots, chunks) in [(4097u64, 5u32), (1 << 30, 128), (1000, 3), (1024, 1), (7, 7)] {
+            let per = route_chunk_slots(slots, chunks) as u64;
+            assert!(per * chunks as u64 >= slots && per * (chunks as u64 - 1) < slots, "{slots} {chunks}");
+        }
+        assert_eq!(route_chunk_slots(4097, 5), 820);
+        assert_eq!(route_scratch_words(16, 4096), 1 << 16);
+        assert_eq!(route_chunk_launch(5).grid, 5);
+        // The path's chunk count never decreases with the slots (scratch sized for the most).
+        let mut last = 0;
+        for slots in (0..600_000u64).step_by(997) {
+            let c = route_chunks(slots, 40);
+            assert!(c >= last);
+            last = c;
+        }
     }
 }

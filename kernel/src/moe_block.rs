@@ -8,10 +8,18 @@
 //! order and every output are deterministic. A CTA-wide scan turns the counts into offsets, and
 //! a second pass over the slots writes each slot's row (its expert's first row plus its rank).
 //!
+//! For many slots the same outputs come from three launches over chunks of consecutive slots,
+//! one CTA per chunk, still without atomics: `moe_route_count` counts each chunk's slots per
+//! expert (the same warp ranking and barrier turns), `moe_route_scan` (one CTA) turns the
+//! (chunk, expert) counts, expert-major and chunk-minor, into the offsets and each pair's first
+//! row, and `moe_route_scatter` ranks each chunk's slots again from those first rows and writes
+//! the rows. A slot's row is then its expert's first row, plus the slots of its expert in earlier
+//! chunks, plus its rank in its own chunk: the one-CTA kernel's row.
+//!
 //! `moe_combine` is grid-strided over (token, 8 values of H): each item sums its token's local
 //! rows of `o` in `f32` and stores 16 bytes of `y`.
 
-use crate::ptx::smem;
+use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{barrier, convert, sreg, warp};
 use crate::scan::cta_exclusive_sums;
 use nvfp4_gemm_abi::moe_block::{
@@ -185,6 +193,241 @@ pub unsafe fn moe_route(p: RouteParams) {
         }
         first += ROUTE_THREADS;
     }
+}
+
+/// Whether `p` is outside what every routing kernel handles (the host refuses these): nothing
+/// to do, and no division by zero.
+#[inline(always)]
+fn route_refused(p: &RouteParams) -> bool {
+    p.top_k == 0 || p.experts == 0 || p.experts > ROUTE_MAX_EXPERTS
+}
+
+/// Chunk `c`'s slots `lo .. hi` of the multi-CTA path.
+#[inline(always)]
+fn chunk_range(p: &RouteParams, c: u32) -> (u32, u32) {
+    let slots = p.tokens as u64 * p.top_k as u64;
+    let lo = (c as u64 * p.chunk_slots as u64).min(slots);
+    let hi = (lo + p.chunk_slots as u64).min(slots);
+    (lo as u32, hi as u32)
+}
+
+/// Ranks slots `lo .. hi` in tiles of one per thread, in slot order, with the counters at
+/// `counter(e) = base + 4 · e`: each local slot gets its expert's counter plus its rank among
+/// the earlier slots of its expert in the walk, and the counters advance by the slots they
+/// count. Calls `f(s, expert, row)` for every slot (`expert` [`NOT_LOCAL`] and `row` 0 for the
+/// others) after its tile's turns. Holds `WARPS` CTA barriers per tile, the last after the
+/// counters' final update.
+///
+/// # Safety
+/// Every thread of the CTA calls it with the same `lo`, `hi`; `hi ≤ T · top_k`; the counters of
+/// the experts below `p.experts` are shared memory of this CTA, written before a CTA barrier and
+/// touched by nobody else during the call.
+#[inline(always)]
+unsafe fn rank_slots(p: &RouteParams, lo: u32, hi: u32, base: SmemAddr, mut f: impl FnMut(u32, u32, u32)) {
+    let tid = sreg::tid_x();
+    let (warp_id, lane) = (tid / 32, tid % 32);
+    let counter = |e: u32| base.add(4 * e);
+    let mut first = lo;
+    while first < hi {
+        let s = first + tid;
+        // SAFETY: s < hi ≤ slots.
+        let key = if s < hi { unsafe { slot_expert(p, s) } } else { NOT_LOCAL };
+        let (mut rank, mut same) = (0u32, 0u32);
+        for j in 0..32 {
+            if warp::shfl_idx(key, j) == key {
+                if j < lane {
+                    rank += 1;
+                }
+                same += 1;
+            }
+        }
+        let mut earlier = 0;
+        for w in 0..WARPS {
+            if warp_id == w {
+                // SAFETY: `key` < experts; the warp reads its counters before its first lane of
+                // each expert advances them (`bar.warp.sync` between); other warps touch them
+                // only after the CTA barrier below.
+                unsafe {
+                    if key != NOT_LOCAL {
+                        earlier = smem::ld_u32(counter(key));
+                    }
+                    warp::sync();
+                    if key != NOT_LOCAL && rank == 0 {
+                        smem::st_u32(counter(key), earlier + same);
+                    }
+                }
+            }
+            // SAFETY: every thread reaches it (the loop bounds are uniform).
+            unsafe { barrier::sync_all() };
+        }
+        if s < hi {
+            f(s, key, earlier + rank);
+        }
+        first += ROUTE_THREADS;
+    }
+}
+
+/// The multi-CTA path's first launch (module docs): CTA `c` counts chunk `c`'s slots per local
+/// expert into `counts[c · experts + e]`. Launch: `route_chunk_launch(p.chunks)`.
+///
+/// # Safety
+/// As [`moe_route`], and `p.counts` holds `chunks · experts` writable u32 overlapping no other
+/// buffer, `chunks · chunk_slots ≥ T · top_k`. The host's `BlockKernels::route` checks all of it.
+#[crate::ptx::kernel]
+pub unsafe fn moe_route_count(p: RouteParams) {
+    let c = sreg::ctaid_x();
+    if route_refused(&p) || c >= p.chunks {
+        return;
+    }
+    let tid = sreg::tid_x();
+    let base = smem::dynamic_base();
+    let mut e = tid;
+    while e < p.experts {
+        // SAFETY: below ROUTE_MAX_EXPERTS counters; each written by one thread.
+        unsafe { smem::st_u32(base.add(4 * e), 0) };
+        e += ROUTE_THREADS;
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+    let (lo, hi) = chunk_range(&p, c);
+    // SAFETY: every thread, the same chunk; the counters zeroed before the barrier. Its last
+    // barrier follows the counters' final update (or, for an empty chunk, the one above does).
+    unsafe { rank_slots(&p, lo, hi, base, |_, _, _| {}) };
+    let counts = p.counts as *mut u32;
+    let mut e = tid;
+    while e < p.experts {
+        // SAFETY: c < chunks, e < experts: inside the scratch.
+        unsafe { *counts.add((c * p.experts + e) as usize) = smem::ld_u32(base.add(4 * e)) };
+        e += ROUTE_THREADS;
+    }
+}
+
+/// The multi-CTA path's second launch (module docs), one CTA: the offsets, and in place of each
+/// (chunk, expert) count that pair's first row (the expert's first row plus its slots in the
+/// earlier chunks). Launch: `route_launch()`.
+///
+/// # Safety
+/// As [`moe_route_count`], after it.
+#[crate::ptx::kernel]
+pub unsafe fn moe_route_scan(p: RouteParams) {
+    if route_refused(&p) {
+        return;
+    }
+    let tid = sreg::tid_x();
+    let (warp_id, lane) = (tid / 32, tid % 32);
+    let base = smem::dynamic_base();
+    let counter = |e: u32| base.add(4 * e);
+    let table = base.add(4 * ROUTE_MAX_EXPERTS);
+    let counts = p.counts as *mut u32;
+
+    // Each expert's total over the chunks.
+    let mut e = tid;
+    while e < p.experts {
+        let mut total = 0;
+        for c in 0..p.chunks {
+            // SAFETY: inside the scratch.
+            total += unsafe { *counts.add((c * p.experts + e) as usize) };
+        }
+        // SAFETY: below ROUTE_MAX_EXPERTS counters; each written by one thread.
+        unsafe { smem::st_u32(counter(e), total) };
+        e += ROUTE_THREADS;
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+
+    // The totals to each expert's first row, and the offsets (as `moe_route`).
+    let own = tid * ROUTE_EXPERTS_PER_THREAD;
+    let mut totals = [0u32; ROUTE_EXPERTS_PER_THREAD as usize];
+    let mut sum = 0;
+    for (i, t) in totals.iter_mut().enumerate() {
+        if own + (i as u32) < p.experts {
+            // SAFETY: written before the barrier.
+            *t = unsafe { smem::ld_u32(counter(own + i as u32)) };
+            sum += *t;
+        }
+    }
+    // SAFETY: every thread calls it; the table is this kernel's alone.
+    let (before, total, _) = unsafe { cta_exclusive_sums::<1>([sum], 0, warp_id, lane, WARPS, table) };
+    let offsets = p.offsets as *mut u32;
+    let mut start = before[0];
+    for (i, t) in totals.iter().enumerate() {
+        let e = own + i as u32;
+        if e < p.experts {
+            // SAFETY: this thread's own counters (every read of them was before the scan's
+            // barrier); e < experts offsets.
+            unsafe {
+                smem::st_u32(counter(e), start);
+                *offsets.add(e as usize) = start;
+            }
+            start += t;
+        }
+    }
+    if tid == 0 {
+        // SAFETY: `experts + 1` offsets.
+        unsafe { *offsets.add(p.experts as usize) = total[0] };
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+
+    // Each (chunk, expert) pair's first row, chunks in order.
+    let mut e = tid;
+    while e < p.experts {
+        // SAFETY: written before the barrier.
+        let mut row = unsafe { smem::ld_u32(counter(e)) };
+        for c in 0..p.chunks {
+            // SAFETY: inside the scratch; this thread's expert alone.
+            unsafe {
+                let at = counts.add((c * p.experts + e) as usize);
+                let n = *at;
+                *at = row;
+                row += n;
+            }
+        }
+        e += ROUTE_THREADS;
+    }
+}
+
+/// The multi-CTA path's last launch (module docs): CTA `c` ranks chunk `c`'s slots from its
+/// pairs' first rows and writes `slot_row`, `row_token` and `row_weight`. Launch:
+/// `route_chunk_launch(p.chunks)`.
+///
+/// # Safety
+/// As [`moe_route_count`], after [`moe_route_scan`].
+#[crate::ptx::kernel]
+pub unsafe fn moe_route_scatter(p: RouteParams) {
+    let c = sreg::ctaid_x();
+    if route_refused(&p) || c >= p.chunks {
+        return;
+    }
+    let tid = sreg::tid_x();
+    let base = smem::dynamic_base();
+    let counts = p.counts as *const u32;
+    let mut e = tid;
+    while e < p.experts {
+        // SAFETY: below ROUTE_MAX_EXPERTS counters, each written by one thread; c < chunks,
+        // e < experts: inside the scratch.
+        unsafe { smem::st_u32(base.add(4 * e), *counts.add((c * p.experts + e) as usize)) };
+        e += ROUTE_THREADS;
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+    let (lo, hi) = chunk_range(&p, c);
+    let slot_row = p.slot_row as *mut u32;
+    // SAFETY: every thread, the same chunk; the counters written before the barrier. In `f`:
+    // s < slots; a row is below offsets[experts] ≤ slots, each written by its one slot.
+    unsafe {
+        rank_slots(&p, lo, hi, base, |s, key, row| {
+            if key == NOT_LOCAL {
+                *slot_row.add(s as usize) = NOT_LOCAL;
+            } else {
+                *slot_row.add(s as usize) = row;
+                *(p.row_token as *mut u32).add(row as usize) = s / p.top_k;
+                if p.row_weight != 0 {
+                    *(p.row_weight as *mut f32).add(row as usize) = slot_weight(p.weights, p.weights_bf16, s);
+                }
+            }
+        })
+    };
 }
 
 /// See the module docs: `y[t, h] = D(Σ_k w[t, k] · o[slot_row[t · top_k + k], h])` over the

@@ -675,6 +675,8 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         slot_row: slot_row.view(slots),
         row_token: row_token.view(slots),
         row_weight: at_input.then(|| row_weight.view(slots)),
+        // The chain's routings are small: the one-CTA path, no scratch.
+        scratch: BufferView { ptr: 0, len: 0 },
     };
     let params = route_params(routing, route).unwrap_or_else(|err| panic!("{what}: {err}"));
     kernels.push(launch_kernel(&what, "moe_route", c, route_launch(), moe_route, params));

@@ -1,18 +1,25 @@
-//! `moe_route` and `moe_combine` (`kernel/src/moe_block.rs`) in the device model, on both
-//! architectures, with the parameters the library's own checks return (`route_params`,
+//! `moe_route`, the multi-CTA routing (`moe_route_count`, `moe_route_scan`, `moe_route_scatter`)
+//! and `moe_combine` (`kernel/src/moe_block.rs`) in the device model, on both architectures, with
+//! the parameters the library's own checks return (`route_params`, `route_params_on`,
 //! `combine_params`): random router outputs with ids of -1 and of other ranks' experts, repeated
 //! ids in one token, experts with no token and one expert taking every token, T = 0 and 1, int32
 //! and int64 ids, f32 and bf16 weights, E from 1 to 4096; combines of f16 and bf16 rows with
-//! f32, bf16 or no weights on grids small enough that threads grid-stride. Every output is
-//! poisoned first and compared exactly with `nvfp4_gemm_abi::moe_block`'s references (rows of
+//! f32, bf16 or no weights on grids small enough that threads grid-stride. The multi-CTA path
+//! runs on the chunk count `route_params` picks past 4096 slots and on forced counts over fewer
+//! slots, with chunks that end inside a warp, on a warp or tile boundary, empty last chunks and
+//! one-slot chunks. Every output (and the scratch) is poisoned first and compared exactly with `nvfp4_gemm_abi::moe_block`'s references (rows of
 //! `row_token` / `row_weight` past `offsets[E]` must stay poisoned).
 
 use nvfp4_format::SplitMix64;
-use nvfp4_gemm::moe_block::{combine_params, route_params, CombineViews, IdType, RouteViews, Routing, WeightType};
-use nvfp4_gemm_abi::moe_block::{
-    combine_items, combine_launch, combine_sum, half_bits_to_f32, route_launch, route_reference, NOT_LOCAL,
+use nvfp4_gemm::moe_block::{
+    combine_params, route_params, route_params_on, route_scratch_len, CombineViews, IdType, RouteViews, Routing,
+    WeightType,
 };
-use nvfp4_gemm_kernel::moe_block::{moe_combine, moe_route};
+use nvfp4_gemm_abi::moe_block::{
+    combine_items, combine_launch, combine_sum, half_bits_to_f32, route_chunk_launch, route_launch, route_reference,
+    route_scratch_words, RouteParams, NOT_LOCAL, ROUTE_MULTI_CTA_ABOVE,
+};
+use nvfp4_gemm_kernel::moe_block::{moe_combine, moe_route, moe_route_count, moe_route_scan, moe_route_scatter};
 use nvfp4_gemm_model::Arch;
 use nvfp4_gemm_model_tests::*;
 
@@ -31,6 +38,9 @@ enum Ids {
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
+    /// The routing path: `None` as `route_params` picks, `Some(chunks)` forced
+    /// (`route_params_on`; 0 the one CTA).
+    chunks: Option<u32>,
     tokens: usize,
     top_k: usize,
     experts: u32,
@@ -84,6 +94,26 @@ fn poisoned(n: usize) -> DeviceBuf {
     DeviceBuf::from_bytes(&POISON.to_le_bytes().repeat(n))
 }
 
+/// Runs the routing `params` name in the model: `moe_route`, or the three launches of the
+/// multi-CTA path in order.
+fn run_route(arch: Arch, params: RouteParams, what: &str) {
+    let model = ModelRun::default();
+    let run = |name: &str, geometry, kernel: unsafe fn(RouteParams)| {
+        let cfg = launch_config(arch, geometry, 1, &model);
+        // SAFETY: the library's checks passed for these buffers, which live past the launch;
+        // the launches run in order.
+        nvfp4_gemm_model::launch(&cfg, || unsafe { kernel(params) })
+            .unwrap_or_else(|err| panic!("{what}: {name} failed in the model: {err}"));
+    };
+    if params.chunks == 0 {
+        run("moe_route", route_launch(), moe_route);
+    } else {
+        run("moe_route_count", route_chunk_launch(params.chunks), moe_route_count);
+        run("moe_route_scan", route_launch(), moe_route_scan);
+        run("moe_route_scatter", route_chunk_launch(params.chunks), moe_route_scatter);
+    }
+}
+
 fn route_case(c: Case, arch: Arch, seed: u64) {
     let mut rng = SplitMix64::new(seed);
     let slots = c.tokens * c.top_k;
@@ -98,6 +128,12 @@ fn route_case(c: Case, arch: Arch, seed: u64) {
     let e = c.experts as usize;
     let (offsets, slot_row, row_token, row_weight) =
         (poisoned(e + 1), poisoned(slots), poisoned(slots), poisoned(slots));
+    let routing = Routing { tokens: c.tokens, top_k: c.top_k, first_expert: c.first, experts: e };
+    let scratch_len = match c.chunks {
+        None => route_scratch_len(routing),
+        Some(chunks) => route_scratch_words(chunks, c.experts) as usize,
+    };
+    let scratch = poisoned(scratch_len);
     let views = RouteViews {
         ids: ids_buf.view(slots),
         ids_type: if c.i64_ids { IdType::I64 } else { IdType::I32 },
@@ -107,17 +143,18 @@ fn route_case(c: Case, arch: Arch, seed: u64) {
         slot_row: slot_row.view(slots),
         row_token: row_token.view(slots),
         row_weight: c.row_weight.then(|| row_weight.view(slots)),
+        scratch: scratch.view(scratch_len),
     };
-    let routing = Routing { tokens: c.tokens, top_k: c.top_k, first_expert: c.first, experts: e };
-    let params = route_params(routing, views).expect("valid arguments");
-    let cfg = launch_config(arch, route_launch(), 1, &ModelRun::default());
-    // SAFETY: the library's checks passed for these buffers, which live past the launch.
-    nvfp4_gemm_model::launch(&cfg, || unsafe { moe_route(params) })
-        .unwrap_or_else(|err| panic!("{c:?} {arch:?}: moe_route failed in the model: {err}"));
+    let params = match c.chunks {
+        None => route_params(routing, views),
+        Some(chunks) => route_params_on(routing, views, chunks),
+    }
+    .expect("valid arguments");
+    let what = format!("{c:?} {arch:?} seed {seed} on {} chunks", params.chunks);
+    run_route(arch, params, &what);
 
     let (mut w_off, mut w_sr, mut w_rt) = (vec![0u32; e + 1], vec![0u32; slots], vec![POISON; slots]);
     route_reference(|s| ids[s], slots, c.top_k, c.first, c.experts, &mut w_off, &mut w_sr, &mut w_rt);
-    let what = format!("{c:?} {arch:?} seed {seed}");
     assert_eq!(u32s(&offsets, e + 1), w_off, "{what}: offsets");
     assert_eq!(u32s(&slot_row, slots), w_sr, "{what}: slot_row");
     assert_eq!(u32s(&row_token, slots), w_rt, "{what}: row_token (rows past offsets[E] poisoned)");
@@ -137,6 +174,7 @@ fn route_case(c: Case, arch: Arch, seed: u64) {
 #[test]
 fn model_moe_route_matches_the_reference() {
     let base = Case {
+        chunks: None,
         tokens: 37,
         top_k: 4,
         experts: 8,
@@ -163,6 +201,48 @@ fn model_moe_route_matches_the_reference() {
     for (i, c) in cases.into_iter().enumerate() {
         let arch = if i % 2 == 0 { Arch::Sm90a } else { Arch::Sm100a };
         route_case(c, arch, 100 + i as u64);
+    }
+}
+
+/// The multi-CTA path against the same reference: on the chunk count `route_params` picks just
+/// past [`ROUTE_MULTI_CTA_ABOVE`] slots, and on forced chunk counts over fewer slots (chunks of
+/// 1, 31, 32, 33, 256 and 257 slots and sizes that leave the last chunks short or empty; few
+/// chunks each: the model's time grows with the CTAs of a grid).
+#[test]
+fn model_moe_route_multi_cta_matches_the_reference() {
+    let base = Case {
+        chunks: Some(3),
+        tokens: 37,
+        top_k: 4,
+        experts: 8,
+        first: 16,
+        ids: Ids::Mixed,
+        i64_ids: false,
+        bf16_weights: false,
+        row_weight: true,
+    };
+    let auto = ROUTE_MULTI_CTA_ABOVE as usize + 1;
+    let cases = [
+        // 148 slots: chunks of 50, 50, 48.
+        base,
+        Case { chunks: Some(1), i64_ids: true, bf16_weights: true, first: -2, ..base },
+        Case { chunks: Some(4), tokens: 0, ..base },
+        // One slot per chunk, the last two chunks empty.
+        Case { chunks: Some(6), tokens: 4, top_k: 1, ..base },
+        // Chunks of 31, 32 and 33 slots (the last one short).
+        Case { chunks: Some(9), tokens: 31, top_k: 9, experts: 1, first: 0, row_weight: false, ..base },
+        Case { chunks: Some(8), tokens: 32, top_k: 8, experts: 5, ids: Ids::One(4), ..base },
+        Case { chunks: Some(4), tokens: 33, top_k: 4, experts: 256, first: 256, bf16_weights: true, ..base },
+        // Chunks of 256 and 257 slots: whole tiles, and one slot into the next.
+        Case { chunks: Some(3), tokens: 96, top_k: 8, experts: 40, ids: Ids::Even, i64_ids: true, ..base },
+        Case { chunks: Some(5), tokens: 257, top_k: 5, experts: 4096, first: 1 << 40, i64_ids: true, ..base },
+        Case { chunks: Some(2), tokens: 300, top_k: 2, experts: 4096, first: 0, row_weight: false, ..base },
+        // As the library picks: 4097 slots over 5 chunks of 820.
+        Case { chunks: None, tokens: auto, top_k: 1, experts: 256, first: 0, bf16_weights: true, ..base },
+    ];
+    for (i, c) in cases.into_iter().enumerate() {
+        let arch = if i % 2 == 0 { Arch::Sm90a } else { Arch::Sm100a };
+        route_case(c, arch, 400 + i as u64);
     }
 }
 
@@ -269,6 +349,7 @@ fn model_moe_route_then_combine_gives_zero_for_tokens_with_no_local_slot() {
         slot_row: slot_row.view(10),
         row_token: row_token.view(10),
         row_weight: None,
+        scratch: slot_row.view(0),
     };
     let params = route_params(Routing { tokens, top_k, first_expert: 0, experts: 2 }, views).unwrap();
     let cfg = launch_config(Arch::Sm90a, route_launch(), 1, &ModelRun::default());

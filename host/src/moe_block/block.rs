@@ -8,7 +8,7 @@
 //! that module ([`BlockOptions`]); the GEMMs are two device-sized [`MoePlan`]s, one group per
 //! local expert.
 
-use super::route::{BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
+use super::route::{route_scratch_len, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
 use super::tokens::{BlockOutput, GatherInputs};
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
@@ -351,6 +351,8 @@ pub struct ExpertBlock {
     slot_row: CudaSlice<u32>,
     row_token: CudaSlice<u32>,
     row_weight: CudaSlice<f32>,
+    /// The multi-CTA routing's scratch, for `max_tokens` (`route_scratch_len`).
+    route_scratch: CudaSlice<u32>,
     a: Tokens,
     h: Dense,
     z: Tokens,
@@ -494,6 +496,9 @@ impl ExpertBlock {
             slot_row: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
             row_token: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
             row_weight: stream.alloc_zeros(rows.max(4)).map_err(planning)?,
+            route_scratch: stream
+                .alloc_zeros(route_scratch_len(Routing { tokens: max_tokens, top_k, first_expert, experts: e }).max(4))
+                .map_err(planning)?,
             a: Tokens::alloc(stream, &p1, &options)?,
             // The fused epilogue stores no `h`.
             h: Dense::alloc(stream, options.dtype, if fused { 0 } else { rows * n1 })?,
@@ -582,6 +587,7 @@ impl ExpertBlock {
             let slot_row = call.write(&mut self.slot_row);
             let row_token = call.write(&mut self.row_token);
             let row_weight = call.write(&mut self.row_weight);
+            let route_scratch = call.write(&mut self.route_scratch);
             let cut = |v: BufferView, len: usize| BufferView { ptr: v.ptr, len };
             let routing = Routing { tokens, top_k, first_expert, experts };
             let route = RouteViews {
@@ -593,6 +599,7 @@ impl ExpertBlock {
                 slot_row: cut(slot_row, slots),
                 row_token: cut(row_token, slots),
                 row_weight: at_input.then(|| cut(row_weight, slots)),
+                scratch: cut(route_scratch, route_scratch_len(routing)),
             };
             let gather = GatherInputs {
                 x: x_view,

@@ -2,7 +2,8 @@
 //! runs it per step; its kernels around the two grouped GEMMs are here as well, each over device
 //! buffers given as views, for bindings and tests:
 //!
-//! - `route.rs`: [`BlockKernels`] — routing (`moe_route`: the router's `topk_ids` → rows sorted
+//! - `route.rs`: [`BlockKernels`] — routing (`moe_route`, or the multi-CTA `moe_route_count` →
+//!   `moe_route_scan` → `moe_route_scatter` for many slots: the router's `topk_ids` → rows sorted
 //!   by local expert) and the weighted combine (`moe_combine`);
 //! - `tokens.rs`: on [`crate::quantize::Quantizer`], the tokens gathered into the sorted rows
 //!   (and quantized: W4A4) and the activation (and the requantization: W4A4);
@@ -22,7 +23,7 @@ pub use block::{
 /// [`ExpertBlock::new`] takes.
 pub use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
 pub use route::{
-    combine_params, route_params, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType,
-    COMBINE_CTAS_PER_SM,
+    combine_params, route_chunks, route_params, route_params_on, route_scratch_len, BlockKernels, CombineViews, IdType,
+    RouteViews, Routing, WeightType, COMBINE_CTAS_PER_SM,
 };
 pub use tokens::{activate_params, gather_params, Activation as KernelActivation, BlockOutput, GatherInputs};

@@ -5,12 +5,14 @@
 //! never synchronizes, so both calls can be captured in a CUDA graph.
 //!
 //! Routing writes the contiguous layout [`crate::MoePlan`] reads (`offsets[E + 1]`, rows sorted
-//! by expert, each expert's rows in slot order), the row of each slot and the token of each row;
-//! the combine sums each token's rows of the second GEMM's output back into `y`.
+//! by expert, each expert's rows in slot order), the row of each slot and the token of each row,
+//! with one CTA (`moe_route`) or, for more than `ROUTE_MULTI_CTA_ABOVE` slots, three launches
+//! over chunks of slots (`moe_route_count`, `moe_route_scan`, `moe_route_scatter`, which need a
+//! scratch buffer of [`route_scratch_len`] u32; [`route_chunks`] picks); the combine sums each token's rows of the second GEMM's output back into `y`.
 
 use cudarc::driver::CudaStream;
 use nvfp4_gemm_abi::moe_block::{
-    self as abi, CombineParams, RouteParams, COMBINE_H_MULTIPLE, ROUTE_MAX_EXPERTS, ROUTE_MAX_SLOTS,
+    self as abi, CombineParams, RouteParams, COMBINE_H_MULTIPLE, ROUTE_MAX_CHUNKS, ROUTE_MAX_EXPERTS, ROUTE_MAX_SLOTS,
 };
 
 use crate::device::Gpu;
@@ -80,6 +82,9 @@ pub struct RouteViews {
     pub row_token: BufferView,
     /// Output (optional): `T · top_k` f32, each sorted row's router weight.
     pub row_weight: Option<BufferView>,
+    /// Scratch of the multi-CTA path: exactly [`route_scratch_len`] u32 (`chunks · E`); empty
+    /// (any address) on the one-CTA path.
+    pub scratch: BufferView,
 }
 
 /// `moe_combine`'s buffers; every length in elements.
@@ -101,6 +106,9 @@ pub struct CombineViews {
 }
 
 const ROUTE: &str = "moe_route";
+const ROUTE_COUNT: &str = "moe_route_count";
+const ROUTE_SCAN: &str = "moe_route_scan";
+const ROUTE_SCATTER: &str = "moe_route_scatter";
 const COMBINE: &str = "moe_combine";
 
 fn check_view(call: &'static str, field: &'static str, v: BufferView, len: usize) -> Result<()> {
@@ -127,15 +135,44 @@ fn slots(call: &'static str, tokens: usize, top_k: usize) -> Result<usize> {
     }
 }
 
-/// Checks `moe_route`'s arguments and returns its parameters. Errors
-/// ([`crate::Error::InvalidArgument`]): `top_k` 0; `experts` 0 or above 4096; `T · top_k` at or above
-/// 2³¹; a buffer of the wrong length or (when not empty) not 16-byte aligned; `row_weight` without
-/// `weights`. [`crate::Error::Overlap`]: an output sharing a byte with another buffer.
+/// The routing path [`route_params`] takes for `r`: 0 for the one-CTA `moe_route`, else the
+/// multi-CTA path's chunk count (`nvfp4_gemm_abi::moe_block::route_chunks`: more than 4096
+/// slots).
+pub fn route_chunks(r: Routing) -> u32 {
+    let experts = r.experts.min(ROUTE_MAX_EXPERTS as usize) as u32;
+    abi::route_chunks(r.tokens.saturating_mul(r.top_k) as u64, experts)
+}
+
+/// The u32 elements of [`RouteViews::scratch`] that routing `r` needs: `chunks · E` on the
+/// multi-CTA path, 0 on the one-CTA path. It never decreases as the tokens grow, so a buffer
+/// for the most tokens serves every smaller routing (cut to this length).
+pub fn route_scratch_len(r: Routing) -> usize {
+    let experts = r.experts.min(ROUTE_MAX_EXPERTS as usize) as u32;
+    abi::route_scratch_words(route_chunks(r), experts) as usize
+}
+
+/// Checks the routing kernels' arguments and returns their parameters, on the path
+/// [`route_chunks`] picks. Errors ([`crate::Error::InvalidArgument`]): `top_k` 0; `experts` 0 or
+/// above 4096; `T · top_k` at or above 2³¹; a buffer of the wrong length (`scratch` included) or
+/// (when not empty) not 16-byte aligned; `row_weight` without `weights`.
+/// [`crate::Error::Overlap`]: an output (`scratch` included) sharing a byte with another buffer.
 pub fn route_params(r: Routing, v: RouteViews) -> Result<RouteParams> {
+    route_params_on(r, v, route_chunks(r))
+}
+
+/// As [`route_params`], on the path `chunks` names: 0 the one-CTA `moe_route`, 1 ..= 128 the
+/// multi-CTA path over that many chunks (`scratch` then `chunks · E` u32). Both paths write the
+/// same outputs; tests run each on the same routing. Errors: as [`route_params`], and `chunks`
+/// above 128.
+pub fn route_params_on(r: Routing, v: RouteViews, chunks: u32) -> Result<RouteParams> {
     let s = slots(ROUTE, r.tokens, r.top_k)?;
     if r.experts == 0 || r.experts > ROUTE_MAX_EXPERTS as usize {
         return Err(invalid(ROUTE, "experts", format!("{}: must be 1 ..= {ROUTE_MAX_EXPERTS}", r.experts)));
     }
+    if chunks > ROUTE_MAX_CHUNKS {
+        return Err(invalid(ROUTE, "chunks", format!("{chunks}: at most {ROUTE_MAX_CHUNKS}")));
+    }
+    check_view(ROUTE, "scratch", v.scratch, abi::route_scratch_words(chunks, r.experts as u32) as usize)?;
     check_view(ROUTE, "ids", v.ids, s)?;
     check_view(ROUTE, "offsets", v.offsets, r.experts + 1)?;
     check_view(ROUTE, "slot_row", v.slot_row, s)?;
@@ -158,11 +195,12 @@ pub fn route_params(r: Routing, v: RouteViews) -> Result<RouteParams> {
         Span::new(3, v.slot_row, 4, true),
         Span::new(4, v.row_token, 4, true),
         Span::new(5, weights.map_or(none, |w| w.0), 4, true),
+        Span::new(6, v.scratch, 4, true),
     ];
     overlap::check(
         ROUTE,
         &mut spans,
-        overlap::fields(&["ids", "weights", "offsets", "slot_row", "row_token", "row_weight"]),
+        overlap::fields(&["ids", "weights", "offsets", "slot_row", "row_token", "row_weight", "scratch"]),
     )?;
     Ok(RouteParams {
         ids: v.ids.ptr,
@@ -171,12 +209,15 @@ pub fn route_params(r: Routing, v: RouteViews) -> Result<RouteParams> {
         slot_row: v.slot_row.ptr,
         row_token: v.row_token.ptr,
         row_weight: weights.map_or(0, |w| w.0.ptr),
+        counts: if chunks == 0 { 0 } else { v.scratch.ptr },
         first_expert: r.first_expert,
         tokens: r.tokens as u32,
         top_k: r.top_k as u32,
         experts: r.experts as u32,
         ids_i64: u32::from(v.ids_type == IdType::I64),
         weights_bf16: u32::from(v.weights_type == WeightType::Bf16),
+        chunks,
+        chunk_slots: abi::route_chunk_slots(s as u64, chunks),
         pad: 0,
     })
 }
@@ -244,6 +285,9 @@ pub const COMBINE_CTAS_PER_SM: u32 = 8;
 #[derive(Debug)]
 pub struct BlockKernels {
     route: Kernel,
+    route_count: Kernel,
+    route_scan: Kernel,
+    route_scatter: Kernel,
     combine: Kernel,
     max_ctas: u32,
 }
@@ -253,22 +297,51 @@ impl BlockKernels {
     pub fn new(gpu: &Gpu) -> Result<BlockKernels> {
         Ok(BlockKernels {
             route: gpu.function(ROUTE)?,
+            route_count: gpu.function(ROUTE_COUNT)?,
+            route_scan: gpu.function(ROUTE_SCAN)?,
+            route_scatter: gpu.function(ROUTE_SCATTER)?,
             combine: gpu.function(COMBINE)?,
             max_ctas: gpu.sm_count().max(1) * COMBINE_CTAS_PER_SM,
         })
     }
 
-    /// Routes on `stream` (one launch, also for `T = 0`, which writes `offsets` as zeros).
+    /// Routes on `stream` on the path [`route_chunks`] picks: one launch, or three in stream
+    /// order for more than 4096 slots (also for `T = 0`, which writes `offsets` as zeros).
     /// Errors (before any launch): as [`route_params`].
     ///
     /// # Safety
     /// As [`crate::GemmPlan::run_views`], for every buffer: each view is live device memory of
-    /// its length, kept alive until the launch completes.
+    /// its length, kept alive until the launches complete.
     pub unsafe fn route(&self, stream: &CudaStream, routing: Routing, views: RouteViews) -> Result<()> {
         let params = route_params(routing, views)?;
-        // SAFETY: `route_params` checked the lengths, alignment and disjointness the kernel
-        // relies on (its `# Safety`); the caller's contract for the memory.
-        unsafe { launch(&self.route, stream, abi::route_launch(), &params) }
+        // SAFETY: the caller's contract; `route_params` checked the arguments.
+        unsafe { self.launch_route(stream, &params) }
+    }
+
+    /// As [`BlockKernels::route`], on the path `chunks` names ([`route_params_on`]).
+    ///
+    /// # Safety
+    /// As [`BlockKernels::route`].
+    pub unsafe fn route_on(&self, stream: &CudaStream, routing: Routing, views: RouteViews, chunks: u32) -> Result<()> {
+        let params = route_params_on(routing, views, chunks)?;
+        // SAFETY: the caller's contract; `route_params_on` checked the arguments.
+        unsafe { self.launch_route(stream, &params) }
+    }
+
+    /// # Safety
+    /// `params` from [`route_params_on`], its buffers live until the launches complete.
+    unsafe fn launch_route(&self, stream: &CudaStream, params: &RouteParams) -> Result<()> {
+        // SAFETY: `route_params_on` checked the lengths, alignment and disjointness the kernels
+        // rely on (their `# Safety`); the caller's contract for the memory. The three launches of
+        // the multi-CTA path run in stream order, each reading what the one before wrote.
+        unsafe {
+            if params.chunks == 0 {
+                return launch(&self.route, stream, abi::route_launch(), params);
+            }
+            launch(&self.route_count, stream, abi::route_chunk_launch(params.chunks), params)?;
+            launch(&self.route_scan, stream, abi::route_launch(), params)?;
+            launch(&self.route_scatter, stream, abi::route_chunk_launch(params.chunks), params)
+        }
     }
 
     /// Combines on `stream` (no launch for `T = 0`). Errors (before any launch): as
@@ -314,6 +387,7 @@ mod tests {
             slot_row: view(0x4000, 6),
             row_token: view(0x5000, 6),
             row_weight: Some(view(0x6000, 6)),
+            scratch: view(0, 0),
         }
     }
 
@@ -369,6 +443,49 @@ mod tests {
             ..route_views()
         };
         assert!(route_params(Routing { tokens: 0, ..routing() }, empty).is_ok());
+    }
+
+    #[test]
+    fn route_paths_and_scratch() {
+        let p = route_params(routing(), route_views()).unwrap();
+        assert_eq!((p.chunks, p.chunk_slots, p.counts), (0, 0, 0));
+        // Forced multi-CTA path: 3 chunks of 2 slots, 3 · 5 scratch words.
+        let forced = RouteViews { scratch: view(0x7000, 15), ..route_views() };
+        let p = route_params_on(routing(), forced, 3).unwrap();
+        assert_eq!((p.chunks, p.chunk_slots, p.counts), (3, 2, 0x7000));
+        assert_eq!(field(route_params_on(routing(), route_views(), 3)), "scratch");
+        assert_eq!(field(route_params_on(routing(), RouteViews { scratch: view(0x7000, 16), ..forced }, 3)), "scratch");
+        assert_eq!(field(route_params_on(routing(), RouteViews { scratch: view(0x7004, 15), ..forced }, 3)), "scratch");
+        assert_eq!(field(route_params_on(routing(), RouteViews { scratch: view(0x1000, 15), ..forced }, 3)), "scratch");
+        let e = route_params_on(routing(), RouteViews { scratch: view(0x5010, 15), ..forced }, 3).unwrap_err();
+        assert!(matches!(e, Error::Overlap { .. }), "{e}");
+        // The one-CTA path: an empty scratch at any address.
+        assert!(route_params_on(routing(), RouteViews { scratch: view(0x6000, 0), ..forced }, 0).is_ok());
+        assert_eq!(field(route_params_on(routing(), forced, 129)), "chunks");
+        assert!(route_params_on(routing(), RouteViews { scratch: view(0x7000, 5 * 128), ..forced }, 128).is_ok());
+
+        // The path route_params picks: more than 4096 slots.
+        let r = Routing { tokens: 512, top_k: 8, first_expert: 0, experts: 64 };
+        assert_eq!((route_chunks(r), route_scratch_len(r)), (0, 0));
+        let r = Routing { tokens: 513, ..r };
+        assert_eq!((route_chunks(r), route_scratch_len(r)), (5, 5 * 64));
+        let n = r.tokens * r.top_k;
+        let big = |scratch| RouteViews {
+            ids: view(0x10_0000, n),
+            weights: None,
+            offsets: view(0x20_0000, 65),
+            slot_row: view(0x30_0000, n),
+            row_token: view(0x40_0000, n),
+            row_weight: None,
+            scratch,
+            ..route_views()
+        };
+        let p = route_params(r, big(view(0x50_0000, 320))).unwrap();
+        assert_eq!((p.chunks, p.chunk_slots, p.counts), (5, 821, 0x50_0000));
+        assert_eq!(field(route_params(r, big(view(0, 0)))), "scratch");
+        let e = route_params(r, big(view(0x30_0000 + 4 * 4096, 320))).map(|_| ()).unwrap_err();
+        assert!(matches!(e, Error::Overlap { .. }), "{e}");
+        assert_eq!(route_scratch_len(Routing { tokens: 1 << 20, top_k: 8, first_expert: 0, experts: 4096 }), 1 << 16);
     }
 
     #[test]

@@ -1,16 +1,18 @@
 //! The MoE block's routing and combine kernels on the GPU (`nvfp4_gemm::moe_block::BlockKernels`,
-//! the kernels `moe_route` and `moe_combine`) against `nvfp4_gemm_abi::moe_block`'s references,
-//! exactly: random router outputs (ids of -1 and of other ranks, repeated ids, empty experts, one
-//! expert taking everything; int32 and int64 ids; f32 and bf16 weights; T = 0, 1 and the decode
-//! and prefill sizes of a 256-expert model at top-8) and combines of f16 and bf16 rows with f32,
+//! the kernels `moe_route`, `moe_route_count` / `moe_route_scan` / `moe_route_scatter` and
+//! `moe_combine`) against `nvfp4_gemm_abi::moe_block`'s references, exactly: random router outputs
+//! (ids of -1 and of other ranks, repeated ids, empty experts, one expert taking everything;
+//! int32 and int64 ids; f32 and bf16 weights; T = 0, 1 and the decode and prefill sizes of a
+//! 256-expert model at top-8), each routing on both paths (the one CTA, and the multi-CTA path
+//! on the chunk count `route_chunks` picks and on forced counts of 1, 3 and 128), and combines of f16 and bf16 rows with f32,
 //! bf16 or no weights. Every output is poisoned before each of two runs (two poisons) and sits
 //! between guards that must stay untouched. (A module of `gpu_quantize`: one test binary less in
 //! the GPU bundle.)
 
 use cudarc::driver::CudaStream;
 use nvfp4_format::SplitMix64;
-use nvfp4_gemm::moe_block::{BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
-use nvfp4_gemm_abi::moe_block::{combine_sum, half_bits_to_f32, route_reference, NOT_LOCAL};
+use nvfp4_gemm::moe_block::{route_chunks, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
+use nvfp4_gemm_abi::moe_block::{combine_sum, half_bits_to_f32, route_reference, NOT_LOCAL, ROUTE_MAX_CHUNKS};
 use nvfp4_gemm_tests::guarded::{Guarded, POISONS};
 use nvfp4_gemm_tests::require_any_gpu;
 use std::sync::Arc;
@@ -69,7 +71,13 @@ fn route_case(k: &BlockKernels, stream: &Arc<CudaStream>, c: RouteCase, seed: u6
     let (mut off, mut sr, mut rt) = (vec![0u32; experts + 1], vec![0u32; slots], vec![0u32; slots]);
     route_reference(|s| ids[s], slots, top_k, first, experts as u32, &mut off, &mut sr, &mut rt);
     let rows = off[experts] as usize;
-    for poison in POISONS {
+    let routing = Routing { tokens, top_k, first_expert: first, experts };
+    let mut paths = vec![0, 1, 3, ROUTE_MAX_CHUNKS, route_chunks(routing)];
+    paths.sort_unstable();
+    paths.dedup();
+    for (chunks, poison) in paths.into_iter().flat_map(|c| POISONS.map(|p| (c, p))) {
+        let mut scratch = Guarded::new(stream, 4 * chunks as usize * experts);
+        scratch.poison(stream, poison);
         for o in &mut outs {
             o.poison(stream, poison);
         }
@@ -82,11 +90,17 @@ fn route_case(k: &BlockKernels, stream: &Arc<CudaStream>, c: RouteCase, seed: u6
             slot_row: outs[1].view(stream, slots),
             row_token: outs[2].view(stream, slots),
             row_weight: Some(outs[3].view(stream, slots)),
+            scratch: scratch.view(stream, chunks as usize * experts),
         };
-        let routing = Routing { tokens, top_k, first_expert: first, experts };
         // SAFETY: live buffers of these lengths, kept until the synchronizing reads below.
-        unsafe { k.route(stream, routing, views).unwrap() };
-        let what = format!("route {c:?} seed {seed} poison {poison:#x}");
+        unsafe {
+            if chunks == route_chunks(routing) {
+                k.route(stream, routing, views).unwrap();
+            } else {
+                k.route_on(stream, routing, views, chunks).unwrap();
+            }
+        }
+        let what = format!("route {c:?} on {chunks} chunks, seed {seed} poison {poison:#x}");
         assert_eq!(u32s(&outs[0], stream, &what), off, "{what}: offsets");
         assert_eq!(u32s(&outs[1], stream, &what), sr, "{what}: slot_row");
         assert_eq!(u32s(&outs[2], stream, &what)[..rows], rt[..rows], "{what}: row_token");
@@ -97,6 +111,7 @@ fn route_case(k: &BlockKernels, stream: &Arc<CudaStream>, c: RouteCase, seed: u6
             }
         }
         assert!(ids_d.body(stream, &what) == id_bytes && w_d.body(stream, &what) == w_bytes, "{what}: inputs");
+        scratch.body(stream, &what);
     }
 }
 
@@ -106,7 +121,7 @@ fn gpu_moe_route_matches_the_reference() {
     let gpu = require_any_gpu();
     let k = BlockKernels::new(&gpu).unwrap();
     let stream = gpu.context().default_stream();
-    let cases: [RouteCase; 9] = [
+    let cases: [RouteCase; 11] = [
         (0, 8, 256, 0, false, false, 0),
         (1, 8, 256, 0, true, true, 0),
         (37, 4, 8, 16, false, false, 0),
@@ -116,6 +131,8 @@ fn gpu_moe_route_matches_the_reference() {
         (64, 8, 256, 256, true, false, 0),
         (4096, 8, 256, 0, false, true, 0),
         (3000, 2, 4096, 1 << 40, true, false, 0),
+        (4097, 1, 8, 0, false, false, 0),
+        (16384, 8, 32, 0, true, true, 1),
     ];
     for (i, c) in cases.into_iter().enumerate() {
         route_case(&k, &stream, c, 300 + i as u64);
