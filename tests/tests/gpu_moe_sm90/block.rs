@@ -2,7 +2,7 @@
 //! the fp64 reference of its contract (`nvfp4_format::moe_block::reference`, docs/moe-block.md):
 //! random experts and routings (ids out of the local range, −1, repeated ids, an expert with no
 //! tokens), every activation, W4A4 and W4A16, the router weight at the combine and at the input,
-//! T = 0, 1 and the bound; the output poisoned before each call; two runs bit for bit equal;
+//! T = 0, 1, the bound and 4096; the output poisoned before each call; two runs bit for bit equal;
 //! arguments refused before any launch.
 
 use cudarc::driver::CudaSlice;
@@ -308,4 +308,48 @@ fn gpu_moe_block_activation_epilogue_matches_the_kernel() {
     let w4a16 = BlockOptions::new(Activation::Silu, Precision::W4a16, Dense16::Bf16);
     let refused = ExpertBlock::with_plan(&gpu, &stream, shape, w4a16, &loaded, fused_plan);
     assert!(matches!(refused, Err(Error::Unsupported(_))), "{:?}", refused.map(|_| ()));
+}
+
+/// T = 4096 (12,288 slots: the multi-CTA routing) through a block planned for 4096 tokens, W4A4
+/// with the activation kernel and with the epilogue, and W4A16: within the tolerance of the
+/// reference, the two W4A4 placements bit for bit, the output poisoned first.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_4096_tokens() {
+    use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan};
+    let gpu = require_gpu(Arch::Sm90a);
+    let stream = gpu.context().default_stream();
+    let tokens = 4096;
+    let shape = block_shape(tokens);
+    let mut rng = SplitMix64::new(0x4096);
+    let loaded = experts(true, &mut rng);
+    let r = routing(tokens, &mut rng);
+    let x: Vec<bf16> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal())).collect();
+    let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let ids: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
+    let (x_dev, ids_dev, w_dev) =
+        (stream.clone_htod(&x).unwrap(), stream.clone_htod(&ids).unwrap(), stream.clone_htod(&r.weights).unwrap());
+    let mut w4a4_bits = vec![];
+    for (precision, activation) in [
+        (Precision::W4a4, ActivationPlacement::Kernel),
+        (Precision::W4a4, ActivationPlacement::FirstGemmEpilogue),
+        (Precision::W4a16, ActivationPlacement::Kernel),
+    ] {
+        let what = format!("{precision:?} {activation:?} T={tokens}");
+        let options = BlockOptions::new(Activation::Silu, precision, Dense16::Bf16);
+        let plan = BlockPlan { activation };
+        let mut block = ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, plan).unwrap();
+        let mut y: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+        block.run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y).unwrap();
+        let got = stream.clone_dtoh(&y).unwrap();
+        assert!(got.iter().all(|v| v.is_finite()), "{what}: a non-finite output");
+        let want = round_output_as(&reference(&x64, H, &r, &loaded, &options).unwrap(), Dense16::Bf16);
+        let err = norm(got.iter().zip(&want).map(|(g, w)| g.to_f64() - w)) / norm(want.iter().copied());
+        println!("CASE {what}: ‖got − ref‖ / ‖ref‖ = {err:.3e}");
+        assert!(err <= 2e-2, "{what}: ‖got − ref‖ / ‖ref‖ = {err}");
+        if precision == Precision::W4a4 {
+            w4a4_bits.push(got.iter().map(|v| v.to_bits()).collect::<Vec<u16>>());
+        }
+    }
+    assert!(w4a4_bits[0] == w4a4_bits[1], "the epilogue's output differs from the activation kernel's at T = 4096");
 }
