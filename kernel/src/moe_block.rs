@@ -67,6 +67,54 @@ unsafe fn slot_weight(weights: u64, bf16: u32, s: u32) -> f32 {
     }
 }
 
+/// Each local expert's counter in shared memory (`base`, one `u32` per expert, the scan's table
+/// after `ROUTE_MAX_EXPERTS` of them) turned into the expert's first row, and `p.offsets`
+/// written (`experts + 1` of them): a CTA-wide exclusive prefix sum over the experts, each thread
+/// owning `ROUTE_EXPERTS_PER_THREAD` consecutive counters. Ends with a CTA barrier.
+///
+/// # Safety
+/// Every thread of the CTA, after a barrier that follows every write of the counters; the
+/// counters and the table are this kernel's alone; `p.offsets` holds `experts + 1` writable
+/// `u32`s.
+#[inline(always)]
+unsafe fn counts_to_first_rows(p: &RouteParams, base: SmemAddr, tid: u32) {
+    let (warp_id, lane) = (tid / 32, tid % 32);
+    let counter = |e: u32| base.add(4 * e);
+    let table = base.add(4 * ROUTE_MAX_EXPERTS);
+    let own = tid * ROUTE_EXPERTS_PER_THREAD;
+    let mut counts = [0u32; ROUTE_EXPERTS_PER_THREAD as usize];
+    let mut sum = 0;
+    for (i, c) in counts.iter_mut().enumerate() {
+        if own + (i as u32) < p.experts {
+            // SAFETY: written before the caller's barrier.
+            *c = unsafe { smem::ld_u32(counter(own + i as u32)) };
+            sum += *c;
+        }
+    }
+    // SAFETY: every thread calls it; the table is this kernel's alone.
+    let (before, total, _) = unsafe { cta_exclusive_sums::<1>([sum], 0, warp_id, lane, WARPS, table) };
+    let offsets = p.offsets as *mut u32;
+    let mut start = before[0];
+    for (i, c) in counts.iter().enumerate() {
+        let e = own + i as u32;
+        if e < p.experts {
+            // SAFETY: this thread's own counters (every read of them was before the scan's
+            // barrier); e < experts offsets.
+            unsafe {
+                smem::st_u32(counter(e), start);
+                *offsets.add(e as usize) = start;
+            }
+            start += c;
+        }
+    }
+    if tid == 0 {
+        // SAFETY: `experts + 1` offsets.
+        unsafe { *offsets.add(p.experts as usize) = total[0] };
+    }
+    // SAFETY: every thread reaches it.
+    unsafe { barrier::sync_all() };
+}
+
 /// See the module docs. Launch: `nvfp4_gemm_abi::moe_block::route_launch()` (one CTA of
 /// [`ROUTE_THREADS`], `ROUTE_SMEM` bytes of dynamic shared memory).
 ///
@@ -86,7 +134,6 @@ pub unsafe fn moe_route(p: RouteParams) {
     let (warp_id, lane) = (tid / 32, tid % 32);
     let base = smem::dynamic_base();
     let counter = |e: u32| base.add(4 * e);
-    let table = base.add(4 * ROUTE_MAX_EXPERTS);
     let slots = p.tokens * p.top_k;
     let slot_row = p.slot_row as *mut u32;
 
@@ -137,38 +184,8 @@ pub unsafe fn moe_route(p: RouteParams) {
     }
 
     // The counts to each expert's first row, and the offsets.
-    let own = tid * ROUTE_EXPERTS_PER_THREAD;
-    let mut counts = [0u32; ROUTE_EXPERTS_PER_THREAD as usize];
-    let mut sum = 0;
-    for (i, c) in counts.iter_mut().enumerate() {
-        if own + (i as u32) < p.experts {
-            // SAFETY: written before the last barrier.
-            *c = unsafe { smem::ld_u32(counter(own + i as u32)) };
-            sum += *c;
-        }
-    }
-    // SAFETY: every thread calls it; the table is this kernel's alone.
-    let (before, total, _) = unsafe { cta_exclusive_sums::<1>([sum], 0, warp_id, lane, WARPS, table) };
-    let offsets = p.offsets as *mut u32;
-    let mut start = before[0];
-    for (i, c) in counts.iter().enumerate() {
-        let e = own + i as u32;
-        if e < p.experts {
-            // SAFETY: this thread's own counters (nobody else reads them before the barrier);
-            // e < experts offsets.
-            unsafe {
-                smem::st_u32(counter(e), start);
-                *offsets.add(e as usize) = start;
-            }
-            start += c;
-        }
-    }
-    if tid == 0 {
-        // SAFETY: `experts + 1` offsets.
-        unsafe { *offsets.add(p.experts as usize) = total[0] };
-    }
-    // SAFETY: every thread reaches it.
-    unsafe { barrier::sync_all() };
+    // SAFETY: every thread, after the barrier that follows the counters' writes.
+    unsafe { counts_to_first_rows(&p, base, tid) };
 
     // Pass 2: each slot's row.
     let mut first = 0;
@@ -314,10 +331,8 @@ pub unsafe fn moe_route_scan(p: RouteParams) {
         return;
     }
     let tid = sreg::tid_x();
-    let (warp_id, lane) = (tid / 32, tid % 32);
     let base = smem::dynamic_base();
     let counter = |e: u32| base.add(4 * e);
-    let table = base.add(4 * ROUTE_MAX_EXPERTS);
     let counts = p.counts as *mut u32;
 
     // Each expert's total over the chunks.
@@ -335,39 +350,9 @@ pub unsafe fn moe_route_scan(p: RouteParams) {
     // SAFETY: every thread reaches it.
     unsafe { barrier::sync_all() };
 
-    // The totals to each expert's first row, and the offsets (as `moe_route`).
-    let own = tid * ROUTE_EXPERTS_PER_THREAD;
-    let mut totals = [0u32; ROUTE_EXPERTS_PER_THREAD as usize];
-    let mut sum = 0;
-    for (i, t) in totals.iter_mut().enumerate() {
-        if own + (i as u32) < p.experts {
-            // SAFETY: written before the barrier.
-            *t = unsafe { smem::ld_u32(counter(own + i as u32)) };
-            sum += *t;
-        }
-    }
-    // SAFETY: every thread calls it; the table is this kernel's alone.
-    let (before, total, _) = unsafe { cta_exclusive_sums::<1>([sum], 0, warp_id, lane, WARPS, table) };
-    let offsets = p.offsets as *mut u32;
-    let mut start = before[0];
-    for (i, t) in totals.iter().enumerate() {
-        let e = own + i as u32;
-        if e < p.experts {
-            // SAFETY: this thread's own counters (every read of them was before the scan's
-            // barrier); e < experts offsets.
-            unsafe {
-                smem::st_u32(counter(e), start);
-                *offsets.add(e as usize) = start;
-            }
-            start += t;
-        }
-    }
-    if tid == 0 {
-        // SAFETY: `experts + 1` offsets.
-        unsafe { *offsets.add(p.experts as usize) = total[0] };
-    }
-    // SAFETY: every thread reaches it.
-    unsafe { barrier::sync_all() };
+    // The counts to each expert's first row, and the offsets.
+    // SAFETY: every thread, after the barrier that follows the counters' writes.
+    unsafe { counts_to_first_rows(&p, base, tid) };
 
     // Each (chunk, expert) pair's first row, chunks in order.
     let mut e = tid;
