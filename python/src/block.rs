@@ -1,18 +1,21 @@
 //! `MoeBlock`: the whole MoE expert block (`nvfp4_gemm::moe_block::ExpertBlock`) for the package's
-//! `MoEBlock`. The experts come as host bytes, borrowed from Python's `bytes` (the checkpoint's
-//! tensors as stored: packed values,
-//! plain e4m3 scales, one global scale per weight, the input scales), the sizes from the package;
-//! each call reads its tensors once and runs the block on the current stream.
+//! `MoEBlock`. The experts come as host bytes, borrowed from Python's `bytes`: stacked tensors
+//! (packed values, plain e4m3 scales, one global scale per weight, the input scales) with the
+//! sizes from the package, or safetensors images of a checkpoint's layer read by
+//! `nvfp4_format::checkpoint` (`MoeBlock::from_checkpoint`, `checkpoint_experts`); each call
+//! reads its tensors once and runs the block on the current stream.
 
 use crate::errors::{py_err, value_error};
 use crate::{hooks, read, Device};
 use cudarc::driver::{sys, CudaStream};
+use nvfp4_gemm::format::checkpoint::{Checkpoint, Convention, LoadOptions, Projections, Reconcile};
 use nvfp4_gemm::moe_block::{
     Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16, ExpertBlock,
     ExpertWeights, IdType, LoadedExperts, PlainWeight, Precision, RouterWeightAt, WeightType,
 };
 use nvfp4_gemm::tensor::{self, Arg, DType, SameDevice};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
 use std::sync::{Arc, Mutex};
 
 const CALL: &str = "MoEBlock";
@@ -59,6 +62,130 @@ fn weights(values: &[u8], scales: &[u8], globals: &[f32], rows: usize, k: usize)
         .collect())
 }
 
+/// The block's options from the package's arguments.
+struct BlockKind {
+    options: BlockOptions,
+    dtype: DType,
+}
+
+impl BlockKind {
+    fn parse(activation: &str, w4a16: bool, dtype: &Bound<'_, PyAny>, weight_at_input: bool) -> PyResult<BlockKind> {
+        let activation = match activation {
+            "silu" => Activation::Silu,
+            "gelu_tanh" | "gelu" => Activation::GeluTanh,
+            "relu2" => Activation::Relu2,
+            other => {
+                return Err(value_error(format!("activation: '{other}'; expected 'silu', 'gelu_tanh' or 'relu2'")))
+            }
+        };
+        let dtype = read::dtype_arg(Some(dtype))?.unwrap_or(DType::Bf16);
+        let dense = match dtype {
+            DType::F16 => Dense16::F16,
+            DType::Bf16 => Dense16::Bf16,
+            other => return Err(value_error(format!("dtype: {}; expected float16 or bfloat16", other.name()))),
+        };
+        let precision = if w4a16 { Precision::W4a16 } else { Precision::W4a4 };
+        let mut options = BlockOptions::new(activation, precision, dense);
+        if weight_at_input {
+            options = options.with_router_weight_at(RouterWeightAt::Input);
+        }
+        Ok(BlockKind { options, dtype })
+    }
+}
+
+/// The experts `first .. first + count` of a checkpoint's shards (`nvfp4_format::checkpoint`:
+/// every name, dtype, shape and scale checked there; its errors become `ValueError`s).
+fn load(
+    shards: &[Bound<'_, PyBytes>],
+    prefix: &str,
+    convention: &str,
+    first: usize,
+    count: usize,
+    projections: &(String, String, String),
+    reconcile: &str,
+) -> PyResult<LoadedExperts> {
+    let convention = match convention {
+        "modelopt" => Convention::ModelOpt,
+        "compressed-tensors" | "compressed_tensors" => Convention::CompressedTensors,
+        other => {
+            return Err(value_error(format!("convention: '{other}'; expected 'modelopt' or 'compressed-tensors'")))
+        }
+    };
+    let reconcile = match reconcile {
+        "refuse" => Reconcile::Refuse,
+        "exact" => Reconcile::Exact,
+        "round" => Reconcile::Round,
+        other => return Err(value_error(format!("reconcile: '{other}'; expected 'refuse', 'exact' or 'round'"))),
+    };
+    if count == 0 {
+        return Err(value_error("experts: an empty range; the block needs at least one expert".to_string()));
+    }
+    // Borrowed from Python's `bytes` (immutable, kept alive by the caller's list).
+    let bytes: Vec<&[u8]> = shards.iter().map(|s| s.as_bytes()).collect();
+    let checkpoint = Checkpoint::parse_shards(&bytes).map_err(|e| value_error(format!("checkpoint: {e}")))?;
+    let (gate, up, down) = projections;
+    let options = LoadOptions::new(prefix, convention, first..first + count)
+        .with_projections(Projections { gate, up, down })
+        .with_reconcile(reconcile);
+    checkpoint.load_experts(&options).map_err(|e| value_error(format!("checkpoint: {e}")))
+}
+
+/// What a checkpoint's experts hold, read as [`MoeBlock::from_checkpoint`] reads them (no GPU):
+/// the sizes and every scale as a dequantization multiplier.
+#[pyfunction]
+#[pyo3(signature = (shards, prefix, convention, first_expert, experts, projections, reconcile))]
+#[allow(clippy::too_many_arguments)]
+pub fn checkpoint_experts<'py>(
+    py: Python<'py>,
+    shards: Vec<Bound<'py, PyBytes>>,
+    prefix: &str,
+    convention: &str,
+    first_expert: usize,
+    experts: usize,
+    projections: (String, String, String),
+    reconcile: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let loaded = load(&shards, prefix, convention, first_expert, experts, &projections, reconcile)?;
+    let first = &loaded.experts[0];
+    let d = PyDict::new(py);
+    d.set_item("first_expert", loaded.first_expert)?;
+    d.set_item("experts", loaded.experts.len())?;
+    d.set_item("hidden", first.w13.k)?;
+    d.set_item("intermediate", first.w2.k)?;
+    d.set_item("w13_rows", first.w13.rows)?;
+    d.set_item("w13_global_scales", loaded.experts.iter().map(|x| x.w13.global_scale).collect::<Vec<_>>())?;
+    d.set_item("w2_global_scales", loaded.experts.iter().map(|x| x.w2.global_scale).collect::<Vec<_>>())?;
+    d.set_item("w13_input_scales", loaded.w13_input_scales())?;
+    d.set_item("w2_input_scales", loaded.w2_input_scales())?;
+    Ok(d)
+}
+
+/// Plans the block for `loaded` on device `ordinal` (the caller's stream of it).
+fn plan(
+    py: Python<'_>,
+    loaded: &LoadedExperts,
+    shape: BlockShape,
+    kind: BlockKind,
+    ordinal: u32,
+    stream: Option<&Bound<'_, PyAny>>,
+    activation_epilogue: bool,
+) -> PyResult<MoeBlock> {
+    let device = hooks::device(py, ordinal)?;
+    let handle = hooks::stream(py, stream, ordinal)?;
+    let block = {
+        let dev = device.bind(py).borrow();
+        // SAFETY: the caller's current stream of this device, alive through the planning.
+        let s = unsafe { dev.gpu().context().wrap_borrowed_stream(handle as sys::CUstream) };
+        let activation =
+            if activation_epilogue { ActivationPlacement::FirstGemmEpilogue } else { ActivationPlacement::Kernel };
+        let block = ExpertBlock::with_plan(dev.gpu(), &s, shape, kind.options, loaded, BlockPlan { activation })
+            .map_err(py_err)?;
+        Inner { block, stream: Some((handle, s)) }
+    };
+    let (hidden, top_k, max_tokens) = (shape.hidden, shape.top_k, shape.max_tokens);
+    Ok(MoeBlock { inner: Mutex::new(block), device, ordinal, dtype: kind.dtype, hidden, top_k, max_tokens })
+}
+
 #[pymethods]
 impl MoeBlock {
     /// Plans the block on device `ordinal` from the experts' bytes (module docs; the package's
@@ -89,22 +216,9 @@ impl MoeBlock {
         stream: Option<&Bound<'_, PyAny>>,
         activation_epilogue: bool,
     ) -> PyResult<MoeBlock> {
-        let activation = match activation {
-            "silu" => Activation::Silu,
-            "gelu_tanh" | "gelu" => Activation::GeluTanh,
-            "relu2" => Activation::Relu2,
-            other => {
-                return Err(value_error(format!("activation: '{other}'; expected 'silu', 'gelu_tanh' or 'relu2'")))
-            }
-        };
-        let dtype = read::dtype_arg(Some(dtype))?.unwrap_or(DType::Bf16);
-        let dense = match dtype {
-            DType::F16 => Dense16::F16,
-            DType::Bf16 => Dense16::Bf16,
-            other => return Err(value_error(format!("dtype: {}; expected float16 or bfloat16", other.name()))),
-        };
         let experts = w13_global.len();
-        let n1 = if activation.gated() { 2 * intermediate } else { intermediate };
+        let kind = BlockKind::parse(activation, w4a16, dtype, weight_at_input)?;
+        let n1 = if kind.options.activation.gated() { 2 * intermediate } else { intermediate };
         let same = [w2_global.len(), w13_input_scale.len(), w2_input_scale.len()];
         if same.iter().any(|&n| n != experts) {
             return Err(value_error(format!(
@@ -129,25 +243,49 @@ impl MoeBlock {
                 })
                 .collect(),
         };
-        let precision = if w4a16 { Precision::W4a16 } else { Precision::W4a4 };
-        let mut options = BlockOptions::new(activation, precision, dense);
-        if weight_at_input {
-            options = options.with_router_weight_at(RouterWeightAt::Input);
-        }
         let shape = BlockShape { first_expert: first_expert as i64, experts, hidden, intermediate, top_k, max_tokens };
-        let device = hooks::device(py, ordinal)?;
-        let handle = hooks::stream(py, stream, ordinal)?;
-        let block = {
-            let dev = device.bind(py).borrow();
-            // SAFETY: the caller's current stream of this device, alive through the planning.
-            let s = unsafe { dev.gpu().context().wrap_borrowed_stream(handle as sys::CUstream) };
-            let activation =
-                if activation_epilogue { ActivationPlacement::FirstGemmEpilogue } else { ActivationPlacement::Kernel };
-            let plan = BlockPlan { activation };
-            let block = ExpertBlock::with_plan(dev.gpu(), &s, shape, options, &loaded, plan).map_err(py_err)?;
-            Inner { block, stream: Some((handle, s)) }
-        };
-        Ok(MoeBlock { inner: Mutex::new(block), device, ordinal, dtype, hidden, top_k, max_tokens })
+        plan(py, &loaded, shape, kind, ordinal, stream, activation_epilogue)
+    }
+
+    /// Plans the block from a checkpoint's experts as stored: `shards` hold safetensors bytes
+    /// (whole files, or the package's extracts of the layer's tensors), read by
+    /// `nvfp4_format::checkpoint` with `convention` (`"modelopt"`, `"compressed-tensors"`), the
+    /// projection names and the w1/w3 `reconcile` policy (`"refuse"`, `"exact"`, `"round"`), for
+    /// the experts `first_expert .. first_expert + experts`; H and I from the tensors.
+    #[staticmethod]
+    #[pyo3(signature = (shards, prefix, convention, first_expert, experts, projections, reconcile, top_k, max_tokens, activation, w4a16, dtype, weight_at_input, ordinal, stream=None, activation_epilogue=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_checkpoint(
+        py: Python<'_>,
+        shards: Vec<Bound<'_, PyBytes>>,
+        prefix: &str,
+        convention: &str,
+        first_expert: usize,
+        experts: usize,
+        projections: (String, String, String),
+        reconcile: &str,
+        top_k: usize,
+        max_tokens: usize,
+        activation: &str,
+        w4a16: bool,
+        dtype: &Bound<'_, PyAny>,
+        weight_at_input: bool,
+        ordinal: u32,
+        stream: Option<&Bound<'_, PyAny>>,
+        activation_epilogue: bool,
+    ) -> PyResult<MoeBlock> {
+        let kind = BlockKind::parse(activation, w4a16, dtype, weight_at_input)?;
+        let loaded = load(&shards, prefix, convention, first_expert, experts, &projections, reconcile)?;
+        let first = &loaded.experts[0];
+        let (hidden, intermediate) = (first.w13.k, first.w2.k);
+        let shape = BlockShape { first_expert: first_expert as i64, experts, hidden, intermediate, top_k, max_tokens };
+        plan(py, &loaded, shape, kind, ordinal, stream, activation_epilogue)
+    }
+
+    /// The hidden size `H` the block was planned for.
+    #[getter]
+    fn hidden(&self) -> usize {
+        self.hidden
     }
 
     /// One step: `y = block(hidden_states)` with the router's `topk_weights` and `topk_ids`

@@ -335,6 +335,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(gemm::check_problem, m)?,
         wrap_pyfunction!(gemm::clear_cache, m)?,
         wrap_pyfunction!(moe::moe_sizes, m)?,
+        wrap_pyfunction!(block::checkpoint_experts, m)?,
         wrap_pyfunction!(quantize, m)?,
         wrap_pyfunction!(dequantize, m)?,
         wrap_pyfunction!(prepack_w4a16, m)?,

@@ -2,8 +2,10 @@
 here, from the operands' bits (not through the library). Skipped, with the reason, without torch
 or a supported GPU; `gpu-check.sh` requires them to run."""
 
+import json
 import math
 import os
+import struct
 
 import pytest
 
@@ -641,3 +643,48 @@ def test_moe_block_activation_epilogue_is_the_kernel_bit_for_bit():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{activation}: the epilogue differs"
     with pytest.raises(Exception, match="epilogue"):
         nvfp4_gemm.MoEBlock(*args, w4a16=True, activation_epilogue=True, **kw)
+
+
+def test_moe_block_from_a_checkpoint_is_the_stacked_block(tmp_path):
+    # The same experts given as a ModelOpt state dict, as a safetensors file and as stacked
+    # tensors: the three blocks give the same output bit for bit (the loader reads what the
+    # stacked constructor is given).
+    gen = torch.Generator(device=CUDA).manual_seed(11)
+    e, i, h, top_k, t = 3, 64, 128, 2, 16
+    ops = {(x, p): random_operand(*shape, gen) for x in range(e) for p, shape in (("w1", (i, h)), ("w3", (i, h)), ("w2", (h, i)))}
+    g13, g2 = [0.01 * (x + 1) for x in range(e)], [0.02 * (x + 1) for x in range(e)]
+    in13, in2 = [0.05 * (x + 1) for x in range(e)], [0.04 * (x + 1) for x in range(e)]
+    prefix = "model.layers.0.mlp"
+    sd = {}
+    for (x, p), (values, scales) in ops.items():
+        rows, k = (h, i) if p == "w2" else (i, h)
+        base = f"{prefix}.experts.{x}.{p}."
+        sd[base + "weight"] = values.reshape(rows, k // 2)
+        sd[base + "weight_scale"] = scales.reshape(rows, k // 16).view(torch.float8_e4m3fn)
+        sd[base + "weight_scale_2"] = torch.tensor(g2[x] if p == "w2" else g13[x], dtype=torch.float32)
+        sd[base + "input_scale"] = torch.tensor([in2[x] if p == "w2" else in13[x]], dtype=torch.float32)
+    kw = dict(top_k=top_k, max_tokens=t)
+    from_sd = nvfp4_gemm.MoEBlock.from_state_dict(sd, prefix, **kw)
+    # The file written by hand (the safetensors layout: header length, JSON header, data).
+    kinds = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F32"}
+    header, data = {}, b""
+    for name, v in sd.items():
+        raw = v.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": kinds[v.dtype], "shape": list(v.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data)
+    from_file = nvfp4_gemm.MoEBlock.from_checkpoint(str(tmp_path / "m.safetensors"), prefix, **kw)
+    w13 = torch.stack([torch.cat([ops[(x, "w1")][0].reshape(i, h // 2), ops[(x, "w3")][0].reshape(i, h // 2)]) for x in range(e)])
+    s13 = torch.stack([torch.cat([ops[(x, "w1")][1].reshape(i, h // 16), ops[(x, "w3")][1].reshape(i, h // 16)]) for x in range(e)])
+    w2 = torch.stack([ops[(x, "w2")][0].reshape(h, i // 2) for x in range(e)])
+    s2 = torch.stack([ops[(x, "w2")][1].reshape(h, i // 16) for x in range(e)])
+    stacked = nvfp4_gemm.MoEBlock(w13, s13, g13, w2, s2, g2, in13, in2, **kw)
+    x = torch.randn((t, h), generator=gen, device=CUDA).to(torch.bfloat16)
+    ids = torch.randint(-1, e, (t, top_k), generator=gen, device=CUDA, dtype=torch.int32)
+    weights = torch.rand((t, top_k), generator=gen, device=CUDA)
+    outs = [b(x, weights, ids, out=poisoned((t, h), torch.bfloat16)) for b in (stacked, from_sd, from_file)]
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), "state dict vs stacked"
+    assert torch.equal(outs[0].view(torch.int16), outs[2].view(torch.int16)), "file vs stacked"
+    assert bool(torch.isfinite(outs[0].float()).all())

@@ -10,7 +10,9 @@ one e4m3 scale per 16 values in the 128x4 blocked layout), C fp16 or bf16.
 - :class:`MoE`: a mixture-of-experts layer's GEMM with the routing on the GPU (CUDA-graph
   capturable), NVFP4 activations or (``w4a16=``) 16-bit ones used as they are;
 - :class:`MoEBlock` / :func:`fused_experts`: the whole expert block (routing, gate/up GEMM,
-  activation, down GEMM, weighted combine) from a ModelOpt checkpoint's experts;
+  activation, down GEMM, weighted combine) from a ModelOpt checkpoint's experts, stacked or read
+  from safetensors / a state dict (``MoEBlock.from_checkpoint``, ``from_state_dict``;
+  :mod:`nvfp4_gemm.checkpoint` reads a layer's experts without a GPU);
 - :mod:`nvfp4_gemm.w4a16`: W4A16 on Hopper — fp16/bf16 activations times NVFP4 weights
   prepacked once (:func:`nvfp4_gemm.w4a16.prepack`, :func:`nvfp4_gemm.w4a16.grouped_gemm`);
 - :func:`custom_kernel`: the GPU MODE ``nvfp4_group_gemm`` entry point;
@@ -25,7 +27,7 @@ own rules (the native module) before anything is launched: bad arguments raise
 ``N_MULTIPLE``, ``ALIGN``, ``MAX_GROUPS``, :func:`blocked_bytes`).
 """
 
-from . import _hooks, _native, layout, w4a16
+from . import _hooks, _native, checkpoint, layout, w4a16
 from ._core import PreparedGemm, clear_cache, dequantize, device, grouped_gemm, grouped_gemm_stacked, prepare, quantize
 from ._native import CaptureError, CudaError, NoDriverError, UnsupportedError, blocked_bytes
 from .block import MoEBlock, fused_experts

@@ -1,6 +1,7 @@
 """The whole mixture-of-experts block on the GPU (``nvfp4_gemm::moe_block::ExpertBlock``)."""
 
 from . import _hooks, _native
+from . import checkpoint as _checkpoint
 
 
 def _bytes(t):
@@ -100,6 +101,70 @@ class MoEBlock:
             stream,
             bool(activation_epilogue),
         )
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        source,
+        prefix,
+        *,
+        convention="modelopt",
+        experts=None,
+        projections="w1_w3_w2",
+        reconcile="refuse",
+        top_k,
+        max_tokens,
+        activation="silu",
+        w4a16=False,
+        dtype=None,
+        apply_router_weight_on_input=False,
+        activation_epilogue=False,
+        device=None,
+        stream=None,
+    ):
+        """The block of the MoE layer ``prefix`` (e.g. ``"model.layers.3.mlp"``; its experts'
+        tensors are ``{prefix}.experts.{e}.{projection}.…``) from a checkpoint as stored:
+        ``source`` a safetensors path, several paths (a sharded checkpoint), safetensors bytes,
+        or a state dict of torch tensors (``from_state_dict`` is the same call).
+        ``convention``: ``"modelopt"`` (``weight``, ``weight_scale``, ``weight_scale_2``,
+        ``input_scale``) or ``"compressed-tensors"`` (``weight_packed``, ``weight_scale``,
+        ``weight_global_scale``, ``input_global_scale``: the inverse scales, inverted here);
+        ``experts``: this rank's experts (a count or a ``range``; None: all); ``projections``:
+        ``"w1_w3_w2"``, ``"gate_up_down"`` or three names; ``reconcile``: w1/w3 global scales
+        that differ are refused (``"refuse"``) or brought to the larger one (``"exact"``,
+        ``"round"``; docs/checkpoints.md §3). The library's loader checks every tensor (a
+        ``ValueError`` names the one at fault); only the layer's tensors are read from files. The
+        other options are the constructor's."""
+        shards, r = _checkpoint._shards(source, prefix, experts)
+        if device is None:
+            device = _hooks.current_device()
+        self = cls.__new__(cls)
+        self._block = _native.MoeBlock.from_checkpoint(
+            shards,
+            prefix,
+            convention,
+            r.start,
+            len(r),
+            _checkpoint._projections(projections),
+            reconcile,
+            top_k,
+            max_tokens,
+            activation,
+            bool(w4a16),
+            "bfloat16" if dtype is None else dtype,
+            bool(apply_router_weight_on_input),
+            int(device),
+            stream,
+            bool(activation_epilogue),
+        )
+        self.hidden, self.top_k, self.max_tokens, self.experts = self._block.hidden, top_k, max_tokens, len(r)
+        return self
+
+    @classmethod
+    def from_state_dict(cls, state_dict, prefix, **options):
+        """:meth:`from_checkpoint` on a state dict of torch tensors (any device; copied to the
+        host once), named as the checkpoint names them."""
+        return cls.from_checkpoint(state_dict, prefix, **options)
 
     def __call__(self, hidden_states, topk_weights, topk_ids, *, out=None, stream=None):
         """``y = block(hidden_states)``: ``hidden_states`` ``[T, H]`` (the block's dtype),
