@@ -52,9 +52,33 @@ extern "C" {
 #define NVFP4_TOKENS_F16 1
 #define NVFP4_TOKENS_BF16 2
 
+/* A checkpoint's convention (ModelOpt's scales, or compressed-tensors' inverse ones), its
+ * projection names, and what to do with w1/w3 global scales that differ. */
+#define NVFP4_MODELOPT 0
+#define NVFP4_COMPRESSED_TENSORS 1
+#define NVFP4_PROJECTIONS_W1_W3_W2 0
+#define NVFP4_PROJECTIONS_GATE_UP_DOWN 1
+#define NVFP4_RECONCILE_REFUSE 0
+#define NVFP4_RECONCILE_EXACT 1
+#define NVFP4_RECONCILE_ROUND 2
+
+/* The expert block: its activation, precision and flags, the router's id and weight types. */
+#define NVFP4_SILU 0
+#define NVFP4_GELU_TANH 1
+#define NVFP4_RELU2 2
+#define NVFP4_W4A4 0
+#define NVFP4_W4A16 1
+#define NVFP4_BLOCK_WEIGHT_AT_INPUT 1
+#define NVFP4_BLOCK_ACTIVATION_EPILOGUE 2
+#define NVFP4_IDS_I32 0
+#define NVFP4_IDS_I64 1
+#define NVFP4_WEIGHTS_F32 0
+#define NVFP4_WEIGHTS_BF16 1
+
 typedef struct nvfp4_device nvfp4_device;
 typedef struct nvfp4_gemm_plan nvfp4_gemm_plan;
 typedef struct nvfp4_moe_plan nvfp4_moe_plan;
+typedef struct nvfp4_expert_block nvfp4_expert_block;
 typedef struct CUstream_st *nvfp4_stream; /* a CUstream */
 
 typedef struct { uint64_t ptr; uint64_t len; } nvfp4_buffer;
@@ -64,6 +88,21 @@ typedef struct { nvfp4_operand a; nvfp4_operand b; nvfp4_buffer c; float alpha; 
 typedef struct { nvfp4_operand a; nvfp4_operand b; nvfp4_buffer c; } nvfp4_stacked_args;
 typedef struct { nvfp4_buffer sizes; nvfp4_operand a; nvfp4_buffer c; } nvfp4_moe_args;
 typedef struct { uint64_t m; uint64_t n; uint64_t k; } nvfp4_shape;
+/* One safetensors shard's bytes, on the host. */
+typedef struct { const uint8_t *data; size_t len; } nvfp4_host_bytes;
+/* The expert block: the rank's experts first_expert .. first_expert + experts (the checkpoint's
+ * numbering), top_k, the token bound, NVFP4_SILU/GELU_TANH/RELU2, NVFP4_W4A4/W4A16, NVFP4_F16/BF16,
+ * NVFP4_BLOCK_* flags. */
+typedef struct {
+    uint64_t first_expert;
+    uint64_t experts;
+    uint64_t top_k;
+    uint64_t max_tokens;
+    uint32_t activation;
+    uint32_t precision;
+    uint32_t dtype;
+    uint32_t flags;
+} nvfp4_block_desc;
 
 int nvfp4_device_open(int ordinal, nvfp4_device **out, char *err, size_t err_len);
 void nvfp4_device_close(nvfp4_device *dev);
@@ -123,6 +162,19 @@ int nvfp4_w4a16_prepack(const uint8_t *values, size_t values_len, const uint8_t 
 int nvfp4_w4a16_prepack_device(const nvfp4_device *dev, nvfp4_stream stream, const nvfp4_operand *input,
                                uint64_t experts, uint64_t rows, uint64_t k, uint32_t token_type,
                                const nvfp4_operand *out, char *err, size_t err_len);
+
+/* The whole expert block of the MoE layer `prefix` (e.g. "model.layers.3.mlp") from a checkpoint's
+ * safetensors shards as stored (every tensor checked; H and I from them), weights uploaded on
+ * stream (returns when they are on the device). run: x and y [tokens, H] of the block's dtype,
+ * topk_ids and topk_weights [tokens, top_k]; no allocation, no host synchronization. */
+int nvfp4_expert_block_create(const nvfp4_device *dev, nvfp4_stream stream, const nvfp4_host_bytes *shards,
+                              size_t shard_count, const char *prefix, uint32_t convention, uint32_t projections,
+                              uint32_t reconcile, const nvfp4_block_desc *desc, nvfp4_expert_block **out,
+                              char *err, size_t err_len);
+void nvfp4_expert_block_destroy(nvfp4_expert_block *block);
+int nvfp4_expert_block_run(nvfp4_expert_block *block, nvfp4_stream stream, nvfp4_buffer x, uint64_t tokens,
+                           nvfp4_buffer topk_ids, uint32_t ids_type, nvfp4_buffer topk_weights,
+                           uint32_t weights_type, nvfp4_buffer y, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

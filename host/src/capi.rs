@@ -2,7 +2,8 @@
 //! entries on buffers given as addresses and lengths ([`GemmPlan::run_views`],
 //! [`GemmPlan::run_stacked_views`], [`MoePlan::run_views`], [`Quantizer::quantize_views`],
 //! [`Quantizer::dequantize_views`], [`Quantizer::quantize_grouped_views`],
-//! [`Prepacker::prepack_views`]), and the CPU weight prepack of W4A16 ([`crate::w4a16::prepack`]).
+//! [`Prepacker::prepack_views`], [`ExpertBlock::run_views`]: the whole expert block planned from a
+//! checkpoint's shards as stored), and the CPU weight prepack of W4A16 ([`crate::w4a16::prepack`]).
 //!
 //! Build a library exporting it with `cargo rustc -p nvfp4-gemm --release --crate-type cdylib`
 //! (or `staticlib`). The header is written by hand and checked by `host/tests/c_header.rs`: every
@@ -11,7 +12,7 @@
 //! asserts each struct's size and field offsets against these `#[repr(C)]` structs.
 //!
 //! What this module adds to the typed entries is only what C needs: handles (boxed
-//! [`Nvfp4Device`], [`Nvfp4GemmPlan`], [`Nvfp4MoePlan`]), codes for enums (`NVFP4_F16` …), null
+//! [`Nvfp4Device`], [`Nvfp4GemmPlan`], [`Nvfp4MoePlan`], [`Nvfp4ExpertBlock`]), codes for enums (`NVFP4_F16` …), null
 //! checks, and status codes. Every call goes through the same validation as a Rust caller's
 //! (lengths, alignment, overlaps, output and token type, finite host alphas) before anything is
 //! launched; what no validation can check is that an address really is device memory of that
@@ -43,11 +44,16 @@
 use crate::device::Gpu;
 use crate::error::{invalid, Error, Result};
 use crate::moe::{MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout};
+use crate::moe_block::{
+    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16, ExpertBlock, IdType,
+    LoadedExperts, Precision, RouterWeightAt, WeightType,
+};
 use crate::plan::{GemmPlan, StackedViews};
 use crate::problem::{Activations, BufferView, GroupBuffers, GroupShape, OutputType, Problem, TokenKind};
 use crate::quantize::Quantizer;
 use crate::w4a16::{PrepackViews, Prepacker, WeightStack};
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr};
+use nvfp4_format::checkpoint::{Checkpoint, Convention, LoadOptions, Projections, Reconcile};
 use nvfp4_format::Nvfp4Matrix;
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -91,6 +97,52 @@ pub const NVFP4_TOKENS_NVFP4: u32 = 0;
 pub const NVFP4_TOKENS_F16: u32 = 1;
 /// Token type code of a plan: bf16 activations (W4A16, weights prepacked for bf16).
 pub const NVFP4_TOKENS_BF16: u32 = 2;
+
+/// Checkpoint convention code: ModelOpt (`weight_scale_2`, `input_scale`: dequantization
+/// multipliers).
+pub const NVFP4_MODELOPT: u32 = 0;
+/// Checkpoint convention code: compressed-tensors (`weight_global_scale`, `input_global_scale`:
+/// their inverses).
+pub const NVFP4_COMPRESSED_TENSORS: u32 = 1;
+
+/// Projection names code: `w1`, `w3`, `w2`.
+pub const NVFP4_PROJECTIONS_W1_W3_W2: u32 = 0;
+/// Projection names code: `gate_proj`, `up_proj`, `down_proj`.
+pub const NVFP4_PROJECTIONS_GATE_UP_DOWN: u32 = 1;
+
+/// w1/w3 global scales that differ: refused.
+pub const NVFP4_RECONCILE_REFUSE: u32 = 0;
+/// w1/w3 global scales that differ: the larger kept, the other half's block scales rescaled
+/// exactly (refused unless exact).
+pub const NVFP4_RECONCILE_EXACT: u32 = 1;
+/// w1/w3 global scales that differ: as exact, the block scales rounded to e4m3.
+pub const NVFP4_RECONCILE_ROUND: u32 = 2;
+
+/// The block's activation code: silu (gated).
+pub const NVFP4_SILU: u32 = 0;
+/// The block's activation code: gelu with the tanh approximation (gated).
+pub const NVFP4_GELU_TANH: u32 = 1;
+/// The block's activation code: `max(h, 0)²` (not gated).
+pub const NVFP4_RELU2: u32 = 2;
+
+/// The block's precision code: NVFP4 activations (quantized on the GPU).
+pub const NVFP4_W4A4: u32 = 0;
+/// The block's precision code: 16-bit activations times the NVFP4 weights (sm_90a).
+pub const NVFP4_W4A16: u32 = 1;
+
+/// Block flag: the router weight multiplies the input instead of the output.
+pub const NVFP4_BLOCK_WEIGHT_AT_INPUT: u32 = 1;
+/// Block flag: the activation in the first GEMM's epilogue (W4A4 on sm_90a).
+pub const NVFP4_BLOCK_ACTIVATION_EPILOGUE: u32 = 2;
+
+/// `topk_ids` type code: int32.
+pub const NVFP4_IDS_I32: u32 = 0;
+/// `topk_ids` type code: int64.
+pub const NVFP4_IDS_I64: u32 = 1;
+/// `topk_weights` type code: float32.
+pub const NVFP4_WEIGHTS_F32: u32 = 0;
+/// `topk_weights` type code: bfloat16.
+pub const NVFP4_WEIGHTS_BF16: u32 = 1;
 
 /// The C status of an error: [`Error::NoDriver`] [`NVFP4_NO_DRIVER`];
 /// [`Error::UnsupportedArch`] and [`Error::Unsupported`] [`NVFP4_UNSUPPORTED`];
@@ -196,6 +248,120 @@ pub struct Nvfp4GemmPlan {
 pub struct Nvfp4MoePlan {
     ctx: Arc<CudaContext>,
     plan: MoePlan,
+}
+
+/// Host bytes (C `nvfp4_host_bytes`): one safetensors shard's contents.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawHostBytes {
+    /// The first byte (may be null when `len` is 0).
+    pub data: *const u8,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// The expert block's shape and options as codes (C `nvfp4_block_desc`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawBlockDesc {
+    /// The global id of the rank's first expert (the checkpoint's numbering).
+    pub first_expert: u64,
+    /// The rank's experts.
+    pub experts: u64,
+    /// Experts per token.
+    pub top_k: u64,
+    /// The most tokens a call may pass.
+    pub max_tokens: u64,
+    /// [`NVFP4_SILU`], [`NVFP4_GELU_TANH`], [`NVFP4_RELU2`].
+    pub activation: u32,
+    /// [`NVFP4_W4A4`], [`NVFP4_W4A16`].
+    pub precision: u32,
+    /// The activations', intermediates' and output's type: [`NVFP4_F16`], [`NVFP4_BF16`].
+    pub dtype: u32,
+    /// [`NVFP4_BLOCK_WEIGHT_AT_INPUT`] | [`NVFP4_BLOCK_ACTIVATION_EPILOGUE`], or 0.
+    pub flags: u32,
+}
+
+/// The whole expert block with its device's context (C handle `nvfp4_expert_block`).
+pub struct Nvfp4ExpertBlock {
+    ctx: Arc<CudaContext>,
+    block: ExpertBlock,
+}
+
+/// What an expert block is made of, from the C codes: the experts read from the shards, the
+/// shape, the options and the plan. Pure: runs on the CPU.
+pub fn block_inputs(
+    call: &'static str,
+    shards: &[&[u8]],
+    prefix: &str,
+    convention: u32,
+    projections: u32,
+    reconcile: u32,
+    desc: &RawBlockDesc,
+) -> Result<(LoadedExperts, BlockShape, BlockOptions, BlockPlan)> {
+    let convention = match convention {
+        NVFP4_MODELOPT => Convention::ModelOpt,
+        NVFP4_COMPRESSED_TENSORS => Convention::CompressedTensors,
+        other => return Err(invalid(call, "convention", format!("{other} is not a convention code"))),
+    };
+    let projections = match projections {
+        NVFP4_PROJECTIONS_W1_W3_W2 => Projections::W1_W3_W2,
+        NVFP4_PROJECTIONS_GATE_UP_DOWN => Projections::GATE_UP_DOWN,
+        other => return Err(invalid(call, "projections", format!("{other} is not a projections code"))),
+    };
+    let reconcile = match reconcile {
+        NVFP4_RECONCILE_REFUSE => Reconcile::Refuse,
+        NVFP4_RECONCILE_EXACT => Reconcile::Exact,
+        NVFP4_RECONCILE_ROUND => Reconcile::Round,
+        other => return Err(invalid(call, "reconcile", format!("{other} is not a reconcile code"))),
+    };
+    let activation = match desc.activation {
+        NVFP4_SILU => Activation::Silu,
+        NVFP4_GELU_TANH => Activation::GeluTanh,
+        NVFP4_RELU2 => Activation::Relu2,
+        other => return Err(invalid(call, "desc.activation", format!("{other} is not an activation code"))),
+    };
+    let precision = match desc.precision {
+        NVFP4_W4A4 => Precision::W4a4,
+        NVFP4_W4A16 => Precision::W4a16,
+        other => return Err(invalid(call, "desc.precision", format!("{other} is not a precision code"))),
+    };
+    let dtype = match output_type(call, "desc.dtype", desc.dtype)? {
+        OutputType::F16 => Dense16::F16,
+        OutputType::Bf16 => Dense16::Bf16,
+    };
+    let known = NVFP4_BLOCK_WEIGHT_AT_INPUT | NVFP4_BLOCK_ACTIVATION_EPILOGUE;
+    if desc.flags & !known != 0 {
+        return Err(invalid(call, "desc.flags", format!("{:#x} has bits that are no flag", desc.flags)));
+    }
+    let (first, experts) = (desc.first_expert as usize, desc.experts as usize);
+    if experts == 0 {
+        return Err(invalid(call, "desc.experts", "0; the block needs at least one expert"));
+    }
+    let checkpoint = Checkpoint::parse_shards(shards).map_err(|e| invalid(call, "shards", e.to_string()))?;
+    let options = LoadOptions::new(prefix, convention, first..first + experts)
+        .with_projections(projections)
+        .with_reconcile(reconcile);
+    let loaded = checkpoint.load_experts(&options).map_err(|e| invalid(call, "shards", e.to_string()))?;
+    let (hidden, intermediate) = (loaded.experts[0].w13.k, loaded.experts[0].w2.k);
+    let shape = BlockShape {
+        first_expert: first as i64,
+        experts,
+        hidden,
+        intermediate,
+        top_k: desc.top_k as usize,
+        max_tokens: desc.max_tokens as usize,
+    };
+    let mut block_options = BlockOptions::new(activation, precision, dtype);
+    if desc.flags & NVFP4_BLOCK_WEIGHT_AT_INPUT != 0 {
+        block_options = block_options.with_router_weight_at(RouterWeightAt::Input);
+    }
+    let placement = if desc.flags & NVFP4_BLOCK_ACTIVATION_EPILOGUE != 0 {
+        ActivationPlacement::FirstGemmEpilogue
+    } else {
+        ActivationPlacement::Kernel
+    };
+    Ok((loaded, shape, block_options, BlockPlan { activation: placement }))
 }
 
 fn null_error(call: &'static str, field: &'static str) -> Error {
@@ -1010,6 +1176,120 @@ pub unsafe extern "C" fn nvfp4_w4a16_prepack(
     }
 }
 
+/// Plans the whole expert block ([`ExpertBlock::with_plan`]) of the MoE layer `prefix` (a
+/// NUL-terminated UTF-8 string, e.g. `model.layers.3.mlp`) from a checkpoint's `shard_count`
+/// safetensors shards as stored (each tensor in exactly one; `convention`
+/// [`NVFP4_MODELOPT`] / [`NVFP4_COMPRESSED_TENSORS`], `projections`, `reconcile`; every tensor
+/// checked by `nvfp4_format::checkpoint`) with the shape and options of `desc`, into `*out`:
+/// weights uploaded on `stream` (and prepacked there for W4A16); returns when they are on the
+/// device. Destroy it with [`nvfp4_expert_block_destroy`].
+///
+/// # Safety
+/// `dev` a live handle; `shards` valid for `shard_count` reads, each `data` for `len` bytes;
+/// `prefix` a NUL-terminated string; `desc` valid for one read; `out` for one write; `stream` as
+/// [`nvfp4_gemm_run`]'s; `err` null or valid for `err_len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn nvfp4_expert_block_create(
+    dev: *const Nvfp4Device,
+    stream: sys::CUstream,
+    shards: *const RawHostBytes,
+    shard_count: usize,
+    prefix: *const c_char,
+    convention: u32,
+    projections: u32,
+    reconcile: u32,
+    desc: *const RawBlockDesc,
+    out: *mut *mut Nvfp4ExpertBlock,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    const CALL: &str = "nvfp4_expert_block_create";
+    // SAFETY: the caller's contract.
+    unsafe {
+        ffi(err, err_len, || {
+            let dev = handle(CALL, dev, "dev")?;
+            let desc = handle(CALL, desc, "desc")?;
+            let raw = c_slice(CALL, shards, shard_count, "shards")?;
+            let bytes = raw.iter().map(|b| c_slice(CALL, b.data, b.len, "shards")).collect::<Result<Vec<&[u8]>>>()?;
+            if prefix.is_null() {
+                return Err(null_error(CALL, "prefix"));
+            }
+            let prefix =
+                std::ffi::CStr::from_ptr(prefix).to_str().map_err(|_| invalid(CALL, "prefix", "is not UTF-8"))?;
+            let (loaded, shape, options, plan) =
+                block_inputs(CALL, &bytes, prefix, convention, projections, reconcile, desc)?;
+            let s = borrow_stream(dev.gpu.context(), stream);
+            let block = ExpertBlock::with_plan(&dev.gpu, &s, shape, options, &loaded, plan)?;
+            into_handle(CALL, Nvfp4ExpertBlock { ctx: dev.gpu.context().clone(), block }, out)
+        })
+    }
+}
+
+/// Destroys an expert block (null: nothing). The work enqueued with it must have finished.
+///
+/// # Safety
+/// `block` null or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn nvfp4_expert_block_destroy(block: *mut Nvfp4ExpertBlock) {
+    // SAFETY: the caller's contract.
+    unsafe { destroy(block) }
+}
+
+/// One step of the block on `stream` ([`ExpertBlock::run_views`]): `x` and `y` `[tokens, H]` of
+/// the block's type (16-bit elements), `topk_ids` `[tokens, top_k]` of `ids_type`
+/// ([`NVFP4_IDS_I32`], [`NVFP4_IDS_I64`]), `topk_weights` of `weights_type`
+/// ([`NVFP4_WEIGHTS_F32`], [`NVFP4_WEIGHTS_BF16`]); lengths in elements. No allocation, no host
+/// synchronization: capturable (call it once outside capture first).
+///
+/// # Safety
+/// As [`nvfp4_gemm_run`], for every buffer.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn nvfp4_expert_block_run(
+    block: *mut Nvfp4ExpertBlock,
+    stream: sys::CUstream,
+    x: RawBuffer,
+    tokens: u64,
+    topk_ids: RawBuffer,
+    ids_type: u32,
+    topk_weights: RawBuffer,
+    weights_type: u32,
+    y: RawBuffer,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    const CALL: &str = "nvfp4_expert_block_run";
+    // SAFETY: the caller's contract.
+    unsafe {
+        ffi(err, err_len, || {
+            let b = handle_mut(CALL, block, "block")?;
+            let ids_type = match ids_type {
+                NVFP4_IDS_I32 => IdType::I32,
+                NVFP4_IDS_I64 => IdType::I64,
+                other => return Err(invalid(CALL, "ids_type", format!("{other} is not an id type code"))),
+            };
+            let weights_type = match weights_type {
+                NVFP4_WEIGHTS_F32 => WeightType::F32,
+                NVFP4_WEIGHTS_BF16 => WeightType::Bf16,
+                other => return Err(invalid(CALL, "weights_type", format!("{other} is not a weight type code"))),
+            };
+            let views = BlockViews {
+                x: view(x),
+                bf16: b.block.options().dtype == Dense16::Bf16,
+                tokens: tokens as usize,
+                ids: view(topk_ids),
+                ids_type,
+                weights: view(topk_weights),
+                weights_type,
+                y: view(y),
+            };
+            let stream = borrow_stream(&b.ctx, stream);
+            b.block.run_views(&stream, views)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1040,6 +1320,87 @@ mod tests {
         assert_eq!(unsafe { ffi(null_mut(), 0, || Ok(())) }, NVFP4_OK);
         // SAFETY: as above.
         assert_eq!(unsafe { ffi(buf.as_mut_ptr(), buf.len(), || panic!("test")) }, NVFP4_PANIC);
+    }
+
+    /// A ModelOpt file of `experts` experts (H = 128, I = 64) built in memory: global scales
+    /// 0.01·(e+1), input scales 0.1·(e+1).
+    fn modelopt_file(experts: usize) -> Vec<u8> {
+        use nvfp4_format::checkpoint::safetensors::{serialize, tensor::TensorView, Dtype};
+        let (h, i) = (128, 64);
+        let mut data: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![];
+        for e in 0..experts {
+            for (proj, rows, k) in [("w1", i, h), ("w3", i, h), ("w2", h, i)] {
+                let base = format!("model.layers.0.mlp.experts.{e}.{proj}");
+                let g = (0.01 * (e + 1) as f32).to_le_bytes().to_vec();
+                let s = (0.1 * (e + 1) as f32).to_le_bytes().to_vec();
+                data.push((format!("{base}.weight"), Dtype::U8, vec![rows, k / 2], vec![0x21; rows * k / 2]));
+                data.push((
+                    format!("{base}.weight_scale"),
+                    Dtype::F8_E4M3,
+                    vec![rows, k / 16],
+                    vec![0x38; rows * k / 16],
+                ));
+                data.push((format!("{base}.weight_scale_2"), Dtype::F32, vec![], g));
+                data.push((format!("{base}.input_scale"), Dtype::F32, vec![1], s));
+            }
+        }
+        let views: Vec<(String, TensorView<'_>)> =
+            data.iter().map(|(n, d, shape, b)| (n.clone(), TensorView::new(*d, shape.clone(), b).unwrap())).collect();
+        serialize(views, None).unwrap()
+    }
+
+    /// The block's experts, shape, options and plan from the C codes, without a GPU; every bad
+    /// code refused naming its argument.
+    #[test]
+    fn block_inputs_from_codes() {
+        let file = modelopt_file(3);
+        let shards = [file.as_slice()];
+        let desc = RawBlockDesc {
+            first_expert: 1,
+            experts: 2,
+            top_k: 2,
+            max_tokens: 32,
+            activation: NVFP4_GELU_TANH,
+            precision: NVFP4_W4A4,
+            dtype: NVFP4_F16,
+            flags: NVFP4_BLOCK_WEIGHT_AT_INPUT | NVFP4_BLOCK_ACTIVATION_EPILOGUE,
+        };
+        let inputs = |desc: &RawBlockDesc, convention, projections, reconcile| {
+            block_inputs("test", &shards, "model.layers.0.mlp", convention, projections, reconcile, desc)
+        };
+        let (loaded, shape, options, plan) =
+            inputs(&desc, NVFP4_MODELOPT, NVFP4_PROJECTIONS_W1_W3_W2, NVFP4_RECONCILE_REFUSE).unwrap();
+        assert_eq!((loaded.first_expert, loaded.experts.len()), (1, 2));
+        assert_eq!(loaded.w13_input_scales(), vec![0.2, 0.3]);
+        assert_eq!(
+            shape,
+            BlockShape { first_expert: 1, experts: 2, hidden: 128, intermediate: 64, top_k: 2, max_tokens: 32 }
+        );
+        assert_eq!(
+            options,
+            BlockOptions::new(Activation::GeluTanh, Precision::W4a4, Dense16::F16)
+                .with_router_weight_at(RouterWeightAt::Input)
+        );
+        assert_eq!(plan.activation, ActivationPlacement::FirstGemmEpilogue);
+        let field = |r: Result<(LoadedExperts, BlockShape, BlockOptions, BlockPlan)>| match r.err().unwrap() {
+            Error::InvalidArgument { field, .. } => field,
+            other => panic!("{other:?}"),
+        };
+        let (m, p, r) = (NVFP4_MODELOPT, NVFP4_PROJECTIONS_W1_W3_W2, NVFP4_RECONCILE_REFUSE);
+        assert_eq!(field(inputs(&desc, 7, p, r)), "convention");
+        assert_eq!(field(inputs(&desc, m, 7, r)), "projections");
+        assert_eq!(field(inputs(&desc, m, p, 7)), "reconcile");
+        assert_eq!(field(inputs(&RawBlockDesc { activation: 9, ..desc }, m, p, r)), "desc.activation");
+        assert_eq!(field(inputs(&RawBlockDesc { precision: 9, ..desc }, m, p, r)), "desc.precision");
+        assert_eq!(field(inputs(&RawBlockDesc { dtype: 9, ..desc }, m, p, r)), "desc.dtype");
+        assert_eq!(field(inputs(&RawBlockDesc { flags: 4, ..desc }, m, p, r)), "desc.flags");
+        assert_eq!(field(inputs(&RawBlockDesc { experts: 0, ..desc }, m, p, r)), "desc.experts");
+        // The checkpoint's own errors name the tensor: expert 3 is not in the file; the other
+        // convention's names are missing.
+        let missing = inputs(&RawBlockDesc { experts: 3, ..desc }, m, p, r).err().unwrap().to_string();
+        assert!(missing.contains("experts.3"), "{missing}");
+        let other = inputs(&desc, NVFP4_COMPRESSED_TENSORS, p, r).err().unwrap().to_string();
+        assert!(other.contains("weight_packed"), "{other}");
     }
 
     #[test]

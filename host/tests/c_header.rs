@@ -14,7 +14,9 @@
 //!   value, the widths of `size_t` and `int`, and initializes a pointer of the function type Rust
 //!   declares with each function (so the compiler, too, checks every prototype).
 
-use nvfp4_gemm::capi::{self, RawBuffer, RawGroupArgs, RawMoeArgs, RawOperand, RawShape, RawStackedArgs};
+use nvfp4_gemm::capi::{
+    self, RawBlockDesc, RawBuffer, RawGroupArgs, RawHostBytes, RawMoeArgs, RawOperand, RawShape, RawStackedArgs,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{align_of, offset_of, size_of};
 use std::path::PathBuf;
@@ -42,6 +44,9 @@ const TYPES: &[(&str, &str)] = &[
     ("Nvfp4Device", "nvfp4_device"),
     ("Nvfp4GemmPlan", "nvfp4_gemm_plan"),
     ("Nvfp4MoePlan", "nvfp4_moe_plan"),
+    ("RawHostBytes", "nvfp4_host_bytes"),
+    ("RawBlockDesc", "nvfp4_block_desc"),
+    ("Nvfp4ExpertBlock", "nvfp4_expert_block"),
 ];
 
 /// Every constant of the C interface with its value, as Rust has it.
@@ -60,6 +65,24 @@ const CONSTANTS: &[(&str, i64)] = &[
     ("NVFP4_TOKENS_NVFP4", capi::NVFP4_TOKENS_NVFP4 as i64),
     ("NVFP4_TOKENS_F16", capi::NVFP4_TOKENS_F16 as i64),
     ("NVFP4_TOKENS_BF16", capi::NVFP4_TOKENS_BF16 as i64),
+    ("NVFP4_MODELOPT", capi::NVFP4_MODELOPT as i64),
+    ("NVFP4_COMPRESSED_TENSORS", capi::NVFP4_COMPRESSED_TENSORS as i64),
+    ("NVFP4_PROJECTIONS_W1_W3_W2", capi::NVFP4_PROJECTIONS_W1_W3_W2 as i64),
+    ("NVFP4_PROJECTIONS_GATE_UP_DOWN", capi::NVFP4_PROJECTIONS_GATE_UP_DOWN as i64),
+    ("NVFP4_RECONCILE_REFUSE", capi::NVFP4_RECONCILE_REFUSE as i64),
+    ("NVFP4_RECONCILE_EXACT", capi::NVFP4_RECONCILE_EXACT as i64),
+    ("NVFP4_RECONCILE_ROUND", capi::NVFP4_RECONCILE_ROUND as i64),
+    ("NVFP4_SILU", capi::NVFP4_SILU as i64),
+    ("NVFP4_GELU_TANH", capi::NVFP4_GELU_TANH as i64),
+    ("NVFP4_RELU2", capi::NVFP4_RELU2 as i64),
+    ("NVFP4_W4A4", capi::NVFP4_W4A4 as i64),
+    ("NVFP4_W4A16", capi::NVFP4_W4A16 as i64),
+    ("NVFP4_BLOCK_WEIGHT_AT_INPUT", capi::NVFP4_BLOCK_WEIGHT_AT_INPUT as i64),
+    ("NVFP4_BLOCK_ACTIVATION_EPILOGUE", capi::NVFP4_BLOCK_ACTIVATION_EPILOGUE as i64),
+    ("NVFP4_IDS_I32", capi::NVFP4_IDS_I32 as i64),
+    ("NVFP4_IDS_I64", capi::NVFP4_IDS_I64 as i64),
+    ("NVFP4_WEIGHTS_F32", capi::NVFP4_WEIGHTS_F32 as i64),
+    ("NVFP4_WEIGHTS_BF16", capi::NVFP4_WEIGHTS_BF16 as i64),
 ];
 
 /// One `#[repr(C)]` struct as Rust lays it out.
@@ -90,6 +113,8 @@ fn layouts() -> Vec<Layout> {
         layout!(RawStackedArgs { a, b, c }),
         layout!(RawMoeArgs { sizes, a, c }),
         layout!(RawShape { m, n, k }),
+        layout!(RawHostBytes { data, len }),
+        layout!(RawBlockDesc { first_expert, experts, top_k, max_tokens, activation, precision, dtype, flags }),
     ]
 }
 

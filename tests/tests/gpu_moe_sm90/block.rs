@@ -353,3 +353,128 @@ fn gpu_moe_block_4096_tokens() {
     }
     assert!(w4a4_bits[0] == w4a4_bits[1], "the epilogue's output differs from the activation kernel's at T = 4096");
 }
+
+/// The block through the C interface (`nvfp4_expert_block_create` from a ModelOpt file built in
+/// memory, `nvfp4_expert_block_run`) against `ExpertBlock` planned from the same file: the same
+/// output bit for bit; a bad id type is `NVFP4_INVALID` with the output unwritten.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_through_the_c_interface() {
+    use cudarc::driver::DevicePtr;
+    use nvfp4_format::checkpoint::safetensors::{serialize, tensor::TensorView, Dtype};
+    use nvfp4_format::checkpoint::{Checkpoint, Convention, LoadOptions};
+    use nvfp4_gemm::capi::*;
+    let gpu = require_gpu(Arch::Sm90a);
+    let stream = gpu.context().default_stream();
+    let mut rng = SplitMix64::new(0xC0DE);
+    let loaded = experts(true, &mut rng);
+    // The experts as a ModelOpt checkpoint stores them: w13 split into w1 (gate) and w3 (up).
+    let mut data: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![];
+    for x in &loaded.experts {
+        let base = |p: &str| format!("model.layers.0.mlp.experts.{}.{p}", x.expert);
+        let (vb, sb) = (H / 2, H / 16);
+        for (p, rows) in [("w1", 0..I), ("w3", I..2 * I)] {
+            let values = x.w13.values[rows.start * vb..rows.end * vb].to_vec();
+            let scales = x.w13.plain_scales[rows.start * sb..rows.end * sb].to_vec();
+            data.push((format!("{}.weight", base(p)), Dtype::U8, vec![I, H / 2], values));
+            data.push((format!("{}.weight_scale", base(p)), Dtype::F8_E4M3, vec![I, H / 16], scales));
+            data.push((
+                format!("{}.weight_scale_2", base(p)),
+                Dtype::F32,
+                vec![],
+                x.w13.global_scale.to_le_bytes().to_vec(),
+            ));
+            data.push((
+                format!("{}.input_scale", base(p)),
+                Dtype::F32,
+                vec![],
+                x.w13_input_scale.to_le_bytes().to_vec(),
+            ));
+        }
+        data.push((format!("{}.weight", base("w2")), Dtype::U8, vec![H, I / 2], x.w2.values.clone()));
+        data.push((format!("{}.weight_scale", base("w2")), Dtype::F8_E4M3, vec![H, I / 16], x.w2.plain_scales.clone()));
+        data.push((
+            format!("{}.weight_scale_2", base("w2")),
+            Dtype::F32,
+            vec![],
+            x.w2.global_scale.to_le_bytes().to_vec(),
+        ));
+        data.push((format!("{}.input_scale", base("w2")), Dtype::F32, vec![], x.w2_input_scale.to_le_bytes().to_vec()));
+    }
+    let views: Vec<(String, TensorView<'_>)> =
+        data.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let file = serialize(views, None).unwrap();
+    let checkpoint = Checkpoint::parse(&file).unwrap();
+    let from_file = checkpoint
+        .load_experts(&LoadOptions::new("model.layers.0.mlp", Convention::ModelOpt, FIRST..FIRST + E))
+        .unwrap();
+    let options = BlockOptions::new(Activation::Silu, Precision::W4a4, Dense16::Bf16);
+    let mut rust = ExpertBlock::new(&gpu, &stream, block_shape(MAX_TOKENS), options, &from_file).unwrap();
+
+    let tokens = 17;
+    let r = routing(tokens, &mut rng);
+    let x: Vec<bf16> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal())).collect();
+    let ids: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
+    let (x_dev, ids_dev, w_dev) =
+        (stream.clone_htod(&x).unwrap(), stream.clone_htod(&ids).unwrap(), stream.clone_htod(&r.weights).unwrap());
+    let mut want: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+    rust.run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut want).unwrap();
+    let want = stream.clone_dtoh(&want).unwrap();
+    let y: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+    let raw = |ptr: u64, len: usize| RawBuffer { ptr, len: len as u64 };
+    let (xr, ir, wr, yr) = (
+        raw(x_dev.device_ptr(&stream).0, tokens * H),
+        raw(ids_dev.device_ptr(&stream).0, tokens * TOP_K),
+        raw(w_dev.device_ptr(&stream).0, tokens * TOP_K),
+        raw(y.device_ptr(&stream).0, tokens * H),
+    );
+    stream.synchronize().unwrap();
+    let desc = RawBlockDesc {
+        first_expert: FIRST as u64,
+        experts: E as u64,
+        top_k: TOP_K as u64,
+        max_tokens: MAX_TOKENS as u64,
+        activation: NVFP4_SILU,
+        precision: NVFP4_W4A4,
+        dtype: NVFP4_BF16,
+        flags: 0,
+    };
+    let shard = RawHostBytes { data: file.as_ptr(), len: file.len() };
+    let prefix = std::ffi::CString::new("model.layers.0.mlp").unwrap();
+    let mut err = [0 as std::ffi::c_char; 512];
+    let (e, n) = (err.as_mut_ptr(), err.len());
+    let (mut dev, mut block) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live host and device buffers of these lengths, the legacy default stream (null),
+    // an error buffer of `n` bytes; the handles are destroyed at the end.
+    unsafe {
+        assert_eq!(nvfp4_device_open(0, &mut dev, e, n), NVFP4_OK);
+        let null = std::ptr::null_mut();
+        let status = nvfp4_expert_block_create(
+            dev,
+            null,
+            &shard,
+            1,
+            prefix.as_ptr(),
+            NVFP4_MODELOPT,
+            NVFP4_PROJECTIONS_W1_W3_W2,
+            NVFP4_RECONCILE_REFUSE,
+            &desc,
+            &mut block,
+            e,
+            n,
+        );
+        assert_eq!(status, NVFP4_OK, "{:?}", std::ffi::CStr::from_ptr(err.as_ptr()));
+        let bad = nvfp4_expert_block_run(block, null, xr, tokens as u64, ir, 7, wr, NVFP4_WEIGHTS_F32, yr, e, n);
+        assert_eq!(bad, NVFP4_INVALID);
+        gpu.context().synchronize().unwrap();
+        assert!(stream.clone_dtoh(&y).unwrap().iter().all(|v| v.is_nan()), "a refused call wrote its output");
+        let status =
+            nvfp4_expert_block_run(block, null, xr, tokens as u64, ir, NVFP4_IDS_I32, wr, NVFP4_WEIGHTS_F32, yr, e, n);
+        assert_eq!(status, NVFP4_OK, "{:?}", std::ffi::CStr::from_ptr(err.as_ptr()));
+        gpu.context().synchronize().unwrap();
+        nvfp4_expert_block_destroy(block);
+        nvfp4_device_close(dev);
+    }
+    let got = stream.clone_dtoh(&y).unwrap();
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "the C block differs from the Rust block");
+}
