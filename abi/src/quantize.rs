@@ -280,33 +280,10 @@ pub fn block_scale(amax_bits: u16, bf16: bool, global: f64) -> u8 {
 /// Quantizes one block of 16 values, given as 8 words of two 16-bit floats each (element `2w` in
 /// the low half of word `w`), with the global scale `global` (= `f64::from(g)`). Returns the scale
 /// code and the 16 packed e2m1 codes (element `i` in bits `4i..4i+4`, i.e. the 8 little-endian
-/// bytes of the packed row).
+/// bytes of the packed row): [`quantize_block_part`] of the whole block.
 #[inline(always)]
 pub fn quantize_block(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
-    // Written out rather than looped: the device compiler keeps an array it does not unroll over
-    // in local memory. Magnitudes compare like their bit patterns, NaN patterns above infinity.
-    let [w0, w1, w2, w3, w4, w5, w6, w7] = words;
-    let mag = |w: u32| (w as u16 & 0x7FFF).max((w >> 16) as u16 & 0x7FFF);
-    let amax_bits = mag(w0).max(mag(w1)).max(mag(w2)).max(mag(w3)).max(mag(w4)).max(mag(w5)).max(mag(w6)).max(mag(w7));
-    let scale = block_scale(amax_bits, bf16, global);
-    if scale == E4M3_NAN {
-        return (scale, 0x7777_7777_7777_7777);
-    }
-    let unit = e4m3_to_f64(scale) * global;
-    if unit == 0.0 {
-        return (scale, 0);
-    }
-    let c = thresholds(unit, bf16);
-    let byte = |word: u32| (e2m1_code(word as u16, &c) | e2m1_code((word >> 16) as u16, &c) << 4) as u64;
-    let packed = byte(w0)
-        | byte(w1) << 8
-        | byte(w2) << 16
-        | byte(w3) << 24
-        | byte(w4) << 32
-        | byte(w5) << 40
-        | byte(w6) << 48
-        | byte(w7) << 56;
-    (scale, packed)
+    quantize_block_part(words, block_part_amax(words), bf16, global)
 }
 
 /// The largest magnitude of the values of `W` words (two each), as a bit pattern (NaN patterns
@@ -323,24 +300,24 @@ pub fn block_part_amax<const W: usize>(words: [u32; W]) -> u16 {
     m
 }
 
-/// One part of [`quantize_block`], for threads sharing a block: `words` are `W ≤ 4` consecutive
-/// words of the block (from word `j`), `amax_bits` the block's largest magnitude pattern (the
-/// largest of all parts' [`block_part_amax`]). Returns the block's scale code and the part's
-/// `2W` packed e2m1 codes (element `2j + i` in bits `4i..4i+4`): together the parts give exactly
-/// [`quantize_block`]'s scale and packed codes.
+/// `W ≤ 8` consecutive words of a block (from word `j`) quantized with the block's largest
+/// magnitude pattern `amax_bits` (the largest of all parts' [`block_part_amax`]): the block's
+/// scale code and the part's `2W` packed e2m1 codes (element `2j + i` in bits `4i..4i+4`).
+/// Threads sharing a block each quantize a part; together the parts give exactly
+/// [`quantize_block`]'s scale and codes.
 #[inline(always)]
-pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16: bool, global: f64) -> (u8, u32) {
-    const { assert!(W >= 1 && W <= 4) };
+pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16: bool, global: f64) -> (u8, u64) {
+    const { assert!(W >= 1 && W <= 8) };
     let scale = block_scale(amax_bits, bf16, global);
     if scale == E4M3_NAN {
-        return (scale, 0x7777_7777 >> (32 - 8 * W));
+        return (scale, 0x7777_7777_7777_7777 >> (64 - 8 * W));
     }
     let unit = e4m3_to_f64(scale) * global;
     if unit == 0.0 {
         return (scale, 0);
     }
     let c = thresholds(unit, bf16);
-    let byte = |word: u32| (e2m1_code(word as u16, &c) | e2m1_code((word >> 16) as u16, &c) << 4) as u32;
+    let byte = |word: u32| (e2m1_code(word as u16, &c) | e2m1_code((word >> 16) as u16, &c) << 4) as u64;
     let mut packed = 0;
     let mut i = 0;
     while i < W {
@@ -405,7 +382,7 @@ mod tests {
             let (s0, p0) = quantize_block_part(lo, amax, bf16, global);
             let (s1, p1) = quantize_block_part(hi, amax, bf16, global);
             assert_eq!((s0, s1), (scale, scale), "case {case}");
-            assert_eq!(p0 as u64 | (p1 as u64) << 32, packed, "case {case}: {words:x?}");
+            assert_eq!(p0 | p1 << 32, packed, "case {case}: {words:x?}");
             // Four quarters.
             let q: [[u32; 2]; 4] = core::array::from_fn(|i| [words[2 * i], words[2 * i + 1]]);
             let amax4 = q.iter().map(|&w| block_part_amax(w)).max().unwrap();
@@ -414,7 +391,7 @@ mod tests {
             for (i, &w) in q.iter().enumerate() {
                 let (s, p) = quantize_block_part(w, amax4, bf16, global);
                 assert_eq!(s, scale, "case {case}");
-                joined |= (p as u64) << (16 * i);
+                joined |= p << (16 * i);
             }
             assert_eq!(joined, packed, "case {case}: quarters {words:x?}");
         }
