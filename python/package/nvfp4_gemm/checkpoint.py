@@ -63,13 +63,22 @@ def _image(tensors):
     return struct.pack("<Q", len(text)) + text + b"".join(parts)
 
 
-def _file_tensors(path, keep):
-    """The tensors of one safetensors file whose names ``keep`` accepts: their byte ranges only."""
-    with open(path, "rb") as f:
+def _header(item):
+    """A safetensors source's header (name -> {dtype, shape, data_offsets}) and the offset of its
+    data: ``item`` the file's bytes or its path (only the header is read)."""
+    if isinstance(item, bytes):
+        (length,) = struct.unpack("<Q", item[:8])
+        return json.loads(item[8 : 8 + length]), 8 + length
+    with open(item, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-        base = 8 + length
-        out = {}
+        return json.loads(f.read(length)), 8 + length
+
+
+def _file_tensors(path, header, base, keep):
+    """The tensors of the safetensors file ``path`` (its ``header``, data from ``base``) whose
+    names ``keep`` accepts: their byte ranges only."""
+    out = {}
+    with open(path, "rb") as f:
         for name, info in header.items():
             if name == "__metadata__" or not keep(name):
                 continue
@@ -119,21 +128,13 @@ def _shards(source, prefix, experts):
         keep = lambda n: _expert_of(n, prefix) in r  # noqa: E731
         return [_image(_state_dict_tensors(source, keep))], r
     items = [source] if isinstance(source, (str, bytes, os.PathLike)) else list(source)
-    if experts is None:
-        names = []
-        for item in items:
-            if isinstance(item, bytes):
-                (length,) = struct.unpack("<Q", item[:8])
-                names += list(json.loads(item[8 : 8 + length]))
-            else:
-                with open(item, "rb") as f:
-                    (length,) = struct.unpack("<Q", f.read(8))
-                    names += list(json.loads(f.read(length)))
-        r = _experts_range(names, prefix, None)
-    else:
-        r = _experts_range([], prefix, experts)
+    headers = [_header(item) for item in items]
+    r = _experts_range([n for header, _ in headers for n in header], prefix, experts)
     keep = lambda n: _expert_of(n, prefix) in r  # noqa: E731
-    images = [item if isinstance(item, bytes) else _image(_file_tensors(item, keep)) for item in items]
+    images = [
+        item if isinstance(item, bytes) else _image(_file_tensors(item, header, base, keep))
+        for item, (header, base) in zip(items, headers)
+    ]
     return images, r
 
 
