@@ -45,15 +45,15 @@ use crate::device::Gpu;
 use crate::error::{invalid, Error, Result};
 use crate::moe::{MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout};
 use crate::moe_block::{
-    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16, ExpertBlock, IdType,
-    LoadedExperts, Precision, RouterWeightAt, WeightType,
+    load_checkpoint_experts, Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16,
+    ExpertBlock, IdType, LoadedExperts, Precision, RouterWeightAt, WeightType,
 };
 use crate::plan::{GemmPlan, StackedViews};
 use crate::problem::{Activations, BufferView, GroupBuffers, GroupShape, OutputType, Problem, TokenKind};
 use crate::quantize::Quantizer;
 use crate::w4a16::{PrepackViews, Prepacker, WeightStack};
 use cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr};
-use nvfp4_format::checkpoint::{Checkpoint, Convention, LoadOptions, Projections, Reconcile};
+use nvfp4_format::checkpoint::{Convention, LoadOptions, Projections, Reconcile};
 use nvfp4_format::Nvfp4Matrix;
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -338,20 +338,12 @@ pub fn block_inputs(
     if experts == 0 {
         return Err(invalid(call, "desc.experts", "0; the block needs at least one expert"));
     }
-    let checkpoint = Checkpoint::parse_shards(shards).map_err(|e| invalid(call, "shards", e.to_string()))?;
     let options = LoadOptions::new(prefix, convention, first..first + experts)
         .with_projections(projections)
         .with_reconcile(reconcile);
-    let loaded = checkpoint.load_experts(&options).map_err(|e| invalid(call, "shards", e.to_string()))?;
-    let (hidden, intermediate) = (loaded.experts[0].w13.k, loaded.experts[0].w2.k);
-    let shape = BlockShape {
-        first_expert: first as i64,
-        experts,
-        hidden,
-        intermediate,
-        top_k: desc.top_k as usize,
-        max_tokens: desc.max_tokens as usize,
-    };
+    let loaded = load_checkpoint_experts(call, shards, &options)?;
+    let shape = BlockShape::of_experts(&loaded, desc.top_k as usize, desc.max_tokens as usize)
+        .ok_or_else(|| invalid(call, "desc.experts", "no expert was loaded"))?;
     let mut block_options = BlockOptions::new(activation, precision, dtype);
     if desc.flags & NVFP4_BLOCK_WEIGHT_AT_INPUT != 0 {
         block_options = block_options.with_router_weight_at(RouterWeightAt::Input);

@@ -8,10 +8,10 @@
 use crate::errors::{py_err, value_error};
 use crate::{hooks, read, Device};
 use cudarc::driver::{sys, CudaStream};
-use nvfp4_gemm::format::checkpoint::{Checkpoint, Convention, LoadOptions, Projections, Reconcile};
+use nvfp4_gemm::format::checkpoint::{Convention, LoadOptions, Projections, Reconcile};
 use nvfp4_gemm::moe_block::{
-    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16, ExpertBlock,
-    ExpertWeights, IdType, LoadedExperts, PlainWeight, Precision, RouterWeightAt, WeightType,
+    load_checkpoint_experts, Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, BlockViews, Dense16,
+    ExpertBlock, ExpertWeights, IdType, LoadedExperts, PlainWeight, Precision, RouterWeightAt, WeightType,
 };
 use nvfp4_gemm::tensor::{self, Arg, DType, SameDevice};
 use pyo3::prelude::*;
@@ -117,17 +117,13 @@ fn load(
         "round" => Reconcile::Round,
         other => return Err(value_error(format!("reconcile: '{other}'; expected 'refuse', 'exact' or 'round'"))),
     };
-    if count == 0 {
-        return Err(value_error("experts: an empty range; the block needs at least one expert".to_string()));
-    }
     // Borrowed from Python's `bytes` (immutable, kept alive by the caller's list).
     let bytes: Vec<&[u8]> = shards.iter().map(|s| s.as_bytes()).collect();
-    let checkpoint = Checkpoint::parse_shards(&bytes).map_err(|e| value_error(format!("checkpoint: {e}")))?;
     let (gate, up, down) = projections;
     let options = LoadOptions::new(prefix, convention, first..first + count)
         .with_projections(Projections { gate, up, down })
         .with_reconcile(reconcile);
-    checkpoint.load_experts(&options).map_err(|e| value_error(format!("checkpoint: {e}")))
+    load_checkpoint_experts(CALL, &bytes, &options).map_err(py_err)
 }
 
 /// What a checkpoint's experts hold, read as [`MoeBlock::from_checkpoint`] reads them (no GPU):
@@ -276,9 +272,8 @@ impl MoeBlock {
     ) -> PyResult<MoeBlock> {
         let kind = BlockKind::parse(activation, w4a16, dtype, weight_at_input)?;
         let loaded = load(&shards, prefix, convention, first_expert, experts, &projections, reconcile)?;
-        let first = &loaded.experts[0];
-        let (hidden, intermediate) = (first.w13.k, first.w2.k);
-        let shape = BlockShape { first_expert: first_expert as i64, experts, hidden, intermediate, top_k, max_tokens };
+        let shape = BlockShape::of_experts(&loaded, top_k, max_tokens)
+            .ok_or_else(|| value_error(format!("{CALL}: no expert was loaded")))?;
         plan(py, &loaded, shape, kind, ordinal, stream, activation_epilogue)
     }
 

@@ -22,7 +22,7 @@ use crate::quantize::{DenseFloat, Nvfp4OperandMut, Quantizer};
 use crate::w4a16::{Prepacker, WeightStack};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DriverError};
 use half::{bf16, f16};
-use nvfp4_format::checkpoint::{LoadedExperts, PlainWeight};
+use nvfp4_format::checkpoint::{Checkpoint, LoadOptions, LoadedExperts, PlainWeight};
 use nvfp4_format::layout::plain_to_blocked;
 pub use nvfp4_format::moe_block::{Activation, BlockOptions, Dense16, Precision, RouterWeightAt};
 use nvfp4_gemm_abi::moe::block::Activation as KernelActivation;
@@ -55,6 +55,34 @@ pub struct BlockShape {
     pub top_k: usize,
     /// The most tokens a call may pass.
     pub max_tokens: usize,
+}
+
+impl BlockShape {
+    /// The shape of a block of `experts` (their first id and count, H and I from their weights)
+    /// for `top_k` experts per token and at most `max_tokens` tokens; `None` without experts.
+    pub fn of_experts(experts: &LoadedExperts, top_k: usize, max_tokens: usize) -> Option<BlockShape> {
+        let first = experts.experts.first()?;
+        Some(BlockShape {
+            first_expert: experts.first_expert as i64,
+            experts: experts.experts.len(),
+            hidden: first.w13.k,
+            intermediate: first.w2.k,
+            top_k,
+            max_tokens,
+        })
+    }
+}
+
+/// The experts `load` names, read from a checkpoint's safetensors `shards` by
+/// `nvfp4_format::checkpoint` (every tensor's name, dtype, shape and scale checked), for the
+/// bindings' checkpoint constructors. Errors: [`Error::InvalidArgument`] of `call`: `experts` for
+/// an empty range, `shards` for whatever the loader refuses (its message names the tensor).
+pub fn load_checkpoint_experts(call: &'static str, shards: &[&[u8]], load: &LoadOptions<'_>) -> Result<LoadedExperts> {
+    if load.experts.is_empty() {
+        return Err(crate::error::invalid(call, "experts", "an empty range; the block needs at least one expert"));
+    }
+    let refused = |e: nvfp4_format::checkpoint::CheckpointError| crate::error::invalid(call, "shards", e.to_string());
+    Checkpoint::parse_shards(shards).map_err(refused)?.load_experts(load).map_err(refused)
 }
 
 /// A 16-bit device buffer of the block's type.
