@@ -30,13 +30,13 @@ use nvfp4_format::codec::{e2m1_to_f32, e4m3_to_f32, f64_to_bf16, f64_to_f16};
 use nvfp4_format::moe_block::{reference, round_output_as, Routing as RouterOutput};
 use nvfp4_format::{quantize_with_global_scale, random_matrix, InputDistribution, SplitMix64, Tolerance};
 use nvfp4_gemm::moe::{
-    interleave_w13_row, validate_moe_buffers, ActivatedOutput, GlobalScale, GroupRows, MoeBuffers, MoeOptions,
-    MoeTokens,
+    validate_moe_buffers, ActivatedOutput, GlobalScale, GroupRows, MoeBuffers, MoeOptions, MoeTokens,
 };
 use nvfp4_gemm::moe_block::COMBINE_CTAS_PER_SM;
 use nvfp4_gemm::moe_block::{
-    activate_params, combine_params, gather_params, route_params, Activation, BlockOptions, BlockOutput, CombineViews,
-    Dense16, GatherInputs, IdType, KernelActivation, Precision, RouteViews, RouterWeightAt, Routing, WeightType,
+    activate_params, combine_params, gather_params, interleave_w13, route_params, Activation, BlockOptions,
+    BlockOutput, CombineViews, Dense16, GatherInputs, IdType, KernelActivation, Precision, RouteViews, RouterWeightAt,
+    Routing, WeightType,
 };
 use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::CTAS_PER_SM;
@@ -339,7 +339,11 @@ impl Planned {
         let a2 = loaded.experts.iter().map(|x| x.w2.global_scale * input(x.w2_input_scale)).collect();
         let fused = c.fused.then(|| {
             let p = p1.clone().with_activation_epilogue(kernel_activation(c.options.activation), c.gated()).unwrap();
-            let interleaved: Vec<PlainWeight> = loaded.experts.iter().map(|x| interleave(&x.w13, c)).collect();
+            let interleaved: Vec<PlainWeight> = loaded
+                .experts
+                .iter()
+                .map(|x| if c.gated() { interleave_w13(&x.w13, c.inter) } else { x.w13.clone() })
+                .collect();
             let refs: Vec<&PlainWeight> = interleaved.iter().collect();
             (p, Weights::upload(&refs, a13.clone(), None))
         });
@@ -347,18 +351,6 @@ impl Planned {
         let w2 = Weights::upload(&w2, a2, prepacked);
         Planned { case, loaded, p1, p2, w13, w2, input_scales, fused }
     }
-}
-
-/// W13's rows in the order of the activation epilogue's weights (`interleave_w13_row`).
-fn interleave(w: &PlainWeight, c: &Case) -> PlainWeight {
-    let (vb, sb) = (w.k / 2, w.k / 16);
-    let mut out = PlainWeight { values: vec![], plain_scales: vec![], ..w.clone() };
-    for r in 0..w.rows {
-        let src = interleave_w13_row(r, c.inter, c.gated());
-        out.values.extend_from_slice(&w.values[src * vb..(src + 1) * vb]);
-        out.plain_scales.extend_from_slice(&w.plain_scales[src * sb..(src + 1) * sb]);
-    }
-    out
 }
 
 /// A GEMM's token operand: NVFP4 values and blocked scales, or 16-bit rows.

@@ -191,9 +191,9 @@ struct Weights {
 impl Weights {
     /// Uploads `weights` (one per expert, `rows x k`), prepacking for W4A16 on the GPU; with
     /// `interleave = Some(I)` the rows in the order of the fused epilogue's W13
-    /// (`interleave_w13_row`). Each expert's values go to the device as they are stored (rows
-    /// moved through one expert's host buffer when interleaved) and its scales through one
-    /// expert's blocked copy: the host holds no copy of the whole stack.
+    /// ([`interleave_w13`]). Each expert's values go to the device as they are stored (through
+    /// one expert's interleaved copy when asked) and its scales through one expert's blocked
+    /// copy: the host holds no copy of the whole stack.
     fn upload(
         stream: &Arc<CudaStream>,
         prepacker: Option<(&Prepacker, Activations)>,
@@ -208,8 +208,7 @@ impl Weights {
         let (per_values, per_scales) = (sizes.values / n, sizes.scales / n);
         let mut values = stream.alloc_zeros::<u8>(sizes.values).map_err(planning)?;
         let mut scales = stream.alloc_zeros::<u8>(sizes.scales).map_err(planning)?;
-        let (row_bytes, row_scales) = (k / 2, k / 16);
-        let (mut moved_values, mut moved_scales) = (Vec::new(), Vec::new());
+        let row_scales = k / 16;
         for (e, w) in weights.iter().enumerate() {
             if w.values.len() != per_values || w.plain_scales.len() != rows * row_scales {
                 return Err(invalid(
@@ -222,23 +221,15 @@ impl Weights {
                     ),
                 ));
             }
-            let (v, plain): (&[u8], &[u8]) = match interleave {
+            let moved = interleave.map(|inter| interleave_w13(w, inter));
+            let (v, plain) = match &moved {
                 None => (&w.values, &w.plain_scales),
-                Some(inter) => {
-                    moved_values.clear();
-                    moved_scales.clear();
-                    for r in 0..rows {
-                        let src = interleave_w13_row(r, inter, true);
-                        moved_values.extend_from_slice(&w.values[src * row_bytes..(src + 1) * row_bytes]);
-                        moved_scales.extend_from_slice(&w.plain_scales[src * row_scales..(src + 1) * row_scales]);
-                    }
-                    (&moved_values, &moved_scales)
-                }
+                Some(m) => (&m.values, &m.plain_scales),
             };
             let blocked =
                 plain_to_blocked(plain, rows, k).map_err(|err| invalid("weights", format!("expert {e}: {err}")))?;
             // Pageable copies: the driver has staged the bytes when each call returns, so the
-            // host buffers may be reused for the next expert.
+            // host buffers may be dropped before the copies run.
             stream.memcpy_htod(v, &mut values.slice_mut(e * per_values..(e + 1) * per_values)).map_err(planning)?;
             stream
                 .memcpy_htod(&blocked, &mut scales.slice_mut(e * per_scales..(e + 1) * per_scales))
@@ -734,6 +725,24 @@ impl ExpertBlock {
         // enqueued.
         unsafe { self.gemm1.run_views(stream, &buffers) }
     }
+}
+
+/// `w13` (`[2I, H]`, the gate rows then the up rows) with its rows in the order of the
+/// activation epilogue's weights ([`interleave_w13_row`]): values and plain scales moved row by
+/// row. `w13`'s values and scales must have its `rows x k` lengths.
+pub fn interleave_w13(w13: &PlainWeight, inter: usize) -> PlainWeight {
+    let (row_bytes, row_scales) = (w13.k / 2, w13.k / 16);
+    let mut out = PlainWeight {
+        values: Vec::with_capacity(w13.values.len()),
+        plain_scales: Vec::with_capacity(w13.plain_scales.len()),
+        ..*w13
+    };
+    for r in 0..w13.rows {
+        let src = interleave_w13_row(r, inter, true);
+        out.values.extend_from_slice(&w13.values[src * row_bytes..(src + 1) * row_bytes]);
+        out.plain_scales.extend_from_slice(&w13.plain_scales[src * row_scales..(src + 1) * row_scales]);
+    }
+    out
 }
 
 /// One call's buffers as addresses and lengths in elements ([`ExpertBlock::run_views`]).
