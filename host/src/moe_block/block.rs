@@ -12,15 +12,13 @@ use super::route::{route_scratch_len, BlockKernels, CombineViews, IdType, RouteV
 use super::tokens::{BlockOutput, GatherInputs};
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
-use crate::moe::{
-    interleave_w13_row, ActivatedOutput, MoeArgs, MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout,
-};
+use crate::moe::{interleave_w13_row, ActivatedOutput, MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout};
 use crate::moe_problem::GlobalScale;
-use crate::plan::{Nvfp4Operand, Output, TokenOperand};
+use crate::plan::Nvfp4Operand;
 use crate::problem::{Activations, BufferView, CallBuffers, OutputType, TokenKind};
 use crate::quantize::{DenseFloat, Nvfp4OperandMut, Quantizer};
 use crate::w4a16::{Prepacker, WeightStack};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 use half::{bf16, f16};
 use nvfp4_format::checkpoint::{Checkpoint, LoadOptions, LoadedExperts, PlainWeight};
 use nvfp4_format::layout::plain_to_blocked;
@@ -115,18 +113,13 @@ impl Dense {
         }
     }
 
-    fn tokens(&self) -> TokenOperand<'_> {
-        match self {
-            Dense::F16(s) => TokenOperand::F16(s),
-            Dense::Bf16(s) => TokenOperand::Bf16(s),
-        }
-    }
-
-    fn output(&mut self) -> Output<'_> {
-        match self {
-            Dense::F16(s) => Output::F16(s),
-            Dense::Bf16(s) => Output::Bf16(s),
-        }
+    /// The buffer as a GEMM's 16-bit token operand (W4A16).
+    fn tokens<'s>(&'s self, call: &mut CallBuffers<'s>) -> MoeTokens {
+        let kind = match self {
+            Dense::F16(_) => Activations::F16,
+            Dense::Bf16(_) => Activations::Bf16,
+        };
+        MoeTokens::Dense { activations: self.read(call), kind }
     }
 }
 
@@ -150,10 +143,13 @@ impl Tokens {
         })
     }
 
-    fn operand(&self) -> TokenOperand<'_> {
+    /// The tokens as the GEMM that reads them takes them.
+    fn operand<'s>(&'s self, call: &mut CallBuffers<'s>) -> MoeTokens {
         match self {
-            Tokens::Nvfp4 { values, scales } => TokenOperand::Nvfp4(Nvfp4Operand { values, scales }),
-            Tokens::Dense(d) => d.tokens(),
+            Tokens::Nvfp4 { values, scales } => {
+                MoeTokens::Nvfp4 { values: call.read(values), scales: call.read(scales) }
+            }
+            Tokens::Dense(d) => d.tokens(call),
         }
     }
 
@@ -263,18 +259,6 @@ impl Weights {
                 (
                     BufferView { ptr: v.ptr + (e * self.per_values) as u64, len: self.per_values },
                     BufferView { ptr: s.ptr + (e * self.per_scales) as u64, len: self.per_scales },
-                )
-            })
-            .collect()
-    }
-
-    /// Each expert's operand (views into the stacks).
-    fn operands(&self) -> Vec<(CudaView<'_, u8>, CudaView<'_, u8>)> {
-        (0..self.alphas.len())
-            .map(|e| {
-                (
-                    self.values.slice(e * self.per_values..(e + 1) * self.per_values),
-                    self.scales.slice(e * self.per_scales..(e + 1) * self.per_scales),
                 )
             })
             .collect()
@@ -541,8 +525,9 @@ impl ExpertBlock {
 
     /// One step: `y = block(x)` for `tokens` tokens (`x` and `y` `[tokens, H]` of the block's
     /// 16-bit type `T`, `ids` and `weights` `[tokens, top_k]`) on `stream`. No device memory is
-    /// allocated (two host vectors of the experts' operand views are) and the host never waits: the call can be captured in a CUDA graph (run it once outside
-    /// capture first, so that the GEMMs' tables hold the weights).
+    /// allocated (per GEMM, two host vectors: the experts' views and alphas) and the host never
+    /// waits: the call can be captured in a CUDA graph (run it once outside capture first, so
+    /// that the GEMMs' tables hold the weights).
     ///
     /// Errors (before any launch): [`Error::InvalidArgument`] for `tokens` above the bound, a
     /// buffer of the wrong length, `T` not the block's type; the kernels' argument errors.
@@ -638,18 +623,10 @@ impl ExpertBlock {
             }
         }
         if self.fused {
-            self.gemm1_activated(stream)?;
+            let out = GemmOut::Activated { c: &mut self.h, z: &mut self.z, scales: &self.input_scales.1 };
+            run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out)?;
         } else {
-            let w13 = self.w13.operands();
-            let w13: Vec<Nvfp4Operand<'_>> = w13.iter().map(|(v, s)| Nvfp4Operand { values: v, scales: s }).collect();
-            let mut args = MoeArgs {
-                sizes: &self.offsets,
-                a: self.a.operand(),
-                weights: &w13,
-                alphas: &self.w13.alphas,
-                c: self.h.output(),
-            };
-            self.gemm1.run(stream, &mut args)?;
+            run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, GemmOut::C(&mut self.h))?;
             let mut call = CallBuffers::new(stream);
             let h = self.h.read(&mut call);
             let sizes = call.read(&self.offsets);
@@ -660,16 +637,7 @@ impl ExpertBlock {
                 self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out)?;
             }
         }
-        let w2 = self.w2.operands();
-        let w2: Vec<Nvfp4Operand<'_>> = w2.iter().map(|(v, s)| Nvfp4Operand { values: v, scales: s }).collect();
-        let mut args = MoeArgs {
-            sizes: &self.offsets,
-            a: self.z.operand(),
-            weights: &w2,
-            alphas: &self.w2.alphas,
-            c: self.o.output(),
-        };
-        self.gemm2.run(stream, &mut args)?;
+        run_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o))?;
         let mut call = CallBuffers::new(stream);
         let o = self.o.read(&mut call);
         let slot_row = call.read(&self.slot_row);
@@ -686,45 +654,54 @@ impl ExpertBlock {
     }
 }
 
-impl ExpertBlock {
-    /// The first GEMM with the activation in its epilogue: the tokens `A` and the experts' W13
-    /// (interleaved) in, the second GEMM's tokens `Z` (quantized with each expert's `s2`) out.
-    fn gemm1_activated(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        let mut call = CallBuffers::new(stream);
-        let sizes = call.read(&self.offsets);
-        let a = match &self.a {
-            Tokens::Nvfp4 { values, scales } => {
-                MoeTokens::Nvfp4 { values: call.read(values), scales: call.read(scales) }
-            }
-            Tokens::Dense(_) => unreachable!("the fused epilogue is W4A4 only"),
-        };
-        let weights = self.w13.views(&mut call);
-        let c = self.h.write(&mut call);
-        let global_scale = GlobalScale::PerGroup(call.read(&self.input_scales.1));
-        let activated = match &mut self.z {
-            Tokens::Nvfp4 { values, scales } => {
-                ActivatedOutput { values: call.write(values), scales: call.write(scales), global_scale }
-            }
-            Tokens::Dense(_) => unreachable!("the fused epilogue is W4A4 only"),
-        };
-        let z = self.gemm1.problem().activated_sizes().expect("an activation-epilogue problem");
-        let buffers = MoeBuffers {
-            sizes,
-            a,
-            weights,
-            alphas: self.w13.alphas.clone(),
-            c: BufferView { ptr: c.ptr, len: 0 },
-            c_type: self.gemm1.problem().output(),
-            activated: Some(ActivatedOutput {
-                values: BufferView { ptr: activated.values.ptr, len: z.values },
-                scales: BufferView { ptr: activated.scales.ptr, len: z.scales },
-                ..activated
-            }),
-        };
-        // SAFETY: the block's own buffers, alive and ordered by `call` until the launches are
-        // enqueued.
-        unsafe { self.gemm1.run_views(stream, &buffers) }
-    }
+/// What one of the block's GEMMs writes.
+enum GemmOut<'s> {
+    /// C, `[rows, N]` of the block's type.
+    C(&'s mut Dense),
+    /// With the activation in the first GEMM's epilogue: `z`, the second GEMM's NVFP4 tokens,
+    /// quantized with each expert's input scale (`scales`); `c` only lends C's (empty) address.
+    Activated { c: &'s mut Dense, z: &'s mut Tokens, scales: &'s CudaSlice<f32> },
+}
+
+/// One of the block's grouped GEMMs over its own buffers ([`MoePlan::run_views`]): the device
+/// sizes `offsets`, tokens `a`, the experts' `weights`, and `out`.
+fn run_gemm(
+    plan: &mut MoePlan,
+    stream: &Arc<CudaStream>,
+    offsets: &CudaSlice<u32>,
+    a: &Tokens,
+    weights: &Weights,
+    out: GemmOut<'_>,
+) -> Result<()> {
+    let mut call = CallBuffers::new(stream);
+    let (c, activated) = match out {
+        GemmOut::C(c) => (c.write(&mut call), None),
+        GemmOut::Activated { c, z, scales } => {
+            let Tokens::Nvfp4 { values, scales: z_scales } = z else {
+                return Err(Error::Unsupported("the activation epilogue writes NVFP4 tokens (W4A4)".into()));
+            };
+            let sizes = plan.problem().activated_sizes().expect("an activation-epilogue problem");
+            let (v, s) = (call.write(values), call.write(z_scales));
+            let activated = ActivatedOutput {
+                values: BufferView { ptr: v.ptr, len: sizes.values },
+                scales: BufferView { ptr: s.ptr, len: sizes.scales },
+                global_scale: GlobalScale::PerGroup(call.read(scales)),
+            };
+            (BufferView { len: 0, ..c.write(&mut call) }, Some(activated))
+        }
+    };
+    let buffers = MoeBuffers {
+        sizes: call.read(offsets),
+        a: a.operand(&mut call),
+        weights: weights.views(&mut call),
+        alphas: weights.alphas.clone(),
+        c,
+        c_type: plan.problem().output(),
+        activated,
+    };
+    // SAFETY: the block's own buffers, alive and ordered by `call` until the launches are
+    // enqueued.
+    unsafe { plan.run_views(stream, &buffers) }
 }
 
 /// `w13` (`[2I, H]`, the gate rows then the up rows) with its rows in the order of the
