@@ -506,15 +506,27 @@ pub fn validate_moe_buffers(p: &MoeProblem, b: &MoeBuffers) -> Result<()> {
         Span::new(2, tokens[0].1, tokens[0].3, false),
         Span::new(3, tokens[1].1, tokens[1].3, false),
     ];
-    let weights = b.weights.iter().enumerate().flat_map(|(g, (values, scales))| {
-        let id = 4 + 2 * g as u32;
+    let name = |id: u32| buffer_name(&fields, id);
+    overlap::check_one_output(CALL, Span::new(0, b.c, 2, true), inputs.into_iter().chain(weight_spans(b, 4)), name)
+}
+
+/// The spans of every group's weight values and scales (inputs), ids from `first` on (two per
+/// group), for the overlap checks of [`validate_moe_buffers`].
+fn weight_spans(b: &MoeBuffers, first: u32) -> impl Iterator<Item = Span> + '_ {
+    b.weights.iter().enumerate().flat_map(move |(g, (values, scales))| {
+        let id = first + 2 * g as u32;
         [Span::new(id, *values, 1, false), Span::new(id + 1, *scales, 1, false)]
-    });
-    let name = |id: u32| match id {
-        0..4 => BufferName { group: None, field: fields[id as usize] },
-        _ => BufferName { group: Some((id as usize - 4) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
-    };
-    overlap::check_one_output(CALL, Span::new(0, b.c, 2, true), inputs.into_iter().chain(weights), name)
+    })
+}
+
+/// The name of span `id`: `fields[id]` for the call's buffers, then a group's weight values or
+/// scales ([`weight_spans`] from `fields.len()`).
+fn buffer_name(fields: &[&'static str], id: u32) -> BufferName {
+    let first = fields.len();
+    match id as usize {
+        i if i < first => BufferName { group: None, field: fields[i] },
+        i => BufferName { group: Some((i - first) / 2), field: ["b.values", "b.scales"][(i - first) % 2] },
+    }
 }
 
 /// An activation-epilogue problem's output checks ([`validate_moe_buffers`]): present exactly
@@ -587,15 +599,9 @@ fn validate_activated(
             spans.push(Span::new(5, v, 4, false));
         }
     }
-    for (g, (values, scales)) in b.weights.iter().enumerate() {
-        let id = 6 + 2 * g as u32;
-        spans.extend([Span::new(id, *values, 1, false), Span::new(id + 1, *scales, 1, false)]);
-    }
+    spans.extend(weight_spans(b, 6));
     let fields = ["activated.values", "activated.scales", "sizes", tokens[0].0, tokens[1].0, "activated.global_scale"];
-    overlap::check(call, &mut spans, |id| match id {
-        0..6 => BufferName { group: None, field: fields[id as usize] },
-        _ => BufferName { group: Some((id as usize - 6) / 2), field: ["b.values", "b.scales"][id as usize % 2] },
-    })
+    overlap::check(call, &mut spans, |id| buffer_name(&fields, id))
 }
 
 #[cfg(test)]
