@@ -3,7 +3,7 @@
 //! rows' PyTorch baseline `torch_moe.py`, and prints the commands to run on the GPU machine. Only `bundle/bin/` is touched, so it can follow
 //! `cargo xtask bundle` (which rebuilds the whole folder: run it first).
 
-use crate::bundle::{json_str, walk_size};
+use crate::bundle::{json_str, ARCHIVE};
 use crate::util::{repo_root, Error, Result};
 use std::process::{Command, Stdio};
 
@@ -94,13 +94,9 @@ pub fn run(args: &[&str]) -> Result<()> {
             std::fs::set_permissions(s, std::fs::Permissions::from_mode(0o755))?;
         }
     }
-    let size = walk_size(&root.join("bundle"))?;
     println!("bench: copied {}, run-bench.sh and torch_moe.py to {}", copied.join(", "), bin.display());
-    println!("bundle/ is {:.1} MiB (the device tool carries at most 64 MiB)", size as f64 / (1 << 20) as f64);
-    if size > 60 << 20 {
-        return Err(Error::msg("bundle is over 60 MiB"));
-    }
-    println!("On the GPU machine (device tool `run`, carry [\"bundle\"]):");
+    crate::bundle::pack(&root)?;
+    println!("On the GPU machine (device tool `run`, carry [\"{ARCHIVE}\"], the command starting with `tar xJf {ARCHIVE};`):");
     println!("  set -o pipefail; bundle/bin/run-bench.sh --out \"$OUT\" 2>&1 | tee \"$OUT/bench.log\"");
     println!(
         "MoE rows (quantize + GEMM, graph replay) beside PyTorch's best option (torch_moe.py, run by nvfp4-bench):"
