@@ -315,7 +315,12 @@ pub struct BlockRow {
     pub floor_us: f64,
     /// `ExpertBlock::run`: events around one call after an L2 flush, µs.
     pub us: Stats,
-    /// `floor_us` / the median.
+    /// The same call captured once in a CUDA graph and replayed (as serving engines run decode
+    /// steps): events around one replay after an L2 flush, µs.
+    pub graph_us: Stats,
+    /// The replay wrote the direct call's output bit for bit.
+    pub graph_same: bool,
+    /// `floor_us` / the graph replay's median (the targets judge the replay).
     pub of_floor: f64,
     /// The call's output was finite everywhere (read back after the timings).
     pub finite: bool,
@@ -371,8 +376,8 @@ impl BlockReport {
 
 /// The block rows' table: a row per layer, precision and token count, then a line per block.
 pub fn table(report: &BlockReport) -> String {
-    let header = ["block", "prec", "check", "T", "experts", "us", "floor_us", "%floor", "floor>=75%"];
-    let mut cells: Vec<[String; 9]> = vec![];
+    let header = ["block", "prec", "check", "T", "experts", "us", "graph_us", "floor_us", "%floor", "floor>=75%"];
+    let mut cells: Vec<[String; 10]> = vec![];
     for run in &report.runs {
         let check = match (&run.check, run.check_passed) {
             (None, true) => "skip",
@@ -387,6 +392,7 @@ pub fn table(report: &BlockReport) -> String {
                 r.tokens.to_string(),
                 format!("{}/{}", r.touched, run.layer.experts),
                 format!("{:.2}", r.us.median),
+                format!("{:.2}", r.graph_us.median),
                 format!("{:.2}", r.floor_us),
                 format!("{:.0}%", 100.0 * r.of_floor),
                 target_cell(r.targets.floor).to_owned(),
@@ -394,7 +400,7 @@ pub fn table(report: &BlockReport) -> String {
         }
     }
     let mut out = format!(
-        "MoE expert block (ExpertBlock::run, bf16 in and out; events around one call after an L2 flush, median of {}; floor = (NVFP4 weights of the distinct experts touched + x and y) / copy {:.2} TB/s; target T <= 64: >= 75% of the floor; PyTorch and unfused columns: python/bench/bench.py --block)\n",
+        "MoE expert block (ExpertBlock::run, bf16 in and out; us: events around one call after an L2 flush, median of {}; graph_us: the call captured in a CUDA graph and replayed, timed likewise; floor = (NVFP4 weights of the distinct experts touched + x and y) / copy {:.2} TB/s; %floor = floor / graph_us; target T <= 64: >= 75% of the floor; PyTorch and unfused columns: python/bench/bench.py --block)\n",
         report.iters, report.copy_tb_s
     );
     out += &aligned(&header, &cells);
@@ -413,6 +419,15 @@ pub fn table(report: &BlockReport) -> String {
         );
         for r in run.rows.iter().filter(|r| !r.finite) {
             let _ = writeln!(out, "{} {} T = {}: a non-finite output", run.layer.name, run.precision.name(), r.tokens);
+        }
+        for r in run.rows.iter().filter(|r| !r.graph_same) {
+            let _ = writeln!(
+                out,
+                "{} {} T = {}: the graph replay's output differs from the direct call's",
+                run.layer.name,
+                run.precision.name(),
+                r.tokens
+            );
         }
     }
     let (met, of) = report
@@ -549,7 +564,9 @@ pub(crate) mod tests {
                 touched,
                 floor_bytes,
                 floor_us: floor,
-                us: stats(us),
+                us: stats(us + 1.0),
+                graph_us: stats(us),
+                graph_same: true,
                 of_floor: floor / us,
                 finite: true,
                 targets: targets(tokens, Some(floor / us), None, None),
@@ -590,13 +607,13 @@ pub(crate) mod tests {
         let cells = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(
             cells(lines[1]),
-            ["block", "prec", "check", "T", "experts", "us", "floor_us", "%floor", "floor>=75%"]
+            ["block", "prec", "check", "T", "experts", "us", "graph_us", "floor_us", "%floor", "floor>=75%"]
         );
         // qwen3 T = 1: 8 experts' 2,654,208 bytes + 2 x 4096 bytes at 4 TB/s = 5.31 µs.
-        assert_eq!(cells(lines[2]), ["qwen3", "w4a4", "PASS", "1", "8/128", "6.64", "5.31", "80%", "pass"]);
+        assert_eq!(cells(lines[2]), ["qwen3", "w4a4", "PASS", "1", "8/128", "7.64", "6.64", "5.31", "80%", "pass"]);
         assert_eq!(cells(lines[3])[..5], ["qwen3", "w4a4", "PASS", "4096", "128/128"]);
-        assert_eq!(cells(lines[3])[8], "-");
-        assert_eq!(cells(lines[4]), ["qwen3", "w4a16", "FAIL", "1", "8/128", "10.62", "5.31", "50%", "MISS"]);
+        assert_eq!(cells(lines[3])[9], "-");
+        assert_eq!(cells(lines[4]), ["qwen3", "w4a16", "FAIL", "1", "8/128", "11.62", "10.62", "5.31", "50%", "MISS"]);
         assert!(lines[1..5].iter().all(|l| l.len() == lines[1].len()), "{t}");
         assert!(lines[5].starts_with("qwen3 w4a4 (Qwen3-30B-A3B: e=128,top_k=8,h=2048,i=768,silu; 0.34 GB"), "{t}");
         assert!(lines[5].ends_with("built in 0.5 s): PASS: test"), "{t}");
@@ -608,6 +625,7 @@ pub(crate) mod tests {
         assert_eq!(v["runs"][0]["rows"][0]["floor_bytes"], 2_654_208u64 * 8 + 8192);
         assert_eq!(v["runs"][0]["rows"][0]["targets"]["floor"], true);
         assert_eq!(v["runs"][0]["rows"][0]["targets"]["torch"], serde_json::Value::Null);
-        assert_eq!(v["runs"][1]["rows"][0]["us"]["median"], floor_us(2_654_208 * 8 + 8192, 4.0) / 0.5);
+        assert_eq!(v["runs"][1]["rows"][0]["graph_us"]["median"], floor_us(2_654_208 * 8 + 8192, 4.0) / 0.5);
+        assert_eq!(v["runs"][1]["rows"][0]["graph_same"], true);
     }
 }

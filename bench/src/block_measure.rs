@@ -3,7 +3,9 @@
 //! count, checked once at a few tokens against the CPU reference
 //! (`nvfp4_format::moe_block::reference`, which decodes only the experts the check's routing
 //! touches), then every token count timed on it — events around one `ExpertBlock::run` after an
-//! L2 flush, median of `--iters` — and its output read back (it must be finite). The block is
+//! L2 flush, median of `--iters` — and its output read back (it must be finite); then the same
+//! call captured in a CUDA graph, replayed once over a poisoned output (it must write the direct
+//! call's output bit for bit) and timed likewise. The block is
 //! dropped, and the device synchronized, before the next precision's is made, so that one
 //! layer's weights at a time are on the device.
 
@@ -15,6 +17,7 @@ use crate::inputs::random_bf16;
 use crate::measure::{drv, stats, Bench, Result};
 use crate::options::Options;
 use crate::report::Environment;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use nvfp4_format::checkpoint::LoadedExperts;
@@ -114,7 +117,8 @@ impl Bench {
             "{p}: planning the block (weights uploaded{})",
             if precision == BlockPrecision::W4a16 { ", prepacked on the GPU" } else { "" }
         ));
-        let stream = self.timer.stream().clone();
+        // A stream of its own (the default stream cannot capture), cudarc's event tracking off.
+        let stream = self.moe_stream()?;
         let max_tokens = o.block.tokens.iter().copied().chain([o.block.check_tokens]).max().unwrap_or(1);
         let shape = BlockShape {
             first_expert: 0,
@@ -134,6 +138,8 @@ impl Bench {
         let plan = BlockPlan { activation };
         let mut block = ExpertBlock::with_plan(&self.gpu, &stream, shape, options, experts, plan)
             .map_err(lib("ExpertBlock::with_plan"))?;
+        // Whatever the plans allocated on other streams is in place before this stream uses it.
+        self.gpu.context().synchronize().map_err(drv("planning the block"))?;
         let build_s = started.elapsed().as_secs_f64();
 
         let (check, mut check_passed) = if o.check {
@@ -151,18 +157,39 @@ impl Bench {
             let samples = self.timer.each(WARMUP, o.iters, true, &mut || call.run(&mut block, &stream))?;
             let us = stats(&samples, "ExpertBlock::run")?;
             stream.synchronize().map_err(drv("running the block"))?;
-            let finite = call.output(&stream)?.iter().all(|v| v.is_finite());
-            check_passed &= finite;
+            let direct = call.output(&stream)?;
+            let finite = direct.iter().all(|v| v.is_finite());
+            // The same call captured once, replayed over a poisoned output.
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(drv("beginning the capture"))?;
+            let captured = call.run(&mut block, &stream);
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("ending the capture"));
+            captured?;
+            let graph = graph?.ok_or("the capture made no graph")?;
+            stream.memcpy_htod(&vec![bf16::NAN; call.y.len()], &mut call.y).map_err(drv("poisoning y"))?;
+            graph.launch().map_err(drv("replaying the block's graph"))?;
+            let replayed = call.output(&stream)?;
+            let graph_same =
+                direct.len() == replayed.len() && direct.iter().zip(&replayed).all(|(a, b)| a.to_bits() == b.to_bits());
+            let samples = self
+                .timer
+                .each(WARMUP, o.iters, true, &mut || graph.launch().map_err(drv("replaying the block's graph")))?;
+            let graph_us = stats(&samples, "the block's graph replay")?;
+            drop(graph);
+            check_passed &= finite && graph_same;
             let touched = r.touched(layer.experts);
             let floor_bytes = layer.floor_bytes(tokens, touched);
             let floor = floor_us(floor_bytes, env.copy_tb_s);
-            let of_floor = floor / us.median;
+            let of_floor = floor / graph_us.median;
             rows.push(BlockRow {
                 tokens,
                 touched,
                 floor_bytes,
                 floor_us: floor,
                 us,
+                graph_us,
+                graph_same,
                 of_floor,
                 finite,
                 targets: targets(tokens, Some(of_floor), None, None),

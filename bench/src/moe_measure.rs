@@ -167,7 +167,7 @@ impl Bench {
     /// The MoE rows' stream, made on first use: the context is synchronized, cudarc's
     /// cross-stream event tracking turned off (a capturing stream may not wait on events recorded
     /// outside the capture), and the timer moved to the new stream.
-    fn moe_stream(&mut self) -> Result<Arc<CudaStream>> {
+    pub(crate) fn moe_stream(&mut self) -> Result<Arc<CudaStream>> {
         if let Some(s) = &self.moe_stream {
             return Ok(s.clone());
         }
