@@ -208,6 +208,20 @@ pub(crate) fn host_overhead(
     Ok(samples)
 }
 
+/// In a measuring build (feature `host-timing`), where `run`'s host time went per step since the
+/// last take; nothing otherwise.
+fn print_host_steps(shape: &str, what: &str) {
+    if let Some((calls, steps)) = nvfp4_gemm::host_timing::take() {
+        let total: f64 = steps.iter().map(|(_, ns)| ns).sum();
+        let parts: Vec<String> = steps.iter().map(|(s, ns)| format!("{s} {:.2}", ns / 1e3)).collect();
+        eprintln!(
+            "host-timing {shape} {what}: {calls} calls, µs per call: {} (sum {:.2})",
+            parts.join(", "),
+            total / 1e3
+        );
+    }
+}
+
 /// Whether two f16 device buffers hold the same bits (NaNs and signed zeros included).
 pub(crate) fn same_bits(stream: &Arc<CudaStream>, a: &CudaSlice<f16>, b: &CudaSlice<f16>) -> Result<bool> {
     let a = stream.clone_dtoh(a).map_err(drv("downloading C"))?;
@@ -525,11 +539,14 @@ impl Bench {
         let harness_new_us = stats(&t[1], "new tensors")?;
 
         step("host overhead");
+        let _ = nvfp4_gemm::host_timing::take();
         let cached =
             host_overhead(&stream, o.host_batches, o.host_calls, &mut |_| run_set(&mut plan, &stream, &mut sets[0]))?;
+        print_host_steps(&named.name, "same tensors");
         let rotating = host_overhead(&stream, o.host_batches, o.host_calls, &mut |i| {
             run_set(&mut plan, &stream, &mut sets[i % n_sets])
         })?;
+        print_host_steps(&named.name, "new tensors");
 
         step("stacked buffers: copying and checking every set");
         // Each set copied into one buffer per operand; one `run_stacked` call on the copy must

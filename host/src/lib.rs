@@ -40,6 +40,8 @@ pub mod device;
 mod device_sizes;
 mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod host_timing;
 pub mod moe;
 pub mod moe_block;
 mod moe_problem;

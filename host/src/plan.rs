@@ -279,6 +279,7 @@ impl GemmPlan {
         call_name: &'static str,
     ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
+        crate::host_timing::start();
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream);
         let alphas = alphas.map(|a| call.read(a));
@@ -290,7 +291,11 @@ impl GemmPlan {
             let alpha = if alphas.is_some() { DEVICE_ALPHA_PLACEHOLDER } else { args.alpha };
             buffers.push(GroupBuffers { a_kind, a_values, a_scales, b_values, b_scales, c, c_type, alpha });
         }
-        self.launch_checked(stream_arc, call_name, alphas)
+        crate::host_timing::mark(crate::host_timing::step::READ);
+        let result = self.launch_checked(stream_arc, call_name, alphas);
+        drop(call);
+        crate::host_timing::mark(crate::host_timing::step::RELEASE);
+        result
     }
 
     /// Runs the grouped GEMM on `stream` with every group's buffers stacked ([`StackedArgs`]):
@@ -463,6 +468,7 @@ impl GemmPlan {
         if let Some(alphas) = alphas {
             validate_device_alphas(call, &self.problem, alphas, self.cache.buffers())?;
         }
+        crate::host_timing::mark(crate::host_timing::step::CHECK);
         let alphas = alphas.map_or(Alphas::Host, |a| Alphas::Device(a.ptr));
         let buffers = self.cache.buffers();
         // SAFETY: the buffers were validated against the problem (lengths, alignment, overlaps);

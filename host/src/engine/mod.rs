@@ -42,6 +42,7 @@ use crate::driver::launch::{launch_raw, set_max_dynamic_smem, LaunchGeometry, Pa
 use crate::driver::module::Kernel;
 use crate::driver::tensor_map::{DriverEncoder, TiledMapEncoder};
 use crate::error::{Error, Result};
+use crate::host_timing::{mark, step};
 use crate::problem::OutputType;
 use crate::summary::{KernelLaunch, PlanSummary};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
@@ -503,6 +504,7 @@ impl<L: Layout> Engine<L> {
             // A capture used the staging buffer: the next capture's, allocated outside capture.
             self.capture.prepare(self.mirror.bytes().len())?;
         }
+        mark(step::CAPTURE);
         self.layout.signature(call, self.sets.start(alphas));
         let (i, upload) = match self.sets.pick() {
             Pick::Holds(i) => (i, false),
@@ -523,6 +525,7 @@ impl<L: Layout> Engine<L> {
             }
         };
         let at = self.tables[i].at;
+        mark(step::PICK);
         // Where cudarc orders memory between streams, the plan's memory is ordered like the
         // caller's buffers: its guards wait for other streams now and record this stream's use
         // when dropped, after the launches.
@@ -537,10 +540,12 @@ impl<L: Layout> Engine<L> {
                 held.hold(s.device_ptr_mut(stream).1);
             }
         }
+        mark(step::GUARDS);
         if upload {
             self.sets.begin(i);
             let (groups, maps) = self.mirror.parts_mut();
             self.layout.encode_call(&DriverEncoder, call, &at, groups, maps)?;
+            mark(step::ENCODE);
             // SAFETY: `at.maps` is set `i`, as long as the mirror.
             unsafe {
                 if capturing {
@@ -550,6 +555,7 @@ impl<L: Layout> Engine<L> {
                 }
             }
             self.sets.done(i);
+            mark(step::UPLOAD);
         }
         if let Alphas::Device(src) = alphas {
             // SAFETY: the caller's contract for `src` (one f32 per group, validated); the group
@@ -570,6 +576,7 @@ impl<L: Layout> Engine<L> {
                 }
             }
         }
+        mark(step::LAUNCH);
         drop(held);
         if capturing {
             // The caller's graph reads this set (and the staging it was uploaded from) at every
