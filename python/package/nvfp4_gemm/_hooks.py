@@ -67,4 +67,6 @@ def host_bytes(obj):
     """The bytes of a contiguous uint8-viewable torch tensor, through a host copy."""
     torch = torch_module()
     t = obj.contiguous().view(torch.uint8).cpu()
-    return ctypes.string_at(t.data_ptr(), t.numel())
+    # A ctypes array over the tensor's memory (its length a Py_ssize_t: `ctypes.string_at` takes
+    # a C int and refuses tensors of 2 GiB and more, e.g. DeepSeek-V3's stacked W13).
+    return bytes((ctypes.c_ubyte * t.numel()).from_address(t.data_ptr()))
