@@ -129,6 +129,30 @@ impl DeviceSizes {
         }
     }
 
+    /// A share of the end of the rows any group holds: the largest clamped offset among
+    /// `1 + part, 1 + part + parts, …` up to `G` (contiguous; the largest over every share is one
+    /// past the last row [`Self::locate`] can place in a group, since a row it places lies below
+    /// its group's clamped end), or [`Self::token_rows`] (masked). Grid-strided kernels over the
+    /// bound's rows stop there instead of searching the groups for every row of the bound; a warp
+    /// reads the offsets in 32 shares and combines them by max.
+    #[inline(always)]
+    pub fn rows_end_part(&self, load: impl Fn(u32) -> u32, part: u32, parts: u32) -> u32 {
+        if self.layout == LAYOUT_MASKED {
+            return self.token_rows();
+        }
+        let mut end = 0;
+        let mut g = 1 + part;
+        while g <= self.groups {
+            let o = load(g);
+            let o = if o < self.rows { o } else { self.rows };
+            if o > end {
+                end = o;
+            }
+            g += parts;
+        }
+        end
+    }
+
     /// The scale row of token row `row`, if the row belongs to a group (`load` as for
     /// [`Self::group`]): [`Self::locate`]'s second number.
     #[inline(always)]
@@ -397,8 +421,14 @@ mod tests {
             assert_eq!(status & STATUS_ROWS_OVER_BOUND != 0, !in_bound);
             let monotone_now = offsets.windows(2).all(|w| w[0] <= w[1]);
             assert_eq!(status & STATUS_OFFSETS_DECREASING != 0, !monotone_now);
+            // The rows' end: the same from one share or 32 combined, and no row at or past it
+            // is placed in a group.
+            let end = s.rows_end_part(load, 0, 1);
+            assert_eq!((0..32).map(|l| s.rows_end_part(load, l, 32)).max(), Some(end));
+            assert!(end <= t);
             for row in 0..t {
                 let got = s.locate(row, load);
+                assert!(row < end || got.is_none(), "case {case} row {row} end {end} {offsets:?}");
                 assert_eq!(got.map(|(_, sr)| sr), s.scale_row(row, load));
                 if let Some((g, sr)) = got {
                     assert!(sr < s.scale_rows() && g < groups);
@@ -422,6 +452,7 @@ mod tests {
         assert_eq!(s.locate(39, load), Some((1, 147)));
         assert_eq!(s.locate(59, load), Some((2, 275)));
         assert_eq!(s.group(2, load).status, STATUS_COUNT_OVER_BOUND);
+        assert_eq!(s.rows_end_part(load, 5, 32), s.token_rows());
     }
 
     /// The tile bound is the maximum over every way to split `T` tokens into `G` groups.

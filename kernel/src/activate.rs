@@ -50,7 +50,11 @@ pub unsafe fn moe_activate(p: ActivateParams) {
         return;
     }
     let rows = p.sizes.token_rows();
-    let items = rows * blocks;
+    // Rows past the last group's end hold nothing to activate (`rows_end`: the whole warp calls
+    // it, before any lane leaves).
+    // SAFETY: the sizes array is readable (the caller's contract).
+    let end = unsafe { crate::moe::rows_end(&p.sizes) };
+    let items = if end < rows { end } else { rows } * blocks;
     let n1 = if p.gated != 0 { 2 * inter } else { inter };
     let rk = rest_k(inter);
     let global = p.global_scale as f64;

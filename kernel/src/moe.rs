@@ -15,3 +15,22 @@ pub unsafe fn sizes_reader(s: &DeviceSizes) -> impl Fn(u32) -> u32 + Copy {
     // SAFETY: `i < len` indexes the sizes array (the caller's contract).
     move |i: u32| if i < len { unsafe { *sizes.add(i as usize) } } else { 0 }
 }
+
+/// One past the last token row any group holds ([`DeviceSizes::rows_end_part`] over the warp's
+/// 32 shares, combined with `shfl.sync.bfly`). Every lane of the warp must call it, converged.
+///
+/// # Safety
+/// As [`sizes_reader`]: `s.sizes` points to `s.sizes_len()` readable `u32`s.
+#[inline(always)]
+pub unsafe fn rows_end(s: &DeviceSizes) -> u32 {
+    // SAFETY: the caller's contract.
+    let load = unsafe { sizes_reader(s) };
+    let mut end = s.rows_end_part(load, crate::ptx::sreg::tid_x() % 32, 32);
+    for lanes in [16, 8, 4, 2, 1] {
+        let other = crate::ptx::warp::shfl_xor(end, lanes);
+        if other > end {
+            end = other;
+        }
+    }
+    end
+}

@@ -118,7 +118,11 @@ pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
     if blocks == 0 || p.sizes.groups == 0 {
         return;
     }
-    let items = c.rows * blocks;
+    // Rows past the last group's end hold nothing to quantize (`rows_end`: the whole warp
+    // calls it, before any lane leaves).
+    // SAFETY: the sizes array is readable (the caller's contract).
+    let end = unsafe { crate::moe::rows_end(&p.sizes) };
+    let items = if end < c.rows { end } else { c.rows } * blocks;
     let rk = rest_k(c.k);
     let global = c.global_scale as f64;
     let bf16 = c.bf16 != 0;
