@@ -18,6 +18,10 @@ pub const DEQUANT_ITEMS_PER_THREAD: u32 = 4;
 /// Work items one token-dequantization CTA covers per pass: item `i` of a pass goes to threads
 /// `8 · (i % 32) ..` (so a warp covers 4 consecutive items), in round `i / 32`.
 pub const DEQUANT_ITEMS_PER_CTA: u32 = DEQUANT_THREADS / DEQUANT_THREADS_PER_ITEM * DEQUANT_ITEMS_PER_THREAD;
+/// Token-dequantization CTAs per SM a device-sized plan's grid holds (48 registers × 256 threads:
+/// five fit an SM's registers; four leave room for a GEMM starting early); its CTAs take the
+/// scheduled CTAs grid-strided.
+pub const DEQUANT_GRID_CTAS_PER_SM: u32 = 4;
 /// Most token-dequantization CTAs per group (each grid-strides over the group's rows × chunks).
 pub const MAX_DEQUANT_CTAS_PER_GROUP: u32 = 256;
 

@@ -1,8 +1,9 @@
 //! The sm_90a part of a plan for device-resident group sizes (`crate::moe`,
 //! `crate::device_sizes`): [`Sm90DeviceLayout`], no driver calls.
 //!
-//! A call launches `sm90_schedule` (one CTA), `sm90_dequant_tokens` over the bound's grid (CTAs
-//! beyond the scheduled ones return), then the plan's GEMM kernels: the decode kernel, the
+//! A call launches `sm90_schedule` (one CTA), `sm90_dequant_tokens` (a grid of at most
+//! `DEQUANT_GRID_CTAS_PER_SM` CTAs per SM, grid-strided over the CTAs the scheduler gave the
+//! groups), then the plan's GEMM kernels: the decode kernel, the
 //! general one, or both ([`MoeKernels`]), each over a persistent grid sized for its list's
 //! capacity and walking the length the scheduler wrote (`KernelParams::work_len_device`). With
 //! both, the scheduler gives the call to the decode kernel when no group has more than 16 rows
@@ -169,7 +170,10 @@ impl Sm90DeviceLayout {
             costs,
             max_dequant_ctas,
             workspace_bytes: if activations.is_some() { 0 } else { problem.token_rows() * problem.k() * 2 },
-            dequant: sm90::dequant_launch(max_dequant_ctas),
+            // The kernel takes the scheduled CTAs grid-strided: at most what the GPU holds at once.
+            dequant: sm90::dequant_launch(
+                max_dequant_ctas.min(sm_count.saturating_mul(sm90::DEQUANT_GRID_CTAS_PER_SM)),
+            ),
             activations,
         })
     }

@@ -7,7 +7,9 @@
 //! `row · k/64 + chunk` starts at byte `128 · item` of the group's rows), so a warp's 16-byte stores
 //! cover 512 contiguous bytes and its loads 4 × 32 contiguous bytes. Each thread takes
 //! `DEQUANT_ITEMS_PER_THREAD` items per pass and issues all their loads before decoding any.
-//! CTAs `dequant_first_cta .. + dequant_ctas` of the grid belong to each group.
+//! CTAs `dequant_first_cta .. + dequant_ctas` of the table belong to each group; the grid takes
+//! them grid-strided (host-sized plans launch exactly their sum, device-sized ones at most what
+//! the GPU holds at once).
 
 use super::U32x4;
 use crate::ptx::{barrier, convert, sreg, warp};
@@ -19,7 +21,7 @@ use nvfp4_gemm_abi::sm90::{
 };
 
 /// See the module docs. Launch: `nvfp4_gemm_abi::sm90::dequant_launch` (`DEQUANT_THREADS`
-/// threads per CTA, `Σ dequant_ctas` CTAs).
+/// threads per CTA, any number of CTAs: `Σ dequant_ctas`, or fewer).
 ///
 /// # Safety
 /// `p` and the group table must be what the host's sm90 plan writes for validated buffers.
@@ -32,17 +34,35 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     barrier::grid_dependency_wait();
     barrier::grid_launch_dependents();
     let groups = p.groups as *const GroupParams;
-    let cta = sreg::ctaid_x();
-    // SAFETY: the table holds `group_count` groups (this kernel's contract); all threads of the
-    // CTA are here, so every warp is converged.
-    let Some(g) = (unsafe { owning_group(groups, p.group_count, cta) }) else {
-        return;
-    };
-    // Always true for the tables the host and the scheduler write (disjoint ranges); if two
-    // ranges overlapped, the warp's OR of their indices could name a third group.
-    if cta < g.dequant_first_cta || cta >= g.dequant_first_cta + g.dequant_ctas {
-        return;
+    // The CTAs of the table (`dequant_first_cta .. + dequant_ctas` per group, tiling 0..Σ) are
+    // taken grid-strided: a device-sized plan's grid is capped at what the GPU holds at once,
+    // where its bound's count would launch thousands of CTAs that find no group.
+    let mut cta = sreg::ctaid_x();
+    let step = sreg::nctaid_x();
+    loop {
+        // SAFETY: the table holds `group_count` groups (this kernel's contract); all threads of
+        // the CTA are here, so every warp is converged.
+        let Some(g) = (unsafe { owning_group(groups, p.group_count, cta) }) else {
+            return;
+        };
+        // Always true for the tables the host and the scheduler write (disjoint ranges); if two
+        // ranges overlapped, the warp's OR of their indices could name a third group.
+        if cta < g.dequant_first_cta || cta >= g.dequant_first_cta + g.dequant_ctas {
+            return;
+        }
+        // SAFETY: as this kernel's (the group's buffers are the plan's validated ones).
+        unsafe { dequant_cta(&g, cta) };
+        cta += step;
     }
+}
+
+/// CTA `cta` of group `g`'s dequantization CTAs: its share of the group's items.
+///
+/// # Safety
+/// `g` is a group of the table the host's sm90 plan writes for validated buffers, and `cta` one
+/// of its CTAs.
+#[inline(always)]
+unsafe fn dequant_cta(g: &TokenGroup, cta: u32) {
     let chunks = g.k / CHUNK_K;
     if chunks == 0 {
         return;
