@@ -37,9 +37,20 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     // The CTAs of the table (`dequant_first_cta .. + dequant_ctas` per group, tiling 0..Σ) are
     // taken grid-strided: a device-sized plan's grid is capped at what the GPU holds at once,
     // where its bound's count would launch thousands of CTAs that find no group.
+    // The ranges tile 0..Σ in group order (host and scheduler alike), so the last group's end
+    // is Σ: a CTA stops there without searching the table once more (a host-sized grid is Σ
+    // exactly: one pass each).
+    if p.group_count == 0 {
+        return;
+    }
+    // SAFETY: the table holds `group_count` ≥ 1 groups (this kernel's contract).
+    let total = unsafe {
+        let last = groups.add(p.group_count as usize - 1);
+        core::ptr::addr_of!((*last).dequant_first_cta).read() + core::ptr::addr_of!((*last).dequant_ctas).read()
+    };
     let mut cta = sreg::ctaid_x();
     let step = sreg::nctaid_x();
-    loop {
+    while cta < total {
         // SAFETY: the table holds `group_count` groups (this kernel's contract); all threads of
         // the CTA are here, so every warp is converged.
         let Some(g) = (unsafe { owning_group(groups, p.group_count, cta) }) else {
