@@ -17,7 +17,7 @@ pub unsafe fn sizes_reader(s: &DeviceSizes) -> impl Fn(u32) -> u32 + Copy {
 }
 
 /// One past the last token row any group holds ([`DeviceSizes::rows_end_part`] over the warp's
-/// 32 shares, combined with `shfl.sync.bfly`). Every lane of the warp must call it, converged.
+/// 32 shares, combined by `scan::warp_max`). Every lane of the warp must call it, converged.
 ///
 /// # Safety
 /// As [`sizes_reader`]: `s.sizes` points to `s.sizes_len()` readable `u32`s.
@@ -25,12 +25,5 @@ pub unsafe fn sizes_reader(s: &DeviceSizes) -> impl Fn(u32) -> u32 + Copy {
 pub unsafe fn rows_end(s: &DeviceSizes) -> u32 {
     // SAFETY: the caller's contract.
     let load = unsafe { sizes_reader(s) };
-    let mut end = s.rows_end_part(load, crate::ptx::sreg::tid_x() % 32, 32);
-    for lanes in [16, 8, 4, 2, 1] {
-        let other = crate::ptx::warp::shfl_xor(end, lanes);
-        if other > end {
-            end = other;
-        }
-    }
-    end
+    crate::scan::warp_max(s.rows_end_part(load, crate::ptx::sreg::lane_id(), 32))
 }
