@@ -11,6 +11,12 @@ def _bytes(t):
     return _hooks.host_bytes(t)
 
 
+def _plan_options(activation, w4a16, dtype, apply_router_weight_on_input, device, stream, activation_epilogue):
+    """The block's plan options in the native constructors' order (both take the same tail)."""
+    dtype = "bfloat16" if dtype is None else dtype
+    return activation, bool(w4a16), dtype, bool(apply_router_weight_on_input), int(device), stream, bool(activation_epilogue)
+
+
 def _floats(v, n):
     """``n`` floats from a number, a sequence or a tensor (None: 1.0 each)."""
     if v is None:
@@ -93,13 +99,7 @@ class MoEBlock:
             first_expert,
             top_k,
             max_tokens,
-            activation,
-            bool(w4a16),
-            "bfloat16" if dtype is None else dtype,
-            bool(apply_router_weight_on_input),
-            int(device),
-            stream,
-            bool(activation_epilogue),
+            *_plan_options(activation, w4a16, dtype, apply_router_weight_on_input, device, stream, activation_epilogue),
         )
 
     @classmethod
@@ -149,13 +149,7 @@ class MoEBlock:
             reconcile,
             top_k,
             max_tokens,
-            activation,
-            bool(w4a16),
-            "bfloat16" if dtype is None else dtype,
-            bool(apply_router_weight_on_input),
-            int(device),
-            stream,
-            bool(activation_epilogue),
+            *_plan_options(activation, w4a16, dtype, apply_router_weight_on_input, device, stream, activation_epilogue),
         )
         self.hidden, self.top_k, self.max_tokens, self.experts = self._block.hidden, top_k, max_tokens, len(r)
         return self
