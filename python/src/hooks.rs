@@ -39,11 +39,15 @@ pub fn current_device(py: Python<'_>) -> PyResult<u32> {
     hooks(py)?.call_method0(intern!(py, "current_device"))?.extract()
 }
 
-/// `stream` as a `CUstream` handle: None (the current stream of device `ordinal`), an int, or an
+/// `stream` as a `CUstream` handle: None (the current stream of device `ordinal`: torch's,
+/// through its DLPack exchange table when it has one, else the package's hook), an int, or an
 /// object with `.cuda_stream` (`torch.cuda.Stream`).
 pub fn stream(py: Python<'_>, stream: Option<&Bound<'_, PyAny>>, ordinal: u32) -> PyResult<u64> {
     match stream.filter(|s| !s.is_none()) {
-        None => hooks(py)?.call_method1(intern!(py, "current_stream"), (ordinal,))?.extract(),
+        None => match crate::dlpack::current_stream(py, ordinal) {
+            Some(handle) => Ok(handle),
+            None => hooks(py)?.call_method1(intern!(py, "current_stream"), (ordinal,))?.extract(),
+        },
         Some(s) => {
             if let Ok(handle) = s.extract::<u64>() {
                 return Ok(handle);

@@ -313,6 +313,34 @@ fn blocked_view_strides(rows: usize, k: usize) -> (i64, i64, i64, i64, i64) {
     (s[0], s[1], s[2], s[3], s[4])
 }
 
+/// What the package reads of a tensor, `(address, shape, strides, dtype name, device)`, read the
+/// way `way` names (`"auto"`, `"exchange"`, `"to_dlpack"`, `"attributes"`; `None` when that DLPack
+/// way does not read it): the readers compared by the GPU tests.
+#[pyfunction]
+#[pyo3(signature = (tensor, way="auto"))]
+#[allow(clippy::type_complexity)]
+fn _describe_tensor(
+    tensor: &Bound<'_, PyAny>,
+    way: &str,
+) -> PyResult<Option<(u64, Vec<i64>, Vec<i64>, &'static str, Option<u32>)>> {
+    Ok(read::tensor_by(tensor, way)?
+        .map(|d| (d.ptr, d.shape.get().to_vec(), d.strides.get().to_vec(), d.dtype.name(), d.device)))
+}
+
+/// How a `torch.Tensor` is read: `"exchange"` (torch's DLPack C exchange table), `"to_dlpack"`,
+/// or None before torch is imported.
+#[pyfunction]
+fn _tensor_reader(py: Python<'_>) -> Option<&'static str> {
+    dlpack::reader(py)
+}
+
+/// The stream a call without `stream=` runs on, on device `ordinal`: torch's current stream, as
+/// the package reads it.
+#[pyfunction]
+fn _current_stream(py: Python<'_>, ordinal: u32) -> PyResult<u64> {
+    hooks::stream(py, None, ordinal)
+}
+
 /// True when the CUDA driver library (libcuda.so.1) can be loaded.
 #[pyfunction]
 fn driver_present() -> bool {
@@ -343,6 +371,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(blocked_bytes, m)?,
         wrap_pyfunction!(blocked_view_strides, m)?,
         wrap_pyfunction!(driver_present, m)?,
+        wrap_pyfunction!(_describe_tensor, m)?,
+        wrap_pyfunction!(_tensor_reader, m)?,
+        wrap_pyfunction!(_current_stream, m)?,
         wrap_pyfunction!(hooks::set_hooks, m)?,
     ] {
         m.add_function(f)?;

@@ -84,6 +84,21 @@ pub fn tensor(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
     attributes(obj, arg)
 }
 
+/// `obj` read one way (`"auto"`: as [`tensor`] reads it; `"exchange"`, `"to_dlpack"`: that DLPack
+/// way only, `None` when it does not read `obj`; `"attributes"`: the attribute reader), for
+/// tests that compare the readers.
+pub fn tensor_by(obj: &Bound<'_, PyAny>, way: &str) -> PyResult<Option<TensorDesc>> {
+    use crate::dlpack::Way;
+    let arg = Arg::of("describe_tensor", "tensor");
+    Ok(match way {
+        "auto" => Some(tensor(obj, arg)?),
+        "exchange" => crate::dlpack::read(obj, Way::Exchange),
+        "to_dlpack" => crate::dlpack::read(obj, Way::ToDlpack),
+        "attributes" => Some(attributes(obj, arg)?),
+        _ => return Err(value_error(format!("way: {way:?}; one of auto, exchange, to_dlpack, attributes"))),
+    })
+}
+
 /// `tensor` through Python attributes and the CUDA array interface.
 fn attributes(obj: &Bound<'_, PyAny>, arg: Arg) -> PyResult<TensorDesc> {
     let py = obj.py();

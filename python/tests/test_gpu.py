@@ -105,6 +105,57 @@ def test_views_and_tensor_subclasses_read_as_torch_describes_them():
     assert bool(big[:m].isnan().all()) and bool(big[2 * m :].isnan().all()), "rows outside the slice were written"
 
 
+def test_tensor_readers_agree_with_torch():
+    # Every way the package reads a torch.Tensor (torch's DLPack exchange table when torch has
+    # one, to_dlpack, the attributes) gives the address, shape, strides, type and device torch
+    # itself reports, on the layouts calls pass: slices with an offset, transposes, broadcasts,
+    # the 4- and 8-bit types, empty tensors, the GPU MODE task's permuted scale views.
+    from nvfp4_gemm import _native
+
+    base = torch.arange(4 * 96 * 64, device=CUDA, dtype=torch.int32)
+    u8 = (base % 251).to(torch.uint8).reshape(4 * 96, 64)
+    cases = {
+        "f16": torch.zeros(5, 64, device=CUDA, dtype=torch.float16),
+        "bf16 row slice": torch.zeros(30, 128, device=CUDA, dtype=torch.bfloat16)[7:19],
+        "f32 column slice": torch.zeros(8, 48, device=CUDA)[:, 16:32],
+        "transposed": torch.zeros(16, 32, device=CUDA, dtype=torch.float16).t(),
+        "broadcast": torch.zeros(1, 64, device=CUDA, dtype=torch.float16).expand(9, 64),
+        "uint8 [r, c, 1]": u8[:, :, None],
+        "e4m3": u8.view(torch.float8_e4m3fn),
+        "e2m1 x2": u8[96:].view(torch.float4_e2m1fn_x2),
+        "int64": base[:10].to(torch.int64),
+        "int32 0-dim": base[3],
+        "empty": torch.empty(0, 32, device=CUDA, dtype=torch.float16),
+        "task scale view": u8[:128].reshape(1, 4, 32, 4, 16).permute(2, 1, 0, 3, 4),
+    }
+    assert _native._tensor_reader() in ("exchange", "to_dlpack")
+
+    def addressing(shape, strides):
+        # A dimension of extent 1 addresses nothing with its stride (DLPack producers may
+        # normalize it).
+        return [(e, s if e != 1 else None) for e, s in zip(shape, strides)]
+
+    for name, t in cases.items():
+        want = (t.data_ptr(), addressing(t.shape, t.stride()), t.get_device())
+        got = {w: _native._describe_tensor(t, w) for w in ("auto", "attributes", "to_dlpack", "exchange")}
+        for way, d in got.items():
+            if way == "exchange" and _native._tensor_reader() != "exchange":
+                assert d is None, f"{name}: read through an exchange table torch does not have"
+                continue
+            assert d is not None, f"{name}: {way} did not read it"
+            assert (d[0], addressing(d[1], d[2]), d[4]) == want, f"{name}: {way} read {d}, torch says {want}"
+            assert d[3] == got["attributes"][3], f"{name}: {way} read the type {d[3]}"
+    # A subclass (nn.Parameter) is not read through DLPack (the exchange table is torch.Tensor's).
+    p = torch.nn.Parameter(torch.zeros(4, 8, device=CUDA), requires_grad=False)
+    assert _native._describe_tensor(p, "exchange") is None and _native._describe_tensor(p, "to_dlpack") is None
+    assert _native._describe_tensor(p)[0] == p.data_ptr()
+    # The stream a call takes without `stream=` is torch's current one.
+    s = torch.cuda.Stream()
+    assert _native._current_stream(0) == torch.cuda.current_stream().cuda_stream
+    with torch.cuda.stream(s):
+        assert _native._current_stream(0) == s.cuda_stream
+
+
 def bsc_plain(blocked, rows, k):
     return blocked.view(torch.uint8)[blocked_index(rows, k)]
 
