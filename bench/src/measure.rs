@@ -210,7 +210,7 @@ pub(crate) fn host_overhead(
 
 /// In a measuring build (feature `host-timing`), where `run`'s host time went per step since the
 /// last take; nothing otherwise.
-fn print_host_steps(shape: &str, what: &str) {
+pub(crate) fn print_host_steps(shape: &str, what: &str) {
     if let Some((calls, steps)) = nvfp4_gemm::host_timing::take() {
         let total: f64 = steps.iter().map(|(_, ns)| ns).sum();
         let parts: Vec<String> = steps.iter().map(|(s, ns)| format!("{s} {:.2}", ns / 1e3)).collect();

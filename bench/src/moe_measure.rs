@@ -273,12 +273,15 @@ impl Bench {
         let moe_new_us = stats(&t[1], "W4A16 MoePlan, new tensors")?;
         let graph_us = stats(&t[2], "W4A16 graph replay")?;
         let (batches, per) = (o.host_batches, o.host_calls);
+        let _ = nvfp4_gemm::host_timing::take();
         let cached =
             host_overhead(stream, batches, per, &mut |_| run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe))?;
+        crate::measure::print_host_steps("W4A16 MoePlan", "same tensors");
         let new = host_overhead(stream, batches, per, &mut |i| {
             let s = &mut sets[i % rotating];
             run(&mut plan, &s.x, &s.sizes, &mut s.c)
         })?;
+        crate::measure::print_host_steps("W4A16 MoePlan", "new tensors");
         // Every set once more (each call with new tensors), then the same buffers as the check:
         // the same activations and offsets must give the same C.
         for s in sets.iter_mut() {

@@ -5,12 +5,16 @@
 //! quantized with the second GEMM's input scale (one, or one per group) into the grouped NVFP4
 //! layout (W4A4: the same block arithmetic and scale rows as `nvfp4_quantize_grouped`).
 //!
-//! Work item = (token row, block of 16 outputs), grid-strided; rows of no group are skipped.
+//! Work item = (token row, block of 16 outputs, quarter): each thread computes 4 outputs, the 4
+//! threads of a block (lanes `4i .. 4i + 4`) exchange their parts' largest magnitudes and each
+//! quantizes its part (`quantize_block_part`: together exactly `quantize_block`), so that a
+//! call's few rows at small T spread over 4× the threads with a quarter of the dependent work
+//! each. Grid-strided; rows of no group are skipped.
 
-use crate::ptx::sreg;
-use crate::quantize_grouped::{round_to_half, row_global_scale, U32x4};
-use nvfp4_gemm_abi::moe::block::{activated, ActivateParams, Activation};
-use nvfp4_gemm_abi::quantize::{quantize_block, BLOCK, THREADS};
+use crate::ptx::{sreg, warp};
+use crate::quantize_grouped::{round_to_half, row_global_scale};
+use nvfp4_gemm_abi::moe::block::{activated, ActivateParams, Activation, ACTIVATE_PARTS};
+use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part, BLOCK, THREADS};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
 /// One output word (two values) from a gate word and an up word (`None`: not gated).
@@ -21,19 +25,19 @@ pub(crate) fn word(act: Activation, gate: u32, up: Option<u32>, bf16: bool) -> u
     round_to_half(lo, bf16) as u32 | (round_to_half(hi, bf16) as u32) << 16
 }
 
-/// 16 consecutive 16-bit values at `p` (32-byte aligned) as 8 words.
+/// 4 consecutive 16-bit values at `p` (8-byte aligned) as 2 words.
 ///
 /// # Safety
-/// 32 readable bytes at `p`.
+/// 8 readable bytes at `p`.
 #[inline(always)]
-unsafe fn load16(p: *const u8) -> [u32; 8] {
+unsafe fn load4(p: *const u8) -> [u32; 2] {
     // SAFETY: the caller's contract.
-    let (a, b) = unsafe { ((*(p as *const U32x4)).0, (*(p as *const U32x4).add(1)).0) };
-    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+    let v = unsafe { *(p as *const u64) };
+    [v as u32, (v >> 32) as u32]
 }
 
 /// See the module docs. Launch: [`THREADS`] threads per CTA, any number of CTAs (grid-strided
-/// over `rows · I / 16` items).
+/// over `activate_items(rows, I)` items).
 ///
 /// # Safety
 /// `p.h` holds `rows · n1` readable 16-bit values (`rows = p.sizes.token_rows()`, `n1 = 2I`
@@ -54,7 +58,7 @@ pub unsafe fn moe_activate(p: ActivateParams) {
     // it, before any lane leaves).
     // SAFETY: the sizes array is readable (the caller's contract).
     let end = unsafe { crate::moe::rows_end(&p.sizes) };
-    let items = if end < rows { end } else { rows } * blocks;
+    let items = if end < rows { end } else { rows } * blocks * ACTIVATE_PARTS;
     let n1 = if p.gated != 0 { 2 * inter } else { inter };
     let rk = rest_k(inter);
     let global = p.global_scale as f64;
@@ -62,52 +66,54 @@ pub unsafe fn moe_activate(p: ActivateParams) {
     let act = Activation::from_code(p.activation);
     // SAFETY: the sizes array is readable (the caller's contract).
     let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
+    let lane = sreg::lane_id();
     let mut item = sreg::ctaid_x() * THREADS + sreg::tid_x();
     let stride = sreg::nctaid_x() * THREADS;
-    while item < items {
-        let (row, j) = (item / blocks, item % blocks);
-        if let Some((group, scale_row)) = p.sizes.locate(row, load) {
-            let src = row as usize * n1 as usize + (BLOCK * j) as usize;
-            let first = row as usize * inter as usize + (BLOCK * j) as usize;
-            // SAFETY: row < rows: the gate (and up) blocks are in `h`, the outputs in `out` /
-            // `scales` (the caller's contract); `scale_row` is below the scale rows.
-            unsafe {
-                let g = load16((p.h as *const u8).add(2 * src));
-                let z = if p.gated != 0 {
-                    let u = load16((p.h as *const u8).add(2 * (src + inter as usize)));
-                    [
-                        word(act, g[0], Some(u[0]), bf16),
-                        word(act, g[1], Some(u[1]), bf16),
-                        word(act, g[2], Some(u[2]), bf16),
-                        word(act, g[3], Some(u[3]), bf16),
-                        word(act, g[4], Some(u[4]), bf16),
-                        word(act, g[5], Some(u[5]), bf16),
-                        word(act, g[6], Some(u[6]), bf16),
-                        word(act, g[7], Some(u[7]), bf16),
-                    ]
+    // Whole warps run every round (the quantization's exchange takes all 32 lanes): a warp goes
+    // on while its first item is below the end; a block's 4 items are in 4 aligned lanes (the
+    // stride is a multiple of 32).
+    while item - lane < items {
+        let (q, part) = (item / ACTIVATE_PARTS, item % ACTIVATE_PARTS);
+        let (row, j) = (q / blocks, q % blocks);
+        let located = if item < items { p.sizes.locate(row, load) } else { None };
+        // The part's 4 outputs start at column `16 j + 4 part` of the row.
+        let col = (BLOCK * j + 4 * part) as usize;
+        let z = match located {
+            // SAFETY: row < rows: the gate (and up) values are in `h` (the caller's contract);
+            // 8-byte aligned (`col` and `n1` multiples of 4).
+            Some(_) => unsafe {
+                let src = row as usize * n1 as usize + col;
+                let g = load4((p.h as *const u8).add(2 * src));
+                if p.gated != 0 {
+                    let u = load4((p.h as *const u8).add(2 * (src + inter as usize)));
+                    [word(act, g[0], Some(u[0]), bf16), word(act, g[1], Some(u[1]), bf16)]
                 } else {
-                    [
-                        word(act, g[0], None, bf16),
-                        word(act, g[1], None, bf16),
-                        word(act, g[2], None, bf16),
-                        word(act, g[3], None, bf16),
-                        word(act, g[4], None, bf16),
-                        word(act, g[5], None, bf16),
-                        word(act, g[6], None, bf16),
-                        word(act, g[7], None, bf16),
-                    ]
-                };
-                if p.quantize != 0 {
+                    [word(act, g[0], None, bf16), word(act, g[1], None, bf16)]
+                }
+            },
+            None => [0, 0],
+        };
+        let first = row as usize * inter as usize + col;
+        if p.quantize != 0 {
+            let mine = block_part_amax(z) as u32;
+            let two = mine.max(warp::shfl_xor(mine, 1));
+            let amax = two.max(warp::shfl_xor(two, 2)) as u16;
+            if let Some((group, scale_row)) = located {
+                // SAFETY: the outputs of row < rows (the caller's contract), the part's 2 bytes
+                // 2-byte aligned; `scale_row` is below the scale rows; `group_scales`, when set,
+                // holds an `f32` per group.
+                unsafe {
                     let global = row_global_scale(p.group_scales, group, global);
-                    let (s, packed) = quantize_block(z, bf16, global);
-                    *((p.out as *mut u8).add(first / 2) as *mut u64) = packed;
-                    *(p.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
-                } else {
-                    let dst = (p.out as *mut u8).add(2 * first) as *mut U32x4;
-                    *dst = U32x4([z[0], z[1], z[2], z[3]]);
-                    *dst.add(1) = U32x4([z[4], z[5], z[6], z[7]]);
+                    let (s, packed) = quantize_block_part(z, amax, bf16, global);
+                    *((p.out as *mut u8).add(first / 2) as *mut u16) = packed as u16;
+                    if part == 0 {
+                        *(p.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
+                    }
                 }
             }
+        } else if located.is_some() {
+            // SAFETY: the row's 4 outputs in `out` (the caller's contract), 8-byte aligned.
+            unsafe { *((p.out as *mut u8).add(2 * first) as *mut u64) = z[0] as u64 | (z[1] as u64) << 32 };
         }
         item += stride;
     }

@@ -415,6 +415,9 @@ pub unsafe fn moe_route_scatter(p: RouteParams) {
     };
 }
 
+/// Slots whose rows `moe_combine` loads together.
+const COMBINE_CHUNK: usize = 4;
+
 /// See the module docs: `y[t, h] = D(Σ_k w[t, k] · o[slot_row[t · top_k + k], h])` over the
 /// local slots in `k` ascending, an `f32` sum from +0 of rounded products (no fma), rounded once
 /// to D (`nvfp4_gemm_abi::moe_block::combine_sum`). Launch: `combine_launch`, any grid.
@@ -438,22 +441,45 @@ pub unsafe fn moe_combine(p: CombineParams) {
         let t = (item / vectors as u64) as u32;
         let c = (item % vectors as u64) as u32;
         let mut acc = [0.0f32; COMBINE_VECTOR as usize];
-        for k in 0..p.top_k {
-            let s = t * p.top_k + k;
-            // SAFETY: s < T · top_k; a row below `rows` is in `o` (16-byte aligned: hidden is a
-            // multiple of 8 values).
-            unsafe {
-                let r = *(p.slot_row as *const u32).add(s as usize);
-                if r != NOT_LOCAL && r < p.rows {
-                    let w = if p.weights != 0 { slot_weight(p.weights, p.weights_bf16, s) } else { 1.0 };
-                    let at = r as usize * p.hidden as usize + (c * COMBINE_VECTOR) as usize;
-                    let v = (*((p.o as *const u16).add(at) as *const U32x4)).0;
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let bits = (v[i / 2] >> (16 * (i as u32 % 2))) as u16;
-                        *a += w * half_bits_to_f32(bits, bf16);
+        // The slots in chunks of COMBINE_CHUNK: each chunk's rows and weights are loaded
+        // together, then its rows' vectors, then summed in `k` order (two dependent loads per
+        // chunk rather than per slot).
+        let mut k0 = 0;
+        while k0 < p.top_k {
+            let mut rows = [NOT_LOCAL; COMBINE_CHUNK];
+            let mut w = [1.0f32; COMBINE_CHUNK];
+            for i in 0..COMBINE_CHUNK {
+                let s = t * p.top_k + k0 + i as u32;
+                if k0 + (i as u32) < p.top_k {
+                    // SAFETY: s < T · top_k (the slot arrays' lengths).
+                    unsafe {
+                        rows[i] = *(p.slot_row as *const u32).add(s as usize);
+                        if p.weights != 0 {
+                            w[i] = slot_weight(p.weights, p.weights_bf16, s);
+                        }
                     }
                 }
             }
+            let mut v = [[0u32; 4]; COMBINE_CHUNK];
+            for i in 0..COMBINE_CHUNK {
+                let r = rows[i];
+                if r != NOT_LOCAL && r < p.rows {
+                    let at = r as usize * p.hidden as usize + (c * COMBINE_VECTOR) as usize;
+                    // SAFETY: a row below `rows` is in `o` (16-byte aligned: hidden is a multiple
+                    // of 8 values).
+                    v[i] = unsafe { (*((p.o as *const u16).add(at) as *const U32x4)).0 };
+                }
+            }
+            for i in 0..COMBINE_CHUNK {
+                let r = rows[i];
+                if r != NOT_LOCAL && r < p.rows {
+                    for (e, a) in acc.iter_mut().enumerate() {
+                        let bits = (v[i][e / 2] >> (16 * (e as u32 % 2))) as u16;
+                        *a += w[i] * half_bits_to_f32(bits, bf16);
+                    }
+                }
+            }
+            k0 += COMBINE_CHUNK as u32;
         }
         let pack = |lo: f32, hi: f32| {
             if bf16 {

@@ -272,9 +272,14 @@ pub const fn epilogue_source_row(r: u32, inter: u32, gated: bool) -> u32 {
     }
 }
 
-/// Work items of `moe_activate`: every token row's blocks of 16 outputs.
+/// Threads sharing one block of 16 outputs in `moe_activate` (each computes 4 of them, the
+/// quantization exchanges their largest magnitudes).
+pub const ACTIVATE_PARTS: u32 = 4;
+
+/// Work items of `moe_activate`: every token row's blocks of 16 outputs, [`ACTIVATE_PARTS`]
+/// items each.
 pub const fn activate_items(rows: u32, inter: u32) -> u64 {
-    rows as u64 * (inter / crate::quantize::BLOCK) as u64
+    rows as u64 * (inter / crate::quantize::BLOCK) as u64 * ACTIVATE_PARTS as u64
 }
 
 /// The activated value of one output, exactly as `moe_activate` stores it before the final
@@ -301,7 +306,7 @@ mod tests {
         assert_eq!(core::mem::offset_of!(ActivateParams, global_scale), 68);
         assert_eq!(core::mem::offset_of!(ActivateParams, group_scales), 72);
         assert_eq!(core::mem::offset_of!(Gather, group_scales), 24);
-        assert_eq!(activate_items(3, 128), 24);
+        assert_eq!(activate_items(3, 128), 96);
         assert_eq!(core::mem::offset_of!(ActivationEpilogue, global_scale), 24);
         for a in Activation::ALL {
             assert_eq!(Activation::from_code(a as u32), a);

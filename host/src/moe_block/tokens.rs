@@ -206,7 +206,7 @@ pub fn activate_params(
     let n1 = if gated { 2 * inter } else { inter };
     let items = activate_items(rows as u32, inter as u32);
     if items >= qabi::MAX_ITEMS {
-        return Err(invalid(ACTIVATE, "h", format!("{rows} x {inter} is too large (at most 2^35 values per call)")));
+        return Err(invalid(ACTIVATE, "h", format!("{rows} x {inter} is too large (at most 2^33 values per call)")));
     }
     check_view(ACTIVATE, "h", h, rows * n1, BUFFER_ALIGN)?;
     check_view(ACTIVATE, "sizes", sizes, p.sizes_len(), 4)?;
@@ -430,7 +430,7 @@ mod tests {
             global_scale: GlobalScale::Tensor(2.0),
         };
         let (params, items) = activate_params(&p, Activation::GeluTanh, true, true, h, sizes, nvfp4).unwrap();
-        assert_eq!(items, 20 * 8);
+        assert_eq!(items, 20 * 8 * 4, "20 rows of 8 blocks, 4 parts each");
         assert_eq!(
             params,
             ActivateParams {
