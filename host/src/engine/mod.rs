@@ -29,8 +29,9 @@
 //! the plan's own tables) run as one CUDA graph per table set, one driver call. Inside a caller's
 //! stream capture the launches (and the upload, from a pinned buffer) become nodes of the
 //! caller's graph; that graph then keeps reading the table set it captured, so the set is
-//! *retired* (kept, never written again); when every set is retired, the next call outside
-//! capture allocates new ones.
+//! *retired* (kept, never written again); the next call outside capture that finds fewer than
+//! [`TABLE_SETS`] live sets allocates [`TABLE_SETS`] more, so that the new-tensor rotation a
+//! program had before a capture still finds its tables after it.
 
 mod tables;
 
@@ -259,6 +260,7 @@ pub(crate) struct Sets {
     current: Vec<u64>,
     sets: Vec<SetState>,
     tick: u64,
+    retired: usize,
 }
 
 #[derive(Debug, Default)]
@@ -336,7 +338,15 @@ impl Sets {
 
     /// Set `i` is read by a captured graph: never picked again.
     pub fn retire(&mut self, i: usize) {
-        self.sets[i].retired = true;
+        if !self.sets[i].retired {
+            self.sets[i].retired = true;
+            self.retired += 1;
+        }
+    }
+
+    /// Sets no captured graph reads.
+    pub fn live(&self) -> usize {
+        self.sets.len() - self.retired
     }
 }
 
@@ -503,6 +513,10 @@ impl<L: Layout> Engine<L> {
         if !capturing {
             // A capture used the staging buffer: the next capture's, allocated outside capture.
             self.capture.prepare(self.mirror.bytes().len())?;
+            // A capture retired a set: as many live sets as before it, allocated outside capture.
+            if self.sets.live() < TABLE_SETS {
+                self.add_sets(stream_arc)?;
+            }
         }
         mark(step::CAPTURE);
         self.layout.signature(call, self.sets.start(alphas));
@@ -721,6 +735,37 @@ mod tests {
         assert_eq!(call(&mut sets, 7), Pick::NoSet);
         sets.add(1);
         assert_eq!(call(&mut sets, 7), Pick::Upload(2));
+    }
+
+    #[test]
+    fn sets_added_after_a_capture_keep_a_full_rotation_resident() {
+        // A capture retires the set it used; the engine then adds TABLE_SETS more (outside
+        // capture) when fewer than TABLE_SETS are live, and a rotation of TABLE_SETS buffers
+        // uploads once per buffer again, as before the capture.
+        let mut sets = Sets::with(TABLE_SETS);
+        let Pick::Upload(captured) = call(&mut sets, 100) else { panic!("an empty set") };
+        sets.retire(captured);
+        sets.retire(captured);
+        assert_eq!(sets.live(), TABLE_SETS - 1);
+        sets.add(TABLE_SETS);
+        assert_eq!(sets.live(), 2 * TABLE_SETS - 1);
+        for round in 0..3 {
+            for sig in 0..TABLE_SETS as u64 {
+                let i = match (round, call(&mut sets, sig)) {
+                    (0, Pick::Upload(i)) => i,
+                    (1.., Pick::Holds(i)) => i,
+                    (_, pick) => panic!("round {round}, signature {sig}: {pick:?}"),
+                };
+                assert_ne!(i, captured, "the captured set was picked");
+            }
+        }
+        // Without the added sets, the same rotation misses every time.
+        let mut short = Sets::with(TABLE_SETS);
+        let Pick::Upload(c) = call(&mut short, 100) else { panic!("an empty set") };
+        short.retire(c);
+        for sig in 0..2 * TABLE_SETS as u64 {
+            assert!(matches!(call(&mut short, sig % TABLE_SETS as u64), Pick::Upload(_)));
+        }
     }
 
     #[test]
