@@ -131,11 +131,6 @@ struct Torch {
     to_dlpack: Py<PyAny>,
 }
 
-// SAFETY: the exchange table's functions are plain C functions the producer keeps for the
-// process's lifetime; they are called only with the GIL held.
-unsafe impl Send for Torch {}
-unsafe impl Sync for Torch {}
-
 static TORCH: PyOnceLock<Torch> = PyOnceLock::new();
 
 /// torch's tensor type and `to_dlpack` if torch was imported (never imports it).
