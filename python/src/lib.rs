@@ -313,16 +313,15 @@ fn blocked_view_strides(rows: usize, k: usize) -> (i64, i64, i64, i64, i64) {
     (s[0], s[1], s[2], s[3], s[4])
 }
 
+/// A tensor as `_describe_tensor` returns it: address, shape, strides, dtype name, device.
+type Described = (u64, Vec<i64>, Vec<i64>, &'static str, Option<u32>);
+
 /// What the package reads of a tensor, `(address, shape, strides, dtype name, device)`, read the
 /// way `way` names (`"auto"`, `"exchange"`, `"to_dlpack"`, `"attributes"`; `None` when that DLPack
 /// way does not read it): the readers compared by the GPU tests.
 #[pyfunction]
 #[pyo3(signature = (tensor, way="auto"))]
-#[allow(clippy::type_complexity)]
-fn _describe_tensor(
-    tensor: &Bound<'_, PyAny>,
-    way: &str,
-) -> PyResult<Option<(u64, Vec<i64>, Vec<i64>, &'static str, Option<u32>)>> {
+fn _describe_tensor(tensor: &Bound<'_, PyAny>, way: &str) -> PyResult<Option<Described>> {
     Ok(read::tensor_by(tensor, way)?
         .map(|d| (d.ptr, d.shape.get().to_vec(), d.strides.get().to_vec(), d.dtype.name(), d.device)))
 }
