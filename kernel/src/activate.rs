@@ -11,7 +11,7 @@
 //! call's few rows at small T spread over 4× the threads with a quarter of the dependent work
 //! each. Grid-strided; rows of no group are skipped.
 
-use crate::ptx::{sreg, warp};
+use crate::ptx::sreg;
 use crate::quantize_grouped::{round_to_half, row_global_scale};
 use nvfp4_gemm_abi::moe::block::{activated, ActivateParams, Activation, ACTIVATE_PARTS};
 use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part, BLOCK, THREADS};
@@ -24,6 +24,9 @@ pub(crate) fn word(act: Activation, gate: u32, up: Option<u32>, bf16: bool) -> u
     let hi = activated(act, (gate >> 16) as u16, up.map(|u| (u >> 16) as u16), bf16);
     round_to_half(lo, bf16) as u32 | (round_to_half(hi, bf16) as u32) << 16
 }
+
+// Each part is the 4 values `load4` reads.
+const _: () = assert!(BLOCK / ACTIVATE_PARTS == 4);
 
 /// 4 consecutive 16-bit values at `p` (8-byte aligned) as 2 words.
 ///
@@ -95,9 +98,7 @@ pub unsafe fn moe_activate(p: ActivateParams) {
         };
         let first = row as usize * inter as usize + col;
         if p.quantize != 0 {
-            let mine = block_part_amax(z) as u32;
-            let two = mine.max(warp::shfl_xor(mine, 1));
-            let amax = two.max(warp::shfl_xor(two, 2)) as u16;
+            let amax = crate::scan::lanes_max(block_part_amax(z) as u32, ACTIVATE_PARTS.trailing_zeros()) as u16;
             if let Some((group, scale_row)) = located {
                 // SAFETY: the outputs of row < rows (the caller's contract), the part's 2 bytes
                 // 2-byte aligned; `scale_row` is below the scale rows; `group_scales`, when set,

@@ -21,17 +21,24 @@ pub fn warp_exclusive_sum(x: u32, lane: u32) -> (u32, u32) {
     (before, total)
 }
 
-/// The largest `x` over the warp.
+/// The largest `x` over each aligned group of `2^bits` lanes (`bits` ≤ 5), in every lane of the
+/// group.
 #[inline(always)]
-pub fn warp_max(x: u32) -> u32 {
+pub fn lanes_max(x: u32, bits: u32) -> u32 {
     let mut v = x;
-    for bit in 0..5 {
+    for bit in 0..bits {
         let other = warp::shfl_xor(v, 1 << bit);
         if other > v {
             v = other;
         }
     }
     v
+}
+
+/// The largest `x` over the warp.
+#[inline(always)]
+pub fn warp_max(x: u32) -> u32 {
+    lanes_max(x, 5)
 }
 
 /// The bitwise OR of `x` over the warp.

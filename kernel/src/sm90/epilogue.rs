@@ -8,7 +8,7 @@ use super::{tile_row0, SharedMap, Variant};
 use crate::activate::word;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::wgmma::{self, MmaShape};
-use crate::ptx::{barrier, convert, gmem, opaque_u32, opaque_u64, sreg, warp};
+use crate::ptx::{barrier, convert, gmem, opaque_u32, opaque_u64, sreg};
 use crate::quantize_grouped::row_global_scale;
 use nvfp4_gemm_abi::moe::block::{epilogue_slice_columns, Activation, ActivationEpilogue, EPILOGUE_SLICE_ROWS};
 use nvfp4_gemm_abi::moe::contiguous_scale_first;
@@ -235,9 +235,7 @@ unsafe fn store_activated(
                 [word(act, gate[0], None, bf16), word(act, gate[1], None, bf16)]
             }
         };
-        let mine = block_part_amax(z) as u32;
-        let two = mine.max(warp::shfl_xor(mine, 1));
-        let amax = two.max(warp::shfl_xor(two, 2)) as u16;
+        let amax = crate::scan::lanes_max(block_part_amax(z) as u32, 2) as u16;
         let m = m0 + row;
         if m < g.m {
             // SAFETY: `group_scales`, when set, holds an `f32` per group (the caller's contract).
