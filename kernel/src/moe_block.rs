@@ -460,19 +460,18 @@ pub unsafe fn moe_combine(p: CombineParams) {
                     }
                 }
             }
+            let local = rows.map(|r| r != NOT_LOCAL && r < p.rows);
             let mut v = [[0u32; 4]; COMBINE_CHUNK];
             for i in 0..COMBINE_CHUNK {
-                let r = rows[i];
-                if r != NOT_LOCAL && r < p.rows {
-                    let at = r as usize * p.hidden as usize + (c * COMBINE_VECTOR) as usize;
+                if local[i] {
+                    let at = rows[i] as usize * p.hidden as usize + (c * COMBINE_VECTOR) as usize;
                     // SAFETY: a row below `rows` is in `o` (16-byte aligned: hidden is a multiple
                     // of 8 values).
                     v[i] = unsafe { (*((p.o as *const u16).add(at) as *const U32x4)).0 };
                 }
             }
             for i in 0..COMBINE_CHUNK {
-                let r = rows[i];
-                if r != NOT_LOCAL && r < p.rows {
+                if local[i] {
                     for (e, a) in acc.iter_mut().enumerate() {
                         let bits = (v[i][e / 2] >> (16 * (e as u32 % 2))) as u16;
                         *a += w[i] * half_bits_to_f32(bits, bf16);
