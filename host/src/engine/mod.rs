@@ -260,7 +260,6 @@ pub(crate) struct Sets {
     current: Vec<u64>,
     sets: Vec<SetState>,
     tick: u64,
-    retired: usize,
 }
 
 #[derive(Debug, Default)]
@@ -338,15 +337,12 @@ impl Sets {
 
     /// Set `i` is read by a captured graph: never picked again.
     pub fn retire(&mut self, i: usize) {
-        if !self.sets[i].retired {
-            self.sets[i].retired = true;
-            self.retired += 1;
-        }
+        self.sets[i].retired = true;
     }
 
     /// Sets no captured graph reads.
     pub fn live(&self) -> usize {
-        self.sets.len() - self.retired
+        self.sets.iter().filter(|s| !s.retired).count()
     }
 }
 
