@@ -64,6 +64,14 @@ struct ExchangeHeader {
 /// An entry of the table this reader does not call.
 type Unused = Option<unsafe extern "C" fn()>;
 
+/// `dltensor_from_py_object_no_sync`: fills `out` with a view of the tensor `py_object` (valid
+/// while the tensor lives and the caller holds the GIL); 0, or −1 with a Python error set.
+type DlTensorFn = unsafe extern "C" fn(py_object: *mut c_void, out: *mut DlTensor) -> i32;
+
+/// `current_work_stream`: the producer's current stream of a device; 0, or −1 with a Python
+/// error set.
+type StreamFn = unsafe extern "C" fn(device_type: i32, device_id: i32, out: *mut *mut c_void) -> i32;
+
 /// `DLPackExchangeAPI` (major version 1): the producer's function table.
 #[repr(C)]
 struct ExchangeApi {
@@ -71,18 +79,15 @@ struct ExchangeApi {
     managed_tensor_allocator: Unused,
     managed_tensor_from_py_object_no_sync: Unused,
     managed_tensor_to_py_object_no_sync: Unused,
-    /// Fills `out` with a view of the tensor `py_object` (valid while the tensor lives and
-    /// the caller holds the GIL); 0, or −1 with a Python error set.
-    dltensor_from_py_object_no_sync: Option<unsafe extern "C" fn(py_object: *mut c_void, out: *mut DlTensor) -> i32>,
-    /// The producer's current stream of a device; 0, or −1 with a Python error set.
-    current_work_stream: Option<unsafe extern "C" fn(device_type: i32, device_id: i32, out: *mut *mut c_void) -> i32>,
+    dltensor_from_py_object_no_sync: Option<DlTensorFn>,
+    current_work_stream: Option<StreamFn>,
 }
 
 /// The table's two functions this reader calls, when torch publishes a table of major version 1.
 #[derive(Clone, Copy)]
 struct Exchange {
-    dltensor: Option<unsafe extern "C" fn(*mut c_void, *mut DlTensor) -> i32>,
-    stream: Option<unsafe extern "C" fn(i32, i32, *mut *mut c_void) -> i32>,
+    dltensor: Option<DlTensorFn>,
+    stream: Option<StreamFn>,
 }
 
 /// `torch.Tensor.__dlpack_c_exchange_api__`'s table, if torch has one of a major version this
