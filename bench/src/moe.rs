@@ -399,6 +399,9 @@ pub struct MoeW4a16 {
     /// The call and its graph replay against the CPU reference, and the status word; `None`
     /// when skipped.
     pub check: Option<String>,
+    /// The host-sized `GemmPlan` of the same W4A16 groups (sizes known on the host; each
+    /// expert's rows of the activations, C of its own), same buffers every call.
+    pub plan_us: Stats,
     /// `MoePlan::run` (sizes read on the device), same buffers every call.
     pub moe_us: Stats,
     /// Replay of a CUDA graph holding it.
@@ -487,9 +490,10 @@ pub fn table(moe: &MoeReport) -> String {
             let (b, c) = (w.moe_us.median, w.graph_us.median);
             let _ = writeln!(
                 out,
-                "{} w4a16 ({} activations, no quantization): moe {b:.2} us ({:.3} x W4A4 moe, {} x PyTorch), graph {c:.2} us ({:.3} x W4A4 graph, {} x PyTorch) | {}",
+                "{} w4a16 ({} activations, no quantization): moe {b:.2} us ({:.3} x W4A16 plan, {:.3} x W4A4 moe, {} x PyTorch), graph {c:.2} us ({:.3} x W4A4 graph, {} x PyTorch) | {}",
                 s.name,
                 w.activations,
+                b / w.plan_us.median,
                 b / s.moe_us.median,
                 opt(s.x_torch(b), 2),
                 c / s.graph_us.median,
@@ -716,6 +720,7 @@ mod tests {
             activations: "bf16".into(),
             kernel: "w".into(),
             check: Some("PASS".into()),
+            plan_us: stats(4.0),
             moe_us: stats(5.0),
             graph_us: stats(4.0),
             moe_new_us: stats(5.1),
@@ -726,7 +731,7 @@ mod tests {
         let line = text.lines().find(|l| l.starts_with("tiny w4a16")).expect("a W4A16 line");
         assert_eq!(
             line,
-            "tiny w4a16 (bf16 activations, no quantization): moe 5.00 us (0.500 x W4A4 moe, 3.20 x PyTorch), \
+            "tiny w4a16 (bf16 activations, no quantization): moe 5.00 us (1.250 x W4A16 plan, 0.500 x W4A4 moe, 3.20 x PyTorch), \
              graph 4.00 us (0.500 x W4A4 graph, 4.00 x PyTorch) | PASS"
         );
         let v = serde_json::to_value(&w4a16).unwrap();

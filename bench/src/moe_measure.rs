@@ -159,6 +159,18 @@ fn grouped_output(stream: &Arc<CudaStream>, c: &CudaSlice<f16>, rows: &[GroupRow
     Ok(rows.iter().map(|r| host[r.first as usize * n..(r.first + r.rows) as usize * n].to_vec()).collect())
 }
 
+/// Each expert's C of a host-sized plan (its own buffer), its `rows · n` elements.
+fn plan_output(stream: &Arc<CudaStream>, c: &[CudaSlice<f16>], rows: &[GroupRows], n: usize) -> Result<Vec<Vec<f16>>> {
+    c.iter()
+        .zip(rows)
+        .map(|(c, r)| {
+            let mut h = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
+            h.truncate(r.rows as usize * n);
+            Ok(h)
+        })
+        .collect()
+}
+
 fn compared(got: &[Vec<f16>], reference: &[GroupOutput<f16>]) -> Result<Comparison> {
     compare(got, reference, Tolerance::COMPETITION).map_err(|e| e.to_string())
 }
@@ -184,12 +196,14 @@ impl Bench {
     }
 
     /// W4A16 on a MoE row (`--w4a16`, [`MoeW4a16`]): a `MoePlan` of the row's problem with
-    /// activations of type `A`, the first `--moe-kernels` option, on `inputs`; checked once and
-    /// as a graph replay against `reference` (C is the row's `c_moe`). Then timed, alternated:
-    /// the call on the same buffers, on the next of [`Options::rotating_sets`] sets of
-    /// activations (device copies of `inputs.x`), offsets and C every call, and the graph
-    /// replay; the host time per call, same and new buffers; every set's C must equal the
-    /// checked call's bit for bit.
+    /// activations of type `A`, the first `--moe-kernels` option, on `inputs`, and the
+    /// host-sized `GemmPlan` of the same W4A16 groups (each expert's rows of `inputs.x`, C the
+    /// row's `c_plan`); each checked once, the `MoePlan` also as a graph replay, against
+    /// `reference` (its C is the row's `c_moe`). Then timed, alternated: the `MoePlan` on the
+    /// same buffers, on the next of [`Options::rotating_sets`] sets of activations (device
+    /// copies of `inputs.x`), offsets and C every call, the graph replay, and the `GemmPlan`;
+    /// the host time per call, same and new buffers; every set's C must equal the checked
+    /// call's bit for bit.
     fn moe_w4a16<A: W4a16Activation>(
         &mut self,
         calls: &Calls<'_>,
@@ -218,10 +232,37 @@ impl Bench {
                 MoeArgs { sizes, a: A::tokens(x), weights: &weights, alphas: calls.alphas, c: Output::F16(c) };
             plan.run(stream, &mut args).map_err(lib("W4A16 MoePlan::run"))
         };
-        let n = calls.problem.n();
+        let (n, k) = (calls.problem.n(), calls.problem.k());
+        let shapes: Vec<GroupShape> = calls.rows.iter().map(|r| GroupShape::new(r.rows as usize, n, k)).collect();
+        let host_problem = Problem::with_tokens(shapes, OutputType::F16, nvfp4_gemm::TokenKind::Dense(kind))
+            .map_err(lib("Problem (W4A16 GemmPlan)"))?;
+        let mut gemm = GemmPlan::new(&self.gpu, host_problem).map_err(lib("planning (W4A16 GemmPlan)"))?;
+        let host_sized = |gemm: &mut GemmPlan, c_plan: &mut [CudaSlice<f16>]| {
+            let xs: Vec<CudaView<A>> = calls
+                .rows
+                .iter()
+                .map(|r| {
+                    let first = r.first as usize * k;
+                    inputs.x.slice(first..first + r.rows as usize * k)
+                })
+                .collect();
+            let mut args: Vec<GroupArgs> = xs
+                .iter()
+                .zip(c_plan.iter_mut())
+                .zip(&weights)
+                .zip(calls.alphas)
+                .map(|(((x, c), w), &alpha)| GroupArgs { a: A::tokens(x), b: *w, c: Output::F16(c), alpha })
+                .collect();
+            gemm.run(stream, &mut args).map_err(lib("W4A16 GemmPlan::run"))
+        };
         if reference.is_some() {
             poison(stream, &mut bufs.c_moe)?;
+            for c in bufs.c_plan.iter_mut() {
+                poison(stream, c)?;
+            }
         }
+        host_sized(&mut gemm, &mut bufs.c_plan)?;
+        let got_plan = plan_output(stream, &bufs.c_plan, calls.rows, n)?;
         plan.clear_status(stream).map_err(lib("clearing the status"))?;
         run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe)?;
         let got = grouped_output(stream, &bufs.c_moe, calls.rows, n)?;
@@ -241,10 +282,10 @@ impl Bench {
         let check = match reference {
             None => None,
             Some(r) => {
-                let (b, c) = (compared(&got, r)?, compared(&got_graph, r)?);
-                let pass = b.passed() && c.passed() && status.is_ok();
+                let (a, b, c) = (compared(&got_plan, r)?, compared(&got, r)?, compared(&got_graph, r)?);
+                let pass = a.passed() && b.passed() && c.passed() && status.is_ok();
                 Some(format!(
-                    "{} W4A16 MoePlan {b} | graph replay {c} | status {status}",
+                    "{} W4A16 GemmPlan {a} | W4A16 MoePlan {b} | graph replay {c} | status {status}",
                     if pass { "PASS" } else { "FAIL" }
                 ))
             }
@@ -260,18 +301,20 @@ impl Bench {
             .collect::<Result<Vec<Set<A>>>>()?;
         let rotating = sets.len();
         let mut next = 0;
-        let t = self.timer.rounds(o.iters, 3, &mut |which| match which {
+        let t = self.timer.rounds(o.iters, 4, &mut |which| match which {
             0 => run(&mut plan, &inputs.x, &bufs.sizes, &mut bufs.c_moe),
             1 => {
                 next += 1;
                 let s = &mut sets[next % rotating];
                 run(&mut plan, &s.x, &s.sizes, &mut s.c)
             }
-            _ => graph.launch().map_err(drv("launching the graph")),
+            2 => graph.launch().map_err(drv("launching the graph")),
+            _ => host_sized(&mut gemm, &mut bufs.c_plan),
         })?;
         let moe_us = stats(&t[0], "W4A16 MoePlan")?;
         let moe_new_us = stats(&t[1], "W4A16 MoePlan, new tensors")?;
         let graph_us = stats(&t[2], "W4A16 graph replay")?;
+        let plan_us = stats(&t[3], "W4A16 GemmPlan")?;
         let (batches, per) = (o.host_batches, o.host_calls);
         let _ = nvfp4_gemm::host_timing::take();
         let cached =
@@ -303,6 +346,7 @@ impl Bench {
             activations,
             kernel: plan.summary().kernel.clone(),
             check,
+            plan_us,
             moe_us,
             graph_us,
             moe_new_us,
@@ -420,16 +464,7 @@ impl Bench {
         // (a) once.
         calls.host_sized(&mut gemm, &mut bufs)?;
         stream.synchronize().map_err(drv("running GemmPlan"))?;
-        let got_plan: Vec<Vec<f16>> = bufs
-            .c_plan
-            .iter()
-            .zip(&counts)
-            .map(|(c, &m)| {
-                let mut h = stream.clone_dtoh(c).map_err(drv("downloading C"))?;
-                h.truncate(m as usize * n);
-                Ok(h)
-            })
-            .collect::<Result<_>>()?;
+        let got_plan = plan_output(&stream, &bufs.c_plan, &rows, n)?;
         let mut texts = vec![];
         let mut check_passed = true;
         if let Some(r) = &reference {

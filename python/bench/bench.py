@@ -6,15 +6,14 @@ and timed the harness's way it is within 1.05x of the kernel-only time.
 Run on the GPU machine after the Rust bench, e.g. `python/gpu-check.sh "$OUT" --rust
 "$OUT/nvfp4-bench.json" --rust "$OUT/nvfp4-bench-moe.json"` (it adds --routing), or with the
 package importable `python3 python/bench/bench.py --out "$OUT" --routing "$OUT/moe-routing.json"
---rust ...`. The default run's device memory peaks with the d0/d2 stacked sets (16 x ~470 MB);
-its time is mostly the W4A16 MoE layers' CPU prepack (~40-60 s).
+--rust ...`. The default run's device memory peaks with the d0/d2 stacked sets (16 x ~470 MB).
 
 Rows (each freed before the next; each input set has its own output tensors):
 - --shapes (b0..b3, the task's generator `tests/nvfp4_ref.py`; d0..d2 accepted): --sets (16)
   input sets (`data` tuples); `custom_kernel(data)` and `grouped_gemm` on per-group lists taken
   from the same data (a, b, the reordered scale views, c as `out`): 5 tensors per group each;
 - --w4a16 (b0..b3): `w4a16.grouped_gemm` on the same rows: bf16 activations (each set's A with its
-  block scales applied: exact), fp16 out, set 0's B prepacked once (`w4a16.prepack`, on the CPU)
+  block scales applied: exact), fp16 out, set 0's B prepacked once (`w4a16.prepack`, on the GPU)
   for every set: x, b, b_scales, out = 4 tensors per group;
 - --stacked (d0..d2 = the Rust bench's decode shapes; b0..b3 accepted): `grouped_gemm_stacked`,
   16 sets of (a [T, K/2], b [G, N, K/2], a_scales, b_scales, out [T, N]) drawn the task's way,
@@ -22,8 +21,8 @@ Rows (each freed before the next; each input set has its own output tensors):
 - --moe (m0..m3, d0..d2 as layers: experts = groups, contiguous layout, max_tokens = the row's
   tokens): `MoE.__call__` (W4A4: quantize + GEMM, sizes on the device), weights fixed, 16 sets of
   (x bf16, expert offsets, out fp16): 3 tensors; --moe-w4a16: the same layer with
-  `w4a16="bfloat16"` on the same sets (by default the rows whose CPU prepack is estimated within
-  --prepack-limit, 30 s: m3's ~51 s is skipped and listed). Routing: the Rust bench's
+  `w4a16="bfloat16"` on the same sets (default: every --moe row; the layer prepacks the weights
+  on the GPU). Routing: the Rust bench's
   `moe-routing.json` (--routing), else the counts of the Rust JSON's MoE row (--rust), else the
   decode shape's M per group (d rows) or drawn here with the Rust bench's ranges (m rows).
 
@@ -122,8 +121,6 @@ COMP_SETS = 15  # the competition's input sets per timed region
 ROUNDS = 5
 HARNESS_RATIO = 1.05
 HOST_BASE_US, HOST_PER_TENSOR_US = 5.0, 0.5
-# The CPU prepack's cost (docs/w4a16.md: ~0.2 s per 4096 x 7168 matrix on one core).
-PREPACK_S_PER_ELEMENT = 0.2 / (4096 * 7168)
 MOE_CHECKED_EXPERTS = 8
 
 # Where the Rust bench's JSON keeps the host time of the call each Python call makes: paths in a
@@ -445,7 +442,7 @@ def w4a16_call(name, sets, timer, args):
     arch = nvfp4_gemm.device(0).arch
     if arch != "sm_90a":
         return {"call": "w4a16", "tensors": 4 * groups, "skipped": f"W4A16 runs on sm_90a; this device is {arch}"}
-    # Set 0's B prepacked once (on the CPU) for every set.
+    # Set 0's B prepacked once (on the GPU) for every set.
     t0 = time.perf_counter()
     abc0, sf0, _, _ = sets[0]
     weights, plain_b = [], []
@@ -578,12 +575,6 @@ def checked_experts(counts, most=MOE_CHECKED_EXPERTS):
     return sorted({have[round(i * (len(have) - 1) / (most - 1))] for i in range(most)})
 
 
-def moe_prepack_estimate_s(name):
-    """The W4A16 MoE layer's CPU prepack time of a row, estimated from its weight count."""
-    experts, _, n, k = MOE[name]
-    return experts * n * k * PREPACK_S_PER_ELEMENT
-
-
 def bench_moe(name, timer, args, rust, w4a16):
     experts, _, n, k = MOE[name]
     counts, source = routing(name, args, rust)
@@ -635,7 +626,7 @@ def bench_moe(name, timer, args, rust, w4a16):
 
 
 def moe_w4a16_call(name, w, ws, sets, refs, offsets, timer, args):
-    """The W4A16 layer of the same weights (prepacked on the CPU when it is made: `prepack_s`)."""
+    """The W4A16 layer of the same weights (prepacked on the GPU when it is made: `prepack_s`)."""
     t0 = time.perf_counter()
     layer = nvfp4_gemm.MoE(w, ws, max_tokens=offsets[-1], out_dtype=torch.float16, w4a16="bfloat16")
     prepack_s = time.perf_counter() - t0
@@ -1259,13 +1250,7 @@ def parser():
     p.add_argument("--w4a16", type=names(SHAPES, "shape"), default="b0,b1,b2,b3", help="w4a16.grouped_gemm rows (sm_90a)")
     p.add_argument("--stacked", type=names(SHAPES, "shape"), default="d0,d1,d2", help="grouped_gemm_stacked rows")
     p.add_argument("--moe", type=names(MOE, "MoE row"), default="m0,m1,m2,m3,d0,d1,d2", help="MoE layer rows (W4A4)")
-    p.add_argument(
-        "--moe-w4a16",
-        default="auto",
-        help="W4A16 MoE layer rows: some of --moe's rows, all, none, or auto (default: every --moe row whose CPU "
-        "prepack is estimated within --prepack-limit; the others are listed as skipped)",
-    )
-    p.add_argument("--prepack-limit", type=float, default=30.0, help="--moe-w4a16 auto: the most seconds of CPU prepack a row may take")
+    p.add_argument("--moe-w4a16", default="all", help="W4A16 MoE layer rows: some of --moe's rows, all (default) or none")
     p.add_argument("--sets", type=at_least(2), default=16, help="input sets per row (rotated)")
     p.add_argument("--reps", type=at_least(1), default=20, help="comp_us repetitions")
     p.add_argument("--iters", type=at_least(1), default=50, help="samples of each event-timed column")
@@ -1301,17 +1286,8 @@ def parser():
 
 def parse_args(argv=None):
     args = parser().parse_args(argv)
-    # The W4A16 MoE rows to run; `auto` skips those whose CPU prepack would exceed the limit.
-    args.moe_w4a16_skipped = {}
-    if args.moe_w4a16 == "auto":
-        args.moe_w4a16_rows = []
-        for name in args.moe:
-            est = moe_prepack_estimate_s(name)
-            if est <= args.prepack_limit:
-                args.moe_w4a16_rows.append(name)
-            else:
-                args.moe_w4a16_skipped[name] = f"CPU prepack ~{est:.0f} s > --prepack-limit {args.prepack_limit:g} s"
-    elif args.moe_w4a16 == "all":
+    # The W4A16 MoE rows to run.
+    if args.moe_w4a16 == "all":
         args.moe_w4a16_rows = list(args.moe)
     else:
         try:
@@ -1333,7 +1309,7 @@ def parse_args(argv=None):
     elif tokens_text is not None:
         parser().error("--block-tokens needs --block, --block-quick or --block-shapes")
     if args.block_only:
-        args.shapes, args.w4a16, args.stacked, args.moe, args.moe_w4a16_rows, args.moe_w4a16_skipped = [], [], [], [], [], {}
+        args.shapes, args.w4a16, args.stacked, args.moe, args.moe_w4a16_rows = [], [], [], [], []
     try:
         args.rust_paths = rust_paths(args.rust_field)
     except ValueError as e:
@@ -1375,8 +1351,6 @@ def main():
     for name in args.moe:
         progress(f"{name} MoE")
         row = guarded(name, bench_moe, name, timer, args, rust, name in args.moe_w4a16_rows)
-        if name in args.moe_w4a16_skipped:
-            row["calls"].append({"call": "moe_w4a16", "tensors": 3, "skipped": args.moe_w4a16_skipped[name]})
         result["moe"].append(row)
     if args.block_layers:
         nvfp4_gemm.clear_cache()
