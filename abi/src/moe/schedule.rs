@@ -127,12 +127,15 @@ pub mod smem {
 /// the class's `rank`-th item in the host's order goes to CTA `b`'s queue position `j` after its
 /// earlier classes' items) and returns the number of picks. `load(i)` is CTA `i`'s load before
 /// the class; loads plus `count · cost` must fit `u32` (the plan checks [`lpt_fits_u32`]).
+/// `unloaded`: every load is 0 (the first class with items), which the caller knows: then CTA
+/// `b`'s pick `j` is the pair `(j·c, b)`, its rank `b + j·grid`, and no load is read.
 #[inline(always)]
 pub fn lpt_picks(
     b: u32,
     grid: u32,
     cost: u32,
     count: u32,
+    unloaded: bool,
     load: impl Fn(u32) -> u32,
     mut emit: impl FnMut(u32, u32),
 ) -> u32 {
@@ -140,7 +143,7 @@ pub fn lpt_picks(
     // out of the device code.
     let cost = if cost == 0 { 1 } else { cost };
     let div = Divisor::new(cost);
-    let lb = load(b);
+    let lb = if unloaded { 0 } else { load(b) };
     // The pairs below (L_b, b): per CTA i, ⌈(L_b − L_i) / c⌉ values below L_b, and one more equal
     // to it when i < b. The scans over the CTAs take four loads at a time, so that their
     // latencies overlap (one scheduling thread walks all `grid` loads per CTA it places).
@@ -158,7 +161,10 @@ pub fn lpt_picks(
     };
     let larger = |a: u32, b: u32| if a > b { a } else { b };
     let (mut rank, mut max) = (0u32, 0u32);
-    let mut i = 0;
+    let mut i = if unloaded { grid } else { 0 };
+    if unloaded {
+        rank = b;
+    }
     while i + 4 <= grid {
         let (l0, l1, l2, l3) = (load(i), load(i + 1), load(i + 2), load(i + 3));
         max = larger(larger(max, larger(l0, l1)), larger(l2, l3));
@@ -292,7 +298,7 @@ mod tests {
             let mut got = Vec::new();
             let mut total = 0;
             for b in 0..grid {
-                let n = lpt_picks(b, grid, cost, count, |i| loads[i as usize], |r, j| got.push((b, j, r)));
+                let n = lpt_picks(b, grid, cost, count, false, |i| loads[i as usize], |r, j| got.push((b, j, r)));
                 total += n;
             }
             assert_eq!(total, count, "case {case}");
@@ -319,6 +325,24 @@ mod tests {
             }
             for n in dividends {
                 assert_eq!(d.quotient(n), n / c, "{n} / {c}");
+            }
+        }
+    }
+
+    /// `unloaded` gives the picks of a scan over zero loads, for any cost, without reading one.
+    #[test]
+    fn unloaded_picks_are_the_scanned_ones() {
+        let mut st = 9u64;
+        for _ in 0..300 {
+            let grid = 1 + next(&mut st) % 300;
+            let count = next(&mut st) % (5 * grid + 3);
+            let cost = 1 + next(&mut st) % 500;
+            for b in 0..grid {
+                let (mut want, mut got) = (Vec::new(), Vec::new());
+                let n = lpt_picks(b, grid, cost, count, false, |_| 0, |r, j| want.push((r, j)));
+                let unread = |i: u32| panic!("load {i} read");
+                assert_eq!(lpt_picks(b, grid, cost, count, true, unread, |r, j| got.push((r, j))), n);
+                assert_eq!(got, want, "b {b} grid {grid} count {count}");
             }
         }
     }

@@ -141,7 +141,11 @@ impl TilePolicy for Sm90 {
         // The class ranks of the narrow items follow the full-width ones'.
         let mut rank_base = 0;
         for class in 0..2 {
-            let (count, cost) = (plan.items[class], p.costs[class]);
+            // Selected, not indexed: a runtime index into the parameters would copy them to
+            // local memory when the loop is not unrolled.
+            let (count, cost) = if class == 0 { (plan.items[0], p.costs[0]) } else { (plan.items[1], p.costs[1]) };
+            // Before the first class with items every load is 0: its picks need no scan.
+            let unloaded = class == 0 || plan.items[0] == 0;
             let mut loads = [0u32; CTAS_PER_THREAD];
             // SAFETY: every thread reaches both barriers (the caller's contract).
             unsafe { barrier::sync_all() };
@@ -149,7 +153,7 @@ impl TilePolicy for Sm90 {
                 let b = mine(i);
                 if b < grid && count > 0 {
                     let start = pos[i];
-                    let picks = lpt_picks(b, grid, cost, count, load, |rank, j| {
+                    let picks = lpt_picks(b, grid, cost, count, unloaded, load, |rank, j| {
                         // SAFETY: `rank_base + rank` < the items ≤ `max_items[1]`, the scratch's
                         // length.
                         unsafe { *ranks.add((rank_base + rank) as usize) = (start + j) * grid + b };
