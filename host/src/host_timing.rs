@@ -1,7 +1,8 @@
 //! Where a plan call's host time goes, for measuring builds (feature `host-timing`, off by
-//! default and in every shipped build): a call of [`crate::GemmPlan::run`] marks the end of
-//! each of its steps, and [`take`] returns the mean nanoseconds per call of each step since the
-//! last `take`. Without the feature every function here is empty and inlined away.
+//! default and in every shipped build): a call of [`crate::GemmPlan::run`] or
+//! [`crate::MoePlan::run`] marks the end of each of its steps, and [`take`] returns the mean
+//! nanoseconds per call of each step since the last `take`. Without the feature every function
+//! here is empty and inlined away.
 //!
 //! The steps, in call order: reading the caller's buffers (addresses and lengths), the checks
 //! against the problem (lengths, alignment, overlaps), the capture query, the table-set lookup by

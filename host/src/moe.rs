@@ -182,6 +182,7 @@ impl MoePlan {
     /// Runs the grouped GEMM on `stream` for the sizes in `args.sizes` as they are when the
     /// kernels run. Every buffer is validated first; on any error nothing is launched.
     pub fn run<'s>(&mut self, stream_arc: &'s Arc<CudaStream>, args: &'s mut MoeArgs<'_>) -> Result<()> {
+        crate::host_timing::start();
         // Holds the buffers' stream-ordering guards until the launches are enqueued.
         let mut call = CallBuffers::new(stream_arc);
         let a = match args.a.views(&mut call) {
@@ -198,10 +199,13 @@ impl MoePlan {
         self.alphas.extend_from_slice(args.alphas);
         let (weights, alphas) = (std::mem::take(&mut self.weights), std::mem::take(&mut self.alphas));
         let buffers = MoeBuffers { sizes, a, weights, alphas, c, c_type, activated: None };
+        crate::host_timing::mark(crate::host_timing::step::READ);
         // SAFETY: the guards in `call` keep the buffers alive until the launches are enqueued,
         // stream order for the work.
         let result = unsafe { self.run_views(stream_arc, &buffers) };
         (self.weights, self.alphas) = (buffers.weights, buffers.alphas);
+        drop(call);
+        crate::host_timing::mark(crate::host_timing::step::RELEASE);
         result
     }
 
@@ -212,6 +216,7 @@ impl MoePlan {
     /// As [`crate::GemmPlan::run_views`], for every buffer of `buffers`.
     pub unsafe fn run_views(&mut self, stream: &Arc<CudaStream>, buffers: &MoeBuffers) -> Result<()> {
         validate_moe_buffers(&self.problem, buffers)?;
+        crate::host_timing::mark(crate::host_timing::step::CHECK);
         // SAFETY: validated against the problem; the caller's contract for the memory.
         unsafe {
             match &mut self.plan {
