@@ -57,6 +57,14 @@ pub(crate) trait TilePolicy {
     /// memory (`nvfp4_gemm_abi::moe::schedule::smem`).
     unsafe fn arrange(&self, _plan: &mut Self::Plan, _sm: SmemAddr, _tid: u32) {}
 
+    /// Whether a group has no items, from its [`Self::group`] words and `next()`, the next
+    /// group's (`None` for the last group), both in shared memory: the fill then skips it without
+    /// calling [`Self::fill`] (which may read the group's size from global memory). A policy
+    /// that cannot tell says `false` (and reads nothing).
+    fn no_items(&self, _plan: &Self::Plan, _words: [u32; 2], _next: impl FnOnce() -> Option<[u32; 2]>) -> bool {
+        false
+    }
+
     /// One lane's share (items `lane, lane + 32, ...`) of group `g`'s items, `words` its
     /// [`Self::group`] words.
     ///
@@ -136,11 +144,16 @@ pub(crate) unsafe fn schedule<P: TilePolicy>(policy: &P) {
         policy.arrange(&mut plan, sm, tid);
     }
 
-    // 3. The work list, a warp per group.
+    // 3. The work list, a warp per group (groups without items skipped on their shared words).
+    // SAFETY: `g < G`: written before the barrier.
+    let words = |g: u32| unsafe { [smem::ld_u32(word(g, 0)), smem::ld_u32(word(g, 1))] };
     let mut g = warp;
     while g < groups {
-        // SAFETY: `g < G`: written before the barrier.
-        unsafe { policy.fill(&plan, g, [smem::ld_u32(word(g, 0)), smem::ld_u32(word(g, 1))], lane) };
+        let mine = words(g);
+        if !policy.no_items(&plan, mine, || if g + 1 < groups { Some(words(g + 1)) } else { None }) {
+            // SAFETY: `g < G`.
+            unsafe { policy.fill(&plan, g, mine, lane) };
+        }
         g += WARPS;
     }
 

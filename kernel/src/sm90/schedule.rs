@@ -207,6 +207,12 @@ impl TilePolicy for Sm90 {
         }
     }
 
+    /// The words are the group's first item of each class; the next group's (or the totals)
+    /// equal to them means none.
+    fn no_items(&self, plan: &Plan, words: [u32; 2], next: impl FnOnce() -> Option<[u32; 2]>) -> bool {
+        next().unwrap_or(plan.items) == words
+    }
+
     unsafe fn fill(&self, plan: &Plan, g: u32, words: [u32; 2], lane: u32) {
         let p = &self.p;
         // SAFETY: the sizes array is readable (the scheduler's contract).
