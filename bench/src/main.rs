@@ -24,6 +24,15 @@ const STEPS_PER_PREPACK: u64 = 2;
 
 fn run(o: Options) -> Result<ExitCode, String> {
     let started = Instant::now();
+    if let Some(json) = &o.block_svg {
+        let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", json.display()))?;
+        let svg = json.with_extension("svg");
+        report::write_block_svg(&value, &svg)?;
+        eprintln!("wrote {}", svg.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(path) = &o.write_routing {
         RoutingFile::new(&o.moe, o.seed).write(path)?;
         eprintln!("wrote the routings of {} MoE shapes (seed {}) to {}", o.moe.len(), o.seed, path.display());

@@ -195,6 +195,10 @@ struct Args {
     /// Write the MoE rows' routings (JSON, for torch_moe.py) and exit; no GPU needed
     #[arg(long = "write-moe-routing", value_name = "FILE")]
     write_moe_routing: Option<PathBuf>,
+    /// Draw the block rows of a bench JSON (nvfp4-bench-block.json) into an SVG beside it (the
+    /// same name, .svg) and exit; no GPU needed
+    #[arg(long = "block-svg", value_name = "JSON")]
+    block_svg: Option<PathBuf>,
     /// Add the W4A16 prepack rows ds-w2 and ds-w1 (below)
     #[arg(long)]
     prepack: bool,
@@ -440,6 +444,9 @@ pub struct Options {
     /// Write the MoE routings to this file and exit.
     #[serde(skip)]
     pub write_routing: Option<PathBuf>,
+    /// Draw this JSON's block rows into an SVG beside it and exit (`--block-svg`).
+    #[serde(skip)]
+    pub block_svg: Option<PathBuf>,
     /// Measure the ceilings only (`--ceilings`): no problems, no MoE rows.
     #[serde(skip)]
     pub ceilings_only: bool,
@@ -554,6 +561,7 @@ impl Default for Options {
             moe_kernels: vec![("auto".into(), MoeOptions::default())],
             torch: Torch::Auto,
             write_routing: None,
+            block_svg: None,
             ceilings_only: false,
             prepack: vec![],
             block: BlockSelection::default(),
@@ -610,6 +618,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
         moe_kernels: a.moe_kernels.map_or_else(|| vec![("auto".into(), MoeOptions::default())], |l| l.0),
         torch: a.torch,
         write_routing: a.write_moe_routing,
+        block_svg: a.block_svg,
         ceilings_only: a.ceilings,
         prepack: vec![],
         block: BlockSelection::default(),
@@ -863,6 +872,7 @@ mod tests {
         assert_eq!(moe_names(&o), ["m0", "m1", "m2", "m3"]);
         let o = run("--write-moe-routing /tmp/r.json --moe-shape e=2,t=1,n=8,k=64,name=only");
         assert_eq!(moe_names(&o), ["only"]);
+        assert_eq!(run("--block-svg r/b.json").block_svg, Some(PathBuf::from("r/b.json")));
         let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
         assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3, d0..d2)"));
         assert_eq!(moe_names(&run("--shapes none --moe-shapes d0,m1,d2")), ["d0", "m1", "d2"]);

@@ -390,7 +390,8 @@ pub(crate) fn aligned_left<R: AsRef<[String]>>(header: &[&str], rows: &[R], left
 /// kinds into one folder (the default set, then the MoE rows alone, as `cargo xtask bench` prints
 /// them) keep each other's results: `nvfp4-bench.json` and `nvfp4-bench.svg` with shapes,
 /// `nvfp4-bench-moe.json` with MoE rows (and no shapes), `nvfp4-bench-prepack.json` with prepack
-/// rows (and neither of those), `nvfp4-bench-block.json` with block rows only,
+/// rows (and neither of those), `nvfp4-bench-block.json` and `nvfp4-bench-block.svg` with block
+/// rows only,
 /// `nvfp4-bench-ceilings.json` with none of them.
 pub fn output_paths(report: &Report, out: &Path) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
     if !report.shapes.is_empty() {
@@ -400,7 +401,7 @@ pub fn output_paths(report: &Report, out: &Path) -> (std::path::PathBuf, Option<
     } else if !report.prepack.is_empty() {
         (out.join("nvfp4-bench-prepack.json"), None)
     } else if report.block.is_some() {
-        (out.join("nvfp4-bench-block.json"), None)
+        (out.join("nvfp4-bench-block.json"), Some(out.join("nvfp4-bench-block.svg")))
     } else {
         (out.join("nvfp4-bench-ceilings.json"), None)
     }
@@ -416,8 +417,12 @@ pub fn write_json(report: &Report, path: &Path) -> Result<(), String> {
 type SeriesValue = fn(&ShapeResult) -> Option<f64>;
 
 /// Draws the table as grouped bars (log-scale µs per shape: competition, kernel-only, cuBLAS,
-/// floor) into an SVG file.
+/// floor) into an SVG file; a report of block rows only gets [`write_block_svg`]'s figure.
 pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
+    if report.shapes.is_empty() {
+        let json = serde_json::to_value(report).map_err(|e| format!("encoding the report: {e}"))?;
+        return write_block_svg(&json, path);
+    }
     use plotters::prelude::*;
     let e = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
     let shapes = &report.shapes;
@@ -490,6 +495,117 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
         .border_style(BLACK)
         .draw()
         .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}
+
+/// One layer's curves of a block report: per precision, (T, µs) of the graph replays, and the
+/// floor's (T, µs).
+#[derive(Debug)]
+struct BlockCurves {
+    layer: String,
+    /// The panel's caption: the layer and its model.
+    caption: String,
+    precisions: Vec<(String, Vec<(f64, f64)>)>,
+    floor: Vec<(f64, f64)>,
+}
+
+/// The block rows of a bench JSON (`nvfp4-bench-block.json`, or a report's JSON), per layer in
+/// the order they ran.
+fn block_curves(json: &serde_json::Value) -> Result<Vec<BlockCurves>, String> {
+    let runs = json["block"]["runs"].as_array().ok_or("the JSON has no block rows (`block.runs`)")?;
+    let mut layers: Vec<BlockCurves> = vec![];
+    for run in runs {
+        let layer = run["layer"]["name"].as_str().ok_or("a block run without `layer.name`")?;
+        let precision = run["precision"].as_str().ok_or("a block run without `precision`")?;
+        let mut points = vec![];
+        let mut floor = vec![];
+        for row in run["rows"].as_array().ok_or("a block run without `rows`")? {
+            let t = row["tokens"].as_f64().ok_or("a block row without `tokens`")?;
+            let us = row["graph_us"]["median"].as_f64().ok_or("a block row without `graph_us.median`")?;
+            points.push((t, us));
+            if let Some(f) = row["floor_us"].as_f64() {
+                floor.push((t, f));
+            }
+        }
+        match layers.iter_mut().find(|l| l.layer == layer) {
+            Some(l) => l.precisions.push((precision.into(), points)),
+            None => {
+                let caption = match run["layer"]["model"].as_str() {
+                    Some(model) => format!("{layer} ({model})"),
+                    None => layer.into(),
+                };
+                layers.push(BlockCurves {
+                    layer: layer.into(),
+                    caption,
+                    precisions: vec![(precision.into(), points)],
+                    floor,
+                })
+            }
+        }
+    }
+    if layers.is_empty() {
+        return Err("the JSON's block rows are empty".into());
+    }
+    Ok(layers)
+}
+
+/// Draws the block rows of a bench JSON into an SVG file: a panel per layer, the graph replay's µs
+/// against the tokens `T` (both log scales) per precision, and the byte floor of the experts each
+/// row touched.
+pub fn write_block_svg(json: &serde_json::Value, path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
+    let layers = block_curves(json)?;
+    let device = json["environment"]["device"].as_str().unwrap_or("GPU");
+    let colors = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
+    let width = 420 * layers.len() as u32;
+    let root = SVGBackend::new(path, (width, 460)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let root = root
+        .titled(
+            &format!("MoE expert block, {device} — graph replay µs per call against T (log scales)"),
+            ("sans-serif", 18),
+        )
+        .map_err(|x| e(&x))?;
+    for (panel, curves) in root.split_evenly((1, layers.len())).iter().zip(&layers) {
+        let all = curves.precisions.iter().flat_map(|(_, p)| p).chain(&curves.floor);
+        let (mut t1, mut y0, mut y1) = (1.0f64, f64::MAX, 1.0f64);
+        for &(t, us) in all {
+            t1 = t1.max(t);
+            y0 = y0.min(us);
+            y1 = y1.max(us);
+        }
+        let mut chart = ChartBuilder::on(panel)
+            .caption(&curves.caption, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(32)
+            .y_label_area_size(56)
+            .build_cartesian_2d((0.7f64..t1 * 1.4).log_scale(), ((y0 * 0.7).max(0.01)..y1 * 1.4).log_scale())
+            .map_err(|x| e(&x))?;
+        chart.configure_mesh().x_desc("T (tokens)").y_desc("µs").draw().map_err(|x| e(&x))?;
+        for (i, (name, points)) in curves.precisions.iter().enumerate() {
+            let color = colors[i % colors.len()];
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)).point_size(3))
+                .map_err(|x| e(&x))?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2)));
+        }
+        let grey = RGBColor(127, 127, 127);
+        chart
+            .draw_series(LineSeries::new(curves.floor.iter().copied(), grey.stroke_width(1)))
+            .map_err(|x| e(&x))?
+            .label("byte floor")
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], grey.stroke_width(1)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|x| e(&x))?;
+    }
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
@@ -575,7 +691,16 @@ pub(crate) mod tests {
         assert_eq!(name(&ceilings), ("results/nvfp4-bench-ceilings.json".into(), None));
         assert_eq!(name(&prepack_only), ("results/nvfp4-bench-prepack.json".into(), None));
         let block_only = Report { block: Some(crate::block::tests::sample()), ..ceilings.clone() };
-        assert_eq!(name(&block_only), ("results/nvfp4-bench-block.json".into(), None));
+        assert_eq!(
+            name(&block_only),
+            ("results/nvfp4-bench-block.json".into(), Some("results/nvfp4-bench-block.svg".into()))
+        );
+        // Its SVG is the block figure.
+        let dir = std::env::temp_dir().join(format!("nvfp4-bench-block-only-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_svg(&block_only, &dir.join("b.svg")).unwrap();
+        assert!(std::fs::read_to_string(dir.join("b.svg")).unwrap().contains("byte floor"));
+        let _ = std::fs::remove_dir_all(dir);
         // The block table after the others, in the JSON, and its failed check fails the run.
         let text = table(&Report { block: Some(crate::block::tests::sample()), ..sample() });
         assert!(text.contains("\n\nMoE expert block (ExpertBlock::run"), "{text}");
@@ -682,5 +807,30 @@ pub(crate) mod tests {
         let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("b0") && svg.contains("custom") && svg.contains("kernel-only"));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The block figure from a block JSON: a panel per layer, a curve per precision and the
+    /// floor; a JSON without block rows is refused.
+    #[test]
+    fn block_svg() {
+        let row = |t: u64, us: f64| serde_json::json!({"tokens": t, "graph_us": {"median": us}, "floor_us": us / 2.0});
+        let run = |layer: &str, precision: &str| serde_json::json!({"layer": {"name": layer}, "precision": precision, "rows": [row(1, 60.0), row(64, 200.0), row(4096, 900.0)]});
+        let json = serde_json::json!({
+            "environment": {"device": "Test GPU"},
+            "block": {"runs": [run("qwen3", "w4a4"), run("qwen3", "w4a16"), run("mixtral", "w4a4")]}
+        });
+        let curves = block_curves(&json).unwrap();
+        assert_eq!(curves.len(), 2);
+        assert_eq!((curves[0].layer.as_str(), curves[0].precisions.len(), curves[0].floor.len()), ("qwen3", 2, 3));
+        assert_eq!(curves[0].precisions[1].1[1], (64.0, 200.0));
+        let dir = std::env::temp_dir().join(format!("nvfp4-bench-block-svg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_block_svg(&json, &dir.join("b.svg")).unwrap();
+        let svg = std::fs::read_to_string(dir.join("b.svg")).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("mixtral") && svg.contains("w4a16") && svg.contains("byte floor")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+        assert!(block_curves(&serde_json::json!({"shapes": []})).unwrap_err().contains("no block rows"));
     }
 }
