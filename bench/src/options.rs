@@ -161,8 +161,8 @@ struct Args {
     w4a16: bool,
     /// Where the results go: nvfp4-bench.json and nvfp4-bench.svg for a run with
     /// shapes, nvfp4-bench-moe.json for MoE rows only (--shapes none),
-    /// nvfp4-bench-prepack.json for prepack rows only, nvfp4-bench-block.json for
-    /// block rows only, nvfp4-bench-ceilings.json for --ceilings
+    /// nvfp4-bench-prepack.json for prepack rows only, nvfp4-bench-block.json and
+    /// nvfp4-bench-block.svg for block rows only, nvfp4-bench-ceilings.json for --ceilings
     #[arg(long, value_name = "DIR", default_value = "bench-results", verbatim_doc_comment)]
     out: PathBuf,
     /// Measure the ceilings only (copy, bf16 tensor rate, TMA), print and write the
