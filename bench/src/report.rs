@@ -488,15 +488,22 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
             }))
             .map_err(|x| e(&x))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
+}
+
+/// The series' legend of a chart, boxed, at `position`.
+fn draw_legend<'a, DB, CT>(
+    chart: &mut plotters::chart::ChartContext<'a, DB, CT>,
+    position: plotters::chart::SeriesLabelPosition,
+) -> Result<(), plotters::drawing::DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: plotters::prelude::DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    use plotters::prelude::*;
+    chart.configure_series_labels().position(position).background_style(WHITE.mix(0.85)).border_style(BLACK).draw()
 }
 
 /// One layer's curves of a block report: per precision, (T, µs) of the graph replays, and the
@@ -598,13 +605,7 @@ pub fn write_block_svg(json: &serde_json::Value, path: &Path) -> Result<(), Stri
             .map_err(|x| e(&x))?
             .label("byte floor")
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], grey.stroke_width(1)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|x| e(&x))?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|x| e(&x))?;
     }
     root.present().map_err(|x| e(&x))?;
     Ok(())
