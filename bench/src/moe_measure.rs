@@ -28,8 +28,9 @@ use nvfp4_format::{
     Tolerance,
 };
 use nvfp4_gemm::moe::{GroupRows, MoeArgs, MoePlan, MoeProblem, TokenLayout};
+use nvfp4_gemm::quantize::Nvfp4OperandMut;
 use nvfp4_gemm::quantize::Quantizer;
-use nvfp4_gemm::w4a16::{activations_of, prepack, W4a16Weights};
+use nvfp4_gemm::w4a16::{activations_of, Prepacker, WeightStack};
 use nvfp4_gemm::{DeviceNvfp4, GemmPlan, GroupArgs, GroupShape, Nvfp4Operand, Output, OutputType, Problem};
 use std::sync::Arc;
 
@@ -126,23 +127,27 @@ struct W4a16Inputs<A> {
 }
 
 impl<A: W4a16Activation> W4a16Inputs<A> {
-    /// Converts `x` (exact: multiples of 1/8 below 6) and prepacks `weights` on the CPU (a batch
-    /// of experts at a time, in parallel), then uploads.
-    fn new(stream: &Arc<CudaStream>, x: &[bf16], weights: &[&Nvfp4Matrix]) -> Result<Self> {
-        use rayon::prelude::*;
+    /// Converts `x` (exact: multiples of 1/8 below 6) and uploads it; prepacks every expert's
+    /// device weights `weights` (`n × k` each) on the GPU (`w4a16::Prepacker`, bit for bit the
+    /// CPU prepack: its own tests), so that the row's check covers the prepack too.
+    fn new(
+        stream: &Arc<CudaStream>,
+        prepacker: &Prepacker,
+        x: &[bf16],
+        weights: &[Nvfp4Operand<'_>],
+        (n, k): (usize, usize),
+    ) -> Result<Self> {
         let kind = activations_of::<A>();
         let x: Vec<A> = x.iter().map(|v| A::from_f64(v.to_f64())).collect();
+        let stack = WeightStack { experts: 1, rows: n, k };
+        let sizes = stack.sizes().map_err(lib("W4A16 prepack"))?;
         let mut packed = Vec::with_capacity(weights.len());
-        for batch in weights.chunks(rayon::current_num_threads().max(1)) {
-            let host: Vec<W4a16Weights> = batch
-                .par_iter()
-                .map(|w| prepack(w, kind))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(lib("W4A16 prepack"))?;
-            for p in host {
-                let up = |b: &[u8]| stream.clone_htod(b).map_err(drv("uploading the W4A16 weights"));
-                packed.push((up(&p.values)?, up(&p.scales)?));
-            }
+        for w in weights {
+            let alloc = |len| stream.alloc_zeros::<u8>(len).map_err(drv("allocating the W4A16 weights"));
+            let (mut values, mut scales) = (alloc(sizes.values)?, alloc(sizes.scales)?);
+            let out = Nvfp4OperandMut { values: &mut values, scales: &mut scales };
+            prepacker.prepack(stream, *w, stack, kind, out).map_err(lib("W4A16 prepack"))?;
+            packed.push((values, scales));
         }
         Ok(W4a16Inputs { x: stream.clone_htod(&x).map_err(drv("uploading the W4A16 activations"))?, packed })
     }
@@ -413,14 +418,14 @@ impl Bench {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(drv("allocating C"))?,
         };
-        // W4A16's inputs (`--w4a16`), before the host copies go: the same activations as f16 and
-        // bf16, the same weights prepacked for each.
+        // W4A16's inputs (`--w4a16`), before the host activations go: the same activations as
+        // f16 and bf16, the same weights prepacked on the GPU for each.
         let w4a16_inputs = if o.w4a16 {
-            step("W4A16: prepacking the weights (CPU)");
-            let weights: Vec<&Nvfp4Matrix> = groups.iter().map(|g| &g.b).collect();
+            step("W4A16: prepacking the weights (GPU)");
+            let prepacker = Prepacker::new(&self.gpu).map_err(lib("W4A16 prepack"))?;
             Some((
-                W4a16Inputs::<f16>::new(&stream, &x_host, &weights)?,
-                W4a16Inputs::<bf16>::new(&stream, &x_host, &weights)?,
+                W4a16Inputs::<f16>::new(&stream, &prepacker, &x_host, &weights, (n, k))?,
+                W4a16Inputs::<bf16>::new(&stream, &prepacker, &x_host, &weights, (n, k))?,
             ))
         } else {
             None

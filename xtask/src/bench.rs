@@ -99,10 +99,11 @@ pub fn run(args: &[&str]) -> Result<()> {
     println!("On the GPU machine (device tool `run`, carry [\"{ARCHIVE}\"], the command starting with `tar xJf {ARCHIVE};`):");
     println!("  set -o pipefail; bundle/bin/run-bench.sh --out \"$OUT\" 2>&1 | tee \"$OUT/bench.log\"");
     println!(
-        "MoE rows (quantize + GEMM, graph replay) beside PyTorch's best option (torch_moe.py, run by nvfp4-bench):"
+        "MoE rows (quantize + GEMM, graph replay) beside PyTorch's best option (torch_moe.py, run by nvfp4-bench), \
+         the decode shapes as MoE rows too (the Python bench's MoE rows take their host budgets from this JSON):"
     );
     println!(
-        "  set -o pipefail; bundle/bin/run-bench.sh --moe --shapes none --out \"$OUT\" 2>&1 | tee \"$OUT/bench-moe.log\""
+        "  set -o pipefail; bundle/bin/run-bench.sh --moe-shapes m0,m1,m2,m3,d0,d1,d2 --shapes none --out \"$OUT\" 2>&1 | tee \"$OUT/bench-moe.log\""
     );
     println!("W4A16 prepack rows (the GPU prepack of DeepSeek's 256-expert tensors against the copy rate):");
     println!(
