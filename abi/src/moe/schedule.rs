@@ -160,11 +160,8 @@ pub fn lpt_picks(
         }
     };
     let larger = |a: u32, b: u32| if a > b { a } else { b };
-    let (mut rank, mut max) = (0u32, 0u32);
-    let mut i = if unloaded { grid } else { 0 };
-    if unloaded {
-        rank = b;
-    }
+    // Unloaded, the scan's result is known: `b` pairs below `(0, b)`, the largest load 0.
+    let (mut rank, mut max, mut i) = if unloaded { (b, 0u32, grid) } else { (0, 0, 0) };
     while i + 4 <= grid {
         let (l0, l1, l2, l3) = (load(i), load(i + 1), load(i + 2), load(i + 3));
         max = larger(larger(max, larger(l0, l1)), larger(l2, l3));
