@@ -192,7 +192,7 @@ fn model_sm90_moe_device_sizes_over_bound_clamps_and_flags() {
 fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
     let mut rng = nvfp4_format::SplitMix64::new(11);
     let mut seen = 0;
-    let (mut lpt_cases, mut decode_cases) = (0, 0);
+    let (mut lpt_cases, mut decode_cases, mut two_class_cases) = (0, 0, 0);
     for case in 0..14 {
         let n = [136, 4096, 7168][case % 3];
         let k = 2048;
@@ -230,7 +230,11 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
         if !overlapping {
             let config = check_schedule(&format!("case {case}"), &problem, &rows, sm_count, &layout, &outcome);
             decode_cases += (config == GemmConfig::DECODE) as u32;
-            lpt_cases += outcome.work.iter().any(|w| w.is_hole()) as u32;
+            let lpt = outcome.work.iter().any(|w| w.is_hole());
+            lpt_cases += lpt as u32;
+            // The narrow class placed after the full-width one (`StepLoads::after_first`).
+            let tiles: Vec<GroupTiles> = rows.iter().map(|r| GroupTiles::new(config, r.rows)).collect();
+            two_class_cases += (lpt && tiles.iter().any(|t| t.wide > 0) && tiles.iter().any(|t| t.narrow() > 0)) as u32;
         }
         eprintln!(
             "case {case}: {} groups, {:?}, {options:?}, {sm_count} SMs: {} entries ({:?} launched) in {:.2?}",
@@ -245,4 +249,5 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
     assert_ne!(seen & STATUS_ROWS_OVER_BOUND, 0, "the random sizes went beyond the contiguous bound");
     assert_ne!(seen & STATUS_COUNT_OVER_BOUND, 0, "the random sizes went beyond the masked bound");
     assert!(lpt_cases > 0 && decode_cases > 0, "both kinds of list were checked ({lpt_cases}, {decode_cases})");
+    assert!(two_class_cases > 0, "an LPT list with both classes was checked");
 }

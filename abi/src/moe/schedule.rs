@@ -80,9 +80,13 @@ pub struct Sm100ScheduleParams {
 
 const _: () = assert!(core::mem::size_of::<Sm100ScheduleParams>() == 88);
 
+/// Most CTAs an LPT list is balanced over ([`lpt_picks`]; one scheduling thread places
+/// `LPT_MAX_CTAS / SCHEDULE_THREADS` of them).
+pub const LPT_MAX_CTAS: u32 = 1024;
+
 /// Byte offsets in a scheduling kernel's dynamic shared memory: the per-warp sums and status
-/// (the layout of the kernel's `scan::cta_exclusive_sums`), the loads of the LPT's CTAs, a
-/// per-warp scratch row for CTA-wide reductions, then two words per group.
+/// (the layout of the kernel's `scan::cta_exclusive_sums`), a per-warp scratch row for CTA-wide
+/// reductions, then two words per group.
 pub mod smem {
     use super::{SCHEDULE_THREADS, SUMS};
 
@@ -90,12 +94,8 @@ pub mod smem {
     pub const WARPS: u32 = SCHEDULE_THREADS / 32;
     /// Per-warp sums (value `j` of warp `w` at word `WARPS · j + w`), then the per-warp status.
     pub const WARP_TABLE: u32 = 0;
-    /// Most CTAs an LPT list is balanced over ([`super::lpt_picks`]).
-    pub const LPT_MAX_CTAS: u32 = 1024;
-    /// `u32 loads[LPT_MAX_CTAS]`: each CTA's load so far, in cost units.
-    pub const LOADS: u32 = WARP_TABLE + 4 * WARPS * (SUMS as u32 + 1);
     /// One word per warp for CTA-wide reductions.
-    pub const REDUCE: u32 = LOADS + 4 * LPT_MAX_CTAS;
+    pub const REDUCE: u32 = WARP_TABLE + 4 * WARPS * (SUMS as u32 + 1);
     /// Two words per group, written before the fill's barrier (the policy says what they hold).
     pub const GROUPS: u32 = REDUCE + 4 * WARPS;
     /// Word `i` (0 or 1) of group `g`.
@@ -108,96 +108,95 @@ pub mod smem {
     }
 }
 
+/// The loads of an LPT list's CTAs before a cost class: `high` on the CTAs below `split`, `low`
+/// on the others (`high ≥ low`). The device lists have two classes (a kernel's full and narrow
+/// tiles) and the first starts on empty CTAs, so these are the only loads a class starts from:
+/// [`StepLoads::ZERO`] for the first, [`StepLoads::after_first`] for the second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLoads {
+    pub low: u32,
+    pub high: u32,
+    pub split: u32,
+}
+
+impl StepLoads {
+    /// Every CTA empty.
+    pub const ZERO: StepLoads = StepLoads { low: 0, high: 0, split: 0 };
+
+    /// The loads after a class of `count` items of cost `cost` placed on empty CTAs: the greedy
+    /// then deals the items round robin (every CTA ties, the lowest index wins), so CTA `b` holds
+    /// `⌈(count − b) / grid⌉` of them: `q + 1` below `r` and `q` from `r` on, `count = q·grid + r`.
+    #[inline(always)]
+    pub fn after_first(count: u32, cost: u32, grid: u32) -> StepLoads {
+        let grid = if grid == 0 { 1 } else { grid };
+        let (q, r) = (count / grid, count % grid);
+        StepLoads { low: q * cost, high: (q + (r > 0) as u32) * cost, split: r }
+    }
+
+    /// CTA `i`'s load.
+    #[inline(always)]
+    pub fn load(self, i: u32) -> u32 {
+        if i < self.split {
+            self.high
+        } else {
+            self.low
+        }
+    }
+}
+
 /// The picks of CTA `b` in one cost class of the host's LPT order, on the device.
 ///
 /// The host (`host/src/sm90`, `balance`) lays out a work list for a persistent grid of `grid`
 /// CTAs: the items sorted by cost, longest first (stable: items of equal cost keep the order
 /// group, weight tile, token tile), each to the CTA with the least load so far (ties: the lowest
 /// index), CTA `b`'s `p`-th item at list index `p · grid + b` (holes where a CTA has fewer). The
-/// device lists have few cost classes (a kernel's full and narrow tiles; every group has the same
+/// device lists have two cost classes (a kernel's full and narrow tiles; every group has the same
 /// K). Within a class of cost `c`, starting from loads `L_i`, the greedy's picks are the `count`
 /// smallest of the pairs `(L_i + j·c, i)`, `j ≥ 0`, ordered by value then index: after a pick
 /// `(v, i)` the CTA's next candidate is `(v + c, i)`, and every other candidate is at least
 /// `(v, i)`. So the rank of CTA `b`'s pick `j` among the class's picks is the number of pairs
-/// below `(L_b + j·c, b)`, and from one pick to the next it grows by the number of CTAs whose
-/// first pair lies below the next value, which is `grid` once that value passes the largest
-/// load.
+/// below `(L_b + j·c, b)`: from CTA `i` with `L_i ≤ v`, `⌈(v − L_i) / c⌉` pairs, one more when
+/// `c` divides `v − L_i` and `i < b`. With [`StepLoads`] that is two terms, whatever the grid.
 ///
 /// Calls `emit(rank, j)` for each pick `j` of CTA `b` (rank: the pick's place in the class, i.e.
 /// the class's `rank`-th item in the host's order goes to CTA `b`'s queue position `j` after its
-/// earlier classes' items) and returns the number of picks. `load(i)` is CTA `i`'s load before
-/// the class; loads plus `count · cost` must fit `u32` (the plan checks [`lpt_fits_u32`]).
-/// `unloaded`: every load is 0 (the first class with items), which the caller knows: then CTA
-/// `b`'s pick `j` is the pair `(j·c, b)`, its rank `b + j·grid`, and no load is read.
+/// earlier classes' items) and returns the number of picks. Loads plus `count · cost` must fit
+/// `u32` (the plan checks [`lpt_fits_u32`]).
 #[inline(always)]
-pub fn lpt_picks(
-    b: u32,
-    grid: u32,
-    cost: u32,
-    count: u32,
-    unloaded: bool,
-    load: impl Fn(u32) -> u32,
-    mut emit: impl FnMut(u32, u32),
-) -> u32 {
+pub fn lpt_picks(b: u32, grid: u32, cost: u32, count: u32, loads: StepLoads, mut emit: impl FnMut(u32, u32)) -> u32 {
     // Costs are at least 1 (a 0 would be taken as 1); the test keeps division-by-zero panics
     // out of the device code.
     let cost = if cost == 0 { 1 } else { cost };
     let div = Divisor::new(cost);
-    let lb = if unloaded { 0 } else { load(b) };
-    // The pairs below (L_b, b): per CTA i, ⌈(L_b − L_i) / c⌉ values below L_b, and one more equal
-    // to it when i < b. The scans over the CTAs take four loads at a time, so that their
-    // latencies overlap (one scheduling thread walks all `grid` loads per CTA it places).
-    let first = |li: u32, i: u32| -> u32 {
-        if lb < li {
+    let split = if loads.split < grid { loads.split } else { grid };
+    // Pairs below `(v, b)` from the CTAs `s..e`, all of load `l`.
+    let below = |v: u32, l: u32, s: u32, e: u32| -> u32 {
+        if s >= e || l > v {
             return 0;
         }
-        let d = lb - li;
+        let d = v - l;
         let q = div.quotient(d);
-        if i < b {
-            q + 1
+        let exact = q * cost == d;
+        let lower = if b <= s {
+            0
+        } else if b < e {
+            b - s
         } else {
-            q + (q * cost != d) as u32
-        }
+            e - s
+        };
+        (e - s) * (q + !exact as u32) + if exact { lower } else { 0 }
     };
-    let larger = |a: u32, b: u32| if a > b { a } else { b };
-    // Unloaded, the scan's result is known: `b` pairs below `(0, b)`, the largest load 0.
-    let (mut rank, mut max, mut i) = if unloaded { (b, 0u32, grid) } else { (0, 0, 0) };
-    while i + 4 <= grid {
-        let (l0, l1, l2, l3) = (load(i), load(i + 1), load(i + 2), load(i + 3));
-        max = larger(larger(max, larger(l0, l1)), larger(l2, l3));
-        rank += first(l0, i) + first(l1, i + 1) + first(l2, i + 2) + first(l3, i + 3);
-        i += 4;
-    }
-    while i < grid {
-        let li = load(i);
-        max = larger(max, li);
-        rank += first(li, i);
-        i += 1;
-    }
+    let lb = loads.load(b);
     let mut j = 0;
-    while rank < count {
+    loop {
+        let v = lb + j * cost;
+        let rank = below(v, loads.high, 0, split) + below(v, loads.low, split, grid);
+        if rank >= count {
+            return j;
+        }
         emit(rank, j);
         j += 1;
-        let next = lb + j * cost;
-        rank += if next > max {
-            grid
-        } else {
-            let below = |li: u32, i: u32| (li < next || (li == next && i < b)) as u32;
-            let mut n = 0;
-            let mut i = 0;
-            while i + 4 <= grid {
-                let (l0, l1, l2, l3) = (load(i), load(i + 1), load(i + 2), load(i + 3));
-                n += below(l0, i) + below(l1, i + 1) + below(l2, i + 2) + below(l3, i + 3);
-                i += 4;
-            }
-            while i < grid {
-                n += below(load(i), i);
-                i += 1;
-            }
-            n
-        };
     }
-    j
 }
 
 /// Division of any `u32` by a fixed divisor `c ≥ 1` through a multiply-high and two shifts
@@ -266,6 +265,7 @@ pub const fn lpt_fits_u32(max_items: u32, grid: u32, costs: [u32; 2]) -> bool {
 mod tests {
     extern crate std;
     use super::*;
+    use std::vec;
     use std::vec::Vec;
 
     fn next(state: &mut u64) -> u32 {
@@ -273,33 +273,71 @@ mod tests {
         (*state >> 33) as u32
     }
 
-    /// The picks of every CTA against the definition: the `count` smallest pairs `(L_i + j·c, i)`.
+    /// The `count` smallest pairs `(L_i + j·c, i)` as `(i, j, rank)`, sorted by CTA and pick.
+    fn smallest_pairs(loads: &[u32], cost: u32, count: u32) -> Vec<(u32, u32, u32)> {
+        let mut pairs: Vec<(u32, u32, u32)> = (0..loads.len() as u32)
+            .flat_map(|i| (0..count + 1).map(move |j| (i, j)))
+            .map(|(i, j)| (loads[i as usize] + j * cost, i, j))
+            .collect();
+        pairs.sort();
+        let mut picks: Vec<(u32, u32, u32)> =
+            pairs[..count as usize].iter().enumerate().map(|(r, &(_, i, j))| (i, j, r as u32)).collect();
+        picks.sort();
+        picks
+    }
+
+    /// The picks of every CTA against the definition: the `count` smallest pairs `(L_i + j·c, i)`,
+    /// from step loads of every shape (none, all equal, a split at 0, inside and at the grid).
     #[test]
     fn lpt_picks_are_the_smallest_pairs() {
         let mut st = 3u64;
-        for case in 0..400 {
-            // Mostly small grids; some past the scans' unrolled chunks with tails.
+        for case in 0..600 {
+            // Mostly small grids; some as large as the H100's and beyond.
             let grid = if case % 40 == 7 { 100 + next(&mut st) % 200 } else { 1 + next(&mut st) % 40 };
             let cost = 1 + next(&mut st) % 300;
-            let spread = if case % 4 == 0 { 0 } else { next(&mut st) % 1000 };
-            let loads: Vec<u32> = (0..grid).map(|_| if spread == 0 { 0 } else { next(&mut st) % spread }).collect();
+            let loads = match case % 5 {
+                0 => StepLoads::ZERO,
+                1 => {
+                    let l = next(&mut st) % 1000;
+                    StepLoads { low: l, high: l, split: next(&mut st) % (grid + 1) }
+                }
+                _ => {
+                    let low = next(&mut st) % 1000;
+                    // Steps of a multiple of the cost (as `after_first` gives when both classes
+                    // cost the same) and of any size.
+                    let step = if case % 5 == 2 { cost * (1 + next(&mut st) % 3) } else { 1 + next(&mut st) % 700 };
+                    StepLoads { low, high: low + step, split: next(&mut st) % (grid + 1) }
+                }
+            };
+            let per_cta: Vec<u32> = (0..grid).map(|i| loads.load(i)).collect();
             let count = next(&mut st) % (4 * grid + 5);
-            let mut pairs: Vec<(u32, u32, u32)> = (0..grid)
-                .flat_map(|i| (0..count + 1).map(move |j| (i, j)))
-                .map(|(i, j)| (loads[i as usize] + j * cost, i, j))
-                .collect();
-            pairs.sort();
-            let mut expected: Vec<(u32, u32, u32)> =
-                pairs[..count as usize].iter().enumerate().map(|(r, &(_, i, j))| (i, j, r as u32)).collect();
-            expected.sort();
+            let expected = smallest_pairs(&per_cta, cost, count);
             let mut got = Vec::new();
             let mut total = 0;
             for b in 0..grid {
-                let n = lpt_picks(b, grid, cost, count, false, |i| loads[i as usize], |r, j| got.push((b, j, r)));
-                total += n;
+                total += lpt_picks(b, grid, cost, count, loads, |r, j| got.push((b, j, r)));
             }
             assert_eq!(total, count, "case {case}");
-            assert_eq!(got, expected, "case {case}: loads {loads:?} cost {cost}");
+            assert_eq!(got, expected, "case {case}: loads {loads:?} cost {cost} grid {grid}");
+        }
+    }
+
+    /// `after_first` is what the greedy leaves: each CTA's pairs among the class's picks, times
+    /// the cost.
+    #[test]
+    fn after_first_is_the_greedys_loads() {
+        let mut st = 11u64;
+        for case in 0..300 {
+            let grid = if case % 30 == 0 { 132 } else { 1 + next(&mut st) % 60 };
+            let cost = 1 + next(&mut st) % 400;
+            let count = next(&mut st) % (6 * grid + 3);
+            let mut want = vec![0u32; grid as usize];
+            for (i, _, _) in smallest_pairs(&vec![0; grid as usize], cost, count) {
+                want[i as usize] += cost;
+            }
+            let step = StepLoads::after_first(count, cost, grid);
+            let got: Vec<u32> = (0..grid).map(|i| step.load(i)).collect();
+            assert_eq!(got, want, "grid {grid} cost {cost} count {count}");
         }
     }
 
@@ -326,24 +364,6 @@ mod tests {
         }
     }
 
-    /// `unloaded` gives the picks of a scan over zero loads, for any cost, without reading one.
-    #[test]
-    fn unloaded_picks_are_the_scanned_ones() {
-        let mut st = 9u64;
-        for _ in 0..300 {
-            let grid = 1 + next(&mut st) % 300;
-            let count = next(&mut st) % (5 * grid + 3);
-            let cost = 1 + next(&mut st) % 500;
-            for b in 0..grid {
-                let (mut want, mut got) = (Vec::new(), Vec::new());
-                let n = lpt_picks(b, grid, cost, count, false, |_| 0, |r, j| want.push((r, j)));
-                let unread = |i: u32| panic!("load {i} read");
-                assert_eq!(lpt_picks(b, grid, cost, count, true, unread, |r, j| got.push((r, j))), n);
-                assert_eq!(got, want, "b {b} grid {grid} count {count}");
-            }
-        }
-    }
-
     #[test]
     fn list_capacity() {
         assert_eq!(lpt_list_capacity(100, 132, [228, 116]), 100);
@@ -359,7 +379,7 @@ mod tests {
 
     #[test]
     fn shared_memory_and_threads() {
-        assert_eq!(smem::bytes(0), 4 * (8 * 4 + 1024 + 8));
+        assert_eq!(smem::bytes(0), 4 * (8 * 4 + 8));
         assert_eq!(smem::group_word(1, 1) - smem::group_word(0, 0), 12);
         assert_eq!((groups_per_thread(1), groups_per_thread(256), groups_per_thread(257)), (1, 1, 2));
         assert_eq!(groups_per_thread(super::super::MAX_GROUPS), 16);

@@ -29,7 +29,7 @@ use crate::engine::{AlphaField, Launch, Layout, Memory, Tables, WorkList, PLACEH
 use crate::error::{Error, Result};
 use crate::moe_problem::{GlobalScale, MoeBuffers, MoeProblem};
 use nvfp4_gemm_abi::moe::block::ActivationEpilogue as ActivationEpilogueParams;
-use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, smem};
+use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, LPT_MAX_CTAS};
 use nvfp4_gemm_abi::moe::sm90::{
     general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
@@ -137,7 +137,7 @@ impl Sm90DeviceLayout {
             // Host-sized plans balance over the grid `gemm_launch` gives their items: this one for
             // any list longer than it.
             let grid = sm90::gemm_launch(config, max_items, sm_count).grid;
-            if grid <= smem::LPT_MAX_CTAS && lpt_fits_u32(max_items, grid, costs) {
+            if grid <= LPT_MAX_CTAS && lpt_fits_u32(max_items, grid, costs) {
                 lpt_grid = grid;
             }
             let max_list = to_u32(lpt_list_capacity(max_items, lpt_grid, costs), "list entries")?;

@@ -13,15 +13,17 @@
 //!   host-sized plan loads.
 //! - The list: the plain order (group, weight tile, token tile), or — the general kernel with more
 //!   items than CTAs — the host's LPT order (`lpt_picks`): per class, longest first, every CTA
-//!   computes where its picks go and writes each pick's list index into the `ranks` scratch, the
+//!   computes where its picks go from the loads the classes before leave (`StepLoads`, no scan
+//!   over the CTAs) and writes each pick's list index into the `ranks` scratch, the
 //!   list's length is the largest index + 1, each CTA writes its holes, and the fill writes every
 //!   item where its class rank says.
 
-use crate::ptx::barrier;
-use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::smem::SmemAddr;
 use crate::scan;
 use crate::schedule::{schedule, TilePolicy, WARPS};
-use nvfp4_gemm_abi::moe::schedule::{lpt_picks, smem as layout, ScheduleCommon, SCHEDULE_THREADS, SUMS};
+use nvfp4_gemm_abi::moe::schedule::{
+    lpt_picks, smem as layout, ScheduleCommon, StepLoads, LPT_MAX_CTAS, SCHEDULE_THREADS, SUMS,
+};
 use nvfp4_gemm_abi::moe::sm90::{
     chosen_config, kernel_slot, runs_decode, GroupTiles, Sm90ScheduleParams, FLAG_WIDE_GROUP, KERNELS_DECODE,
 };
@@ -29,7 +31,7 @@ use nvfp4_gemm_abi::moe::{GroupRows, STATUS_WORK_OVERFLOW};
 use nvfp4_gemm_abi::sm90::{dequant_ctas, n_tiles, tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 
 /// Most LPT CTAs one scheduling thread handles (`b = tid, tid + SCHEDULE_THREADS, ...`).
-const CTAS_PER_THREAD: usize = (layout::LPT_MAX_CTAS / SCHEDULE_THREADS) as usize;
+const CTAS_PER_THREAD: usize = (LPT_MAX_CTAS / SCHEDULE_THREADS) as usize;
 
 /// The sm_90a tile policy.
 struct Sm90 {
@@ -126,51 +128,30 @@ impl TilePolicy for Sm90 {
         }
         let p = &self.p;
         let grid = p.lpt_grid;
-        let load_at = |b: u32| sm.add(layout::LOADS + 4 * b);
-        // SAFETY: `b < grid ≤ LPT_MAX_CTAS` (the plan's) indexes the loads.
-        let load = |b: u32| unsafe { smem::ld_u32(load_at(b)) };
         let ranks = p.ranks as *mut u32;
         let mine = |i: usize| tid + i as u32 * SCHEDULE_THREADS;
         let mut pos = [0u32; CTAS_PER_THREAD];
-        for i in 0..CTAS_PER_THREAD {
-            if mine(i) < grid {
-                // SAFETY: as above; the loads are read after the barrier below.
-                unsafe { smem::st_u32(load_at(mine(i)), 0) };
-            }
-        }
-        // The class ranks of the narrow items follow the full-width ones'.
-        let mut rank_base = 0;
+        // The full-width class starts on empty CTAs; the narrow one on what it leaves.
+        let after_first = StepLoads::after_first(plan.items[0], p.costs[0], grid);
         for class in 0..2 {
             // Selected, not indexed: a runtime index into the parameters would copy them to
             // local memory when the loop is not unrolled.
-            let (count, cost) = if class == 0 { (plan.items[0], p.costs[0]) } else { (plan.items[1], p.costs[1]) };
-            // Before the first class with items every load is 0: its picks need no scan.
-            let unloaded = class == 0 || plan.items[0] == 0;
-            let mut loads = [0u32; CTAS_PER_THREAD];
-            // SAFETY: every thread reaches both barriers (the caller's contract).
-            unsafe { barrier::sync_all() };
-            for i in 0..CTAS_PER_THREAD {
+            let (count, cost, loads, rank_base) = if class == 0 {
+                (plan.items[0], p.costs[0], StepLoads::ZERO, 0)
+            } else {
+                (plan.items[1], p.costs[1], after_first, plan.items[0])
+            };
+            for (i, at) in pos.iter_mut().enumerate() {
                 let b = mine(i);
                 if b < grid && count > 0 {
-                    let start = pos[i];
-                    let picks = lpt_picks(b, grid, cost, count, unloaded, load, |rank, j| {
+                    let start = *at;
+                    *at += lpt_picks(b, grid, cost, count, loads, |rank, j| {
                         // SAFETY: `rank_base + rank` < the items ≤ `max_items[1]`, the scratch's
                         // length.
                         unsafe { *ranks.add((rank_base + rank) as usize) = (start + j) * grid + b };
                     });
-                    pos[i] += picks;
-                    loads[i] = load(b) + picks * cost;
                 }
             }
-            // SAFETY: as above.
-            unsafe { barrier::sync_all() };
-            for i in 0..CTAS_PER_THREAD {
-                if mine(i) < grid && count > 0 {
-                    // SAFETY: this thread's CTAs' loads, read again after the next barrier.
-                    unsafe { smem::st_u32(load_at(mine(i)), loads[i]) };
-                }
-            }
-            rank_base += count;
         }
         // The list ends after the last item (trailing holes dropped, as the host does).
         let mut last = 0;
