@@ -267,6 +267,38 @@ pub fn e2m1_code(bits: u16, c: &[u16; 7]) -> u8 {
     code | ((bits >> 12) as u8 & 0x8)
 }
 
+/// [`thresholds`] for [`e2m1_code_pair`]: each in both 16-bit halves of a word, bit 15 of each
+/// half set (thresholds are at most the largest finite pattern, below `0x8000`).
+#[inline(always)]
+pub fn pair_thresholds(c: &[u16; 7]) -> [u32; 7] {
+    let mut p = [0u32; 7];
+    let mut i = 0;
+    while i < 7 {
+        p[i] = 0x8000_8000 | c[i] as u32 | (c[i] as u32) << 16;
+        i += 1;
+    }
+    p
+}
+
+/// [`e2m1_code`] of both 16-bit floats of `word` (not NaN) at once, the low half's code in bits
+/// 0..4 and the high half's in 4..8, from [`pair_thresholds`]. In each half, `(0x8000 | c) −
+/// mag` keeps bit 15 set exactly when `c ≥ mag` (both at most `0x7FFF`, so the low half never
+/// borrows from the high one); the sum of those bits over the seven thresholds counts the
+/// thresholds at or above the magnitude, and the code is 7 minus that count.
+#[inline(always)]
+pub fn e2m1_code_pair(word: u32, c2: &[u32; 7]) -> u8 {
+    let mag = word & 0x7FFF_7FFF;
+    let mut at_or_above = 0;
+    let mut i = 0;
+    while i < 7 {
+        at_or_above += ((c2[i] - mag) >> 15) & 0x0001_0001;
+        i += 1;
+    }
+    // Each sign bit (15, 31) to bit 3 of its half's code.
+    let codes = (0x0007_0007 - at_or_above) | ((word >> 12) & 0x0008_0008);
+    (codes & 0xF) as u8 | ((codes >> 12) & 0xF0) as u8
+}
+
 /// The scale code of a block whose largest magnitude has the bit pattern `amax_bits` (a NaN
 /// pattern for a block holding a NaN): `e4m3((amax / 6) / g)`, `0x7F` for NaN.
 #[inline(always)]
@@ -316,8 +348,8 @@ pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16
     if unit == 0.0 {
         return (scale, 0);
     }
-    let c = thresholds(unit, bf16);
-    let byte = |word: u32| (e2m1_code(word as u16, &c) | e2m1_code((word >> 16) as u16, &c) << 4) as u64;
+    let c = pair_thresholds(&thresholds(unit, bf16));
+    let byte = |word: u32| e2m1_code_pair(word, &c) as u64;
     let mut packed = 0;
     let mut i = 0;
     while i < W {
@@ -480,6 +512,39 @@ mod tests {
         let (s, packed) = quantize_block(w, false, 1.0);
         assert_eq!(s, 0x7E);
         assert_eq!((packed >> 24) & 0xFF, 0x2F);
+    }
+
+    /// The paired codes against [`e2m1_code`] of each half: every magnitude with both signs
+    /// against threshold sets of every kind (the blocks' own, equal, out of order, the extremes).
+    #[test]
+    fn paired_codes_are_the_single_ones() {
+        let mut st = 7u64;
+        let mut next = || {
+            st = st.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (st >> 33) as u32
+        };
+        let mut sets: std::vec::Vec<[u16; 7]> = vec![[0; 7], [0x7FFF; 7], [0, 0, 0, 0x7FFF, 0x7FFF, 0x7FFF, 0x7FFF]];
+        for unit in [1e-9, 3.7e-5, 0.02, 1.0, 6.5, 448.0, 1e6] {
+            sets.extend([false, true].map(|bf16| thresholds(unit, bf16)));
+        }
+        for _ in 0..40 {
+            let mut c = [0u16; 7];
+            c.iter_mut().for_each(|v| *v = (next() % 0x8000) as u16);
+            sets.push(c);
+        }
+        for c in &sets {
+            let c2 = pair_thresholds(c);
+            for mag in 0..0x8000u32 {
+                for sign in [0, 0x8000] {
+                    let lo = mag | sign;
+                    let hi = (next() % 0x8000) | (next() & 0x8000);
+                    let want = e2m1_code(lo as u16, c) | e2m1_code(hi as u16, c) << 4;
+                    assert_eq!(e2m1_code_pair(lo | hi << 16, &c2), want, "{lo:#x} {hi:#x} {c:?}");
+                    let want = e2m1_code(hi as u16, c) | e2m1_code(lo as u16, c) << 4;
+                    assert_eq!(e2m1_code_pair(hi | lo << 16, &c2), want, "{hi:#x} {lo:#x} {c:?}");
+                }
+            }
+        }
     }
 
     /// `half_floor` against a binary search over the ordered non-negative patterns.

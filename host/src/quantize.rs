@@ -132,8 +132,11 @@ pub struct Quantizer {
     dequantize: Kernel,
     /// `nvfp4_quantize_grouped` (device-sized layouts, `crate::moe`).
     quantize_grouped: Kernel,
-    /// `moe_activate` (the MoE block's activation, `crate::moe_block`).
+    /// `moe_activate` (the MoE block's activation, `crate::moe_block`: four threads per block of
+    /// 16 outputs).
     activate: Kernel,
+    /// `moe_activate_blocks` (the same, one thread per block: calls of many blocks).
+    activate_blocks: Kernel,
     max_ctas: u32,
 }
 
@@ -149,6 +152,7 @@ impl Quantizer {
             dequantize: gpu.function("nvfp4_dequantize")?,
             quantize_grouped: gpu.function("nvfp4_quantize_grouped")?,
             activate: gpu.function("moe_activate")?,
+            activate_blocks: gpu.function("moe_activate_blocks")?,
             max_ctas: gpu.sm_count().max(1) * CTAS_PER_SM,
         })
     }
@@ -270,7 +274,8 @@ impl Quantizer {
         unsafe { launch(&self.quantize_grouped, stream, abi::launch(items, self.max_ctas), params) }
     }
 
-    /// Launches `moe_activate` over `items` work items (`crate::moe_block`).
+    /// Launches `moe_activate`, or `moe_activate_blocks` with `whole_blocks`, over `items` work
+    /// items (`crate::moe_block`).
     ///
     /// # Safety
     /// `params` must satisfy the kernel's `# Safety` contract.
@@ -278,10 +283,12 @@ impl Quantizer {
         &self,
         stream: &CudaStream,
         items: u64,
+        whole_blocks: bool,
         params: &nvfp4_gemm_abi::moe::block::ActivateParams,
     ) -> Result<()> {
-        // SAFETY: one `ActivateParams` by value, as the kernel takes; the caller vouches.
-        unsafe { launch(&self.activate, stream, abi::launch(items, self.max_ctas), params) }
+        let f = if whole_blocks { &self.activate_blocks } else { &self.activate };
+        // SAFETY: one `ActivateParams` by value, as both kernels take; the caller vouches.
+        unsafe { launch(f, stream, abi::launch(items, self.max_ctas), params) }
     }
 
     /// # Safety

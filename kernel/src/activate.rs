@@ -5,11 +5,13 @@
 //! quantized with the second GEMM's input scale (one, or one per group) into the grouped NVFP4
 //! layout (W4A4: the same block arithmetic and scale rows as `nvfp4_quantize_grouped`).
 //!
-//! Work item = (token row, block of 16 outputs, quarter): each thread computes 4 outputs, the 4
-//! threads of a block (lanes `4i .. 4i + 4`) exchange their parts' largest magnitudes and each
-//! quantizes its part (`quantize_block_part`: together exactly `quantize_block`), so that a
-//! call's few rows at small T spread over 4× the threads with a quarter of the dependent work
-//! each. Grid-strided; rows of no group are skipped.
+//! Work item = (token row, block of 16 outputs, part): in `moe_activate` (calls of few blocks)
+//! each thread computes 4 outputs, the 4 threads of a block (lanes `4i .. 4i + 4`) exchange their
+//! parts' largest magnitudes and each quantizes its part (`quantize_block_part`: together exactly
+//! `quantize_block`), so that a call's few rows at small T spread over 4× the threads with a
+//! quarter of the dependent work each; in `moe_activate_blocks` (calls of many blocks) a thread
+//! computes the whole block, and its scale and thresholds once. Grid-strided; rows of no group
+//! are skipped.
 
 use crate::ptx::sreg;
 use crate::quantize_grouped::{round_to_half, row_global_scale};
@@ -25,9 +27,6 @@ pub(crate) fn word(act: Activation, gate: u32, up: Option<u32>, bf16: bool) -> u
     round_to_half(lo, bf16) as u32 | (round_to_half(hi, bf16) as u32) << 16
 }
 
-// Each part is the 4 values `load4` reads.
-const _: () = assert!(BLOCK / ACTIVATE_PARTS == 4);
-
 /// 4 consecutive 16-bit values at `p` (8-byte aligned) as 2 words.
 ///
 /// # Safety
@@ -39,8 +38,75 @@ unsafe fn load4(p: *const u8) -> [u32; 2] {
     [v as u32, (v >> 32) as u32]
 }
 
+/// Where a thread's gate (and up) values are and how they are activated.
+#[derive(Clone, Copy)]
+struct Source {
+    h: *const u8,
+    /// Values per row of `h`.
+    n1: usize,
+    /// Offset of a gate value's up value (0: not gated).
+    up: usize,
+    act: Activation,
+    bf16: bool,
+}
+
+impl Source {
+    /// The 2 output words of the 4 outputs from value `src` of `h` on.
+    ///
+    /// # Safety
+    /// `src` (and `src + up`) index 4 readable values of `h`, 8-byte aligned.
+    #[inline(always)]
+    unsafe fn chunk(&self, src: usize) -> [u32; 2] {
+        // SAFETY: the caller's contract.
+        let g = unsafe { load4(self.h.add(2 * src)) };
+        if self.up != 0 {
+            // SAFETY: as above.
+            let u = unsafe { load4(self.h.add(2 * (src + self.up))) };
+            [word(self.act, g[0], Some(u[0]), self.bf16), word(self.act, g[1], Some(u[1]), self.bf16)]
+        } else {
+            [word(self.act, g[0], None, self.bf16), word(self.act, g[1], None, self.bf16)]
+        }
+    }
+
+    /// `W` (2 or 8) output words from value `src` on, each chunk computed by name rather than in
+    /// a loop (a loop over the activation's large body stays rolled and puts the words in local
+    /// memory).
+    ///
+    /// # Safety
+    /// As [`Self::chunk`], for `2W` values.
+    #[inline(always)]
+    unsafe fn words<const W: usize>(&self, src: usize) -> [u32; W] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if W == 2 {
+                let c = self.chunk(src);
+                core::array::from_fn(|i| c[i])
+            } else {
+                let (a, b) = (self.chunk(src), self.chunk(src + 4));
+                let (c, d) = (self.chunk(src + 8), self.chunk(src + 12));
+                let all = [a[0], a[1], b[0], b[1], c[0], c[1], d[0], d[1]];
+                core::array::from_fn(|i| all[i])
+            }
+        }
+    }
+}
+
+/// Stores `W` words at `p`, `4W`-byte aligned.
+///
+/// # Safety
+/// `4W` writable bytes at `p`, so aligned.
+#[inline(always)]
+unsafe fn store_words<const W: usize>(p: *mut u8, z: [u32; W]) {
+    let mut i = 0;
+    while i < W {
+        // SAFETY: the caller's contract.
+        unsafe { *(p as *mut u64).add(i / 2) = z[i] as u64 | (z[i + 1] as u64) << 32 };
+        i += 2;
+    }
+}
+
 /// See the module docs. Launch: [`THREADS`] threads per CTA, any number of CTAs (grid-strided
-/// over `activate_items(rows, I)` items).
+/// over `activate_items(rows, I, ACTIVATE_PARTS)` items).
 ///
 /// # Safety
 /// `p.h` holds `rows · n1` readable 16-bit values (`rows = p.sizes.token_rows()`, `n1 = 2I`
@@ -51,6 +117,28 @@ unsafe fn load4(p: *const u8) -> [u32; 2] {
 /// `Quantizer::activate_grouped_views` checks all of it before launching.
 #[crate::ptx::kernel]
 pub unsafe fn moe_activate(p: ActivateParams) {
+    // SAFETY: the caller's contract.
+    unsafe { activate::<ACTIVATE_PARTS, 2>(p) }
+}
+
+/// [`moe_activate`] with one thread per block of 16 outputs, for calls of many blocks
+/// (`activate_parts`). Launch: as [`moe_activate`] over `activate_items(rows, I, 1)` items.
+///
+/// # Safety
+/// As [`moe_activate`].
+#[crate::ptx::kernel]
+pub unsafe fn moe_activate_blocks(p: ActivateParams) {
+    // SAFETY: the caller's contract.
+    unsafe { activate::<1, 8>(p) }
+}
+
+/// [`moe_activate`] with `PARTS` threads per block of 16 outputs, `W` words (`2W` outputs) each.
+///
+/// # Safety
+/// As [`moe_activate`].
+#[inline(always)]
+unsafe fn activate<const PARTS: u32, const W: usize>(p: ActivateParams) {
+    const { assert!(PARTS * W as u32 * 2 == BLOCK && (W == 2 || W == 8)) };
     let inter = p.inter;
     let blocks = inter / BLOCK;
     if blocks == 0 || p.sizes.groups == 0 {
@@ -61,60 +149,62 @@ pub unsafe fn moe_activate(p: ActivateParams) {
     // it, before any lane leaves).
     // SAFETY: the sizes array is readable (the caller's contract).
     let end = unsafe { crate::moe::rows_end(&p.sizes) };
-    let items = if end < rows { end } else { rows } * blocks * ACTIVATE_PARTS;
-    let n1 = if p.gated != 0 { 2 * inter } else { inter };
+    let items = if end < rows { end } else { rows } * blocks * PARTS;
+    let gated = p.gated != 0;
+    let source = Source {
+        h: p.h as *const u8,
+        n1: if gated { 2 * inter } else { inter } as usize,
+        up: if gated { inter as usize } else { 0 },
+        act: Activation::from_code(p.activation),
+        bf16: p.bf16 != 0,
+    };
     let rk = rest_k(inter);
     let global = p.global_scale as f64;
-    let bf16 = p.bf16 != 0;
-    let act = Activation::from_code(p.activation);
+    let bf16 = source.bf16;
     // SAFETY: the sizes array is readable (the caller's contract).
     let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
     let lane = sreg::lane_id();
     let mut item = sreg::ctaid_x() * THREADS + sreg::tid_x();
     let stride = sreg::nctaid_x() * THREADS;
     // Whole warps run every round (the quantization's exchange takes all 32 lanes): a warp goes
-    // on while its first item is below the end; a block's 4 items are in 4 aligned lanes (the
+    // on while its first item is below the end; a block's items are in `PARTS` aligned lanes (the
     // stride is a multiple of 32).
     while item - lane < items {
-        let (q, part) = (item / ACTIVATE_PARTS, item % ACTIVATE_PARTS);
+        let (q, part) = (item / PARTS, item % PARTS);
         let (row, j) = (q / blocks, q % blocks);
         let located = if item < items { p.sizes.locate(row, load) } else { None };
-        // The part's 4 outputs start at column `16 j + 4 part` of the row.
-        let col = (BLOCK * j + 4 * part) as usize;
-        let z = match located {
+        // The part's `2W` outputs start at column `16 j + 2W part` of the row.
+        let col = (BLOCK * j + 2 * W as u32 * part) as usize;
+        let z: [u32; W] = match located {
             // SAFETY: row < rows: the gate (and up) values are in `h` (the caller's contract);
-            // 8-byte aligned (`col` and `n1` multiples of 4).
-            Some(_) => unsafe {
-                let src = row as usize * n1 as usize + col;
-                let g = load4((p.h as *const u8).add(2 * src));
-                if p.gated != 0 {
-                    let u = load4((p.h as *const u8).add(2 * (src + inter as usize)));
-                    [word(act, g[0], Some(u[0]), bf16), word(act, g[1], Some(u[1]), bf16)]
-                } else {
-                    [word(act, g[0], None, bf16), word(act, g[1], None, bf16)]
-                }
-            },
-            None => [0, 0],
+            // 8-byte aligned (`col` a multiple of 4, `n1` of 64, `h` 16-byte aligned).
+            Some(_) => unsafe { source.words(row as usize * source.n1 + col) },
+            None => [0; W],
         };
         let first = row as usize * inter as usize + col;
         if p.quantize != 0 {
-            let amax = crate::scan::lanes_max(block_part_amax(z) as u32, ACTIVATE_PARTS.trailing_zeros()) as u16;
+            let amax = crate::scan::lanes_max(block_part_amax(z) as u32, PARTS.trailing_zeros()) as u16;
             if let Some((group, scale_row)) = located {
-                // SAFETY: the outputs of row < rows (the caller's contract), the part's 2 bytes
-                // 2-byte aligned; `scale_row` is below the scale rows; `group_scales`, when set,
-                // holds an `f32` per group.
+                // SAFETY: the outputs of row < rows (the caller's contract), the part's `W`
+                // bytes `W`-byte aligned; `scale_row` is below the scale rows; `group_scales`,
+                // when set, holds an `f32` per group.
                 unsafe {
                     let global = row_global_scale(p.group_scales, group, global);
                     let (s, packed) = quantize_block_part(z, amax, bf16, global);
-                    *((p.out as *mut u8).add(first / 2) as *mut u16) = packed as u16;
+                    let at = (p.out as *mut u8).add(first / 2);
+                    if W == 8 {
+                        *(at as *mut u64) = packed;
+                    } else {
+                        *(at as *mut u16) = packed as u16;
+                    }
                     if part == 0 {
                         *(p.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
                     }
                 }
             }
         } else if located.is_some() {
-            // SAFETY: the row's 4 outputs in `out` (the caller's contract), 8-byte aligned.
-            unsafe { *((p.out as *mut u8).add(2 * first) as *mut u64) = z[0] as u64 | (z[1] as u64) << 32 };
+            // SAFETY: the row's `2W` outputs in `out` (the caller's contract), `4W`-byte aligned.
+            unsafe { store_words((p.out as *mut u8).add(2 * first), z) };
         }
         item += stride;
     }

@@ -47,7 +47,7 @@ use nvfp4_gemm_abi::moe::block::activated;
 use nvfp4_gemm_abi::moe_block::{combine_items, combine_launch, combine_sum, route_launch, NOT_LOCAL};
 use nvfp4_gemm_abi::quantize::{half_to_f64, launch as convert_launch};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
-use nvfp4_gemm_kernel::activate::moe_activate;
+use nvfp4_gemm_kernel::activate::{moe_activate, moe_activate_blocks};
 use nvfp4_gemm_kernel::moe_block::{moe_combine, moe_route};
 use nvfp4_gemm_kernel::quantize_grouped::nvfp4_quantize_grouped;
 use nvfp4_gemm_model_tests::*;
@@ -704,7 +704,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
     kernels.extend(run_gemm(&format!("{what}: first GEMM"), c, p1, &gemm1, &groups1));
 
     // Activation (+ requantization).
-    let (params, items) = activate_params(
+    let (params, items, parts) = activate_params(
         p2,
         kernel_activation(c.options.activation),
         c.gated(),
@@ -712,10 +712,15 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         hb.view(rows * n1),
         offsets.view(e + 1),
         z.out(p2, s2.global_scale()),
+        usize::MAX,
     )
     .unwrap_or_else(|err| panic!("{what}: {err}"));
     let geometry = convert_launch(items, sms * CTAS_PER_SM);
-    kernels.push(launch_kernel(&what, "moe_activate", c, geometry, moe_activate, params));
+    kernels.push(if parts == 1 {
+        launch_kernel(&what, "moe_activate_blocks", c, geometry, moe_activate_blocks, params)
+    } else {
+        launch_kernel(&what, "moe_activate", c, geometry, moe_activate, params)
+    });
 
     // The first GEMM again with the activation in its epilogue (interleaved W13): its `z` must
     // be the activation kernel's, byte for byte, poison included.

@@ -15,11 +15,14 @@ use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::{MoeProblem, OutputType, TokenLayout};
 use nvfp4_gemm_abi::quantize::launch;
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
-use nvfp4_gemm_kernel::activate::moe_activate;
+use nvfp4_gemm_kernel::activate::{moe_activate, moe_activate_blocks};
 use nvfp4_gemm_kernel::quantize_grouped::nvfp4_quantize_grouped;
 use nvfp4_gemm_model_tests::*;
 
-use nvfp4_gemm_abi::moe::block::{activated, gelu_argument, Activation, GELU_REL_ERROR, SILU_REL_ERROR, TINY};
+use nvfp4_gemm_abi::moe::block::{
+    activate_items, activate_parts, activated, gelu_argument, Activation, ACTIVATE_PARTS, GELU_REL_ERROR,
+    SILU_REL_ERROR, TINY,
+};
 use nvfp4_gemm_abi::quantize::half_to_f64;
 
 fn contract(a: Activation) -> Act64 {
@@ -404,7 +407,8 @@ fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: O
     };
     let h_buf = DeviceBuf::from_bytes(&as_bytes(&h));
     let sizes = DeviceBuf::from_bytes(&l.sizes.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
-    for max_ctas in GRIDS {
+    // The kernel the host picks for these rows, and the other one on the same parameters.
+    for (max_ctas, whole_blocks) in GRIDS.iter().flat_map(|&g| [(g, false), (g, true)]) {
         let a = l.problem.a_sizes();
         let (out, scales) = match global {
             Some(_) => (poisoned(a.values), poisoned(a.scales)),
@@ -414,13 +418,31 @@ fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: O
             Some(g) => g.output(out.view(a.values), scales.view(a.scales), group_scales.as_ref()),
             None => BlockOutput::Dense(out.view(rows * inter)),
         };
-        let (params, items) =
-            activate_params(&l.problem, act, gated, bf16, h_buf.view(rows * n1), sizes.view(l.sizes.len()), output)
-                .expect("valid arguments");
-        let geometry = launch(items, max_ctas);
-        let what = format!("{act:?} gated={gated} bf16={bf16} {:?} ({} CTAs)", global, geometry.grid);
-        // SAFETY: the library's checks passed for these buffers, which outlive the launch.
-        run_model(&what, geometry, || unsafe { moe_activate(params) });
+        let (params, _, parts) = activate_params(
+            &l.problem,
+            act,
+            gated,
+            bf16,
+            h_buf.view(rows * n1),
+            sizes.view(l.sizes.len()),
+            output,
+            rows,
+        )
+        .expect("valid arguments");
+        assert_eq!(parts, activate_parts(rows as u32, inter as u32, global.is_some()));
+        let parts = if whole_blocks { 1 } else { ACTIVATE_PARTS };
+        let geometry = launch(activate_items(rows as u32, inter as u32, parts), max_ctas);
+        let what =
+            format!("{act:?} gated={gated} bf16={bf16} {:?} ({} CTAs, {parts} per block)", global, geometry.grid);
+        // SAFETY: the library's checks passed for these buffers, which outlive the launch; both
+        // kernels take the same parameters.
+        run_model(&what, geometry, || unsafe {
+            if whole_blocks {
+                moe_activate_blocks(params)
+            } else {
+                moe_activate(params)
+            }
+        });
         check(&what, l, want, global, bf16, &out, &scales);
         assert_eq!(h_buf.bytes(), as_bytes(&h).as_slice(), "{what}: h was written");
     }

@@ -272,14 +272,41 @@ pub const fn epilogue_source_row(r: u32, inter: u32, gated: bool) -> u32 {
     }
 }
 
-/// Threads sharing one block of 16 outputs in `moe_activate` (each computes 4 of them, the
-/// quantization exchanges their largest magnitudes).
+/// Threads sharing one block of 16 outputs in `moe_activate`, the kernel of calls with few blocks
+/// (each computes 4 of them, the quantization exchanges their largest magnitudes): a call's few
+/// rows at small T spread over 4× the threads with a quarter of the dependent work each.
+/// `moe_activate_blocks` gives a block one thread.
 pub const ACTIVATE_PARTS: u32 = 4;
 
-/// Work items of `moe_activate`: every token row's blocks of 16 outputs, [`ACTIVATE_PARTS`]
-/// items each.
-pub const fn activate_items(rows: u32, inter: u32) -> u64 {
-    rows as u64 * (inter / crate::quantize::BLOCK) as u64 * ACTIVATE_PARTS as u64
+/// Routed blocks of 16 outputs from which a W4A4 call (the kernel quantizes) runs
+/// `moe_activate_blocks` (one thread per block) instead of `moe_activate`: one thread then
+/// computes a block's scale and rounding thresholds once instead of in each of
+/// [`ACTIVATE_PARTS`] threads, which pays once the call has enough blocks to keep the GPU busy
+/// without splitting them. On an H100 (`ncu`, per launch): 24.6k blocks (Qwen3, T = 64) 11.1 µs
+/// with 4 parts against 22.5 with 1; 115k (Mixtral, T = 64) 26.0 against 23.7.
+pub const ACTIVATE_WHOLE_BLOCKS_W4A4: u64 = 132 * 512;
+
+/// The same for W4A16 (no quantization: only the item's bookkeeping is shared): 197k blocks
+/// (Qwen3, T = 512) 28.7 µs with 4 parts against 33.1 with 1; 917k (Mixtral, T = 512) 104.8
+/// against 101.7.
+pub const ACTIVATE_WHOLE_BLOCKS_W4A16: u64 = 132 * 4096;
+
+/// Threads per block of 16 outputs for `rows` rows of `inter` outputs, quantized (W4A4) or not:
+/// 1 (`moe_activate_blocks`) from [`ACTIVATE_WHOLE_BLOCKS_W4A4`] or
+/// [`ACTIVATE_WHOLE_BLOCKS_W4A16`] blocks on, else [`ACTIVATE_PARTS`] (`moe_activate`).
+pub const fn activate_parts(rows: u32, inter: u32, quantize: bool) -> u32 {
+    let from = if quantize { ACTIVATE_WHOLE_BLOCKS_W4A4 } else { ACTIVATE_WHOLE_BLOCKS_W4A16 };
+    if rows as u64 * (inter / crate::quantize::BLOCK) as u64 >= from {
+        1
+    } else {
+        ACTIVATE_PARTS
+    }
+}
+
+/// Work items of the activation kernel of `parts` threads per block: every token row's blocks of
+/// 16 outputs, `parts` items each.
+pub const fn activate_items(rows: u32, inter: u32, parts: u32) -> u64 {
+    rows as u64 * (inter / crate::quantize::BLOCK) as u64 * parts as u64
 }
 
 /// The activated value of one output, exactly as `moe_activate` stores it before the final
@@ -306,7 +333,13 @@ mod tests {
         assert_eq!(core::mem::offset_of!(ActivateParams, global_scale), 68);
         assert_eq!(core::mem::offset_of!(ActivateParams, group_scales), 72);
         assert_eq!(core::mem::offset_of!(Gather, group_scales), 24);
-        assert_eq!(activate_items(3, 128), 96);
+        assert_eq!(activate_items(3, 128, 4), 96);
+        assert_eq!(activate_items(3, 128, 1), 24);
+        // Mixtral's intermediate (896 blocks a row): W4A4 4 parts up to 75 rows, then 1; W4A16
+        // up to 603.
+        assert_eq!((activate_parts(75, 14336, true), activate_parts(76, 14336, true)), (4, 1));
+        assert_eq!((activate_parts(603, 14336, false), activate_parts(604, 14336, false)), (4, 1));
+        assert_eq!(activate_parts(0, 14336, true), 4);
         assert_eq!(core::mem::offset_of!(ActivationEpilogue, global_scale), 24);
         for a in Activation::ALL {
             assert_eq!(Activation::from_code(a as u32), a);

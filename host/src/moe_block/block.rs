@@ -634,7 +634,7 @@ impl ExpertBlock {
             let z_out = self.z.out(&p2, &mut call, s2);
             // SAFETY: as above.
             unsafe {
-                self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out)?;
+                self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out, slots)?;
             }
         }
         run_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o))?;

@@ -22,7 +22,7 @@ use crate::quantize::Quantizer;
 use crate::MoeProblem;
 use cudarc::driver::CudaStream;
 pub use nvfp4_gemm_abi::moe::block::Activation;
-use nvfp4_gemm_abi::moe::block::{activate_items, ActivateParams, Gather};
+use nvfp4_gemm_abi::moe::block::{activate_items, activate_parts, ActivateParams, Gather, ACTIVATE_PARTS};
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
 
@@ -191,8 +191,12 @@ pub fn gather_params(
 }
 
 /// Checks an activation's arguments (those of [`Quantizer::activate_grouped_views`]; `p`: the
-/// second GEMM's problem, `K = I`) and returns the kernel parameters and work items the call
-/// launches with. Pure, as [`gather_params`].
+/// second GEMM's problem, `K = I`) and returns the kernel parameters, the work items the call
+/// launches with and the threads per block of 16 outputs, which name the kernel
+/// ([`activate_parts`] of the rows at most `routed` of the problem's token rows hold: 1
+/// `moe_activate_blocks`, else `moe_activate`; both take the same parameters and give the same
+/// outputs). Pure, as [`gather_params`].
+#[allow(clippy::too_many_arguments)]
 pub fn activate_params(
     p: &MoeProblem,
     activation: Activation,
@@ -201,10 +205,11 @@ pub fn activate_params(
     h: BufferView,
     sizes: BufferView,
     out: BlockOutput,
-) -> Result<(ActivateParams, u64)> {
+    routed: usize,
+) -> Result<(ActivateParams, u64, u32)> {
     let (rows, inter) = (p.token_rows(), p.k());
     let n1 = if gated { 2 * inter } else { inter };
-    let items = activate_items(rows as u32, inter as u32);
+    let items = activate_items(rows as u32, inter as u32, ACTIVATE_PARTS);
     if items >= qabi::MAX_ITEMS {
         return Err(invalid(ACTIVATE, "h", format!("{rows} x {inter} is too large (at most 2^33 values per call)")));
     }
@@ -215,6 +220,8 @@ pub fn activate_params(
         check_output(ACTIVATE, p, out)?;
     spans.extend(out_spans);
     overlap::check(ACTIVATE, &mut spans, name_of(out))?;
+    let parts = activate_parts(routed.min(rows) as u32, inter as u32, quantize);
+    let items = activate_items(rows as u32, inter as u32, parts);
     let params = ActivateParams {
         h: h.ptr,
         out: values,
@@ -228,7 +235,7 @@ pub fn activate_params(
         global_scale,
         group_scales,
     };
-    Ok((params, items))
+    Ok((params, items, parts))
 }
 
 impl Quantizer {
@@ -261,7 +268,9 @@ impl Quantizer {
     /// `problem` is the second GEMM's (`K = I`, a multiple of 64; its token layout and sizes),
     /// `h` the first GEMM's output (`[token_rows, 2I]` when `gated`, else `[token_rows, I]`, of
     /// f16, or bf16 when `bf16`), written to `out` as the second GEMM's token operand. Rows of
-    /// no group are neither read nor written.
+    /// no group are neither read nor written. `routed`: at most this many rows are in groups
+    /// (the block's `T · top_k`; `usize::MAX` when unknown): it picks the kernel only
+    /// ([`activate_params`]).
     ///
     /// Errors as for [`Quantizer::quantize_grouped_gather_views`].
     ///
@@ -278,10 +287,11 @@ impl Quantizer {
         h: BufferView,
         sizes: BufferView,
         out: BlockOutput,
+        routed: usize,
     ) -> Result<()> {
-        let (params, items) = activate_params(problem, activation, gated, bf16, h, sizes, out)?;
+        let (params, items, parts) = activate_params(problem, activation, gated, bf16, h, sizes, out, routed)?;
         // SAFETY: validated; the caller's contract for the memory.
-        unsafe { self.launch_activate(stream, items, &params) }
+        unsafe { self.launch_activate(stream, items, parts == 1, &params) }
     }
 }
 
@@ -424,13 +434,33 @@ mod tests {
         let p = MoeProblem::new(2, 256, 128, TokenLayout::Masked { max_rows: 10 }, OutputType::F16).unwrap();
         let a = p.a_sizes();
         let (h, sizes) = (view(0x10_0000, 20 * 256), view(0x20_0000, 2));
+        let silu = |out| activate_params(&p, Activation::Silu, true, false, h, sizes, out, usize::MAX);
         let nvfp4 = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(2.0),
         };
-        let (params, items) = activate_params(&p, Activation::GeluTanh, true, true, h, sizes, nvfp4).unwrap();
-        assert_eq!(items, 20 * 8 * 4, "20 rows of 8 blocks, 4 parts each");
+        let (params, items, parts) =
+            activate_params(&p, Activation::GeluTanh, true, true, h, sizes, nvfp4, usize::MAX).unwrap();
+        assert_eq!((items, parts), (20 * 8 * 4, 4), "20 rows of 8 blocks, 4 parts each");
+        // 100 rows of 1024 blocks: one thread per block, unless at most 10 rows are routed.
+        let big =
+            MoeProblem::new(2, 32768, 16384, TokenLayout::Contiguous { max_tokens: 100 }, OutputType::F16).unwrap();
+        let ab = big.a_sizes();
+        let out = |s| BlockOutput::Nvfp4 {
+            values: view(0x100_0000, ab.values),
+            scales: view(0x200_0000, ab.scales),
+            global_scale: GlobalScale::Tensor(s),
+        };
+        let call = |routed| {
+            let (hb, sb) = (view(0x1000_0000, 100 * 32768), view(0x20_0000, 3));
+            let (_, items, parts) =
+                activate_params(&big, Activation::Silu, true, false, hb, sb, out(1.0), routed).unwrap();
+            (items, parts)
+        };
+        assert_eq!(call(usize::MAX), (100 * 1024, 1));
+        assert_eq!(call(1000), (100 * 1024, 1));
+        assert_eq!(call(10), (100 * 1024 * 4, 4));
         assert_eq!(
             params,
             ActivateParams {
@@ -449,63 +479,55 @@ mod tests {
         );
         let dense = BlockOutput::Dense(view(0x50_0000, 20 * 128));
         let h1 = view(0x10_0000, 20 * 128);
-        let (params, _) = activate_params(&p, Activation::Relu2, false, false, h1, sizes, dense).unwrap();
+        let (params, _, _) =
+            activate_params(&p, Activation::Relu2, false, false, h1, sizes, dense, usize::MAX).unwrap();
         assert_eq!((params.out, params.scales, params.quantize, params.gated), (0x50_0000, 0, 0, 0));
 
-        assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h1, sizes, dense)), "h");
+        assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h1, sizes, dense, usize::MAX)), "h");
         assert_eq!(
-            field(activate_params(&p, Activation::Silu, false, false, view(0x10_0004, 20 * 128), sizes, dense)),
+            field(activate_params(
+                &p,
+                Activation::Silu,
+                false,
+                false,
+                view(0x10_0004, 20 * 128),
+                sizes,
+                dense,
+                usize::MAX
+            )),
             "h"
         );
-        assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h, view(0x20_0000, 3), dense)), "sizes");
+        assert_eq!(
+            field(activate_params(&p, Activation::Silu, true, false, h, view(0x20_0000, 3), dense, usize::MAX)),
+            "sizes"
+        );
         let bad = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(0.0),
         };
-        assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h, sizes, bad)), "global_scale");
+        assert_eq!(field(silu(bad)), "global_scale");
         let short = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales + 1),
             global_scale: GlobalScale::Tensor(1.0),
         };
-        assert_eq!(field(activate_params(&p, Activation::Silu, true, false, h, sizes, short)), "scales");
-        assert_eq!(
-            overlap(activate_params(
-                &p,
-                Activation::Silu,
-                true,
-                false,
-                h,
-                sizes,
-                BlockOutput::Dense(view(0x10_0000 + 20 * 256 * 2 - 16, 20 * 128))
-            )),
-            ("output", "h")
-        );
+        assert_eq!(field(silu(short)), "scales");
+        assert_eq!(overlap(silu(BlockOutput::Dense(view(0x10_0000 + 20 * 256 * 2 - 16, 20 * 128)))), ("output", "h"));
         let on_sizes = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x20_0000, a.scales),
             global_scale: GlobalScale::Tensor(1.0),
         };
-        assert_eq!(
-            overlap(activate_params(&p, Activation::Silu, true, false, h, sizes, on_sizes)),
-            ("scales", "sizes")
-        );
+        assert_eq!(overlap(silu(on_sizes)), ("scales", "sizes"));
         let per_group = |scales: BufferView| BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::PerGroup(scales),
         };
-        let (params, _) =
-            activate_params(&p, Activation::Silu, true, false, h, sizes, per_group(view(0x60_0000, 2))).unwrap();
+        let (params, _, _) = silu(per_group(view(0x60_0000, 2))).unwrap();
         assert_eq!((params.group_scales, params.global_scale), (0x60_0000, 1.0));
-        assert_eq!(
-            field(activate_params(&p, Activation::Silu, true, false, h, sizes, per_group(view(0x60_0000, 3)))),
-            "global_scale"
-        );
-        assert_eq!(
-            overlap(activate_params(&p, Activation::Silu, true, false, h, sizes, per_group(view(0x40_0000, 2)))),
-            ("scales", "global_scale")
-        );
+        assert_eq!(field(silu(per_group(view(0x60_0000, 3)))), "global_scale");
+        assert_eq!(overlap(silu(per_group(view(0x40_0000, 2)))), ("scales", "global_scale"));
     }
 }

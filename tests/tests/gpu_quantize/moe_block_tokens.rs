@@ -3,7 +3,7 @@
 //! permuted tokens with and without the router weight, every activation gated and not, f16 and
 //! bf16, W4A4 (the CPU quantizer of the CPU rows, one global scale or one per group) and W4A16
 //! (the rows), a contiguous layout with an empty group, a one-row group and rows of no group, and
-//! a masked one. Outputs are poisoned first; bytes of no group's rows must still be poison.
+//! a masked one; the activation also on enough rows for its one-thread-per-block kernel. Outputs are poisoned first; bytes of no group's rows must still be poison.
 
 use super::{cpu_quantize, GUARD_BYTE};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -13,6 +13,7 @@ use nvfp4_gemm::moe_block::{BlockOutput, GatherInputs, GlobalScale, KernelActiva
 use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::quantize::Quantizer;
 use nvfp4_gemm::{MoeProblem, OutputType, TokenLayout};
+use nvfp4_gemm_abi::moe::block::activate_parts;
 use nvfp4_gemm_abi::quantize::half_to_f64;
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 use nvfp4_gemm_tests::require_any_gpu;
@@ -229,13 +230,26 @@ fn gpu_moe_activate_matches_cpu() {
     let mut b = Buffers { stream: stream.clone(), held: vec![] };
     let mut rng = SplitMix64::new(0xAC7);
     let mut failures = vec![];
-    for (p, sizes) in layouts(192) {
+    // Few blocks of 16 outputs (`moe_activate`), then many (`moe_activate_blocks` under W4A4:
+    // 1,100 rows of 256 blocks), the latter in half the W4A4 combinations.
+    let mut cases: Vec<_> = layouts(192).into_iter().map(|l| (l, false)).collect();
+    let many = MoeProblem::new(4, 64, 4096, TokenLayout::Contiguous { max_tokens: 1100 }, OutputType::Bf16).unwrap();
+    cases.push(((many, vec![5, 5, 400, 401, 1090]), true));
+    for ((p, sizes), whole_blocks) in cases {
         let (groups, _) = p.group_rows(&sizes).unwrap();
         let (rows, inter) = (p.token_rows(), p.k());
         for act in [Activation::Silu, Activation::GeluTanh, Activation::Relu2] {
             for gated in [true, false] {
                 for bf16 in [false, true] {
+                    if whole_blocks && gated == bf16 {
+                        continue;
+                    }
                     for g in [Some(vec![0.05f32]), Some(per_group(0.05, p.groups())), None] {
+                        let parts = activate_parts(rows as u32, inter as u32, g.is_some());
+                        if whole_blocks && parts != 1 {
+                            continue;
+                        }
+                        assert_eq!(parts == 1, whole_blocks, "{rows} rows of {inter}: {parts} threads per block");
                         let g = g.as_deref();
                         let n1 = if gated { 2 * inter } else { inter };
                         let h = halves(&mut rng, rows * n1, 3.0, bf16);
@@ -252,8 +266,10 @@ fn gpu_moe_activate_matches_cpu() {
                         let sv = b.put(&bytes32(&sizes, u32::to_le_bytes), sizes.len()).0;
                         let (out, idx) = outputs(&mut b, &p, g);
                         // SAFETY: every view is a live device buffer of its length.
-                        unsafe { q.activate_grouped_views(&stream, &p, act, gated, bf16, hv, sv, out) }.unwrap();
-                        let what = format!("{:?} {act:?} gated={gated} bf16={bf16} global={g:?}", p.layout());
+                        unsafe { q.activate_grouped_views(&stream, &p, act, gated, bf16, hv, sv, out, usize::MAX) }
+                            .unwrap();
+                        let what =
+                            format!("{:?} {act:?} gated={gated} bf16={bf16} global={g:?} parts={parts}", p.layout());
                         let line = compare(&b, idx, &expected(&p, &groups, &want, g, bf16), &what);
                         println!("CASE {what}: {}", line.as_deref().unwrap_or("ok"));
                         failures.extend(line);
