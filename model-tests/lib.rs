@@ -1159,7 +1159,21 @@ pub fn run_sm90_moe_on(
     options: &MoeOptions,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
+    run_sm90_moe_routed(problem, buffers, sm_count, options, None, run)
+}
+
+/// [`run_sm90_moe_on`] with the plan told that at most `routed` rows are routed
+/// (`Sm90DeviceLayout::set_routed_rows`, as `MoePlan::set_routed_rows`).
+pub fn run_sm90_moe_routed(
+    problem: &MoeProblem,
+    buffers: &MoeBuffers,
+    sm_count: u32,
+    options: &MoeOptions,
+    routed: Option<usize>,
+    run: &ModelRun,
+) -> Result<Sm90MoeRun, Failure> {
+    let mut layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
+    layout.set_routed_rows(routed);
     run_sm90_device_sized(layout, buffers, run)
 }
 

@@ -226,6 +226,19 @@ impl MoePlan {
         }
     }
 
+    /// Tells the plan that the calls that follow route at most `rows` rows in all their groups
+    /// together (`None`, the default: no bound beyond the problem's), e.g. `T · top_k` of an MoE
+    /// layer's step. On sm_90a a plan that may run both GEMM kernels ([`MoeKernels::Auto`])
+    /// launches the decode kernel alone for at most 16 rows: the scheduler gives every such call
+    /// to it anyway, and the general kernel's launch would find no work. A call with more rows
+    /// than told is still computed (by the decode kernel), or flagged in the status word where
+    /// the decode kernel's list cannot hold it.
+    pub fn set_routed_rows(&mut self, rows: Option<usize>) {
+        if let DevicePlan::Sm90(e) = &mut self.plan {
+            e.layout.set_routed_rows(rows);
+        }
+    }
+
     /// The plan's status word on the device (`u32`, [`SizeStatus`] bits), e.g. to copy it inside
     /// a graph.
     pub fn status(&self) -> &CudaSlice<u32> {

@@ -574,7 +574,15 @@ fn launch_kernel<P: Copy + Sync>(
 
 /// Runs a device-sized GEMM of the chain in the model on `buffers` (validated as `MoePlan::run`
 /// validates them) and checks what its scheduler wrote for the device's `offsets`.
-fn run_gemm(what: &str, c: &Case, p: &MoeProblem, buffers: &MoeBuffers, groups: &[GroupRows]) -> Vec<String> {
+/// One GEMM of the chain; `slots` (T · top_k) bounds its routed rows, as the block tells its plans.
+fn run_gemm(
+    what: &str,
+    c: &Case,
+    p: &MoeProblem,
+    buffers: &MoeBuffers,
+    groups: &[GroupRows],
+    slots: usize,
+) -> Vec<String> {
     validate_moe_buffers(p, buffers).unwrap_or_else(|e| panic!("{what}: {e}"));
     let launched = match c.device {
         Device::Sm100 { residency, .. } => {
@@ -590,9 +598,13 @@ fn run_gemm(what: &str, c: &Case, p: &MoeProblem, buffers: &MoeBuffers, groups: 
         }
         Device::Sm90 { sms } => {
             let options = MoeOptions { tail64: c.tail64, ..MoeOptions::default() };
-            let (launched, outcome, _) =
-                run_sm90_moe_on(p, buffers, sms, &options, &c.run).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (launched, outcome, _) = run_sm90_moe_routed(p, buffers, sms, &options, Some(slots), &c.run)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(outcome.status, 0, "{what}: status word");
+            if slots <= 16 && p.activation_epilogue().is_none() {
+                let gemms: Vec<_> = launched.iter().map(|l| l.kernel).filter(|k| k.contains("gemm")).collect();
+                assert!(gemms.iter().all(|k| k.ends_with("_decode")), "{what}: {slots} rows launched {gemms:?}");
+            }
             launched
         }
     };
@@ -701,7 +713,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         c_type: p1.output(),
         activated: None,
     };
-    kernels.extend(run_gemm(&format!("{what}: first GEMM"), c, p1, &gemm1, &groups1));
+    kernels.extend(run_gemm(&format!("{what}: first GEMM"), c, p1, &gemm1, &groups1, tokens * top_k));
 
     // Activation (+ requantization).
     let (params, items, parts) = activate_params(
@@ -741,7 +753,14 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
                 global_scale: s2.global_scale(),
             }),
         };
-        kernels.extend(run_gemm(&format!("{what}: first GEMM, activation epilogue"), c, pf, &fused, &groups1));
+        kernels.extend(run_gemm(
+            &format!("{what}: first GEMM, activation epilogue"),
+            c,
+            pf,
+            &fused,
+            &groups1,
+            tokens * top_k,
+        ));
         let (Tokens::Nvfp4 { values: zv, scales: zsc }, Tokens::Nvfp4 { values: fv, scales: fs }) = (&z, &zf) else {
             unreachable!("W4A4")
         };
@@ -760,7 +779,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         c_type: p2.output(),
         activated: None,
     };
-    kernels.extend(run_gemm(&format!("{what}: second GEMM"), c, p2, &gemm2, &groups2));
+    kernels.extend(run_gemm(&format!("{what}: second GEMM"), c, p2, &gemm2, &groups2, tokens * top_k));
 
     // Combine (no launch for T = 0).
     let views = CombineViews {

@@ -622,6 +622,10 @@ impl ExpertBlock {
                 self.quantizer.quantize_grouped_gather_views(stream, &p1, bf16, &gather, a_out)?;
             }
         }
+        // At most `slots` rows are routed: at T · top_k ≤ 16 the GEMMs launch their decode
+        // kernel alone.
+        self.gemm1.set_routed_rows(Some(slots));
+        self.gemm2.set_routed_rows(Some(slots));
         if self.fused {
             let out = GemmOut::Activated { c: &mut self.h, z: &mut self.z, scales: &self.input_scales.1 };
             run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out)?;

@@ -82,6 +82,10 @@ pub struct Sm90DeviceLayout {
     /// activations `[token_rows, K]`, read through the token maps as they are: no dequantization
     /// launch, no workspace, the W4A16 twins of the GEMM kernels.
     pub activations: Option<Activations>,
+    /// The calls that follow route at most 16 rows in all ([`Self::set_routed_rows`]): a plan of
+    /// both kernels launches the decode kernel alone, which the scheduler would give every such
+    /// call anyway, and not the general kernel only to find no work.
+    pub decode_alone: bool,
 }
 
 fn to_u32(items: u64, what: &str) -> Result<u32> {
@@ -175,7 +179,25 @@ impl Sm90DeviceLayout {
                 max_dequant_ctas.min(sm_count.saturating_mul(sm90::DEQUANT_GRID_CTAS_PER_SM)),
             ),
             activations,
+            decode_alone: false,
         })
+    }
+
+    /// Tells the layout that the calls that follow have at most `rows` rows in all their groups
+    /// together (`None`: no bound beyond the problem's). At most 16 rows keep every group within
+    /// one decode tile, so a plan of both kernels launches the decode kernel alone (and its
+    /// scheduler with the decode kernel's choice); above that, both as planned.
+    pub fn set_routed_rows(&mut self, rows: Option<usize>) {
+        self.decode_alone = self.kernels == KERNELS_AUTO && rows.is_some_and(|r| r <= SMALL_TILE_M as usize);
+    }
+
+    /// The scheduler's kernel choice for the calls that follow.
+    fn call_kernels(&self) -> u32 {
+        if self.decode_alone {
+            KERNELS_DECODE
+        } else {
+            self.kernels
+        }
     }
 
     /// The GEMM kernel of configuration `config` (its W4A16 twin for W4A16).
@@ -237,7 +259,7 @@ impl Sm90DeviceLayout {
             workspace: self.token_base(buffers, at),
             work_len: [0, 1].map(|slot| if self.gemms[slot].is_some() { at.work_len[slot] } else { 0 }),
             ranks: at.ranks,
-            kernels: self.kernels,
+            kernels: self.call_kernels(),
             general: self.general,
             token_maps: self.token_maps(),
             lpt_grid: self.lpt_grid,
@@ -338,6 +360,9 @@ impl Layout for Sm90DeviceLayout {
         }
         let epilogue = self.epilogue_params(call);
         for (slot, gemm) in self.gemms.iter().enumerate() {
+            if self.decode_alone && slot == kernel_slot(false) {
+                continue;
+            }
             if let Some(gemm) = gemm {
                 let params = KernelParams {
                     epilogue,
@@ -591,6 +616,32 @@ mod tests {
         assert_eq!(kp(1).work_len_device, 0);
         let decode_only = layout(&p, MoeKernels::Decode, false).schedule_params(&buffers, &tables);
         assert_eq!((decode_only.work_len, decode_only.kernels), ([4, 0], KERNELS_DECODE));
+
+        // Calls of at most 16 routed rows: the decode kernel alone, its scheduler told so; the
+        // same lists' bounds. More rows, or no bound: both kernels again.
+        let mut bounded = l.clone();
+        let names =
+            |l: &Sm90DeviceLayout| launches(l, Some(&buffers), &tables).iter().map(|l| l.kernel).collect::<Vec<_>>();
+        for rows in [Some(0), Some(1), Some(16)] {
+            bounded.set_routed_rows(rows);
+            assert_eq!(
+                names(&bounded),
+                ["sm90_schedule", "sm90_dequant_tokens", "sm90_grouped_gemm_decode"],
+                "{rows:?}"
+            );
+            let b = bounded.schedule_params(&buffers, &tables);
+            assert_eq!(b, Sm90ScheduleParams { kernels: KERNELS_DECODE, ..s }, "{rows:?}");
+        }
+        for rows in [Some(17), None] {
+            bounded.set_routed_rows(rows);
+            assert_eq!(names(&bounded), names(&l), "{rows:?}");
+            assert_eq!(bounded.schedule_params(&buffers, &tables), s, "{rows:?}");
+        }
+        // A plan of one kernel keeps it.
+        let mut general = layout(&p, MoeKernels::General, false);
+        let before = names(&general);
+        general.set_routed_rows(Some(1));
+        assert_eq!((names(&general), general.decode_alone), (before, false));
 
         // W4A16: the same tiles and lists; the token maps and the scheduler's token base are the
         // activations, no workspace, no dequantization, the W4A16 twins started early.
