@@ -209,8 +209,9 @@ pub fn activate_params(
 ) -> Result<(ActivateParams, u64, u32)> {
     let (rows, inter) = (p.token_rows(), p.k());
     let n1 = if gated { 2 * inter } else { inter };
-    let items = activate_items(rows as u32, inter as u32, ACTIVATE_PARTS);
-    if items >= qabi::MAX_ITEMS {
+    // The four-thread kernel's count bounds both kernels'.
+    let most_items = activate_items(rows as u32, inter as u32, ACTIVATE_PARTS);
+    if most_items >= qabi::MAX_ITEMS {
         return Err(invalid(ACTIVATE, "h", format!("{rows} x {inter} is too large (at most 2^33 values per call)")));
     }
     check_view(ACTIVATE, "h", h, rows * n1, BUFFER_ALIGN)?;
