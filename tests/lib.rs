@@ -27,6 +27,7 @@
 pub mod cases;
 pub mod guarded;
 pub mod moe;
+pub mod ptx_text;
 mod run;
 pub mod w4a16;
 

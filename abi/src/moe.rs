@@ -50,6 +50,31 @@ pub mod block;
 pub mod schedule;
 pub mod sm90;
 
+/// The kernels of a device-sized chain that are not GEMMs or schedulers — the grouped quantizer
+/// (`nvfp4_quantize_grouped`), the block's routing (`moe_route`, `moe_route_count`,
+/// `moe_route_scan`, `moe_route_scatter`), activation (`moe_activate`, `moe_activate_blocks`)
+/// and combine (`moe_combine`) — execute `griddepcontrol.wait` before they touch global memory
+/// and `griddepcontrol.launch_dependents` right after, so each may be launched with programmatic
+/// stream serialization (programmatic dependent launch): scheduled while the kernel before it
+/// still runs, and letting the kernel after it be scheduled while it runs. The wait orders every
+/// access after the previous kernel's completion, so an early start changes no result. The host
+/// starts the quantizer and the routing early; the activation and the combine follow a GEMM and
+/// start once it has ended (the host's reasons are beside its launches).
+pub const STARTS_EARLY: bool = true;
+
+/// The kernels [`STARTS_EARLY`] covers, by entry name (the static PTX tests check that each
+/// waits before its first branch and its first memory access other than its parameters).
+pub const EARLY_KERNELS: [&str; 8] = [
+    "nvfp4_quantize_grouped",
+    "moe_route",
+    "moe_route_count",
+    "moe_route_scan",
+    "moe_route_scatter",
+    "moe_activate",
+    "moe_activate_blocks",
+    "moe_combine",
+];
+
 /// Group `g` owns rows `offsets[g] .. offsets[g + 1]` of one `[T, K]` token tensor.
 pub const LAYOUT_CONTIGUOUS: u32 = 0;
 /// Group `g` owns rows `g · M_max .. g · M_max + counts[g]` of a `[G, M_max, K]` token tensor.

@@ -64,6 +64,7 @@
 
 use crate::device::{Arch, Gpu};
 pub use crate::device_sizes::{MoeKernels, MoeOptions};
+use crate::driver::launch::Start;
 use crate::engine::{Alphas, Engine};
 use crate::error::{invalid, Error, Result};
 use crate::overlap::{self, Span};
@@ -78,6 +79,17 @@ pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
 use std::sync::Arc;
+
+/// How the grouped quantizer and the block's routing start: early, while the kernel before them
+/// runs (`nvfp4_gemm_abi::moe::STARTS_EARLY`: they wait for it before touching memory).
+pub(crate) const CHAIN_START: Start =
+    if nvfp4_gemm_abi::moe::STARTS_EARLY { Start::Early } else { Start::AfterPrevious };
+
+/// How the activation and the combine start: once the GEMM before them has ended. They would be
+/// correct launched early (they wait first), but a GEMM lets its dependents be scheduled at its
+/// start (`sm90::GEMM_RELEASES_AT_START`), and their grids, placed on the SMs while a large
+/// GEMM's last tiles still ran, made large calls slower than the plain launch does.
+pub(crate) const AFTER_GEMM_START: Start = Start::AfterPrevious;
 
 pub use crate::moe_problem::{
     interleave_w13_row, validate_moe_buffers, ActivatedOutput, ActivationEpilogue, GlobalScale, MoeBuffers, MoeProblem,

@@ -29,9 +29,10 @@
 //! ```
 
 use crate::device::Gpu;
-use crate::driver::launch::launch;
+use crate::driver::launch::{launch, launch_with};
 use crate::driver::module::Kernel;
 use crate::error::{invalid, Error, Result};
+use crate::moe::{AFTER_GEMM_START, CHAIN_START};
 use crate::overlap::{self, Span};
 use crate::plan::{Nvfp4Operand, TokenOperand};
 use crate::problem::Activations;
@@ -271,7 +272,7 @@ impl Quantizer {
         params: &nvfp4_gemm_abi::moe::GroupedConvertParams,
     ) -> Result<()> {
         // SAFETY: one `GroupedConvertParams` by value, as the kernel takes; the caller vouches.
-        unsafe { launch(&self.quantize_grouped, stream, abi::launch(items, self.max_ctas), params) }
+        unsafe { launch_with(&self.quantize_grouped, stream, abi::launch(items, self.max_ctas), CHAIN_START, params) }
     }
 
     /// Launches `moe_activate`, or `moe_activate_blocks` with `whole_blocks`, over `items` work
@@ -288,7 +289,7 @@ impl Quantizer {
     ) -> Result<()> {
         let f = if whole_blocks { &self.activate_blocks } else { &self.activate };
         // SAFETY: one `ActivateParams` by value, as both kernels take; the caller vouches.
-        unsafe { launch(f, stream, abi::launch(items, self.max_ctas), params) }
+        unsafe { launch_with(f, stream, abi::launch(items, self.max_ctas), AFTER_GEMM_START, params) }
     }
 
     /// # Safety

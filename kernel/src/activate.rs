@@ -139,6 +139,7 @@ pub unsafe fn moe_activate_blocks(p: ActivateParams) {
 #[inline(always)]
 unsafe fn activate<const PARTS: u32, const W: usize>(p: ActivateParams) {
     const { assert!(PARTS * W as u32 * 2 == BLOCK && (W == 2 || W == 8)) };
+    crate::moe::start_in_chain();
     let inter = p.inter;
     let blocks = inter / BLOCK;
     if blocks == 0 || p.sizes.groups == 0 {

@@ -1,7 +1,22 @@
 //! Device-resident group sizes (`nvfp4_gemm_abi::moe::DeviceSizes`) as the kernels that read
-//! them — both scheduling kernels and the grouped quantization — see them.
+//! them — both scheduling kernels and the grouped quantization — see them, and the start of the
+//! kernels launched early in a chain.
 
-use nvfp4_gemm_abi::moe::DeviceSizes;
+use crate::ptx::barrier;
+use nvfp4_gemm_abi::moe::{DeviceSizes, STARTS_EARLY};
+
+/// The start of a kernel the host launches early ([`STARTS_EARLY`]): waits until the kernel
+/// before it has completed and its writes are visible, then lets the kernel after it be
+/// scheduled. Every thread calls it before touching global memory; after a plain launch both
+/// return at once.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn start_in_chain() {
+    if STARTS_EARLY {
+        barrier::grid_dependency_wait();
+        barrier::grid_launch_dependents();
+    }
+}
 
 /// A reader of the sizes array: entry `i`, or 0 past its `sizes_len()` entries (the abi's
 /// `DeviceSizes::group` and `scale_row` take it as their `load`).

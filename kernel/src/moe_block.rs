@@ -126,6 +126,7 @@ unsafe fn counts_to_first_rows(p: &RouteParams, base: SmemAddr, tid: u32) {
 /// `BlockKernels::route` checks all of it.
 #[crate::ptx::kernel]
 pub unsafe fn moe_route(p: RouteParams) {
+    crate::moe::start_in_chain();
     // Outside the contract (the host refuses these): nothing to do, and no division by zero.
     if p.top_k == 0 || p.experts == 0 || p.experts > ROUTE_MAX_EXPERTS {
         return;
@@ -292,6 +293,7 @@ unsafe fn rank_slots(p: &RouteParams, lo: u32, hi: u32, base: SmemAddr, mut f: i
 /// buffer, `chunks · chunk_slots ≥ T · top_k`. The host's `BlockKernels::route` checks all of it.
 #[crate::ptx::kernel]
 pub unsafe fn moe_route_count(p: RouteParams) {
+    crate::moe::start_in_chain();
     let c = sreg::ctaid_x();
     if route_refused(&p) || c >= p.chunks {
         return;
@@ -327,6 +329,7 @@ pub unsafe fn moe_route_count(p: RouteParams) {
 /// As [`moe_route_count`], after it.
 #[crate::ptx::kernel]
 pub unsafe fn moe_route_scan(p: RouteParams) {
+    crate::moe::start_in_chain();
     if route_refused(&p) {
         return;
     }
@@ -380,6 +383,7 @@ pub unsafe fn moe_route_scan(p: RouteParams) {
 /// As [`moe_route_count`], after [`moe_route_scan`].
 #[crate::ptx::kernel]
 pub unsafe fn moe_route_scatter(p: RouteParams) {
+    crate::moe::start_in_chain();
     let c = sreg::ctaid_x();
     if route_refused(&p) || c >= p.chunks {
         return;
@@ -429,6 +433,7 @@ const COMBINE_CHUNK: usize = 4;
 /// `BlockKernels::combine` checks all of it.
 #[crate::ptx::kernel]
 pub unsafe fn moe_combine(p: CombineParams) {
+    crate::moe::start_in_chain();
     let vectors = p.hidden / COMBINE_VECTOR;
     let items = p.tokens as u64 * vectors as u64;
     if vectors == 0 || p.top_k == 0 {

@@ -113,6 +113,7 @@ unsafe fn load_block(dense: u64, k: u32, g: &Gather, row: u32, j: u32, bf16: boo
 /// launching.
 #[crate::ptx::kernel]
 pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
+    crate::moe::start_in_chain();
     let c = p.convert;
     let blocks = c.k / BLOCK;
     if blocks == 0 || p.sizes.groups == 0 {

@@ -148,3 +148,11 @@ fn abi_constants_appear_as_immediates() {
         assert!(body.contains(&format!("{}", k.config().tmem_allocated_columns())), "{}", k.kernel_name());
     }
 }
+
+#[test]
+fn early_kernels_wait_before_they_branch_or_touch_memory() {
+    const { assert!(nvfp4_gemm_abi::moe::STARTS_EARLY) };
+    for name in nvfp4_gemm_abi::moe::EARLY_KERNELS {
+        nvfp4_gemm_tests::ptx_text::waits_then_releases(PTX, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

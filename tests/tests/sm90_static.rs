@@ -5,6 +5,7 @@
 //! list.
 
 use nvfp4_gemm_abi::sm90::{GEMM_KERNELS, REGISTER_CAPS};
+use nvfp4_gemm_tests::ptx_text::{body, first_before_any_access};
 use std::collections::BTreeSet;
 
 const PTX: &str = include_str!("../../host/kernels/sm_90a.ptx");
@@ -30,5 +31,22 @@ fn every_capped_kernel_has_its_maxnreg() {
         let params_end = after.find("\n)\n").unwrap_or_else(|| panic!("{name}: no end of its parameters")) + 3;
         let directive = after[params_end..].lines().next().unwrap_or_default();
         assert_eq!(directive, format!(".maxnreg {cap}"), "{name}");
+    }
+}
+
+#[test]
+fn early_kernels_wait_before_they_branch_or_touch_memory() {
+    const { assert!(nvfp4_gemm_abi::moe::STARTS_EARLY) };
+    for name in nvfp4_gemm_abi::moe::EARLY_KERNELS {
+        nvfp4_gemm_tests::ptx_text::waits_then_releases(PTX, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn gemms_release_before_they_branch_or_touch_memory() {
+    const { assert!(nvfp4_gemm_abi::sm90::GEMM_RELEASES_AT_START) };
+    for k in GEMM_KERNELS.iter() {
+        first_before_any_access(&body(PTX, k.name), "griddepcontrol.launch_dependents;")
+            .unwrap_or_else(|e| panic!("{}: {e}", k.name));
     }
 }

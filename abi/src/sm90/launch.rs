@@ -13,6 +13,14 @@ use crate::launch::LaunchGeometry;
 /// programmatic stream serialization when a dequantization precedes it in the same call.
 pub const GEMM_STARTS_EARLY: bool = true;
 
+/// Every thread of the GEMM kernels executes `griddepcontrol.launch_dependents` at its start:
+/// a kernel launched early after a GEMM (programmatic stream serialization) is scheduled as soon
+/// as the GEMM's CTAs all run, and must wait (`griddepcontrol.wait`) before it touches what the
+/// GEMM writes. The host launches early after a GEMM only kernels that wait first (a following
+/// plan's scheduler) and the general GEMM after the decode one, which reads only its scheduler's
+/// tables and the weights before its wait. After a plain launch the instruction has no effect.
+pub const GEMM_RELEASES_AT_START: bool = true;
+
 /// The GEMM launch for `work_len` tiles on `sm_count` SMs: a persistent grid of at most
 /// [`GemmConfig::ctas_per_sm`] CTAs per SM (at least one CTA), the configuration's threads and
 /// shared memory.

@@ -16,9 +16,10 @@ use nvfp4_gemm_abi::moe_block::{
 };
 
 use crate::device::Gpu;
-use crate::driver::launch::launch;
+use crate::driver::launch::launch_with;
 use crate::driver::module::Kernel;
 use crate::error::{invalid, Result};
+use crate::moe::{AFTER_GEMM_START, CHAIN_START};
 use crate::overlap::{self, Span};
 use crate::problem::{BufferView, BUFFER_ALIGN};
 
@@ -333,14 +334,15 @@ impl BlockKernels {
     unsafe fn launch_route(&self, stream: &CudaStream, params: &RouteParams) -> Result<()> {
         // SAFETY: `route_params_on` checked the lengths, alignment and disjointness the kernels
         // rely on (their `# Safety`); the caller's contract for the memory. The three launches of
-        // the multi-CTA path run in stream order, each reading what the one before wrote.
+        // the multi-CTA path run in stream order, each reading what the one before wrote after
+        // its wait (`CHAIN_START`).
         unsafe {
             if params.chunks == 0 {
-                return launch(&self.route, stream, abi::route_launch(), params);
+                return launch_with(&self.route, stream, abi::route_launch(), CHAIN_START, params);
             }
-            launch(&self.route_count, stream, abi::route_chunk_launch(params.chunks), params)?;
-            launch(&self.route_scan, stream, abi::route_launch(), params)?;
-            launch(&self.route_scatter, stream, abi::route_chunk_launch(params.chunks), params)
+            launch_with(&self.route_count, stream, abi::route_chunk_launch(params.chunks), CHAIN_START, params)?;
+            launch_with(&self.route_scan, stream, abi::route_launch(), CHAIN_START, params)?;
+            launch_with(&self.route_scatter, stream, abi::route_chunk_launch(params.chunks), CHAIN_START, params)
         }
     }
 
@@ -360,7 +362,7 @@ impl BlockKernels {
         let Some(params) = combine_params(tokens, top_k, hidden, views)? else { return Ok(()) };
         let geometry = abi::combine_launch(abi::combine_items(params.tokens, params.hidden), self.max_ctas);
         // SAFETY: as in `route`.
-        unsafe { launch(&self.combine, stream, geometry, &params) }
+        unsafe { launch_with(&self.combine, stream, geometry, AFTER_GEMM_START, &params) }
     }
 }
 

@@ -247,6 +247,9 @@ gemm_entries! {
 #[inline(always)]
 unsafe fn run<V: Variant, const STAGES: u32>(p: &KernelParams) {
     const { assert!(V::CFG.stages == STAGES) };
+    if GEMM_RELEASES_AT_START {
+        barrier::grid_launch_dependents();
+    }
     if V::W4A16 && w4a16::GEMM_WAITS_FIRST {
         // No dequantization precedes a W4A16 GEMM: a device-sized plan launches it early, right
         // after its scheduler, so every thread waits before reading the scheduler's tables.
