@@ -183,7 +183,8 @@ struct Args {
     /// The MoePlan options each MoE row times (comma-separated; default `auto`), on
     /// sm_90a: `auto` (decode and general kernels, the scheduler picks per call),
     /// `decode` (the decode kernel only), `general` (the general kernel only), and
-    /// `auto-t64`, `general-t64` (the general kernel with 64-wide last tiles); the
+    /// `auto-t64`, `general-t64` (the general kernel with 64-wide last tiles),
+    /// `general-n192` (the general kernel alone, over 192-row weight spans); the
     /// first fills moe_us and graph_us, every one gets a line after the table
     #[arg(long = "moe-kernels", value_name = "LIST", value_parser = moe_kernels, verbatim_doc_comment)]
     moe_kernels: Option<MoeKernelList>,
@@ -299,7 +300,7 @@ fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
             let name = name.trim();
             moe_options(name)
                 .map(|opt| (name.to_owned(), opt))
-                .ok_or_else(|| format!("unknown `{name}` (auto, decode, general, auto-t64, general-t64)"))
+                .ok_or_else(|| format!("unknown `{name}` (auto, decode, general, auto-t64, general-t64, general-n192)"))
         })
         .collect::<Result<_, _>>()
         .map(MoeKernelList)
@@ -307,15 +308,16 @@ fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
 
 /// The `MoePlan` options of a `--moe-kernels` name.
 pub fn moe_options(name: &str) -> Option<MoeOptions> {
-    let (kernels, tail64) = match name {
-        "auto" => (MoeKernels::Auto, false),
-        "auto-t64" => (MoeKernels::Auto, true),
-        "decode" => (MoeKernels::Decode, false),
-        "general" => (MoeKernels::General, false),
-        "general-t64" => (MoeKernels::General, true),
+    let (kernels, tail64, spans192) = match name {
+        "auto" => (MoeKernels::Auto, false, false),
+        "auto-t64" => (MoeKernels::Auto, true, false),
+        "decode" => (MoeKernels::Decode, false, false),
+        "general" => (MoeKernels::General, false, false),
+        "general-t64" => (MoeKernels::General, true, false),
+        "general-n192" => (MoeKernels::General, false, true),
         _ => return None,
     };
-    Some(MoeOptions { kernels, tail64 })
+    Some(MoeOptions { kernels, tail64, spans192 })
 }
 
 fn at_least<const MIN: usize>(v: &str) -> Result<usize, String> {
@@ -877,11 +879,15 @@ mod tests {
         assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3, d0..d2)"));
         assert_eq!(moe_names(&run("--shapes none --moe-shapes d0,m1,d2")), ["d0", "m1", "d2"]);
         assert_eq!(run("--moe").moe_kernels, vec![("auto".to_owned(), MoeOptions::default())]);
+        assert_eq!(
+            super::moe_options("general-n192"),
+            Some(MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true })
+        );
         let o = run("--moe --moe-kernels auto,decode,general-t64");
         let names: Vec<&str> = o.moe_kernels.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["auto", "decode", "general-t64"]);
-        assert_eq!(o.moe_kernels[1].1, MoeOptions { kernels: MoeKernels::Decode, tail64: false });
-        assert_eq!(o.moe_kernels[2].1, MoeOptions { kernels: MoeKernels::General, tail64: true });
+        assert_eq!(o.moe_kernels[1].1, MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false });
+        assert_eq!(o.moe_kernels[2].1, MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false });
         assert!(err("--moe --moe-kernels auto,fast").contains("unknown `fast`"));
         assert!(err("--moe-shape e=1,t=1,n=8").contains("missing k"));
         assert!(err("--moe=1").contains("unexpected value '1' for '--moe'"));

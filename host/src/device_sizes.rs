@@ -34,6 +34,14 @@ pub struct MoeOptions {
     /// (`sm90_grouped_gemm_t64`: every other tile 128 wide), instead of 16-token tiles for
     /// groups of at most 16 tokens and 128-token tiles for the others (`sm90_grouped_gemm`).
     pub tail64: bool,
+    /// sm_90a: the general kernel is `sm90_grouped_gemm_n192` (its W4A16 twin for 16-bit
+    /// tokens): the 64/128 token tiles of `tail64` over weight spans of 192 rows (128 for the
+    /// first one or two, fixed from N: `nvfp4_gemm_abi::moe::sm90::weight_tile`), three consumer
+    /// warpgroups, 512 threads — the configuration host-sized plans pick for most prefill-sized
+    /// problems. Takes precedence over `tail64`. Needs `kernels: General` (the decode kernel
+    /// reads the same weight maps in 128-row boxes; bounds of at most 16 rows run the decode
+    /// kernel alone, as always) and no activation epilogue (the 128-row kernels hold it).
+    pub spans192: bool,
 }
 
 /// The scheduler parameters both architectures share, for these buffers and the plan's memory.

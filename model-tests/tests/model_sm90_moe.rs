@@ -5,14 +5,15 @@
 //! CPU reference, rows of no group untouched, the guards around C, the status bits — and that the
 //! scheduler built exactly what the host-sized planner builds for the same (clamped) sizes: the
 //! kernel (decode when no group has more than 16 rows), the work list item for item (the plain
-//! order, or the general kernel's LPT order with its holes), and each group's tile heights, box
-//! heights and dequantization CTAs. The same path runs on the H200 in `gpu_moe_sm90`.
+//! order, or the general kernel's LPT order with its holes; for `N192`, whose weight spans the
+//! device fixes from N where the host planner searches for them, the same items), and each
+//! group's tile heights, box heights and dequantization CTAs. The same path runs on the H200 in `gpu_moe_sm90`.
 
 use nvfp4_gemm::layout::Sm90Layout;
 use nvfp4_gemm::moe::{GroupRows, MoeKernels, MoeOptions, MoeProblem, TokenLayout};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm::{GroupShape, Problem};
-use nvfp4_gemm_abi::moe::sm90::{chosen_config, runs_decode, GroupTiles};
+use nvfp4_gemm_abi::moe::sm90::{chosen_config, runs_decode, weight_tile, weight_tiles, GroupTiles};
 use nvfp4_gemm_abi::moe::{STATUS_COUNT_OVER_BOUND, STATUS_OFFSETS_DECREASING, STATUS_ROWS_OVER_BOUND};
 use nvfp4_gemm_abi::sm90::{tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 use nvfp4_gemm_model_tests::*;
@@ -21,7 +22,7 @@ fn problem(groups: usize, n: usize, k: usize, layout: TokenLayout, out: OutputTy
     MoeProblem::new(groups, n, k, layout, out).unwrap()
 }
 
-const AUTO: MoeOptions = MoeOptions { kernels: MoeKernels::Auto, tail64: false };
+const AUTO: MoeOptions = MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false };
 
 /// What the host-sized planner builds for `rows` (the clamped sizes) with the kernel the device
 /// plan's scheduler must choose, on `sm_count` SMs: the configuration and the work list. A group
@@ -39,6 +40,22 @@ fn host_plan(
     let shapes: Vec<GroupShape> =
         rows.iter().map(|r| GroupShape::new(r.rows as usize, problem.n(), problem.k())).collect();
     let host = Problem::new(shapes, problem.output()).expect("the clamped groups form a host problem");
+    if config == GemmConfig::N192 {
+        // The device's spans are fixed from N (`weight_tile`) where the host planner searches
+        // for the split: the same items, compared as a set (`check_schedule`).
+        let n = problem.n() as u32;
+        let list = rows
+            .iter()
+            .enumerate()
+            .flat_map(|(g, r)| {
+                let mt = GroupTiles::new(config, r.rows).m_tiles;
+                (0..weight_tiles(config, n)).flat_map(move |j| {
+                    (0..mt).map(move |tile_m| WorkItem { group: g as u32, tile_m, tile_n: weight_tile(config, n, j) })
+                })
+            })
+            .collect();
+        return (config, list, Sm90Layout::with_config(&host, sm_count, config));
+    }
     match Sm90Layout::with_config(&host, sm_count, config) {
         Some(l) => (config, l.work.clone(), Some(l)),
         None => {
@@ -71,8 +88,19 @@ fn check_schedule(
     let slot = (config != GemmConfig::DECODE) as usize;
     assert!(layout.gemms[slot].is_some(), "{name}: the chosen kernel is launched");
     assert_eq!(outcome.work_lens[1 - slot], 0, "{name}: the other launch gets no work");
-    assert_eq!(outcome.work_lens[slot] as usize, expected.len(), "{name}: list length");
-    assert!(outcome.work == expected, "{name}: the device list differs from the host planner's ({config:?})");
+    if config == GemmConfig::N192 {
+        let sorted = |w: &[WorkItem]| {
+            let mut v: Vec<(u32, u32, u32)> =
+                w.iter().filter(|w| !w.is_hole()).map(|w| (w.group, w.tile_n, w.tile_m)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert!(outcome.work_lens[slot] as usize >= expected.len(), "{name}: list length");
+        assert!(sorted(&outcome.work) == sorted(&expected), "{name}: the device list's items differ ({config:?})");
+    } else {
+        assert_eq!(outcome.work_lens[slot] as usize, expected.len(), "{name}: list length");
+        assert!(outcome.work == expected, "{name}: the device list differs from the host planner's ({config:?})");
+    }
     let token_maps = layout.token_maps();
     for (g, (p, r)) in outcome.groups.iter().zip(rows).enumerate() {
         let block_m = config.tile_rows(r.rows);
@@ -134,8 +162,17 @@ fn model_sm90_moe_device_sizes_contiguous_general_balanced() {
 #[test]
 fn model_sm90_moe_device_sizes_contiguous_tail64() {
     let p = problem(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
-    let options = MoeOptions { kernels: MoeKernels::General, tail64: true };
+    let options = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false };
     assert_eq!(check("tail64", p, &[0, 3, 3, 140, 150], 2, 3, &options, &ModelRun::default()), GemmConfig::T64);
+}
+
+/// The general kernel over `N192` spans (`MoeOptions::spans192`): N = 320 is a 128-row span and
+/// a 192-row one, the groups' last tiles 64 wide where they fit, 3 SMs (the LPT order).
+#[test]
+fn model_sm90_moe_device_sizes_spans192() {
+    let p = problem(4, 320, 256, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
+    let options = MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true };
+    assert_eq!(check("spans192", p, &[0, 3, 3, 140, 150], 2, 3, &options, &ModelRun::default()), GemmConfig::N192);
 }
 
 /// A bound far above 16 tokens per group, sizes of at most 16: the decode kernel takes the call
@@ -152,7 +189,7 @@ fn model_sm90_moe_device_sizes_auto_picks_the_decode_kernel() {
 #[test]
 fn model_sm90_moe_device_sizes_decode_only_takes_larger_groups() {
     let p = problem(3, 40, 128, TokenLayout::Masked { max_rows: 48 }, Bf16);
-    let options = MoeOptions { kernels: MoeKernels::Decode, tail64: false };
+    let options = MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false };
     assert_eq!(check("decode only", p, &[40, 0, 17], 4, 2, &options, &ModelRun::default()), GemmConfig::DECODE);
 }
 
@@ -216,6 +253,7 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
         let options = MoeOptions {
             kernels: [MoeKernels::Auto, MoeKernels::Auto, MoeKernels::General, MoeKernels::Decode][case % 4],
             tail64: case % 5 == 1,
+            spans192: case % 4 == 2,
         };
         let sm_count = [132, 2, 16, 132, 7][case % 5];
         let (rows, status) = problem.group_rows(&sizes).unwrap();

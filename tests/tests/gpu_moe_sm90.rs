@@ -530,10 +530,11 @@ fn gpu_moe_kernel_options_match_cpu() {
     let stream = gpu.context().default_stream();
     let mut rng = SplitMix64::new(0x0B7);
     let options = [
-        MoeOptions { kernels: MoeKernels::Decode, tail64: false },
-        MoeOptions { kernels: MoeKernels::General, tail64: false },
-        MoeOptions { kernels: MoeKernels::General, tail64: true },
-        MoeOptions { kernels: MoeKernels::Auto, tail64: true },
+        MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true },
     ];
     let (g, n, k, t) = (16usize, 136usize, 576usize, 400usize);
     let contiguous = MoeProblem::new(g, n, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
@@ -558,7 +559,8 @@ fn gpu_moe_kernel_options_match_cpu() {
 
 /// One captured graph of a plan of the decode kernel alone replays routings of every size (the
 /// larger groups as several 16-token tiles), and one of the automatic choice with 64-wide tails
-/// switches between the decode and the general kernel from one replay to the next.
+/// switches between the decode and the general kernel from one replay to the next; one of the
+/// general kernel over `N192` spans likewise replays them.
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_options_graph_replays_routings() {
@@ -570,8 +572,9 @@ fn gpu_moe_options_graph_replays_routings() {
     let mut routings = contiguous_routings(&mut rng, g, t);
     routings.insert(1, ("at most 16 each".into(), offsets_of(&vec![16; g], 0)));
     for o in [
-        MoeOptions { kernels: MoeKernels::Decode, tail64: false },
-        MoeOptions { kernels: MoeKernels::Auto, tail64: true },
+        MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true },
     ] {
         replay_routings_with(&format!("{test} {o:?}"), &gpu, p.clone(), &routings, 0x6C2, &o);
     }

@@ -242,10 +242,11 @@ fn run_routings<A: Activation16>(
     });
 }
 
-const OPTIONS: [MoeOptions; 3] = [
-    MoeOptions { kernels: MoeKernels::Auto, tail64: false },
-    MoeOptions { kernels: MoeKernels::Decode, tail64: false },
-    MoeOptions { kernels: MoeKernels::General, tail64: true },
+const OPTIONS: [MoeOptions; 4] = [
+    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false },
+    MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
+    MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false },
+    MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true },
 ];
 
 #[test]

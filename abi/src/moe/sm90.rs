@@ -2,13 +2,13 @@
 //! picks one per call, and how it numbers each group's tiles — the host-sized planner's choices
 //! (`host/src/sm90`) for the same sizes, so that both paths run the same work (docs/moe.md §2).
 //!
-//! A plan launches the decode kernel (`GemmConfig::DECODE`), a general one (`GENERAL` or `T64`),
-//! or both ([`KERNELS_AUTO`]): then the scheduler gives the call to the decode kernel when every
-//! group has at most 16 rows — the host planner's rule — and to the general one otherwise, and
-//! writes a length of 0 for the other, which exits at once.
+//! A plan launches the decode kernel (`GemmConfig::DECODE`), a general one (`GENERAL`, `T64` or
+//! `N192`), or both ([`KERNELS_AUTO`]): then the scheduler gives the call to the decode kernel
+//! when every group has at most 16 rows — the host planner's rule — and to the general one
+//! otherwise, and writes a length of 0 for the other, which exits at once.
 
 use super::schedule::ScheduleCommon;
-use crate::sm90::{m_tiles, GemmConfig};
+use crate::sm90::{m_tiles, n_tiles, GemmConfig, RowSpan, BLOCK_N, WG_ROWS};
 
 /// Both kernels launched; the scheduler picks one per call: the decode kernel when every group
 /// has at most [`crate::sm90::SMALL_TILE_M`] rows, else the general one.
@@ -23,18 +23,72 @@ pub const KERNELS_GENERAL: u32 = 2;
 pub const FLAG_WIDE_GROUP: u32 = 1;
 
 /// The general kernels a device-sized plan may launch: [`GemmConfig::GENERAL`] (16-row tiles for
-/// groups of at most 16 rows, else 128) or [`GemmConfig::T64`] (128-row tiles, a group's last
-/// one 64 wide when its rows fit). `N192` is host-sized only: its weight spans are chosen per
-/// problem by the host.
-pub const GENERAL_CONFIGS: [GemmConfig; 2] = [GemmConfig::GENERAL, GemmConfig::T64];
+/// groups of at most 16 rows, else 128), [`GemmConfig::T64`] (128-row tiles, a group's last one
+/// 64 wide when its rows fit) or [`GemmConfig::N192`] (the `T64` token tiles over weight spans of
+/// up to 192 rows, fixed from N: [`weight_tile`]).
+pub const GENERAL_CONFIGS: [GemmConfig; 3] = [GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::N192];
 
 /// The general configuration of code `general` ([`GENERAL_CONFIGS`] index; `GENERAL` for any other).
 pub const fn general_config(general: u32) -> GemmConfig {
-    if general == 1 {
-        GENERAL_CONFIGS[1]
-    } else {
-        GENERAL_CONFIGS[0]
+    match general {
+        1 => GENERAL_CONFIGS[1],
+        2 => GENERAL_CONFIGS[2],
+        _ => GENERAL_CONFIGS[0],
     }
+}
+
+/// The 128-row spans that start N's split into `N192` spans in a device-sized plan: the fewest
+/// (0, 1 or 2) that leave a multiple of 3 blocks of 64 rows, so that every other span is 192 rows
+/// (`RowSpan::split(n, span_twos(n))` has no short last span when N is a multiple of 64 and at
+/// least 128; otherwise the split's own rule for what is left).
+pub const fn span_twos(n: u32) -> u32 {
+    let units = n.div_ceil(WG_ROWS);
+    let mut twos = 0;
+    while twos <= 2 {
+        if 2 * twos <= units && (units - 2 * twos) % 3 == 0 {
+            return twos;
+        }
+        twos += 1;
+    }
+    0
+}
+
+/// The weight tiles of each group under `cfg` with N = `n`: 128-row tiles, or for `N192` the
+/// spans of `RowSpan::split(n, span_twos(n))`.
+pub const fn weight_tiles(cfg: GemmConfig, n: u32) -> u32 {
+    if cfg.block_n == BLOCK_N {
+        n_tiles(n)
+    } else {
+        let (twos, threes, rest) = span_counts(n);
+        twos + threes + (rest > 0) as u32
+    }
+}
+
+/// The `tile_n` word of weight tile `j` (below [`weight_tiles`]) under `cfg`: the 128-row tile
+/// index, or for `N192` span `j` of `RowSpan::split(n, span_twos(n))`, encoded.
+pub const fn weight_tile(cfg: GemmConfig, n: u32, j: u32) -> u32 {
+    if cfg.block_n == BLOCK_N {
+        return j;
+    }
+    let (twos, threes, rest) = span_counts(n);
+    let span = if j < twos {
+        RowSpan { first: 2 * j, warpgroups: 2 }
+    } else if j < twos + threes {
+        RowSpan { first: 2 * twos + 3 * (j - twos), warpgroups: 3 }
+    } else {
+        RowSpan { first: 2 * twos + 3 * threes, warpgroups: rest }
+    };
+    span.encode()
+}
+
+/// `RowSpan::split(n, span_twos(n))` in numbers: its 128-row spans, 192-row spans and the blocks
+/// of 64 rows left for the last span.
+const fn span_counts(n: u32) -> (u32, u32, u32) {
+    let units = n.div_ceil(WG_ROWS);
+    let twos = span_twos(n);
+    let twos = if 2 * twos < units { twos } else { units / 2 };
+    let threes = (units - 2 * twos) / 3;
+    (twos, threes, units - 2 * twos - 3 * threes)
 }
 
 /// The token tiles of one group of `m` rows under a configuration: per weight tile, `m_tiles`
@@ -51,7 +105,7 @@ pub struct GroupTiles {
 }
 
 impl GroupTiles {
-    /// The tiles of a group of `m` rows under `cfg` (not `N192`): `cfg.tile_rows(m)` rows each,
+    /// The token tiles of a group of `m` rows under `cfg`: `cfg.tile_rows(m)` rows each,
     /// the last one narrow when [`GemmConfig::tile_width`] says so (every tile of a narrow group).
     pub const fn new(cfg: GemmConfig, m: u32) -> GroupTiles {
         let block_m = cfg.tile_rows(m);
@@ -147,8 +201,10 @@ const _: () = assert!(core::mem::size_of::<Sm90ScheduleParams>() == 152);
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
     use crate::sm90::SMALL_TILE_M;
+    use std::vec::Vec;
 
     #[test]
     fn tiles_of_a_group() {
@@ -177,6 +233,30 @@ mod tests {
     }
 
     #[test]
+    fn n192_spans_are_the_splits() {
+        for n in (8..=40_000).step_by(8) {
+            let twos = span_twos(n);
+            let split: Vec<u32> = RowSpan::split(n, twos).map(|s| s.encode()).collect();
+            let tiles = weight_tiles(GemmConfig::N192, n);
+            let ours: Vec<u32> = (0..tiles).map(|j| weight_tile(GemmConfig::N192, n, j)).collect();
+            assert_eq!(ours, split, "n = {n}");
+            // Every row of N in exactly one span, and no short last span once N allows it.
+            let rows: u32 = split.iter().map(|&t| RowSpan::decode(t).warpgroups * WG_ROWS).sum();
+            assert_eq!(rows, n.div_ceil(WG_ROWS) * WG_ROWS, "n = {n}");
+            if n % WG_ROWS == 0 && n >= 2 * WG_ROWS {
+                assert!(split.iter().all(|&t| RowSpan::decode(t).warpgroups >= 2), "n = {n}: {split:?}");
+                assert!(twos <= 2);
+            }
+            assert_eq!(weight_tiles(GemmConfig::T64, n), n.div_ceil(BLOCK_N));
+            assert_eq!(weight_tile(GemmConfig::GENERAL, n, 5), 5);
+        }
+        // DeepSeek's and Mixtral's N: 2 spans of 128 rows, then 192.
+        assert_eq!((span_twos(7168), weight_tiles(GemmConfig::N192, 7168)), (2, 38));
+        assert_eq!((span_twos(4096), weight_tiles(GemmConfig::N192, 4096)), (2, 22));
+        assert_eq!((span_twos(28672), weight_tiles(GemmConfig::N192, 28672)), (2, 150));
+    }
+
+    #[test]
     fn kernel_choice() {
         assert!(runs_decode(KERNELS_AUTO, false) && !runs_decode(KERNELS_AUTO, true));
         assert!(runs_decode(KERNELS_DECODE, true) && !runs_decode(KERNELS_GENERAL, false));
@@ -184,7 +264,8 @@ mod tests {
         assert_eq!(chosen_config(false, 1), GemmConfig::T64);
         assert_eq!(chosen_config(false, 0), GemmConfig::GENERAL);
         // A call the decode kernel takes in AUTO has the same tiles under the general config.
-        for general in 0..2 {
+        assert_eq!(chosen_config(false, 2), GemmConfig::N192);
+        for general in 0..GENERAL_CONFIGS.len() as u32 {
             for m in 0..=SMALL_TILE_M {
                 assert_eq!(
                     GroupTiles::new(general_config(general), m).m_tiles,

@@ -31,7 +31,7 @@ use crate::moe_problem::{GlobalScale, MoeBuffers, MoeProblem};
 use nvfp4_gemm_abi::moe::block::ActivationEpilogue as ActivationEpilogueParams;
 use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, LPT_MAX_CTAS};
 use nvfp4_gemm_abi::moe::sm90::{
-    general_config, kernel_slot, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
+    general_config, kernel_slot, weight_tiles, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm90::w4a16::Activations;
@@ -93,13 +93,22 @@ fn to_u32(items: u64, what: &str) -> Result<u32> {
 }
 
 impl Sm90DeviceLayout {
+    /// The configuration whose weight boxes the maps hold: the general one when the plan launches
+    /// it alone (`N192`'s 192-row boxes), else 128-row boxes, which the decode kernel and the
+    /// 128-row general kernels share.
+    pub fn weight_box(&self) -> GemmConfig {
+        match self.gemms {
+            [None, Some(g)] => g.config,
+            _ => GemmConfig::DECODE,
+        }
+    }
+
     /// The layout of `problem`'s bounds on a device with `sm_count` SMs (W4A16 for a problem of
     /// 16-bit activations: the same tiles and work list, the tokens the call's activations).
     pub fn new(problem: &MoeProblem, sm_count: u32, options: &MoeOptions) -> Result<Sm90DeviceLayout> {
         let activations = problem.tokens().activations();
         let sizes = problem.device_sizes(0);
         let (g, n, k) = (sizes.groups as u64, problem.n() as u32, problem.k() as u32);
-        let weight_tiles = sm90::n_tiles(n) as u64;
         // The most rows any group can have within the bounds (`M_max`, or all `T` tokens): when
         // that fits a 16-token tile the decode kernel serves every routing.
         problem.check_epilogue()?;
@@ -116,7 +125,23 @@ impl Sm90DeviceLayout {
                 MoeKernels::General => KERNELS_GENERAL,
             }
         };
-        let general = options.tail64 as u32;
+        let general = if options.spans192 {
+            if problem.activation_epilogue().is_some() {
+                return Err(Error::InvalidProblem(
+                    "MoeOptions::spans192: the activation epilogue runs in the 128-row general kernels only".into(),
+                ));
+            }
+            if kernels == KERNELS_AUTO {
+                return Err(Error::InvalidProblem(
+                    "MoeOptions::spans192 needs MoeKernels::General: the decode kernel reads the same weight maps, \
+                     in 128-row boxes"
+                        .into(),
+                ));
+            }
+            2
+        } else {
+            options.tail64 as u32
+        };
         let decode = match kernels {
             KERNELS_GENERAL => None,
             // The decode kernel takes a call of the automatic choice only when every group has
@@ -127,7 +152,7 @@ impl Sm90DeviceLayout {
         let decode = match decode {
             None => None,
             Some(tiles) => {
-                let max_items = to_u32(tiles * weight_tiles, "decode tiles")?;
+                let max_items = to_u32(tiles * weight_tiles(GemmConfig::DECODE, n) as u64, "decode tiles")?;
                 let launch = sm90::gemm_launch(GemmConfig::DECODE, max_items, sm_count);
                 Some(Sm90DeviceGemm { config: GemmConfig::DECODE, max_items, max_list: max_items, launch })
             }
@@ -137,7 +162,7 @@ impl Sm90DeviceLayout {
         let costs = [stage_cost(config, config.block_m, wgs), stage_cost(config, config.narrow, wgs)];
         let (mut lpt_grid, mut general_gemm) = (0, None);
         if kernels != KERNELS_DECODE {
-            let max_items = to_u32(abi::max_m_tiles(&sizes) * weight_tiles, "output tiles")?;
+            let max_items = to_u32(abi::max_m_tiles(&sizes) * weight_tiles(config, n) as u64, "output tiles")?;
             // Host-sized plans balance over the grid `gemm_launch` gives their items: this one for
             // any list longer than it.
             let grid = sm90::gemm_launch(config, max_items, sm_count).grid;
@@ -294,7 +319,8 @@ impl Layout for Sm90DeviceLayout {
     fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, at: &Tables, maps: &mut [TensorMap]) -> Result<()> {
         let (rows, n, k) = (self.problem.token_rows() as u32, self.problem.n() as u32, self.problem.k() as u32);
         for g in 0..self.sizes.groups {
-            maps[sm90::weight_map_index(g)] = encoder.encode(&sm90::weight_map(n, k), PLACEHOLDER_BASE)?;
+            maps[sm90::weight_map_index(g)] =
+                encoder.encode(&sm90::weight_map_for(self.weight_box(), n, k), PLACEHOLDER_BASE)?;
         }
         // W4A4's tokens are in the plan's workspace; W4A16's in the call's activations.
         let tokens = if self.activations.is_none() { at.workspace } else { PLACEHOLDER_BASE };
@@ -426,7 +452,7 @@ mod tests {
     use nvfp4_gemm_abi::sm90::KernelParams;
 
     fn layout(problem: &MoeProblem, kernels: MoeKernels, tail64: bool) -> Sm90DeviceLayout {
-        Sm90DeviceLayout::new(problem, 132, &MoeOptions { kernels, tail64 }).unwrap()
+        Sm90DeviceLayout::new(problem, 132, &MoeOptions { kernels, tail64, spans192: false }).unwrap()
     }
 
     /// The dequantization bound holds for every split of the tokens (exhaustive on small cases).
@@ -506,6 +532,36 @@ mod tests {
         let l = layout(&p, MoeKernels::General, false);
         assert_eq!((l.gemms[1].unwrap().max_items, l.gemms[1].unwrap().max_list), (12, 12));
         assert_eq!(l.gemms[1].unwrap().launch.grid, 12);
+    }
+
+    /// `spans192`: the general kernel is `N192` over N's fixed spans (7168 rows: two of 128, 36 of
+    /// 192), its maps in 192-row boxes; refused beside the decode kernel (which reads the same
+    /// maps) and with the activation epilogue.
+    #[test]
+    fn spans192_runs_n192_over_fixed_spans() {
+        use nvfp4_gemm_abi::moe::block::Activation;
+        let p = MoeProblem::new(8, 7168, 2048, TokenLayout::Contiguous { max_tokens: 1000 }, OutputType::Bf16).unwrap();
+        let options = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: true };
+        let l = Sm90DeviceLayout::new(&p, 132, &options).unwrap();
+        let general = l.gemms[1].unwrap();
+        assert!(l.gemms[0].is_none());
+        assert_eq!((general_config(l.general), general.config), (GemmConfig::N192, GemmConfig::N192));
+        assert_eq!(general.max_items as u64, abi::max_m_tiles(&l.sizes) * 38);
+        assert_eq!((general.launch.block, l.token_heights), (512, 128));
+        assert_eq!((l.weight_box().block_n, layout(&p, MoeKernels::General, true).weight_box().block_n), (192, 128));
+        let auto = MoeOptions { kernels: MoeKernels::Auto, ..options };
+        let err = Sm90DeviceLayout::new(&p, 132, &auto).unwrap_err();
+        assert!(err.to_string().contains("needs MoeKernels::General"), "{err}");
+        // Bounds the decode kernel holds alone: no general kernel, nothing to refuse.
+        let small =
+            MoeProblem::new(8, 7168, 2048, TokenLayout::Contiguous { max_tokens: 16 }, OutputType::Bf16).unwrap();
+        assert_eq!(Sm90DeviceLayout::new(&small, 132, &auto).unwrap().kernels, KERNELS_DECODE);
+        let wgs = GemmConfig::N192.consumer_warpgroups();
+        assert_eq!(l.costs, [stage_cost(GemmConfig::N192, 128, wgs), stage_cost(GemmConfig::N192, 64, wgs)]);
+        assert!(l.describe().0.contains("sm90_grouped_gemm_n192"), "{}", l.describe().0);
+        let fused = p.with_activation_epilogue(Activation::Silu, true).unwrap();
+        let err = Sm90DeviceLayout::new(&fused, 132, &options).unwrap_err();
+        assert!(err.to_string().contains("spans192"), "{err}");
     }
 
     /// An activation-epilogue problem runs the general kernel alone (also for bounds a decode

@@ -5,8 +5,10 @@
 //! - The kernel: the plan launches the decode kernel, its general kernel, or both; with both,
 //!   the decode kernel takes the call when no group has more than 16 rows (the host planner's
 //!   rule), the other one gets a length of 0.
-//! - Counted per group: its items of each class under the call's configuration (full-width
-//!   tiles, then narrow ones; `GroupTiles`) and its dequantization CTAs.
+//! - Counted per group: its token tiles of each class (full-width tiles, then narrow ones;
+//!   `GroupTiles`), times the weight tiles of the call's configuration once the totals say
+//!   which (128-row tiles, or `N192`'s spans, `weight_tile`) for its items, and its
+//!   dequantization CTAs.
 //! - Table fields: `m`, the A/C/workspace addresses, the dequantization CTAs, `block_m`,
 //!   `tail_rows` and both token maps — the host's values, the maps being the plan's workspace
 //!   maps of those box heights (`token_maps + h − 1`), so every tile loads exactly the rows a
@@ -25,10 +27,11 @@ use nvfp4_gemm_abi::moe::schedule::{
     lpt_picks, smem as layout, ScheduleCommon, StepLoads, LPT_MAX_CTAS, SCHEDULE_THREADS, SUMS,
 };
 use nvfp4_gemm_abi::moe::sm90::{
-    chosen_config, kernel_slot, runs_decode, GroupTiles, Sm90ScheduleParams, FLAG_WIDE_GROUP, KERNELS_DECODE,
+    chosen_config, kernel_slot, runs_decode, weight_tile, weight_tiles, GroupTiles, Sm90ScheduleParams,
+    FLAG_WIDE_GROUP, KERNELS_DECODE,
 };
 use nvfp4_gemm_abi::moe::{GroupRows, STATUS_WORK_OVERFLOW};
-use nvfp4_gemm_abi::sm90::{dequant_ctas, n_tiles, tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
+use nvfp4_gemm_abi::sm90::{dequant_ctas, tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 
 /// Most LPT CTAs one scheduling thread handles (`b = tid, tid + SCHEDULE_THREADS, ...`).
 const CTAS_PER_THREAD: usize = (LPT_MAX_CTAS / SCHEDULE_THREADS) as usize;
@@ -36,7 +39,6 @@ const CTAS_PER_THREAD: usize = (LPT_MAX_CTAS / SCHEDULE_THREADS) as usize;
 /// The sm_90a tile policy.
 struct Sm90 {
     p: Sm90ScheduleParams,
-    weight_tiles: u32,
 }
 
 /// A call's plan.
@@ -64,6 +66,11 @@ impl Sm90 {
     fn counted_config(&self) -> GemmConfig {
         chosen_config(self.p.kernels == KERNELS_DECODE, self.p.general)
     }
+
+    /// Each group's weight tiles under `cfg` (every group has the plan's N).
+    fn weight_tiles(&self, cfg: GemmConfig) -> u32 {
+        weight_tiles(cfg, self.p.common.n)
+    }
 }
 
 impl TilePolicy for Sm90 {
@@ -73,28 +80,27 @@ impl TilePolicy for Sm90 {
         &self.p.common
     }
 
+    /// Token tiles per weight tile of each class: the call's configuration, and with it the
+    /// weight tiles per group (`N192`'s spans against 128-row tiles), is known only from the
+    /// totals, and every group has the same weight tiles, so `plan` and `group` scale by them.
     fn count(&self, r: &GroupRows) -> ([u32; SUMS], u32) {
         let t = GroupTiles::new(self.counted_config(), r.rows);
         let ctas = dequant_ctas(r.rows, self.p.common.k);
         let flags = if r.rows > SMALL_TILE_M { FLAG_WIDE_GROUP } else { 0 };
-        ([t.items(0, self.weight_tiles), t.items(1, self.weight_tiles), ctas], flags)
+        ([t.items(0, 1), t.items(1, 1), ctas], flags)
     }
 
     fn plan(&self, totals: [u32; SUMS], flags: u32) -> Plan {
         let decode = runs_decode(self.p.kernels, flags & FLAG_WIDE_GROUP != 0);
         let slot = kernel_slot(decode);
+        let cfg = chosen_config(decode, self.p.general);
+        let wt = self.weight_tiles(cfg);
+        let totals = [totals[0] * wt, totals[1] * wt];
         let items = totals[0] + totals[1];
         let max = self.p.max_items[slot];
         let overflow = items > max;
         let lpt = !decode && !overflow && self.p.lpt_grid > 0 && items > self.p.lpt_grid;
-        Plan {
-            decode,
-            cfg: chosen_config(decode, self.p.general),
-            items: [totals[0], totals[1]],
-            len: if overflow { max } else { items },
-            lpt,
-            overflow,
-        }
+        Plan { decode, cfg, items: totals, len: if overflow { max } else { items }, lpt, overflow }
     }
 
     unsafe fn group(&self, plan: &Plan, g: u32, r: &GroupRows, first: [u32; SUMS]) -> [u32; 2] {
@@ -119,7 +125,8 @@ impl TilePolicy for Sm90 {
             (*e).token_map = p.token_maps + block_m - 1;
             (*e).tail_token_map = p.token_maps + tail_rows - 1;
         }
-        [first[0], first[1]]
+        let wt = self.weight_tiles(plan.cfg);
+        [first[0] * wt, first[1] * wt]
     }
 
     unsafe fn arrange(&self, plan: &mut Plan, sm: SmemAddr, tid: u32) {
@@ -200,7 +207,8 @@ impl TilePolicy for Sm90 {
         let r = p.common.sizes.group(g, unsafe { crate::moe::sizes_reader(&p.common.sizes) });
         let t = GroupTiles::new(plan.cfg, r.rows);
         let mt = if t.m_tiles == 0 { 1 } else { t.m_tiles };
-        let count = self.weight_tiles * t.m_tiles;
+        let weight_tiles = self.weight_tiles(plan.cfg);
+        let count = weight_tiles * t.m_tiles;
         let (ranks, work) = (p.ranks as *const u32, p.common.work as *mut WorkItem);
         let mut l = lane;
         while l < count {
@@ -214,6 +222,7 @@ impl TilePolicy for Sm90 {
                 words[0] + words[1] + l
             };
             if at < plan.len {
+                let tile_n = weight_tile(plan.cfg, p.common.n, tile_n);
                 // SAFETY: `at < len ≤ max_list[slot]` indexes the list.
                 unsafe { *work.add(at as usize) = WorkItem { group: g, tile_m, tile_n } };
             }
@@ -247,7 +256,6 @@ impl TilePolicy for Sm90 {
 /// are those the plan validated the buffers against.
 #[crate::ptx::kernel]
 pub unsafe fn sm90_schedule(p: Sm90ScheduleParams) {
-    let weight_tiles = n_tiles(p.common.n);
     // SAFETY: the caller's contract.
-    unsafe { schedule(&Sm90 { p, weight_tiles }) }
+    unsafe { schedule(&Sm90 { p }) }
 }
