@@ -181,11 +181,12 @@ struct Args {
     #[arg(long = "moe-shape", value_name = "SPEC", value_parser = moe_shape)]
     moe_extra: Vec<MoeShape>,
     /// The MoePlan options each MoE row times (comma-separated; default `auto`), on
-    /// sm_90a: `auto` (decode and general kernels, the scheduler picks per call),
-    /// `decode` (the decode kernel only), `general` (the general kernel only), and
-    /// `auto-t64`, `general-t64` (the general kernel with 64-wide last tiles),
-    /// `general-n192` (the general kernel alone, over 192-row weight spans); the
-    /// first fills moe_us and graph_us, every one gets a line after the table
+    /// sm_90a: `auto` (the default options: the decode kernel and the general one over
+    /// 192-row weight spans, the scheduler picks per call), `auto-128` (the same with the
+    /// 128-row general kernel), `decode` (the decode kernel only), `general` (the 128-row
+    /// general kernel only), `auto-t64`, `general-t64` (the 128-row general kernel with
+    /// 64-wide last tiles), `general-n192` (the 192-row-span kernel only); the first fills
+    /// moe_us and graph_us, every one gets a line after the table
     #[arg(long = "moe-kernels", value_name = "LIST", value_parser = moe_kernels, verbatim_doc_comment)]
     moe_kernels: Option<MoeKernelList>,
     /// The PyTorch baseline of the MoE rows: `auto` (run torch_moe.py beside this
@@ -298,9 +299,9 @@ fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
     v.split(',')
         .map(|name| {
             let name = name.trim();
-            moe_options(name)
-                .map(|opt| (name.to_owned(), opt))
-                .ok_or_else(|| format!("unknown `{name}` (auto, decode, general, auto-t64, general-t64, general-n192)"))
+            moe_options(name).map(|opt| (name.to_owned(), opt)).ok_or_else(|| {
+                format!("unknown `{name}` (auto, decode, general, auto-128, auto-t64, general-t64, general-n192)")
+            })
         })
         .collect::<Result<_, _>>()
         .map(MoeKernelList)
@@ -309,7 +310,8 @@ fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
 /// The `MoePlan` options of a `--moe-kernels` name.
 pub fn moe_options(name: &str) -> Option<MoeOptions> {
     let (kernels, tail64, spans192) = match name {
-        "auto" => (MoeKernels::Auto, false, false),
+        "auto" => (MoeKernels::Auto, false, true),
+        "auto-128" => (MoeKernels::Auto, false, false),
         "auto-t64" => (MoeKernels::Auto, true, false),
         "decode" => (MoeKernels::Decode, false, false),
         "general" => (MoeKernels::General, false, false),

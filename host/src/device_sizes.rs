@@ -25,8 +25,9 @@ pub enum MoeKernels {
     General,
 }
 
-/// Options of a device-sized plan ([`crate::moe::MoePlan::with_options`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// Options of a device-sized plan ([`crate::moe::MoePlan::with_options`]). The default: both
+/// sm_90a kernels, the general one over 192-row weight spans (`spans192`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MoeOptions {
     /// sm_90a: which GEMM kernels the plan launches.
     pub kernels: MoeKernels,
@@ -38,10 +39,17 @@ pub struct MoeOptions {
     /// tokens): the 64/128 token tiles of `tail64` over weight spans of 192 rows (128 for the
     /// first one or two, fixed from N: `nvfp4_gemm_abi::moe::sm90::weight_tile`), three consumer
     /// warpgroups, 512 threads — the configuration host-sized plans pick for most prefill-sized
-    /// problems. Takes precedence over `tail64`. Needs `kernels: General` (the decode kernel
-    /// reads the same weight maps in 128-row boxes; bounds of at most 16 rows run the decode
-    /// kernel alone, as always) and no activation epilogue (the 128-row kernels hold it).
+    /// problems. Takes precedence over `tail64`. Beside the decode kernel (`kernels: Auto`) the
+    /// plan keeps two weight maps per group (192- and 128-row boxes). A problem with the
+    /// activation epilogue runs the 128-row general kernel whatever this says (the epilogue is in
+    /// those kernels only). Default: on.
     pub spans192: bool,
+}
+
+impl Default for MoeOptions {
+    fn default() -> Self {
+        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true }
+    }
 }
 
 /// The scheduler parameters both architectures share, for these buffers and the plan's memory.

@@ -597,7 +597,7 @@ fn run_gemm(
             launched
         }
         Device::Sm90 { sms } => {
-            let options = MoeOptions { tail64: c.tail64, ..MoeOptions::default() };
+            let options = MoeOptions { tail64: c.tail64, spans192: !c.tail64, ..MoeOptions::default() };
             let (launched, outcome, _) = run_sm90_moe_routed(p, buffers, sms, &options, Some(slots), &c.run)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(outcome.status, 0, "{what}: status word");

@@ -101,7 +101,7 @@ fn check_schedule(
         assert_eq!(outcome.work_lens[slot] as usize, expected.len(), "{name}: list length");
         assert!(outcome.work == expected, "{name}: the device list differs from the host planner's ({config:?})");
     }
-    let token_maps = layout.token_maps();
+    let token_maps = layout.token_maps(slot);
     for (g, (p, r)) in outcome.groups.iter().zip(rows).enumerate() {
         let block_m = config.tile_rows(r.rows);
         let tail = tail_box_rows(r.rows, block_m);
@@ -167,12 +167,18 @@ fn model_sm90_moe_device_sizes_contiguous_tail64() {
 }
 
 /// The general kernel over `N192` spans (`MoeOptions::spans192`): N = 320 is a 128-row span and
-/// a 192-row one, the groups' last tiles 64 wide where they fit, 3 SMs (the LPT order).
+/// a 192-row one, the groups' last tiles 64 wide where they fit, 3 SMs (the LPT order); alone,
+/// and beside the decode kernel (the table with both weight maps per group, each launch from its
+/// own base), where groups of at most 16 rows go to the decode kernel.
 #[test]
 fn model_sm90_moe_device_sizes_spans192() {
-    let p = problem(4, 320, 256, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
-    let options = MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true };
-    assert_eq!(check("spans192", p, &[0, 3, 3, 140, 150], 2, 3, &options, &ModelRun::default()), GemmConfig::N192);
+    let p = || problem(4, 320, 256, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
+    let general = MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true };
+    let auto = MoeOptions { kernels: MoeKernels::Auto, ..general };
+    let run = ModelRun::default();
+    assert_eq!(check("spans192", p(), &[0, 3, 3, 140, 150], 2, 3, &general, &run), GemmConfig::N192);
+    assert_eq!(check("spans192 auto", p(), &[0, 3, 3, 140, 150], 4, 3, &auto, &run), GemmConfig::N192);
+    assert_eq!(check("spans192 auto, small groups", p(), &[0, 5, 5, 21, 37], 5, 3, &auto, &run), GemmConfig::DECODE);
 }
 
 /// A bound far above 16 tokens per group, sizes of at most 16: the decode kernel takes the call
@@ -253,7 +259,7 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
         let options = MoeOptions {
             kernels: [MoeKernels::Auto, MoeKernels::Auto, MoeKernels::General, MoeKernels::Decode][case % 4],
             tail64: case % 5 == 1,
-            spans192: case % 4 == 2,
+            spans192: case % 4 == 2 || case % 12 == 1,
         };
         let sm_count = [132, 2, 16, 132, 7][case % 5];
         let (rows, status) = problem.group_rows(&sizes).unwrap();

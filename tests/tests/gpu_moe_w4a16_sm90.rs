@@ -242,11 +242,12 @@ fn run_routings<A: Activation16>(
     });
 }
 
-const OPTIONS: [MoeOptions; 4] = [
+const OPTIONS: [MoeOptions; 5] = [
     MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false },
     MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
     MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false },
     MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true },
+    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true },
 ];
 
 #[test]

@@ -184,9 +184,11 @@ pub struct Sm90ScheduleParams {
     pub kernels: u32,
     /// The general configuration's [`GENERAL_CONFIGS`] index.
     pub general: u32,
-    /// Index of the workspace map with 1-row boxes; the map with `h`-row boxes is at
-    /// `token_maps + h − 1` (every height up to the launched kernels' `block_m`).
-    pub token_maps: u32,
+    /// Per kernel, the index (in that launch's map table) of the workspace map with 1-row boxes;
+    /// the map with `h`-row boxes is at `token_maps + h − 1` (every height up to the launched
+    /// kernels' `block_m`). The two differ when the kernels read the table from different bases
+    /// (a plan pairing the decode kernel with `N192`, whose weight maps differ).
+    pub token_maps: [u32; 2],
     /// CTAs the general list is balanced over (its launch's grid), or 0 for the plain order.
     pub lpt_grid: u32,
     /// Most items each kernel's list can hold (beyond it: truncated, `STATUS_WORK_OVERFLOW`).
@@ -195,9 +197,11 @@ pub struct Sm90ScheduleParams {
     pub max_list: [u32; 2],
     /// The general configuration's class costs per stage, `[wide, narrow]`.
     pub costs: [u32; 2],
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<Sm90ScheduleParams>() == 152);
+const _: () = assert!(core::mem::size_of::<Sm90ScheduleParams>() == 160);
 
 #[cfg(test)]
 mod tests {

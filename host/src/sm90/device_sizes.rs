@@ -15,7 +15,12 @@
 //!
 //! Tensor maps: `[2g + 1]` group `g`'s weights (as in host-sized plans; `[2g]` unused), then maps
 //! over the whole f16 workspace `[token_rows, K]` with boxes of every height `h` from 1 to the
-//! launched kernels' tallest tile, at `[2G + h − 1]`. A group's token tiles start at its first row
+//! launched kernels' tallest tile, at `[2G + h − 1]`. A plan pairing the decode kernel with
+//! `N192` has one map more in front and two weight maps per group (`map_shift`): `N192`'s
+//! (192-row boxes) at `[2g + 1]`, the decode kernel's (128-row boxes) at `[2g + 2]`, which its
+//! launch, reading the table from one map further, sees as `[2g + 1]`; the token maps follow at
+//! `[2G + h]`, and the scheduler writes each group's map indices for the base of the kernel
+//! that takes the call. A group's token tiles start at its first row
 //! in those maps (`GroupParams::token_row`), and its full tiles and last tile take the maps of the
 //! heights a host-sized plan's own maps have (`block_m`, `tail_rows`), so every tile loads the
 //! same rows as there.
@@ -36,7 +41,7 @@ use nvfp4_gemm_abi::moe::sm90::{
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm90::w4a16::Activations;
 use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
-use nvfp4_gemm_abi::tensor_map::TensorMap;
+use nvfp4_gemm_abi::tensor_map::{TensorMap, TENSOR_MAP_BYTES};
 use nvfp4_gemm_abi::work::KernelParams;
 
 /// One GEMM launch of a device-sized sm_90a plan.
@@ -93,13 +98,24 @@ fn to_u32(items: u64, what: &str) -> Result<u32> {
 }
 
 impl Sm90DeviceLayout {
-    /// The configuration whose weight boxes the maps hold: the general one when the plan launches
-    /// it alone (`N192`'s 192-row boxes), else 128-row boxes, which the decode kernel and the
-    /// 128-row general kernels share.
-    pub fn weight_box(&self) -> GemmConfig {
+    /// Maps before the table's first weight map: 1 when the plan pairs the decode kernel with
+    /// `N192`, whose weight maps (192-row boxes) cannot be the decode kernel's (128-row boxes): the
+    /// `N192` launch reads the table from its start, where group `g`'s weight map `[2g + 1]` holds
+    /// 192-row boxes, and the decode launch from one map further, where its `[2g + 1]` is the
+    /// table's `[2g + 2]`, a 128-row one. Else 0: one base, one weight map per group.
+    pub fn map_shift(&self) -> u32 {
         match self.gemms {
-            [None, Some(g)] => g.config,
-            _ => GemmConfig::DECODE,
+            [Some(_), Some(g)] if g.config.block_n != sm90::BLOCK_N => 1,
+            _ => 0,
+        }
+    }
+
+    /// Maps between the table's start and launch `slot`'s base (`[decode, general]`).
+    pub fn map_base(&self, slot: usize) -> u32 {
+        if slot == kernel_slot(true) {
+            self.map_shift()
+        } else {
+            0
         }
     }
 
@@ -125,23 +141,9 @@ impl Sm90DeviceLayout {
                 MoeKernels::General => KERNELS_GENERAL,
             }
         };
-        let general = if options.spans192 {
-            if problem.activation_epilogue().is_some() {
-                return Err(Error::InvalidProblem(
-                    "MoeOptions::spans192: the activation epilogue runs in the 128-row general kernels only".into(),
-                ));
-            }
-            if kernels == KERNELS_AUTO {
-                return Err(Error::InvalidProblem(
-                    "MoeOptions::spans192 needs MoeKernels::General: the decode kernel reads the same weight maps, \
-                     in 128-row boxes"
-                        .into(),
-                ));
-            }
-            2
-        } else {
-            options.tail64 as u32
-        };
+        // The activation epilogue is in the 128-row general kernels only.
+        let general =
+            if options.spans192 && problem.activation_epilogue().is_none() { 2 } else { options.tail64 as u32 };
         let decode = match kernels {
             KERNELS_GENERAL => None,
             // The decode kernel takes a call of the automatic choice only when every group has
@@ -233,14 +235,25 @@ impl Sm90DeviceLayout {
         }
     }
 
-    /// Tensor-map index of the token map with 1-row boxes (`h` rows: `+ h − 1`).
-    pub fn token_maps(&self) -> u32 {
-        2 * self.sizes.groups
+    /// Index of the token map with 1-row boxes (`h` rows: `+ h − 1`) in the table of launch
+    /// `slot` (`[decode, general]`), which starts [`Self::map_base`] maps in.
+    pub fn token_maps(&self, slot: usize) -> u32 {
+        self.map_shift() + 2 * self.sizes.groups - self.map_base(slot)
+    }
+
+    /// Where the token map with 1-row boxes is in the whole table.
+    fn first_token_map(&self) -> usize {
+        (self.map_shift() + 2 * self.sizes.groups) as usize
     }
 
     /// Maps in the table.
     pub fn map_count(&self) -> usize {
-        (self.token_maps() + self.token_heights) as usize
+        self.first_token_map() + self.token_heights as usize
+    }
+
+    /// Where group `g`'s weight map for launch `slot` is in the whole table.
+    fn weight_map(&self, slot: usize, g: u32) -> usize {
+        self.map_base(slot) as usize + sm90::weight_map_index(g)
     }
 
     /// The address the token maps cover: the plan's f16 workspace, or for W4A16 the call's
@@ -286,11 +299,12 @@ impl Sm90DeviceLayout {
             ranks: at.ranks,
             kernels: self.call_kernels(),
             general: self.general,
-            token_maps: self.token_maps(),
+            token_maps: [0, 1].map(|slot| self.token_maps(slot)),
             lpt_grid: self.lpt_grid,
             max_items: per_kernel(&|g| g.max_items),
             max_list: per_kernel(&|g| g.max_list),
             costs: self.costs,
+            reserved: 0,
         }
     }
 }
@@ -318,14 +332,18 @@ impl Layout for Sm90DeviceLayout {
 
     fn encode_fixed<E: TiledMapEncoder>(&self, encoder: &E, at: &Tables, maps: &mut [TensorMap]) -> Result<()> {
         let (rows, n, k) = (self.problem.token_rows() as u32, self.problem.n() as u32, self.problem.k() as u32);
-        for g in 0..self.sizes.groups {
-            maps[sm90::weight_map_index(g)] =
-                encoder.encode(&sm90::weight_map_for(self.weight_box(), n, k), PLACEHOLDER_BASE)?;
+        for (slot, gemm) in self.gemms.iter().enumerate() {
+            if let Some(gemm) = gemm {
+                for g in 0..self.sizes.groups {
+                    maps[self.weight_map(slot, g)] =
+                        encoder.encode(&sm90::weight_map_for(gemm.config, n, k), PLACEHOLDER_BASE)?;
+                }
+            }
         }
         // W4A4's tokens are in the plan's workspace; W4A16's in the call's activations.
         let tokens = if self.activations.is_none() { at.workspace } else { PLACEHOLDER_BASE };
         for h in 1..=self.token_heights {
-            maps[(self.token_maps() + h - 1) as usize] =
+            maps[self.first_token_map() + h as usize - 1] =
                 encoder.encode(&sm90::token_map_with_box(rows, k, h), tokens)?;
         }
         Ok(())
@@ -342,11 +360,13 @@ impl Layout for Sm90DeviceLayout {
         let (n, k) = (self.problem.n() as u32, self.problem.k() as u32);
         for (g, ((values, scales), &alpha)) in call.weights.iter().zip(&call.alphas).enumerate() {
             groups[g] = GroupParams { n, k, alpha, b_scales: scales.ptr, ..GroupParams::default() };
-            encoder.replace_address(&mut maps[sm90::weight_map_index(g as u32)], values.ptr)?;
+            for slot in [0, 1].into_iter().filter(|&s| self.gemms[s].is_some()) {
+                encoder.replace_address(&mut maps[self.weight_map(slot, g as u32)], values.ptr)?;
+            }
         }
         if self.activations.is_some() {
             for h in 1..=self.token_heights {
-                encoder.replace_address(&mut maps[(self.token_maps() + h - 1) as usize], call.a.base())?;
+                encoder.replace_address(&mut maps[self.first_token_map() + h as usize - 1], call.a.base())?;
             }
         }
         Ok(())
@@ -390,10 +410,11 @@ impl Layout for Sm90DeviceLayout {
                 continue;
             }
             if let Some(gemm) = gemm {
-                let params = KernelParams {
+                let mut params = KernelParams {
                     epilogue,
                     ..at.kernel_params(0, gemm.max_list, at.work_len[slot], groups as usize, output)
                 };
+                params.tensor_maps += u64::from(self.map_base(slot)) * TENSOR_MAP_BYTES as u64;
                 out.push(Launch {
                     kernel: self.gemm_kernel(gemm.config),
                     geometry: gemm.launch,
@@ -535,8 +556,8 @@ mod tests {
     }
 
     /// `spans192`: the general kernel is `N192` over N's fixed spans (7168 rows: two of 128, 36 of
-    /// 192), its maps in 192-row boxes; refused beside the decode kernel (which reads the same
-    /// maps) and with the activation epilogue.
+    /// 192); not with the activation epilogue. Beside the decode kernel:
+    /// `paired_decode_and_n192_tables`.
     #[test]
     fn spans192_runs_n192_over_fixed_spans() {
         use nvfp4_gemm_abi::moe::block::Activation;
@@ -547,21 +568,64 @@ mod tests {
         assert!(l.gemms[0].is_none());
         assert_eq!((general_config(l.general), general.config), (GemmConfig::N192, GemmConfig::N192));
         assert_eq!(general.max_items as u64, abi::max_m_tiles(&l.sizes) * 38);
-        assert_eq!((general.launch.block, l.token_heights), (512, 128));
-        assert_eq!((l.weight_box().block_n, layout(&p, MoeKernels::General, true).weight_box().block_n), (192, 128));
+        assert_eq!((general.launch.block, l.token_heights, l.map_shift()), (512, 128, 0));
+        // Bounds the decode kernel holds alone: no general kernel.
         let auto = MoeOptions { kernels: MoeKernels::Auto, ..options };
-        let err = Sm90DeviceLayout::new(&p, 132, &auto).unwrap_err();
-        assert!(err.to_string().contains("needs MoeKernels::General"), "{err}");
-        // Bounds the decode kernel holds alone: no general kernel, nothing to refuse.
         let small =
             MoeProblem::new(8, 7168, 2048, TokenLayout::Contiguous { max_tokens: 16 }, OutputType::Bf16).unwrap();
-        assert_eq!(Sm90DeviceLayout::new(&small, 132, &auto).unwrap().kernels, KERNELS_DECODE);
+        let s = Sm90DeviceLayout::new(&small, 132, &auto).unwrap();
+        assert_eq!((s.kernels, s.map_shift()), (KERNELS_DECODE, 0));
         let wgs = GemmConfig::N192.consumer_warpgroups();
         assert_eq!(l.costs, [stage_cost(GemmConfig::N192, 128, wgs), stage_cost(GemmConfig::N192, 64, wgs)]);
         assert!(l.describe().0.contains("sm90_grouped_gemm_n192"), "{}", l.describe().0);
+        // The activation epilogue keeps the 128-row kernel (`tail64` then applies).
         let fused = p.with_activation_epilogue(Activation::Silu, true).unwrap();
-        let err = Sm90DeviceLayout::new(&fused, 132, &options).unwrap_err();
-        assert!(err.to_string().contains("spans192"), "{err}");
+        let l = Sm90DeviceLayout::new(&fused, 132, &options).unwrap();
+        assert_eq!((l.gemms[1].unwrap().config, l.map_shift()), (GemmConfig::T64, 0));
+        assert!(MoeOptions::default().spans192 && MoeOptions::default().kernels == MoeKernels::Auto);
+    }
+
+    /// `Auto` with `spans192`: one map more in front; `N192`'s weight maps (192-row boxes) at
+    /// `[2g + 1]`, the decode kernel's (128-row) at `[2g + 2]`, which its launch (one map further
+    /// in) reads as `[2g + 1]`; the token maps after them, at the index each launch's scheduler
+    /// parameters say.
+    #[test]
+    fn paired_decode_and_n192_tables() {
+        let p = MoeProblem::new(4, 320, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
+        let options = MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true };
+        let l = Sm90DeviceLayout::new(&p, 132, &options).unwrap();
+        assert_eq!(l.gemms.map(|g| g.map(|g| g.config)), [Some(GemmConfig::DECODE), Some(GemmConfig::N192)]);
+        assert_eq!((l.map_shift(), l.map_base(0), l.map_base(1)), (1, 1, 0));
+        assert_eq!((l.token_maps(0), l.token_maps(1), l.map_count()), (8, 9, 1 + 8 + 128));
+        let a = p.a_sizes();
+        let v = |ptr: u64, len| BufferView { ptr, len };
+        let buffers = MoeBuffers {
+            sizes: v(0x100, 5),
+            a: MoeTokens::Nvfp4 { values: v(0x1000, a.values), scales: v(0x2000, a.scales) },
+            weights: (0..4).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
+            alphas: vec![0.5, 1.0, 2.0, 4.0],
+            c: v(0x3000, p.c_elements()),
+            c_type: OutputType::Bf16,
+            activated: None,
+        };
+        let tables =
+            Tables { groups: 1, maps: 0x1000, work: [3, 0], work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
+        let (_, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();
+        let map = |m: nvfp4_gemm_abi::tensor_map::TiledMap<2>, at: u64| FakeEncoder.encode(&m, at).unwrap();
+        for g in 0..4usize {
+            let at = 0x10_0000 * (g as u64 + 1);
+            assert!(maps[2 * g + 1] == map(sm90::weight_map_for(GemmConfig::N192, 320, 512), at), "group {g}");
+            assert!(maps[2 * g + 2] == map(sm90::weight_map_for(GemmConfig::DECODE, 320, 512), at), "group {g}");
+        }
+        assert!(maps[0] == TensorMap::ZERO, "the spare map in front");
+        assert!((1..=128).all(|h| maps[8 + h] == map(sm90::token_map_with_box(300, 512, h as u32), 7)), "token maps");
+        assert_eq!(l.schedule_params(&buffers, &tables).token_maps, [8, 9]);
+        let all = launches(&l, Some(&buffers), &tables);
+        let kp = |i: usize| all[i].params.get::<KernelParams>().unwrap();
+        assert_eq!((all[2].kernel, all[3].kernel), ("sm90_grouped_gemm_decode", "sm90_grouped_gemm_n192"));
+        assert_eq!((kp(2).tensor_maps, kp(3).tensor_maps), (0x1000 + 128, 0x1000));
+        // Each launch's token index lands on the same map of the table.
+        assert_eq!(l.map_base(0) + l.token_maps(0), l.map_base(1) + l.token_maps(1));
     }
 
     /// An activation-epilogue problem runs the general kernel alone (also for bounds a decode
@@ -629,7 +693,7 @@ mod tests {
     fn tables_and_parameters() {
         let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
         let l = layout(&p, MoeKernels::Auto, false);
-        assert_eq!((l.token_maps(), l.map_count()), (8, 8 + 128));
+        assert_eq!((l.token_maps(0), l.token_maps(1), l.map_shift(), l.map_count()), (8, 8, 0, 8 + 128));
         assert_eq!(l.workspace_bytes, 300 * 512 * 2);
         let a = p.a_sizes();
         let v = |ptr: u64, len| BufferView { ptr, len };
@@ -649,7 +713,7 @@ mod tests {
             GroupParams { n: 256, k: 512, alpha: 2.0, b_scales: 0x30_8000, ..GroupParams::default() }
         );
         assert_eq!(base(&maps[sm90::weight_map_index(2)]), 0x30_0000);
-        assert!((1..=128).all(|h| base(&maps[(l.token_maps() + h - 1) as usize]) == 7), "token maps: the workspace");
+        assert!((1..=128).all(|h| base(&maps[(l.token_maps(0) + h - 1) as usize]) == 7), "token maps: the workspace");
         let s = l.schedule_params(&buffers, &tables);
         assert_eq!(
             s.common.sizes,
@@ -657,7 +721,10 @@ mod tests {
         );
         assert_eq!((s.common.groups, s.common.work, s.common.status, s.ranks, s.workspace), (1, 3, 5, 6, 7));
         assert_eq!((s.a_values, s.common.a_scales, s.common.c), (0x1000, 0x2000, 0x3000));
-        assert_eq!((s.work_len, s.kernels, s.token_maps, s.common.k, s.common.n), ([4, 8], KERNELS_AUTO, 8, 512, 256));
+        assert_eq!(
+            (s.work_len, s.kernels, s.token_maps, s.common.k, s.common.n),
+            ([4, 8], KERNELS_AUTO, [8, 8], 512, 256)
+        );
         // Decode: one tile per non-empty group (4), general: min(4, 300) + 296/128 = 6 token tiles;
         // × 2 weight tiles, fewer than the CTAs: the plain order.
         assert_eq!((s.max_items, s.max_list, s.lpt_grid), ([8, 12], [8, 12], 12));
@@ -702,7 +769,7 @@ mod tests {
         // W4A16: the same tiles and lists; the token maps and the scheduler's token base are the
         // activations, no workspace, no dequantization, the W4A16 twins started early.
         let dense_problem = |a| p.clone().with_tokens(crate::problem::TokenKind::Dense(a));
-        let w = Sm90DeviceLayout::new(&dense_problem(Activations::F16), 132, &MoeOptions::default()).unwrap();
+        let w = layout(&dense_problem(Activations::F16), MoeKernels::Auto, false);
         assert_eq!((&w.gemms, w.token_heights, w.workspace_bytes, w.memory().workspace_bytes), (&l.gemms, 128, 0, 0));
         let dense = MoeBuffers {
             a: MoeTokens::Dense { activations: v(0x4000, 300 * 512), kind: Activations::F16 },
@@ -713,7 +780,7 @@ mod tests {
         assert_eq!((ws.max_items, ws.max_list, ws.work_len), (s.max_items, s.max_list, s.work_len));
         let (_, maps) = encode_tables(&w, &FakeEncoder, &dense, &tables).unwrap();
         assert!(
-            (1..=128).all(|h| base(&maps[(w.token_maps() + h - 1) as usize]) == 0x4000),
+            (1..=128).all(|h| base(&maps[(w.token_maps(0) + h - 1) as usize]) == 0x4000),
             "token maps: the activations"
         );
         let all = launches(&w, Some(&dense), &tables);
@@ -726,7 +793,7 @@ mod tests {
             .collect();
         assert_eq!(lens, [(8, 4), (12, 8)]);
         assert!(w.describe().0.contains("sm90_w4a16_gemm_decode"));
-        let bf16 = Sm90DeviceLayout::new(&dense_problem(Activations::Bf16), 132, &MoeOptions::default()).unwrap();
+        let bf16 = layout(&dense_problem(Activations::Bf16), MoeKernels::Auto, false);
         let names: Vec<_> = launches(&bf16, None, &tables).iter().map(|l| l.kernel).collect();
         assert_eq!(names, ["sm90_schedule", "sm90_w4a16_bf16_gemm_decode", "sm90_w4a16_bf16_gemm"]);
     }

@@ -11,8 +11,8 @@
 //!   dequantization CTAs.
 //! - Table fields: `m`, the A/C/workspace addresses, the dequantization CTAs, `block_m`,
 //!   `tail_rows` and both token maps — the host's values, the maps being the plan's workspace
-//!   maps of those box heights (`token_maps + h − 1`), so every tile loads exactly the rows a
-//!   host-sized plan loads.
+//!   maps of those box heights (`token_maps + h − 1`, the chosen kernel's `token_maps`), so every
+//!   tile loads exactly the rows a host-sized plan loads.
 //! - The list: the plain order (group, weight tile, token tile), or — the general kernel with more
 //!   items than CTAs — the host's LPT order (`lpt_picks`): per class, longest first, every CTA
 //!   computes where its picks go from the loads the classes before leave (`StepLoads`, no scan
@@ -108,6 +108,8 @@ impl TilePolicy for Sm90 {
         let (k, n, f) = (p.common.k as u64, p.common.n as u64, r.first as u64);
         let block_m = plan.cfg.tile_rows(r.rows);
         let tail_rows = tail_box_rows(r.rows, block_m);
+        // Selected, not indexed (a runtime index would copy the parameters to local memory).
+        let token_maps = if plan.decode { p.token_maps[0] } else { p.token_maps[1] };
         // SAFETY: `g < G` indexes the group table; the addresses lie in the validated tensors
         // (`nvfp4_gemm_abi::moe`: rows below the token rows, scale rows below the scale rows).
         unsafe {
@@ -122,8 +124,8 @@ impl TilePolicy for Sm90 {
             (*e).block_m = block_m;
             (*e).tail_rows = tail_rows;
             (*e).token_row = r.first;
-            (*e).token_map = p.token_maps + block_m - 1;
-            (*e).tail_token_map = p.token_maps + tail_rows - 1;
+            (*e).token_map = token_maps + block_m - 1;
+            (*e).tail_token_map = token_maps + tail_rows - 1;
         }
         let wt = self.weight_tiles(plan.cfg);
         [first[0] * wt, first[1] * wt]
