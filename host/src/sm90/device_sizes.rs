@@ -597,17 +597,7 @@ mod tests {
         assert_eq!(l.gemms.map(|g| g.map(|g| g.config)), [Some(GemmConfig::DECODE), Some(GemmConfig::N192)]);
         assert_eq!((l.map_shift(), l.map_base(0), l.map_base(1)), (1, 1, 0));
         assert_eq!((l.token_maps(0), l.token_maps(1), l.map_count()), (8, 9, 1 + 8 + 128));
-        let a = p.a_sizes();
-        let v = |ptr: u64, len| BufferView { ptr, len };
-        let buffers = MoeBuffers {
-            sizes: v(0x100, 5),
-            a: MoeTokens::Nvfp4 { values: v(0x1000, a.values), scales: v(0x2000, a.scales) },
-            weights: (0..4).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
-            alphas: vec![0.5, 1.0, 2.0, 4.0],
-            c: v(0x3000, p.c_elements()),
-            c_type: OutputType::Bf16,
-            activated: None,
-        };
+        let buffers = four_groups(&p);
         let tables =
             Tables { groups: 1, maps: 0x1000, work: [3, 0], work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
         let (_, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();
@@ -689,15 +679,12 @@ mod tests {
         assert_eq!(l.epilogue_params(None), ActivationEpilogueParams::default());
     }
 
-    #[test]
-    fn tables_and_parameters() {
-        let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
-        let l = layout(&p, MoeKernels::Auto, false);
-        assert_eq!((l.token_maps(0), l.token_maps(1), l.map_shift(), l.map_count()), (8, 8, 0, 8 + 128));
-        assert_eq!(l.workspace_bytes, 300 * 512 * 2);
+    /// Buffers of a 4-group W4A4 call of `p` (bf16 C): sizes at 0x100, A at 0x1000 / 0x2000,
+    /// group `g`'s weights at `0x10_0000 · (g + 1)` and its scales 0x8000 after, C at 0x3000.
+    fn four_groups(p: &MoeProblem) -> MoeBuffers {
         let a = p.a_sizes();
         let v = |ptr: u64, len| BufferView { ptr, len };
-        let buffers = MoeBuffers {
+        MoeBuffers {
             sizes: v(0x100, 5),
             a: MoeTokens::Nvfp4 { values: v(0x1000, a.values), scales: v(0x2000, a.scales) },
             weights: (0..4).map(|g| (v(0x10_0000 * (g + 1), 0), v(0x10_0000 * (g + 1) + 0x8000, 0))).collect(),
@@ -705,7 +692,16 @@ mod tests {
             c: v(0x3000, p.c_elements()),
             c_type: OutputType::Bf16,
             activated: None,
-        };
+        }
+    }
+
+    #[test]
+    fn tables_and_parameters() {
+        let p = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
+        let l = layout(&p, MoeKernels::Auto, false);
+        assert_eq!((l.token_maps(0), l.token_maps(1), l.map_shift(), l.map_count()), (8, 8, 0, 8 + 128));
+        assert_eq!(l.workspace_bytes, 300 * 512 * 2);
+        let buffers = four_groups(&p);
         let tables = Tables { groups: 1, maps: 2, work: [3, 0], work_len: [4, 8], status: 5, ranks: 6, workspace: 7 };
         let (groups, maps) = encode_tables(&l, &FakeEncoder, &buffers, &tables).unwrap();
         assert_eq!(
@@ -772,7 +768,7 @@ mod tests {
         let w = layout(&dense_problem(Activations::F16), MoeKernels::Auto, false);
         assert_eq!((&w.gemms, w.token_heights, w.workspace_bytes, w.memory().workspace_bytes), (&l.gemms, 128, 0, 0));
         let dense = MoeBuffers {
-            a: MoeTokens::Dense { activations: v(0x4000, 300 * 512), kind: Activations::F16 },
+            a: MoeTokens::Dense { activations: BufferView { ptr: 0x4000, len: 300 * 512 }, kind: Activations::F16 },
             ..buffers.clone()
         };
         let ws = w.schedule_params(&dense, &tables);
