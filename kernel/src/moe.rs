@@ -13,8 +13,7 @@ use nvfp4_gemm_abi::moe::{DeviceSizes, STARTS_EARLY};
 #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn start_in_chain() {
     if STARTS_EARLY {
-        barrier::grid_dependency_wait();
-        barrier::grid_launch_dependents();
+        barrier::grid_wait_then_release();
     }
 }
 

@@ -92,8 +92,7 @@ pub(crate) unsafe fn schedule<P: TilePolicy>(policy: &P) {
     // The launch before this one may still run (programmatic dependent launch): wait for it
     // before reading the sizes or writing tables it may read; then let the next launch be
     // scheduled (a dependent that reads these tables waits for this grid first).
-    barrier::grid_dependency_wait();
-    barrier::grid_launch_dependents();
+    barrier::grid_wait_then_release();
     let p = policy.common();
     let tid = sreg::tid_x();
     let (warp, lane) = (tid / 32, tid % 32);

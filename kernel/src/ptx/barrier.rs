@@ -54,6 +54,17 @@ pub fn grid_launch_dependents() {
     super::model::barrier::grid_launch_dependents();
 }
 
+/// [`grid_dependency_wait`], then [`grid_launch_dependents`]: the start of a kernel that may be
+/// launched early and touches memory the launch before it writes or reads — it waits for that
+/// launch first, then lets the next one be scheduled (which waits for this grid in turn before it
+/// touches what this grid writes).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn grid_wait_then_release() {
+    grid_dependency_wait();
+    grid_launch_dependents();
+}
+
 /// `bar.sync id, threads;` (PTX ISA 2.0, every target; §9.7.13.1): waits until `threads` threads
 /// (a multiple of 32) have arrived at named barrier `id` (1..16; 0 is [`sync_all`]'s), and orders
 /// their earlier shared-memory accesses before everything after it.

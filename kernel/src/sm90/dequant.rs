@@ -31,8 +31,7 @@ pub unsafe fn sm90_dequant_tokens(p: KernelParams) {
     // table: wait for it first (without a programmatic dependency the wait returns at once).
     // Then the GEMM that follows may be scheduled: it reads the table before its own wait, and
     // the workspace after it (`abi::sm90::GEMM_STARTS_EARLY`).
-    barrier::grid_dependency_wait();
-    barrier::grid_launch_dependents();
+    barrier::grid_wait_then_release();
     let groups = p.groups as *const GroupParams;
     // The CTAs of the table (`dequant_first_cta .. + dequant_ctas` per group, tiling 0..Σ) are
     // taken grid-strided: a device-sized plan's grid is capped at what the GPU holds at once,
