@@ -37,7 +37,7 @@ pub struct MoeOptions {
     pub tail64: bool,
     /// sm_90a: the general kernel is `sm90_grouped_gemm_n192` (its W4A16 twin for 16-bit
     /// tokens): the 64/128 token tiles of `tail64` over weight spans of 192 rows (128 for the
-    /// first one or two, fixed from N: `nvfp4_gemm_abi::moe::sm90::weight_tile`), three consumer
+    /// first one or two, fixed from N: `nvfp4_gemm_abi::moe::sm90::WeightTiles`), three consumer
     /// warpgroups, 512 threads — the configuration host-sized plans pick for most prefill-sized
     /// problems. Takes precedence over `tail64`. Beside the decode kernel (`kernels: Auto`) the
     /// plan keeps two weight maps per group (192- and 128-row boxes). A problem with the

@@ -13,7 +13,7 @@ use nvfp4_gemm::layout::Sm90Layout;
 use nvfp4_gemm::moe::{GroupRows, MoeKernels, MoeOptions, MoeProblem, TokenLayout};
 use nvfp4_gemm::OutputType::{self, Bf16, F16};
 use nvfp4_gemm::{GroupShape, Problem};
-use nvfp4_gemm_abi::moe::sm90::{chosen_config, runs_decode, weight_tile, weight_tiles, GroupTiles};
+use nvfp4_gemm_abi::moe::sm90::{chosen_config, runs_decode, GroupTiles, WeightTiles};
 use nvfp4_gemm_abi::moe::{STATUS_COUNT_OVER_BOUND, STATUS_OFFSETS_DECREASING, STATUS_ROWS_OVER_BOUND};
 use nvfp4_gemm_abi::sm90::{tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 use nvfp4_gemm_model_tests::*;
@@ -43,14 +43,14 @@ fn host_plan(
     if config == GemmConfig::N192 {
         // The device's spans are fixed from N (`weight_tile`) where the host planner searches
         // for the split: the same items, compared as a set (`check_schedule`).
-        let n = problem.n() as u32;
+        let tiles = WeightTiles::new(config, problem.n() as u32);
         let list = rows
             .iter()
             .enumerate()
             .flat_map(|(g, r)| {
                 let mt = GroupTiles::new(config, r.rows).m_tiles;
-                (0..weight_tiles(config, n)).flat_map(move |j| {
-                    (0..mt).map(move |tile_m| WorkItem { group: g as u32, tile_m, tile_n: weight_tile(config, n, j) })
+                (0..tiles.count()).flat_map(move |j| {
+                    (0..mt).map(move |tile_m| WorkItem { group: g as u32, tile_m, tile_n: tiles.tile_n(j) })
                 })
             })
             .collect();

@@ -8,7 +8,7 @@
 //! otherwise, and writes a length of 0 for the other, which exits at once.
 
 use super::schedule::ScheduleCommon;
-use crate::sm90::{m_tiles, n_tiles, GemmConfig, RowSpan, BLOCK_N, WG_ROWS};
+use crate::sm90::{m_tiles, n_tiles, GemmConfig, SpanSplit, BLOCK_N, WG_ROWS};
 
 /// Both kernels launched; the scheduler picks one per call: the decode kernel when every group
 /// has at most [`crate::sm90::SMALL_TILE_M`] rows, else the general one.
@@ -25,7 +25,7 @@ pub const FLAG_WIDE_GROUP: u32 = 1;
 /// The general kernels a device-sized plan may launch: [`GemmConfig::GENERAL`] (16-row tiles for
 /// groups of at most 16 rows, else 128), [`GemmConfig::T64`] (128-row tiles, a group's last one
 /// 64 wide when its rows fit) or [`GemmConfig::N192`] (the `T64` token tiles over weight spans of
-/// up to 192 rows, fixed from N: [`weight_tile`]).
+/// up to 192 rows, fixed from N: [`WeightTiles`]).
 pub const GENERAL_CONFIGS: [GemmConfig; 3] = [GemmConfig::GENERAL, GemmConfig::T64, GemmConfig::N192];
 
 /// The general configuration of code `general` ([`GENERAL_CONFIGS`] index; `GENERAL` for any other).
@@ -53,42 +53,41 @@ pub const fn span_twos(n: u32) -> u32 {
     0
 }
 
-/// The weight tiles of each group under `cfg` with N = `n`: 128-row tiles, or for `N192` the
-/// spans of `RowSpan::split(n, span_twos(n))`.
-pub const fn weight_tiles(cfg: GemmConfig, n: u32) -> u32 {
-    if cfg.block_n == BLOCK_N {
-        n_tiles(n)
-    } else {
-        let (twos, threes, rest) = span_counts(n);
-        twos + threes + (rest > 0) as u32
-    }
+/// Each group's weight tiles under a configuration with N = `n` (every group of a device-sized
+/// problem has the same N): 128-row tiles, or for `N192` the spans of
+/// `RowSpan::split(n, span_twos(n))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightTiles {
+    /// `N192`'s spans; `None`: 128-row tiles.
+    spans: Option<SpanSplit>,
+    /// The tiles.
+    len: u32,
 }
 
-/// The `tile_n` word of weight tile `j` (below [`weight_tiles`]) under `cfg`: the 128-row tile
-/// index, or for `N192` span `j` of `RowSpan::split(n, span_twos(n))`, encoded.
-pub const fn weight_tile(cfg: GemmConfig, n: u32, j: u32) -> u32 {
-    if cfg.block_n == BLOCK_N {
-        return j;
+impl WeightTiles {
+    /// The weight tiles of `cfg` with N = `n`.
+    pub const fn new(cfg: GemmConfig, n: u32) -> WeightTiles {
+        if cfg.block_n == BLOCK_N {
+            WeightTiles { spans: None, len: n_tiles(n) }
+        } else {
+            let spans = SpanSplit::new(n, span_twos(n));
+            WeightTiles { spans: Some(spans), len: spans.count() }
+        }
     }
-    let (twos, threes, rest) = span_counts(n);
-    let span = if j < twos {
-        RowSpan { first: 2 * j, warpgroups: 2 }
-    } else if j < twos + threes {
-        RowSpan { first: 2 * twos + 3 * (j - twos), warpgroups: 3 }
-    } else {
-        RowSpan { first: 2 * twos + 3 * threes, warpgroups: rest }
-    };
-    span.encode()
-}
 
-/// `RowSpan::split(n, span_twos(n))` in numbers: its 128-row spans, 192-row spans and the blocks
-/// of 64 rows left for the last span.
-const fn span_counts(n: u32) -> (u32, u32, u32) {
-    let units = n.div_ceil(WG_ROWS);
-    let twos = span_twos(n);
-    let twos = if 2 * twos < units { twos } else { units / 2 };
-    let threes = (units - 2 * twos) / 3;
-    (twos, threes, units - 2 * twos - 3 * threes)
+    /// The tiles per group.
+    pub const fn count(&self) -> u32 {
+        self.len
+    }
+
+    /// The `tile_n` word of tile `j` (below [`Self::count`]): the 128-row tile index, or the span's
+    /// [`RowSpan::encode`](crate::sm90::RowSpan::encode).
+    pub const fn tile_n(&self, j: u32) -> u32 {
+        match self.spans {
+            None => j,
+            Some(s) => s.span(j).encode(),
+        }
+    }
 }
 
 /// The token tiles of one group of `m` rows under a configuration: per weight tile, `m_tiles`
@@ -238,26 +237,30 @@ mod tests {
 
     #[test]
     fn n192_spans_are_the_splits() {
+        use crate::sm90::RowSpan;
         for n in (8..=40_000).step_by(8) {
             let twos = span_twos(n);
             let split: Vec<u32> = RowSpan::split(n, twos).map(|s| s.encode()).collect();
-            let tiles = weight_tiles(GemmConfig::N192, n);
-            let ours: Vec<u32> = (0..tiles).map(|j| weight_tile(GemmConfig::N192, n, j)).collect();
+            let tiles = WeightTiles::new(GemmConfig::N192, n);
+            let ours: Vec<u32> = (0..tiles.count()).map(|j| tiles.tile_n(j)).collect();
             assert_eq!(ours, split, "n = {n}");
-            // Every row of N in exactly one span, and no short last span once N allows it.
-            let rows: u32 = split.iter().map(|&t| RowSpan::decode(t).warpgroups * WG_ROWS).sum();
-            assert_eq!(rows, n.div_ceil(WG_ROWS) * WG_ROWS, "n = {n}");
+            // Every row of N in exactly one span, in order, and no short last span once N allows it.
+            let spans: Vec<RowSpan> = split.iter().map(|&t| RowSpan::decode(t)).collect();
+            assert!(spans.windows(2).all(|w| w[0].first + w[0].warpgroups == w[1].first), "n = {n}");
+            let rows: u32 = spans.iter().map(|s| s.warpgroups * WG_ROWS).sum();
+            assert_eq!((spans[0].first, rows), (0, n.div_ceil(WG_ROWS) * WG_ROWS), "n = {n}");
             if n % WG_ROWS == 0 && n >= 2 * WG_ROWS {
-                assert!(split.iter().all(|&t| RowSpan::decode(t).warpgroups >= 2), "n = {n}: {split:?}");
+                assert!(spans.iter().all(|s| s.warpgroups >= 2), "n = {n}: {spans:?}");
                 assert!(twos <= 2);
             }
-            assert_eq!(weight_tiles(GemmConfig::T64, n), n.div_ceil(BLOCK_N));
-            assert_eq!(weight_tile(GemmConfig::GENERAL, n, 5), 5);
+            let t64 = WeightTiles::new(GemmConfig::T64, n);
+            assert_eq!((t64.count(), t64.tile_n(5)), (n.div_ceil(BLOCK_N), 5));
         }
         // DeepSeek's and Mixtral's N: 2 spans of 128 rows, then 192.
-        assert_eq!((span_twos(7168), weight_tiles(GemmConfig::N192, 7168)), (2, 38));
-        assert_eq!((span_twos(4096), weight_tiles(GemmConfig::N192, 4096)), (2, 22));
-        assert_eq!((span_twos(28672), weight_tiles(GemmConfig::N192, 28672)), (2, 150));
+        let n192 = |n| (span_twos(n), WeightTiles::new(GemmConfig::N192, n).count());
+        assert_eq!(n192(7168), (2, 38));
+        assert_eq!(n192(4096), (2, 22));
+        assert_eq!(n192(28672), (2, 150));
     }
 
     #[test]

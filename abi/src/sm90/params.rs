@@ -49,13 +49,45 @@ impl RowSpan {
     /// The spans of `n` weight rows: `twos` spans of 128 rows first, then as many of 192 as fit,
     /// then what is left (64 or 128 rows). `twos` is capped at what `n` holds.
     pub fn split(n: u32, twos: u32) -> impl Iterator<Item = RowSpan> {
+        let split = SpanSplit::new(n, twos);
+        (0..split.count()).map(move |j| split.span(j))
+    }
+}
+
+/// [`RowSpan::split`] in numbers, so that span `j` is found without walking the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanSplit {
+    /// Spans of 128 rows, first.
+    pub twos: u32,
+    /// Spans of 192 rows, after them.
+    pub threes: u32,
+    /// Blocks of 64 rows in the last span (0: no such span).
+    pub rest: u32,
+}
+
+impl SpanSplit {
+    /// The split of `n` rows with `twos` spans of 128 rows (capped at what `n` holds).
+    pub const fn new(n: u32, twos: u32) -> SpanSplit {
         let units = n.div_ceil(WG_ROWS);
         let twos = if 2 * twos < units { twos } else { units / 2 };
         let threes = (units - 2 * twos) / 3;
-        let rest = units - 2 * twos - 3 * threes;
-        let spans = (0..twos).map(|i| (2 * i, 2)).chain((0..threes).map(move |i| (2 * twos + 3 * i, 3)));
-        let last = if rest > 0 { Some((units - rest, rest)) } else { None };
-        spans.chain(last).map(|(first, warpgroups)| RowSpan { first, warpgroups })
+        SpanSplit { twos, threes, rest: units - 2 * twos - 3 * threes }
+    }
+
+    /// The spans.
+    pub const fn count(&self) -> u32 {
+        self.twos + self.threes + (self.rest > 0) as u32
+    }
+
+    /// Span `j` (below [`Self::count`]).
+    pub const fn span(&self, j: u32) -> RowSpan {
+        if j < self.twos {
+            RowSpan { first: 2 * j, warpgroups: 2 }
+        } else if j < self.twos + self.threes {
+            RowSpan { first: 2 * self.twos + 3 * (j - self.twos), warpgroups: 3 }
+        } else {
+            RowSpan { first: 2 * self.twos + 3 * self.threes, warpgroups: self.rest }
+        }
     }
 }
 

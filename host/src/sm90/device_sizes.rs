@@ -36,7 +36,7 @@ use crate::moe_problem::{GlobalScale, MoeBuffers, MoeProblem};
 use nvfp4_gemm_abi::moe::block::ActivationEpilogue as ActivationEpilogueParams;
 use nvfp4_gemm_abi::moe::schedule::{lpt_fits_u32, lpt_list_capacity, LPT_MAX_CTAS};
 use nvfp4_gemm_abi::moe::sm90::{
-    general_config, kernel_slot, weight_tiles, Sm90ScheduleParams, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
+    general_config, kernel_slot, Sm90ScheduleParams, WeightTiles, KERNELS_AUTO, KERNELS_DECODE, KERNELS_GENERAL,
 };
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm90::w4a16::Activations;
@@ -154,7 +154,7 @@ impl Sm90DeviceLayout {
         let decode = match decode {
             None => None,
             Some(tiles) => {
-                let max_items = to_u32(tiles * weight_tiles(GemmConfig::DECODE, n) as u64, "decode tiles")?;
+                let max_items = to_u32(tiles * WeightTiles::new(GemmConfig::DECODE, n).count() as u64, "decode tiles")?;
                 let launch = sm90::gemm_launch(GemmConfig::DECODE, max_items, sm_count);
                 Some(Sm90DeviceGemm { config: GemmConfig::DECODE, max_items, max_list: max_items, launch })
             }
@@ -164,7 +164,8 @@ impl Sm90DeviceLayout {
         let costs = [stage_cost(config, config.block_m, wgs), stage_cost(config, config.narrow, wgs)];
         let (mut lpt_grid, mut general_gemm) = (0, None);
         if kernels != KERNELS_DECODE {
-            let max_items = to_u32(abi::max_m_tiles(&sizes) * weight_tiles(config, n) as u64, "output tiles")?;
+            let max_items =
+                to_u32(abi::max_m_tiles(&sizes) * WeightTiles::new(config, n).count() as u64, "output tiles")?;
             // Host-sized plans balance over the grid `gemm_launch` gives their items: this one for
             // any list longer than it.
             let grid = sm90::gemm_launch(config, max_items, sm_count).grid;

@@ -7,7 +7,7 @@
 //!   rule), the other one gets a length of 0.
 //! - Counted per group: its token tiles of each class (full-width tiles, then narrow ones;
 //!   `GroupTiles`), times the weight tiles of the call's configuration once the totals say
-//!   which (128-row tiles, or `N192`'s spans, `weight_tile`) for its items, and its
+//!   which (128-row tiles, or `N192`'s spans, `WeightTiles`) for its items, and its
 //!   dequantization CTAs.
 //! - Table fields: `m`, the A/C/workspace addresses, the dequantization CTAs, `block_m`,
 //!   `tail_rows` and both token maps — the host's values, the maps being the plan's workspace
@@ -27,8 +27,8 @@ use nvfp4_gemm_abi::moe::schedule::{
     lpt_picks, smem as layout, ScheduleCommon, StepLoads, LPT_MAX_CTAS, SCHEDULE_THREADS, SUMS,
 };
 use nvfp4_gemm_abi::moe::sm90::{
-    chosen_config, kernel_slot, runs_decode, weight_tile, weight_tiles, GroupTiles, Sm90ScheduleParams,
-    FLAG_WIDE_GROUP, KERNELS_DECODE,
+    chosen_config, kernel_slot, runs_decode, GroupTiles, Sm90ScheduleParams, WeightTiles, FLAG_WIDE_GROUP,
+    KERNELS_DECODE,
 };
 use nvfp4_gemm_abi::moe::{GroupRows, STATUS_WORK_OVERFLOW};
 use nvfp4_gemm_abi::sm90::{dequant_ctas, tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
@@ -48,6 +48,8 @@ struct Plan {
     decode: bool,
     /// Its configuration.
     cfg: GemmConfig,
+    /// Its weight tiles per group.
+    tiles: WeightTiles,
     /// Items of each class (full width, narrow).
     items: [u32; 2],
     /// The list's length.
@@ -65,11 +67,6 @@ impl Sm90 {
     /// tiles: `nvfp4_gemm_abi::moe::sm90` tests it).
     fn counted_config(&self) -> GemmConfig {
         chosen_config(self.p.kernels == KERNELS_DECODE, self.p.general)
-    }
-
-    /// Each group's weight tiles under `cfg` (every group has the plan's N).
-    fn weight_tiles(&self, cfg: GemmConfig) -> u32 {
-        weight_tiles(cfg, self.p.common.n)
     }
 }
 
@@ -94,13 +91,13 @@ impl TilePolicy for Sm90 {
         let decode = runs_decode(self.p.kernels, flags & FLAG_WIDE_GROUP != 0);
         let slot = kernel_slot(decode);
         let cfg = chosen_config(decode, self.p.general);
-        let wt = self.weight_tiles(cfg);
-        let totals = [totals[0] * wt, totals[1] * wt];
+        let tiles = WeightTiles::new(cfg, self.p.common.n);
+        let totals = [totals[0] * tiles.count(), totals[1] * tiles.count()];
         let items = totals[0] + totals[1];
         let max = self.p.max_items[slot];
         let overflow = items > max;
         let lpt = !decode && !overflow && self.p.lpt_grid > 0 && items > self.p.lpt_grid;
-        Plan { decode, cfg, items: totals, len: if overflow { max } else { items }, lpt, overflow }
+        Plan { decode, cfg, tiles, items: totals, len: if overflow { max } else { items }, lpt, overflow }
     }
 
     unsafe fn group(&self, plan: &Plan, g: u32, r: &GroupRows, first: [u32; SUMS]) -> [u32; 2] {
@@ -127,8 +124,7 @@ impl TilePolicy for Sm90 {
             (*e).token_map = token_maps + block_m - 1;
             (*e).tail_token_map = token_maps + tail_rows - 1;
         }
-        let wt = self.weight_tiles(plan.cfg);
-        [first[0] * wt, first[1] * wt]
+        [first[0] * plan.tiles.count(), first[1] * plan.tiles.count()]
     }
 
     unsafe fn arrange(&self, plan: &mut Plan, sm: SmemAddr, tid: u32) {
@@ -209,8 +205,7 @@ impl TilePolicy for Sm90 {
         let r = p.common.sizes.group(g, unsafe { crate::moe::sizes_reader(&p.common.sizes) });
         let t = GroupTiles::new(plan.cfg, r.rows);
         let mt = if t.m_tiles == 0 { 1 } else { t.m_tiles };
-        let weight_tiles = self.weight_tiles(plan.cfg);
-        let count = weight_tiles * t.m_tiles;
+        let count = plan.tiles.count() * t.m_tiles;
         let (ranks, work) = (p.ranks as *const u32, p.common.work as *mut WorkItem);
         let mut l = lane;
         while l < count {
@@ -224,7 +219,7 @@ impl TilePolicy for Sm90 {
                 words[0] + words[1] + l
             };
             if at < plan.len {
-                let tile_n = weight_tile(plan.cfg, p.common.n, tile_n);
+                let tile_n = plan.tiles.tile_n(tile_n);
                 // SAFETY: `at < len ≤ max_list[slot]` indexes the list.
                 unsafe { *work.add(at as usize) = WorkItem { group: g, tile_m, tile_n } };
             }
