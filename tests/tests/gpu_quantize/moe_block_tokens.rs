@@ -3,7 +3,8 @@
 //! permuted tokens with and without the router weight, every activation gated and not, f16 and
 //! bf16, W4A4 (the CPU quantizer of the CPU rows, one global scale or one per group) and W4A16
 //! (the rows), a contiguous layout with an empty group, a one-row group and rows of no group, and
-//! a masked one; the activation also on enough rows for its one-thread-per-block kernel. Outputs are poisoned first; bytes of no group's rows must still be poison.
+//! a masked one; the activation also on enough rows for its one-thread-per-block kernel. Outputs
+//! are poisoned first; bytes of no group's rows must still be poison.
 
 use super::{cpu_quantize, GUARD_BYTE};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
