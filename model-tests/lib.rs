@@ -1182,31 +1182,75 @@ fn run_sm90_device_sized(
     buffers: &MoeBuffers,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let tables = MoeTables::new(&layout, buffers);
-    let launches = plan_launches(&layout, buffers, &tables);
-    let mut launched = vec![run_sm90_schedule_launch(&layout, buffers, &tables, &launches, run)?];
-    // The schedule as it was before the other kernels ran (the dequantization writes nothing the
-    // scheduler wrote; the outcome is read now so that a fault later still shows it).
-    let outcome = tables.outcome();
-    let workspace = (tables.workspace.addr(), layout.workspace_bytes as u64);
-    for l in &launches[1..] {
-        let gemm = l.kernel != nvfp4_gemm_abi::sm90::DEQUANT_KERNEL;
-        let ctas_per_sm = if l.kernel.ends_with("_decode") { 2 } else { 1 };
-        let mut cfg = launch_config(Arch::Sm90a, l.geometry, ctas_per_sm, run);
-        if gemm {
-            cfg.registers = sm90_registers(l.kernel);
-            if l.start == Start::Early && layout.activations.is_none() {
-                // As the library launches it: while the launch before may still write the
-                // workspace (the dequantization, or for the second GEMM the chain through the
-                // first). W4A16 GEMMs read nothing a launch of the call writes but the
-                // scheduler's tables, after waiting first.
-                cfg.predecessor_writes = vec![workspace];
-            }
-        }
-        launched.push(launch_one(l.kernel, &cfg, l.geometry, kernel_params_of(l), sm90_entry(l.kernel))?);
+    let call = Sm90Prepared::new(layout, buffers);
+    let scheduler = run_sm90_schedule_launch(&call.layout, buffers, &call.tables, &call.launches, run)?;
+    call.run_after_scheduler(vec![scheduler], run)
+}
+
+/// A device-sized sm_90a call whose tables are encoded and launches listed, its scheduler not run:
+/// what `MoePlan::prepare_scheduled` leaves for the MoE block, whose `sm90_quantize_schedule` runs
+/// the scheduler ([`Sm90Prepared::schedule_params`]) before [`Sm90Prepared::run_after_scheduler`].
+pub struct Sm90Prepared {
+    /// The plan.
+    pub layout: Sm90DeviceLayout,
+    tables: MoeTables<nvfp4_gemm_abi::sm90::GroupParams>,
+    launches: Vec<Launch>,
+}
+
+impl Sm90Prepared {
+    /// `layout`'s tables and launches for `buffers` (validated by the caller).
+    pub fn new(layout: Sm90DeviceLayout, buffers: &MoeBuffers) -> Sm90Prepared {
+        let tables = MoeTables::new(&layout, buffers);
+        let launches = plan_launches(&layout, buffers, &tables);
+        Sm90Prepared { layout, tables, launches }
     }
-    drop(tables);
-    Ok((launched, outcome, layout))
+
+    /// [`run_sm90_moe_routed`]'s plan for a call prepared instead of run.
+    pub fn routed(
+        problem: &MoeProblem,
+        buffers: &MoeBuffers,
+        sm_count: u32,
+        options: &MoeOptions,
+        routed: Option<usize>,
+    ) -> Sm90Prepared {
+        let mut layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
+        layout.set_routed_rows(routed);
+        Sm90Prepared::new(layout, buffers)
+    }
+
+    /// The scheduler's parameters (its launch's, the layout's first).
+    pub fn schedule_params(&self) -> Sm90ScheduleParams {
+        let l = scheduler_launch(&self.launches, "sm90_schedule", self.layout.problem.groups() as u32);
+        l.params.get::<Sm90ScheduleParams>().expect("sm90_schedule's parameters")
+    }
+
+    /// Every launch after the scheduler, `launched` (what ran before, the scheduler's work
+    /// included) followed by them; the outcome is what the scheduler wrote.
+    pub fn run_after_scheduler(self, mut launched: Vec<Launched>, run: &ModelRun) -> Result<Sm90MoeRun, Failure> {
+        let Sm90Prepared { layout, tables, launches } = self;
+        // The schedule as it was before the other kernels ran (the dequantization writes nothing
+        // the scheduler wrote; the outcome is read now so that a fault later still shows it).
+        let outcome = tables.outcome();
+        let workspace = (tables.workspace.addr(), layout.workspace_bytes as u64);
+        for l in &launches[1..] {
+            let gemm = l.kernel != nvfp4_gemm_abi::sm90::DEQUANT_KERNEL;
+            let ctas_per_sm = if l.kernel.ends_with("_decode") { 2 } else { 1 };
+            let mut cfg = launch_config(Arch::Sm90a, l.geometry, ctas_per_sm, run);
+            if gemm {
+                cfg.registers = sm90_registers(l.kernel);
+                if l.start == Start::Early && layout.activations.is_none() {
+                    // As the library launches it: while the launch before may still write the
+                    // workspace (the dequantization, or for the second GEMM the chain through the
+                    // first). W4A16 GEMMs read nothing a launch of the call writes but the
+                    // scheduler's tables, after waiting first.
+                    cfg.predecessor_writes = vec![workspace];
+                }
+            }
+            launched.push(launch_one(l.kernel, &cfg, l.geometry, kernel_params_of(l), sm90_entry(l.kernel))?);
+        }
+        drop(tables);
+        Ok((launched, outcome, layout))
+    }
 }
 
 /// A 128-byte aligned host allocation for the probes (tensor maps need 64-byte alignment).

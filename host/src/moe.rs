@@ -65,7 +65,7 @@
 use crate::device::{Arch, Gpu};
 pub use crate::device_sizes::{MoeKernels, MoeOptions};
 use crate::driver::launch::Start;
-use crate::engine::{Alphas, Engine};
+use crate::engine::{Alphas, Engine, Prepared};
 use crate::error::{invalid, Error, Result};
 use crate::overlap::{self, Span};
 use crate::plan::{w4a16_unsupported, Nvfp4Operand, Output, TokenOperand};
@@ -75,6 +75,7 @@ use crate::sm100::{resident_ctas, Sm100DeviceLayout};
 use crate::sm90::Sm90DeviceLayout;
 use crate::summary::PlanSummary;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use nvfp4_gemm_abi::moe::sm90::Sm90ScheduleParams;
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
@@ -120,6 +121,15 @@ pub struct MoeArgs<'a> {
 enum DevicePlan {
     Sm90(Engine<Sm90DeviceLayout>),
     Sm100(Engine<Sm100DeviceLayout>),
+}
+
+/// A call of an sm_90a [`MoePlan`] prepared for a scheduler the caller launches
+/// ([`MoePlan::prepare_scheduled`]).
+#[must_use = "a prepared call is launched by `MoePlan::launch_scheduled`"]
+pub(crate) struct ScheduledCall {
+    prepared: Prepared,
+    /// The scheduler's parameters.
+    pub schedule: Sm90ScheduleParams,
 }
 
 /// A [`MoeProblem`] planned for one GPU: kernels, the group table, the tensor maps, the work
@@ -236,6 +246,45 @@ impl MoePlan {
                 DevicePlan::Sm100(e) => e.run(stream, buffers, Alphas::Host),
             }
         }
+    }
+
+    /// [`MoePlan::run_views`]' checks and tables on sm_90a, without its launches: the scheduler's
+    /// parameters for the call, which the MoE block runs inside its quantization launch
+    /// (`abi::moe::sm90::QUANTIZE_SCHEDULE_KERNEL`); [`MoePlan::launch_scheduled`] then enqueues
+    /// the launches after the scheduler. `None` on sm_100a (nothing prepared: the call runs whole
+    /// through [`MoePlan::run_views`]).
+    ///
+    /// # Safety
+    /// As [`MoePlan::run_views`].
+    pub(crate) unsafe fn prepare_scheduled(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        buffers: &MoeBuffers,
+    ) -> Result<Option<ScheduledCall>> {
+        let DevicePlan::Sm90(e) = &mut self.plan else { return Ok(None) };
+        validate_moe_buffers(&self.problem, buffers)?;
+        // SAFETY: validated against the problem; the caller's contract for the memory.
+        let prepared = unsafe { e.prepare(stream, buffers, Alphas::Host)? };
+        let schedule = e.layout.schedule_params(buffers, &e.tables_of(&prepared));
+        Ok(Some(ScheduledCall { prepared, schedule }))
+    }
+
+    /// Enqueues the launches of a call [`MoePlan::prepare_scheduled`] prepared for the same
+    /// `buffers`, after its scheduler (whose parameters it returned, run by the caller's launch
+    /// already enqueued on `stream`).
+    ///
+    /// # Safety
+    /// As [`MoePlan::run_views`]; the scheduler's launch enqueued before.
+    pub(crate) unsafe fn launch_scheduled(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        buffers: &MoeBuffers,
+        call: ScheduledCall,
+    ) -> Result<()> {
+        let DevicePlan::Sm90(e) = &mut self.plan else { unreachable!("prepare_scheduled prepares sm_90a plans only") };
+        // The layout lists its scheduler first (`Sm90DeviceLayout::launches`).
+        // SAFETY: prepared for `buffers`; the caller's contract.
+        unsafe { e.launch(stream, buffers, call.prepared, 1) }
     }
 
     /// Tells the plan that the calls that follow route at most `rows` rows in all their groups

@@ -28,7 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::device::Gpu;
+use crate::device::{Arch, Gpu};
 use crate::driver::launch::{launch, launch_with};
 use crate::driver::module::Kernel;
 use crate::error::{invalid, Error, Result};
@@ -138,6 +138,8 @@ pub struct Quantizer {
     activate: Kernel,
     /// `moe_activate_blocks` (the same, one thread per block: calls of many blocks).
     activate_blocks: Kernel,
+    /// `sm90_quantize_schedule` (sm_90a: the block's quantization with its GEMMs' schedulers).
+    quantize_schedule: Option<Kernel>,
     max_ctas: u32,
 }
 
@@ -154,6 +156,10 @@ impl Quantizer {
             quantize_grouped: gpu.function("nvfp4_quantize_grouped")?,
             activate: gpu.function("moe_activate")?,
             activate_blocks: gpu.function("moe_activate_blocks")?,
+            quantize_schedule: match gpu.arch() {
+                Arch::Sm90a => Some(gpu.function(nvfp4_gemm_abi::moe::sm90::QUANTIZE_SCHEDULE_KERNEL)?),
+                Arch::Sm100a => None,
+            },
             max_ctas: gpu.sm_count().max(1) * CTAS_PER_SM,
         })
     }
@@ -273,6 +279,27 @@ impl Quantizer {
     ) -> Result<()> {
         // SAFETY: one `GroupedConvertParams` by value, as the kernel takes; the caller vouches.
         unsafe { launch_with(&self.quantize_grouped, stream, abi::launch(items, self.max_ctas), CHAIN_START, params) }
+    }
+
+    /// Launches `sm90_quantize_schedule` for `items` quantization items: `params.quantize` as
+    /// [`Quantizer::launch_grouped`]'s, and both schedulers, over `groups` groups
+    /// (`abi::moe::sm90::quantize_schedule_launch`). `Error::Unsupported` off sm_90a.
+    ///
+    /// # Safety
+    /// `params` must satisfy the kernel's `# Safety` contract.
+    pub(crate) unsafe fn launch_quantize_schedule(
+        &self,
+        stream: &CudaStream,
+        items: u64,
+        groups: u32,
+        params: &nvfp4_gemm_abi::moe::sm90::QuantizeScheduleParams,
+    ) -> Result<()> {
+        let Some(f) = &self.quantize_schedule else {
+            return Err(Error::Unsupported("the quantization with the schedulers is an sm_90a kernel".into()));
+        };
+        let geometry = nvfp4_gemm_abi::moe::sm90::quantize_schedule_launch(items, self.max_ctas / CTAS_PER_SM, groups);
+        // SAFETY: one `QuantizeScheduleParams` by value, as the kernel takes; the caller vouches.
+        unsafe { launch_with(f, stream, geometry, CHAIN_START, params) }
     }
 
     /// Launches `moe_activate`, or `moe_activate_blocks` with `whole_blocks`, over `items` work

@@ -114,6 +114,17 @@ unsafe fn load_block(dense: u64, k: u32, g: &Gather, row: u32, j: u32, bf16: boo
 #[crate::ptx::kernel]
 pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
     crate::moe::start_in_chain();
+    // SAFETY: the caller's contract; the launch's CTAs of `THREADS` threads.
+    unsafe { quantize_grouped(&p, sreg::ctaid_x(), sreg::nctaid_x(), THREADS) }
+}
+
+/// The kernel's loop after its start, on CTA `cta` of `ctas` quantizing CTAs of `threads`
+/// threads (`sm90_quantize_schedule` runs it on the CTAs after its schedulers').
+///
+/// # Safety
+/// As the kernel's, after `start_in_chain`; every thread of those CTAs calls it.
+#[inline(always)]
+pub(crate) unsafe fn quantize_grouped(p: &GroupedConvertParams, cta: u32, ctas: u32, threads: u32) {
     let c = p.convert;
     let blocks = c.k / BLOCK;
     if blocks == 0 || p.sizes.groups == 0 {
@@ -129,8 +140,8 @@ pub unsafe fn nvfp4_quantize_grouped(p: GroupedConvertParams) {
     let bf16 = c.bf16 != 0;
     // SAFETY: the sizes array is readable (the caller's contract).
     let load = unsafe { crate::moe::sizes_reader(&p.sizes) };
-    let mut item = sreg::ctaid_x() * THREADS + sreg::tid_x();
-    let stride = sreg::nctaid_x() * THREADS;
+    let mut item = cta * threads + sreg::tid_x();
+    let stride = ctas * threads;
     while item < items {
         let (row, j) = (item / blocks, item % blocks);
         if let Some((group, scale_row)) = p.sizes.locate(row, load) {

@@ -56,10 +56,11 @@ pub fn warp_or(x: u32) -> u32 {
 /// one, the CTA totals, the OR). Warp butterflies, then the warp totals through shared memory:
 /// value `j` of warp `w` at `table + 4 · (warps · j + w)`, the status of warp `w` at
 /// `table + 4 · (warps · N + w)` (the scheduling kernels' `schedule_smem` layout, whose per-warp
-/// tables start at 0 in this order).
+/// tables start at 0 in this order), scanned again by a butterfly in every warp.
 ///
 /// # Safety
-/// Every thread of the CTA calls it, each warp converged (it holds a CTA barrier); `table` is
+/// Every thread of the CTA calls it, each warp converged (it holds a CTA barrier), `warps ≤ 32`;
+/// `table` is
 /// `4 · warps · (N + 1)` bytes of shared memory that nobody else uses during the call.
 #[inline(always)]
 pub unsafe fn cta_exclusive_sums<const N: usize>(
@@ -88,36 +89,28 @@ pub unsafe fn cta_exclusive_sums<const N: usize>(
         }
         barrier::sync_all();
     }
+    // Every warp scans the warp totals itself, lane `w` holding warp `w`'s: `N + 1` loads per
+    // thread whatever the warps, and no second barrier.
     let mut total = [0u32; N];
-    let mut all_status = 0u32;
-    for w in 0..warps {
+    let theirs = lane < warps;
+    for j in 0..N {
         // SAFETY: written before the barrier.
-        let (t, s) = unsafe {
-            let mut t = [0u32; N];
-            for (j, t) in t.iter_mut().enumerate() {
-                *t = smem::ld_u32(at(j as u32, w));
-            }
-            (t, smem::ld_u32(at(N as u32, w)))
-        };
-        if w < warp {
-            for j in 0..N {
-                before[j] += t[j];
-            }
-        }
-        for j in 0..N {
-            total[j] += t[j];
-        }
-        all_status |= s;
+        let t = if theirs { unsafe { smem::ld_u32(at(j as u32, lane)) } } else { 0 };
+        let (below, all) = warp_exclusive_sum(t, lane);
+        before[j] += warp::shfl_idx(below, warp);
+        total[j] = all;
     }
-    (before, total, all_status)
+    // SAFETY: written before the barrier.
+    let s = if theirs { unsafe { smem::ld_u32(at(N as u32, lane)) } } else { 0 };
+    (before, total, warp_or(s))
 }
 
 /// The largest `x` over every thread of a CTA of `warps` warps, through `table` (one word per
 /// warp).
 ///
 /// # Safety
-/// Every thread of the CTA calls it, each warp converged (it holds two CTA barriers); `table` is
-/// `4 · warps` bytes of shared memory that nobody else uses during the call.
+/// Every thread of the CTA calls it, each warp converged (it holds two CTA barriers), `warps ≤
+/// 32`; `table` is `4 · warps` bytes of shared memory that nobody else uses during the call.
 #[inline(always)]
 pub unsafe fn cta_max(x: u32, warp: u32, lane: u32, warps: u32, table: SmemAddr) -> u32 {
     let m = warp_max(x);
@@ -128,14 +121,9 @@ pub unsafe fn cta_max(x: u32, warp: u32, lane: u32, warps: u32, table: SmemAddr)
             smem::st_u32(table.add(4 * warp), m);
         }
         barrier::sync_all();
-        let mut all = 0;
-        for w in 0..warps {
-            let v = smem::ld_u32(table.add(4 * w));
-            if v > all {
-                all = v;
-            }
-        }
+        // Lane `w` reads warp `w`'s word: one load per thread whatever the warps.
+        let v = if lane < warps { smem::ld_u32(table.add(4 * lane)) } else { 0 };
         barrier::sync_all();
-        all
+        warp_max(v)
     }
 }

@@ -93,6 +93,17 @@ pub(crate) unsafe fn schedule<P: TilePolicy>(policy: &P) {
     // before reading the sizes or writing tables it may read; then let the next launch be
     // scheduled (a dependent that reads these tables waits for this grid first).
     barrier::grid_wait_then_release();
+    // SAFETY: the caller's contract.
+    unsafe { schedule_after_wait(policy) }
+}
+
+/// [`schedule`] in a kernel that has waited for the launch before it already
+/// (`sm90_quantize_schedule`).
+///
+/// # Safety
+/// As [`schedule`], after `barrier::grid_wait_then_release`.
+#[inline(always)]
+pub(crate) unsafe fn schedule_after_wait<P: TilePolicy>(policy: &P) {
     let p = policy.common();
     let tid = sreg::tid_x();
     let (warp, lane) = (tid / 32, tid % 32);

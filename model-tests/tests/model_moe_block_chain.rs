@@ -1,8 +1,10 @@
 //! The whole MoE expert block in the device model: the chain of kernels
 //! `nvfp4_gemm::moe_block::ExpertBlock::run_views` launches — `moe_route`, the gather into
-//! expert-sorted rows (`nvfp4_quantize_grouped`, quantizing under W4A4), the first device-sized
-//! grouped GEMM (its scheduler, then its GEMM), `moe_activate` (requantizing under W4A4), the
-//! second device-sized GEMM and `moe_combine` — in that order, on buffers that flow from one
+//! expert-sorted rows (`nvfp4_quantize_grouped`, quantizing under W4A4; on sm_90a
+//! `sm90_quantize_schedule`, the same loop with both GEMMs' schedulers in its first two CTAs),
+//! the first device-sized grouped GEMM (on sm_100a its scheduler, then its GEMM),
+//! `moe_activate` (requantizing under W4A4), the second device-sized GEMM and `moe_combine` — in
+//! that order, on buffers that flow from one
 //! launch to the next (the model's device addresses are host addresses), with the parameters,
 //! launch geometries and tables the library's own planning code computes (`route_params`,
 //! `gather_params`, `activate_params`, `combine_params`, `Sm100DeviceLayout`,
@@ -44,12 +46,14 @@ use nvfp4_gemm::w4a16::{prepack, Activations, WeightStack};
 use nvfp4_gemm::{MoeProblem, OutputType, TokenKind, TokenLayout};
 use nvfp4_gemm_abi::launch::LaunchGeometry;
 use nvfp4_gemm_abi::moe::block::activated;
+use nvfp4_gemm_abi::moe::sm90::{quantize_schedule_launch, QuantizeScheduleParams};
 use nvfp4_gemm_abi::moe_block::{combine_items, combine_launch, combine_sum, route_launch, NOT_LOCAL};
 use nvfp4_gemm_abi::quantize::{half_to_f64, launch as convert_launch};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 use nvfp4_gemm_kernel::activate::{moe_activate, moe_activate_blocks};
 use nvfp4_gemm_kernel::moe_block::{moe_combine, moe_route};
 use nvfp4_gemm_kernel::quantize_grouped::nvfp4_quantize_grouped;
+use nvfp4_gemm_kernel::sm90::schedule::sm90_quantize_schedule;
 use nvfp4_gemm_model_tests::*;
 
 /// The bound on `‖y − ref‖ / ‖ref‖` over a call's output: the GPU block tests' (`gpu_moe_sm90`,
@@ -575,6 +579,8 @@ fn launch_kernel<P: Copy + Sync>(
 /// Runs a device-sized GEMM of the chain in the model on `buffers` (validated as `MoePlan::run`
 /// validates them) and checks what its scheduler wrote for the device's `offsets`.
 /// One GEMM of the chain; `slots` (T · top_k) bounds its routed rows, as the block tells its plans.
+/// With `prepared` (sm_90a: its scheduler ran in `sm90_quantize_schedule`), the launches after
+/// the scheduler.
 fn run_gemm(
     what: &str,
     c: &Case,
@@ -582,9 +588,18 @@ fn run_gemm(
     buffers: &MoeBuffers,
     groups: &[GroupRows],
     slots: usize,
+    prepared: Option<Sm90Prepared>,
 ) -> Vec<String> {
     validate_moe_buffers(p, buffers).unwrap_or_else(|e| panic!("{what}: {e}"));
     let launched = match c.device {
+        Device::Sm90 { .. } if prepared.is_some() => {
+            let prepared = prepared.unwrap();
+            let (launched, outcome, _) =
+                prepared.run_after_scheduler(vec![], &c.run).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(outcome.status, 0, "{what}: status word");
+            decode_alone(what, p, slots, &launched);
+            launched
+        }
         Device::Sm100 { residency, .. } => {
             let (launched, outcome, layout) =
                 run_sm100_moe_on(p, buffers, residency, &c.run).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -597,14 +612,10 @@ fn run_gemm(
             launched
         }
         Device::Sm90 { sms } => {
-            let options = MoeOptions { tail64: c.tail64, spans192: !c.tail64, ..MoeOptions::default() };
-            let (launched, outcome, _) = run_sm90_moe_routed(p, buffers, sms, &options, Some(slots), &c.run)
+            let (launched, outcome, _) = run_sm90_moe_routed(p, buffers, sms, &sm90_options(c), Some(slots), &c.run)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(outcome.status, 0, "{what}: status word");
-            if slots <= 16 && p.activation_epilogue().is_none() {
-                let gemms: Vec<_> = launched.iter().map(|l| l.kernel).filter(|k| k.contains("gemm")).collect();
-                assert!(gemms.iter().all(|k| k.ends_with("_decode")), "{what}: {slots} rows launched {gemms:?}");
-            }
+            decode_alone(what, p, slots, &launched);
             launched
         }
     };
@@ -612,6 +623,19 @@ fn run_gemm(
         .iter()
         .map(|l| format!("{} grid {} ({} model instructions)", l.kernel, l.geometry.grid, l.stats.instructions))
         .collect()
+}
+
+/// The block's options for its sm_90a GEMM plans in this case.
+fn sm90_options(c: &Case) -> MoeOptions {
+    MoeOptions { tail64: c.tail64, spans192: !c.tail64, ..MoeOptions::default() }
+}
+
+/// At most 16 routed rows: the GEMMs launch their decode kernel alone (as `MoePlan` is told).
+fn decode_alone(what: &str, p: &MoeProblem, slots: usize, launched: &[Launched]) {
+    if slots <= 16 && p.activation_epilogue().is_none() {
+        let gemms: Vec<_> = launched.iter().map(|l| l.kernel).filter(|k| k.contains("gemm")).collect();
+        assert!(gemms.iter().all(|k| k.ends_with("_decode")), "{what}: {slots} rows launched {gemms:?}");
+    }
 }
 
 fn kernel_activation(a: Activation) -> KernelActivation {
@@ -693,17 +717,8 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
     };
     let (params, items) =
         gather_params(p1, bf16, &gather, a.out(p1, s13.global_scale())).unwrap_or_else(|err| panic!("{what}: {err}"));
-    let geometry = convert_launch(items, sms * CTAS_PER_SM);
-    kernels.push(launch_kernel(&what, "nvfp4_quantize_grouped", c, geometry, nvfp4_quantize_grouped, params));
 
-    // The device's offsets decide the GEMMs' groups (the schedulers read them on the device;
-    // the checks need them on the host).
-    let device_offsets = offsets.u32s();
-    let (groups1, status) = p1.group_rows(&device_offsets).unwrap();
-    assert!(status.is_ok(), "{what}: offsets {device_offsets:?} beyond the bound");
-    let (groups2, _) = p2.group_rows(&device_offsets).unwrap();
-
-    // First GEMM: A x W13 -> h.
+    // Both GEMMs' calls (the block's buffers; the sizes are read on the device).
     let gemm1 = MoeBuffers {
         sizes: offsets.view(e + 1),
         a: a.operand(p1),
@@ -713,7 +728,50 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         c_type: p1.output(),
         activated: None,
     };
-    kernels.extend(run_gemm(&format!("{what}: first GEMM"), c, p1, &gemm1, &groups1, tokens * top_k));
+    let gemm2 = MoeBuffers {
+        sizes: offsets.view(e + 1),
+        a: z.operand(p2),
+        weights: b.w2.views(),
+        alphas: b.w2.alphas.clone(),
+        c: o.view(rows * h),
+        c_type: p2.output(),
+        activated: None,
+    };
+    // On sm_90a the block prepares both and runs their schedulers in the quantization's launch.
+    let prepared = match c.device {
+        Device::Sm90 { sms } => {
+            let prepare = |p: &MoeProblem, buffers: &MoeBuffers| {
+                validate_moe_buffers(p, buffers).unwrap_or_else(|e| panic!("{what}: {e}"));
+                Sm90Prepared::routed(p, buffers, sms, &sm90_options(c), Some(slots))
+            };
+            Some((prepare(p1, &gemm1), prepare(p2, &gemm2)))
+        }
+        Device::Sm100 { .. } => None,
+    };
+    let (prepared1, prepared2) = match prepared {
+        Some((one, two)) => {
+            let schedules = [one.schedule_params(), two.schedule_params()];
+            let geometry = quantize_schedule_launch(items, sms, p1.groups() as u32);
+            let params = QuantizeScheduleParams { quantize: params, schedules };
+            kernels.push(launch_kernel(&what, "sm90_quantize_schedule", c, geometry, sm90_quantize_schedule, params));
+            (Some(one), Some(two))
+        }
+        None => {
+            let geometry = convert_launch(items, sms * CTAS_PER_SM);
+            kernels.push(launch_kernel(&what, "nvfp4_quantize_grouped", c, geometry, nvfp4_quantize_grouped, params));
+            (None, None)
+        }
+    };
+
+    // The device's offsets decide the GEMMs' groups (the schedulers read them on the device;
+    // the checks need them on the host).
+    let device_offsets = offsets.u32s();
+    let (groups1, status) = p1.group_rows(&device_offsets).unwrap();
+    assert!(status.is_ok(), "{what}: offsets {device_offsets:?} beyond the bound");
+    let (groups2, _) = p2.group_rows(&device_offsets).unwrap();
+
+    // First GEMM: A x W13 -> h.
+    kernels.extend(run_gemm(&format!("{what}: first GEMM"), c, p1, &gemm1, &groups1, slots, prepared1));
 
     // Activation (+ requantization).
     let (params, items, parts) = activate_params(
@@ -759,7 +817,8 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
             pf,
             &fused,
             &groups1,
-            tokens * top_k,
+            slots,
+            None,
         ));
         let (Tokens::Nvfp4 { values: zv, scales: zsc }, Tokens::Nvfp4 { values: fv, scales: fs }) = (&z, &zf) else {
             unreachable!("W4A4")
@@ -770,16 +829,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
     }
 
     // Second GEMM: Z x W2 -> o.
-    let gemm2 = MoeBuffers {
-        sizes: offsets.view(e + 1),
-        a: z.operand(p2),
-        weights: b.w2.views(),
-        alphas: b.w2.alphas.clone(),
-        c: o.view(rows * h),
-        c_type: p2.output(),
-        activated: None,
-    };
-    kernels.extend(run_gemm(&format!("{what}: second GEMM"), c, p2, &gemm2, &groups2, tokens * top_k));
+    kernels.extend(run_gemm(&format!("{what}: second GEMM"), c, p2, &gemm2, &groups2, slots, prepared2));
 
     // Combine (no launch for T = 0).
     let views = CombineViews {

@@ -1,8 +1,8 @@
 //! Static checks of the committed sm_90a PTX (`host/kernels/sm_90a.ptx`, written by
 //! `cargo xtask build-ptx`) against the abi's table of kernels, on the CPU: the module's GEMM
 //! entry points are exactly the rows of `GEMM_KERNELS`, and every kernel of `REGISTER_CAPS` (and
-//! the W4A16 prepack's, `prepack::REGISTER_CAPS`) has its cap as the `.maxnreg` after its parameter
-//! list.
+//! the W4A16 prepack's, `prepack::REGISTER_CAPS`, and the schedulers', `REGISTER_CAPS_SM90`) has
+//! its cap as the `.maxnreg` after its parameter list.
 
 use nvfp4_gemm_abi::sm90::{GEMM_KERNELS, REGISTER_CAPS};
 use nvfp4_gemm_tests::ptx_text::{body, first_before_any_access};
@@ -24,7 +24,11 @@ fn gemm_entries_are_the_table() {
 
 #[test]
 fn every_capped_kernel_has_its_maxnreg() {
-    for &(name, cap) in REGISTER_CAPS.iter().chain(&nvfp4_gemm_abi::sm90::prepack::REGISTER_CAPS) {
+    let caps = REGISTER_CAPS
+        .iter()
+        .chain(&nvfp4_gemm_abi::sm90::prepack::REGISTER_CAPS)
+        .chain(&nvfp4_gemm_abi::moe::schedule::REGISTER_CAPS_SM90);
+    for &(name, cap) in caps {
         let header = format!(".visible .entry {name}(");
         let start = PTX.find(&header).unwrap_or_else(|| panic!("no .entry {name} in sm_90a.ptx"));
         let after = &PTX[start..];
@@ -37,7 +41,9 @@ fn every_capped_kernel_has_its_maxnreg() {
 #[test]
 fn early_kernels_wait_before_they_branch_or_touch_memory() {
     const { assert!(nvfp4_gemm_abi::moe::STARTS_EARLY) };
-    for name in nvfp4_gemm_abi::moe::EARLY_KERNELS {
+    // The block's quantization with its GEMMs' schedulers (sm_90a only) starts early too.
+    let sm90 = [nvfp4_gemm_abi::moe::sm90::QUANTIZE_SCHEDULE_KERNEL];
+    for name in nvfp4_gemm_abi::moe::EARLY_KERNELS.iter().chain(&sm90) {
         nvfp4_gemm_tests::ptx_text::waits_then_releases(PTX, name).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }

@@ -32,13 +32,18 @@ pub const ARCHES: [Arch; 2] = [
             &nvfp4_gemm_abi::sm90::prepack::REGISTER_CAPS,
             &nvfp4_gemm_abi::quantize::REGISTER_CAPS,
             &nvfp4_gemm_abi::moe_block::REGISTER_CAPS,
+            &nvfp4_gemm_abi::moe::schedule::REGISTER_CAPS_SM90,
         ],
     },
     Arch {
         name: "sm_100a",
         cfg: "arch_sm100",
         features: "+ptx87",
-        register_caps: &[&nvfp4_gemm_abi::quantize::REGISTER_CAPS, &nvfp4_gemm_abi::moe_block::REGISTER_CAPS],
+        register_caps: &[
+            &nvfp4_gemm_abi::quantize::REGISTER_CAPS,
+            &nvfp4_gemm_abi::moe_block::REGISTER_CAPS,
+            &nvfp4_gemm_abi::moe::schedule::REGISTER_CAPS_SM100,
+        ],
     },
 ];
 

@@ -12,9 +12,19 @@
 
 use super::DeviceSizes;
 
-/// Threads of a scheduling kernel's single CTA: 256, so that any register count ptxas picks
-/// (at most 255) fits the CTA.
-pub const SCHEDULE_THREADS: u32 = 256;
+/// Threads of a scheduling kernel's single CTA: the most a CTA may have. The fill writes a
+/// group's items with one warp, a chain of dependent loads, divisions and stores per group, so
+/// the kernel's time is the groups per warp times that chain: more warps, fewer groups each.
+pub const SCHEDULE_THREADS: u32 = 1024;
+
+/// Registers a scheduling thread may use, so that the CTA fits an SM.
+pub const SCHEDULE_REGISTERS: u32 = crate::launch::REGISTERS_PER_SM / SCHEDULE_THREADS;
+/// The sm_90a schedulers' register caps (`.maxnreg`, see `cargo xtask build-ptx`): alone, and
+/// in the MoE block's launch with the quantization (`moe::sm90::QUANTIZE_SCHEDULE_KERNEL`).
+pub const REGISTER_CAPS_SM90: [(&str, u32); 2] =
+    [("sm90_schedule", SCHEDULE_REGISTERS), ("sm90_quantize_schedule", SCHEDULE_REGISTERS)];
+/// The sm_100a scheduler's.
+pub const REGISTER_CAPS_SM100: [(&str, u32); 1] = [("sm100_schedule", SCHEDULE_REGISTERS)];
 
 /// Values each scheduling thread sums over its groups (unused ones are zero).
 pub const SUMS: usize = 3;
@@ -80,9 +90,15 @@ pub struct Sm100ScheduleParams {
 
 const _: () = assert!(core::mem::size_of::<Sm100ScheduleParams>() == 88);
 
-/// Most CTAs an LPT list is balanced over ([`lpt_picks`]; one scheduling thread places
-/// `LPT_MAX_CTAS / SCHEDULE_THREADS` of them).
+/// Most CTAs an LPT list is balanced over ([`lpt_picks`]; each of the first [`LPT_THREADS`]
+/// scheduling threads places `LPT_MAX_CTAS / LPT_THREADS` of them).
 pub const LPT_MAX_CTAS: u32 = 1024;
+
+/// The scheduling threads that place an LPT list's CTAs (the others wait at its barriers): four
+/// CTAs each, a loop the compiler keeps rolled, where one or two per thread unroll the picks into
+/// more registers than [`SCHEDULE_REGISTERS`].
+pub const LPT_THREADS: u32 = 256;
+const _: () = assert!(LPT_THREADS <= SCHEDULE_THREADS && LPT_MAX_CTAS % LPT_THREADS == 0);
 
 /// Byte offsets in a scheduling kernel's dynamic shared memory: the per-warp sums and status
 /// (the layout of the kernel's `scan::cta_exclusive_sums`), a per-warp scratch row for CTA-wide
@@ -379,12 +395,14 @@ mod tests {
 
     #[test]
     fn shared_memory_and_threads() {
-        assert_eq!(smem::bytes(0), 4 * (8 * 4 + 8));
+        // 32 warps: four words each for the scan, one for reductions.
+        assert_eq!(smem::bytes(0), 4 * (32 * 4 + 32));
         assert_eq!(smem::group_word(1, 1) - smem::group_word(0, 0), 12);
-        assert_eq!((groups_per_thread(1), groups_per_thread(256), groups_per_thread(257)), (1, 1, 2));
-        assert_eq!(groups_per_thread(super::super::MAX_GROUPS), 16);
-        assert_eq!([0, 1, 255].map(|t| thread_groups(300, t)), [(0, 2), (2, 4), (510, 300)]);
+        assert_eq!((groups_per_thread(1), groups_per_thread(1024), groups_per_thread(1025)), (1, 1, 2));
+        assert_eq!(groups_per_thread(super::super::MAX_GROUPS), 4);
+        assert_eq!([0, 1, 1023].map(|t| thread_groups(1100, t)), [(0, 2), (2, 4), (2046, 1100)]);
         assert_eq!([0, 99, 100].map(|t| thread_groups(100, t)), [(0, 1), (99, 100), (100, 100)]);
+        assert_eq!(SCHEDULE_REGISTERS, 64);
         assert!(smem::bytes(super::super::MAX_GROUPS) <= 48 * 1024, "no opt-in needed");
     }
 }

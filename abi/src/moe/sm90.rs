@@ -7,7 +7,8 @@
 //! when every group has at most 16 rows — the host planner's rule — and to the general one
 //! otherwise, and writes a length of 0 for the other, which exits at once.
 
-use super::schedule::ScheduleCommon;
+use super::schedule::{ScheduleCommon, SCHEDULE_THREADS};
+use crate::launch::LaunchGeometry;
 use crate::sm90::{m_tiles, n_tiles, GemmConfig, SpanSplit, BLOCK_N, WG_ROWS};
 
 /// Both kernels launched; the scheduler picks one per call: the decode kernel when every group
@@ -201,6 +202,53 @@ pub struct Sm90ScheduleParams {
 }
 
 const _: () = assert!(core::mem::size_of::<Sm90ScheduleParams>() == 160);
+
+/// The MoE block's first launch after its routing on sm_90a: the grouped quantization (or
+/// gather) of the tokens and both GEMMs' schedulers, which read only the routing's sizes, in one
+/// grid. CTA `i < SCHEDULE_CTAS` runs `sm90_schedule` on `schedules[i]`; the others run
+/// `nvfp4_quantize_grouped`'s loop on `quantize`, grid-strided over themselves. The schedulers'
+/// time hides behind the quantization's, and the chain has two launches fewer.
+pub const QUANTIZE_SCHEDULE_KERNEL: &str = "sm90_quantize_schedule";
+
+/// Schedulers of [`QuantizeScheduleParams`]: the block's two GEMMs.
+pub const SCHEDULE_CTAS: u32 = 2;
+
+/// Resident quantizing CTAs per SM a [`QUANTIZE_SCHEDULE_KERNEL`] grid is sized for (its CTAs
+/// have the schedulers' [`SCHEDULE_THREADS`] threads; the threads grid-stride beyond).
+pub const QUANTIZE_CTAS_PER_SM: u32 = 2;
+
+/// Parameters of [`QUANTIZE_SCHEDULE_KERNEL`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct QuantizeScheduleParams {
+    /// The quantization's (or gather's).
+    pub quantize: super::GroupedConvertParams,
+    /// The schedulers', the first GEMM's first.
+    pub schedules: [Sm90ScheduleParams; SCHEDULE_CTAS as usize],
+}
+
+const _: () = assert!(core::mem::size_of::<QuantizeScheduleParams>() == 96 + 2 * 160);
+
+/// The launch of [`QUANTIZE_SCHEDULE_KERNEL`] for `items` quantization items (16 values each) on
+/// `sms` SMs, with `groups` groups: [`SCHEDULE_CTAS`] CTAs, then one per [`SCHEDULE_THREADS`]
+/// items up to [`QUANTIZE_CTAS_PER_SM`] per SM (at least one); the schedulers' shared memory.
+pub const fn quantize_schedule_launch(items: u64, sms: u32, groups: u32) -> LaunchGeometry {
+    let most = if sms == 0 { 1 } else { sms * QUANTIZE_CTAS_PER_SM };
+    let want = items.div_ceil(SCHEDULE_THREADS as u64);
+    let quantize = if want == 0 {
+        1
+    } else if want < most as u64 {
+        want as u32
+    } else {
+        most
+    };
+    LaunchGeometry {
+        grid: SCHEDULE_CTAS + quantize,
+        block: SCHEDULE_THREADS,
+        cluster: 1,
+        smem_bytes: super::schedule::smem::bytes(groups),
+    }
+}
 
 #[cfg(test)]
 mod tests {

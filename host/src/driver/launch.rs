@@ -45,8 +45,9 @@ impl std::fmt::Debug for Params {
 }
 
 impl Params {
-    /// The largest parameter struct, in 8-byte words.
-    const WORDS: usize = 24;
+    /// The largest parameter struct, in 8-byte words: the MoE block's quantization with both
+    /// schedulers (`abi::moe::sm90::QuantizeScheduleParams`).
+    const WORDS: usize = size_of::<nvfp4_gemm_abi::moe::sm90::QuantizeScheduleParams>() / 8;
 
     /// The bytes of `p`.
     pub fn of<P: bytemuck::Pod>(p: &P) -> Params {

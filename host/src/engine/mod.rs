@@ -355,6 +355,16 @@ struct TableSet {
     graph: Option<KernelChain>,
 }
 
+/// A call [`Engine::prepare`]d: its table set, and whether the preparation uploaded it and
+/// ran inside a capture ([`Engine::launch`] finishes what both imply).
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a prepared call is launched by `Engine::launch`"]
+pub(crate) struct Prepared {
+    set: usize,
+    upload: bool,
+    capturing: bool,
+}
+
 /// A plan on a device: its layout, kernels and memory (see the module's docs).
 pub(crate) struct Engine<L: Layout> {
     /// What runs.
@@ -504,6 +514,22 @@ impl<L: Layout> Engine<L> {
     /// Every buffer of `call` (and device alphas) must be device memory of the lengths validated,
     /// alive until the work enqueued now completes.
     pub unsafe fn run(&mut self, stream_arc: &Arc<CudaStream>, call: &L::Call, alphas: Alphas) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let prepared = self.prepare(stream_arc, call, alphas)?;
+            self.launch(stream_arc, call, prepared, 0)
+        }
+    }
+
+    /// [`Engine::run`]'s first half: the tables for `call` (a set that holds them, else an
+    /// upload) and its device alphas, on `stream`; [`Engine::launch`] enqueues its launches.
+    /// Between the two the caller may launch work that reads or writes the set's tables
+    /// ([`Engine::tables_of`]), such as a launch the layout lists first, run inside another
+    /// kernel (`MoePlan::prepare_scheduled`).
+    ///
+    /// # Safety
+    /// As [`Engine::run`].
+    pub unsafe fn prepare(&mut self, stream_arc: &Arc<CudaStream>, call: &L::Call, alphas: Alphas) -> Result<Prepared> {
         let stream: &CudaStream = stream_arc;
         let capturing = is_capturing(stream)?;
         if !capturing {
@@ -538,18 +564,8 @@ impl<L: Layout> Engine<L> {
         mark(step::PICK);
         // Where cudarc orders memory between streams, the plan's memory is ordered like the
         // caller's buffers: its guards wait for other streams now and record this stream's use
-        // when dropped, after the launches.
-        let mut held = Held::new(stream);
-        if held.managing {
-            let f = &mut self.fixed;
-            let block = &mut self.blocks[self.tables[i].block];
-            for s in f.work.iter_mut().chain([&mut f.workspace, block]) {
-                held.hold(s.device_ptr_mut(stream).1);
-            }
-            for s in [&mut f.work_len, &mut f.status, &mut f.ranks] {
-                held.hold(s.device_ptr_mut(stream).1);
-            }
-        }
+        // when dropped, after the upload (and `launch` holds them again over the launches).
+        let held = Held::plan_memory(stream, &mut self.fixed, &mut self.blocks[self.tables[i].block]);
         mark(step::GUARDS);
         if upload {
             self.sets.begin(i);
@@ -572,15 +588,41 @@ impl<L: Layout> Engine<L> {
             // table is this plan's.
             unsafe { self.layout.alpha_field().copy(stream, at.groups, src, self.mirror.groups())? };
         }
+        drop(held);
+        Ok(Prepared { set: i, upload, capturing })
+    }
+
+    /// The memory a prepared call's launches read and write.
+    pub fn tables_of(&self, prepared: &Prepared) -> Tables {
+        self.tables[prepared.set].at
+    }
+
+    /// [`Engine::run`]'s second half: enqueues the launches of `call` (the call `prepared` was
+    /// prepared for, on the same stream) after the first `skip` (which the caller ran its own
+    /// way; a layout whose launches one graph serves is launched whole, `skip` 0).
+    ///
+    /// # Safety
+    /// As [`Engine::run`]; the first `skip` launches' work must be enqueued already.
+    pub unsafe fn launch(
+        &mut self,
+        stream_arc: &Arc<CudaStream>,
+        call: &L::Call,
+        prepared: Prepared,
+        skip: usize,
+    ) -> Result<()> {
+        let stream: &CudaStream = stream_arc;
+        let Prepared { set: i, upload, capturing } = prepared;
+        let at = self.tables[i].at;
+        let held = Held::plan_memory(stream, &mut self.fixed, &mut self.blocks[self.tables[i].block]);
         // SAFETY: the tables hold this call's buffers (uploaded now, or by an earlier call with the
         // same signature) and every other address is the plan's own memory.
         unsafe {
             match &mut self.tables[i].graph {
-                Some(graph) if !capturing => graph.launch(stream)?,
+                Some(graph) if !capturing && skip == 0 => graph.launch(stream)?,
                 _ => {
                     self.launches.clear();
                     self.layout.launches(Some(call), &at, &mut self.launches);
-                    for l in &self.launches {
+                    for l in &self.launches[skip.min(self.launches.len())..] {
                         launch_raw(function(&self.functions, l.kernel), stream, l.geometry, l.start, &l.params)?;
                     }
                 }
@@ -616,6 +658,20 @@ struct Held<'a> {
 impl<'a> Held<'a> {
     fn new(stream: &CudaStream) -> Held<'a> {
         Held { managing: stream.context().is_managing_stream_synchronization(), guards: vec![] }
+    }
+
+    /// Guards over a plan's memory on `stream`: its fixed buffers and the block of the set used.
+    fn plan_memory(stream: &'a CudaStream, fixed: &'a mut Fixed, block: &'a mut CudaSlice<u8>) -> Held<'a> {
+        let mut held = Held::new(stream);
+        if held.managing {
+            for s in fixed.work.iter_mut().chain([&mut fixed.workspace, block]) {
+                held.hold(s.device_ptr_mut(stream).1);
+            }
+            for s in [&mut fixed.work_len, &mut fixed.status, &mut fixed.ranks] {
+                held.hold(s.device_ptr_mut(stream).1);
+            }
+        }
+        held
     }
 
     fn hold(&mut self, guard: SyncOnDrop<'a>) {

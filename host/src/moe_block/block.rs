@@ -12,7 +12,9 @@ use super::route::{route_scratch_len, BlockKernels, CombineViews, IdType, RouteV
 use super::tokens::{BlockOutput, GatherInputs};
 use crate::device::{Arch, Gpu};
 use crate::error::{Error, Result};
-use crate::moe::{interleave_w13_row, ActivatedOutput, MoeBuffers, MoePlan, MoeProblem, MoeTokens, TokenLayout};
+use crate::moe::{
+    interleave_w13_row, ActivatedOutput, MoeBuffers, MoePlan, MoeProblem, MoeTokens, ScheduledCall, TokenLayout,
+};
 use crate::moe_problem::GlobalScale;
 use crate::plan::Nvfp4Operand;
 use crate::problem::{Activations, BufferView, CallBuffers, OutputType, TokenKind};
@@ -585,6 +587,24 @@ impl ExpertBlock {
                 return Err(invalid(field, format!("has {} elements; [{tokens}, {hidden}] needs {want}", view.len)));
             }
         }
+        // At most `slots` rows are routed: at T · top_k ≤ 16 the GEMMs launch their decode
+        // kernel alone. Told before the calls are prepared: it picks their schedulers' kernels.
+        self.gemm1.set_routed_rows(Some(slots));
+        self.gemm2.set_routed_rows(Some(slots));
+        // On sm_90a both GEMMs' schedulers run in the quantization's launch (they read only the
+        // routing's sizes): their tables are prepared first, their launches enqueued later.
+        let fused = self.fused;
+        let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
+        let s1 = prepare_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out1)?;
+        let scheduled = match s1 {
+            Some(s1) => {
+                let s2 =
+                    prepare_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o))?
+                        .expect("both GEMMs are planned for one architecture");
+                Some((s1, s2))
+            }
+            None => None,
+        };
         {
             let mut call = CallBuffers::new(stream);
             let offsets = call.write(&mut self.offsets);
@@ -619,29 +639,33 @@ impl ExpertBlock {
             // run in stream order.
             unsafe {
                 self.kernels.route(stream, routing, route)?;
-                self.quantizer.quantize_grouped_gather_views(stream, &p1, bf16, &gather, a_out)?;
+                match &scheduled {
+                    Some((s1, s2)) => {
+                        let schedules = [s1.schedule, s2.schedule];
+                        self.quantizer.quantize_schedule_gather_views(stream, &p1, bf16, &gather, a_out, schedules)?
+                    }
+                    None => self.quantizer.quantize_grouped_gather_views(stream, &p1, bf16, &gather, a_out)?,
+                }
             }
         }
-        // At most `slots` rows are routed: at T · top_k ≤ 16 the GEMMs launch their decode
-        // kernel alone.
-        self.gemm1.set_routed_rows(Some(slots));
-        self.gemm2.set_routed_rows(Some(slots));
-        if self.fused {
-            let out = GemmOut::Activated { c: &mut self.h, z: &mut self.z, scales: &self.input_scales.1 };
-            run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out)?;
-        } else {
-            run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, GemmOut::C(&mut self.h))?;
+        let (s1, s2) = match scheduled {
+            Some((s1, s2)) => (Some(s1), Some(s2)),
+            None => (None, None),
+        };
+        let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
+        run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out1, s1)?;
+        if !fused {
             let mut call = CallBuffers::new(stream);
             let h = self.h.read(&mut call);
             let sizes = call.read(&self.offsets);
-            let s2 = GlobalScale::PerGroup(call.read(&self.input_scales.1));
-            let z_out = self.z.out(&p2, &mut call, s2);
+            let scale2 = GlobalScale::PerGroup(call.read(&self.input_scales.1));
+            let z_out = self.z.out(&p2, &mut call, scale2);
             // SAFETY: as above.
             unsafe {
                 self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out, slots)?;
             }
         }
-        run_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o))?;
+        run_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o), s2)?;
         let mut call = CallBuffers::new(stream);
         let o = self.o.read(&mut call);
         let slot_row = call.read(&self.slot_row);
@@ -658,6 +682,16 @@ impl ExpertBlock {
     }
 }
 
+/// What the first GEMM writes: with the activation in its epilogue (`fused`), `z` quantized with
+/// the second GEMM's input `scales`; else `h`.
+fn first_out<'s>(h: &'s mut Dense, z: &'s mut Tokens, scales: &'s CudaSlice<f32>, fused: bool) -> GemmOut<'s> {
+    if fused {
+        GemmOut::Activated { c: h, z, scales }
+    } else {
+        GemmOut::C(h)
+    }
+}
+
 /// What one of the block's GEMMs writes.
 enum GemmOut<'s> {
     /// C, `[rows, N]` of the block's type.
@@ -667,8 +701,10 @@ enum GemmOut<'s> {
     Activated { c: &'s mut Dense, z: &'s mut Tokens, scales: &'s CudaSlice<f32> },
 }
 
-/// One of the block's grouped GEMMs over its own buffers ([`MoePlan::run_views`]): the device
-/// sizes `offsets`, tokens `a`, the experts' `weights`, and `out`.
+/// One of the block's grouped GEMMs over its own buffers: the device sizes `offsets`, tokens
+/// `a`, the experts' `weights`, and `out`. With `scheduled` (its call prepared, its scheduler
+/// launched inside the quantization's launch) the launches after the scheduler
+/// ([`MoePlan::launch_scheduled`]), else the whole call ([`MoePlan::run_views`]).
 fn run_gemm(
     plan: &mut MoePlan,
     stream: &Arc<CudaStream>,
@@ -676,10 +712,65 @@ fn run_gemm(
     a: &Tokens,
     weights: &Weights,
     out: GemmOut<'_>,
+    scheduled: Option<ScheduledCall>,
 ) -> Result<()> {
+    with_gemm_buffers(plan, stream, offsets, a, weights, out, |plan, buffers| {
+        // SAFETY: the block's own buffers, alive and ordered until the launches are enqueued; a
+        // prepared call was prepared for these buffers.
+        unsafe {
+            match scheduled {
+                Some(s) => plan.launch_scheduled(stream, buffers, s),
+                None => plan.run_views(stream, buffers),
+            }
+        }
+    })
+}
+
+/// [`MoePlan::prepare_scheduled`] for [`run_gemm`]'s call on the same buffers.
+fn prepare_gemm(
+    plan: &mut MoePlan,
+    stream: &Arc<CudaStream>,
+    offsets: &CudaSlice<u32>,
+    a: &Tokens,
+    weights: &Weights,
+    out: GemmOut<'_>,
+) -> Result<Option<ScheduledCall>> {
+    // SAFETY: the block's own buffers, alive and ordered until the preparation's copies are
+    // enqueued.
+    with_gemm_buffers(plan, stream, offsets, a, weights, out, |plan, buffers| unsafe {
+        plan.prepare_scheduled(stream, buffers)
+    })
+}
+
+/// `f` on one of the block's GEMMs and its buffers' views, their stream-ordering guards held
+/// until it returns.
+fn with_gemm_buffers<R>(
+    plan: &mut MoePlan,
+    stream: &Arc<CudaStream>,
+    offsets: &CudaSlice<u32>,
+    a: &Tokens,
+    weights: &Weights,
+    out: GemmOut<'_>,
+    f: impl FnOnce(&mut MoePlan, &MoeBuffers) -> Result<R>,
+) -> Result<R> {
     let mut call = CallBuffers::new(stream);
+    let buffers = gemm_buffers(plan, &mut call, offsets, a, weights, out)?;
+    let result = f(plan, &buffers);
+    drop(call);
+    result
+}
+
+/// The views of one of the block's GEMMs' buffers, held by `call`.
+fn gemm_buffers<'s>(
+    plan: &MoePlan,
+    call: &mut CallBuffers<'s>,
+    offsets: &'s CudaSlice<u32>,
+    a: &'s Tokens,
+    weights: &'s Weights,
+    out: GemmOut<'s>,
+) -> Result<MoeBuffers> {
     let (c, activated) = match out {
-        GemmOut::C(c) => (c.write(&mut call), None),
+        GemmOut::C(c) => (c.write(call), None),
         GemmOut::Activated { c, z, scales } => {
             let Tokens::Nvfp4 { values, scales: z_scales } = z else {
                 return Err(Error::Unsupported("the activation epilogue writes NVFP4 tokens (W4A4)".into()));
@@ -691,21 +782,18 @@ fn run_gemm(
                 scales: BufferView { ptr: s.ptr, len: sizes.scales },
                 global_scale: GlobalScale::PerGroup(call.read(scales)),
             };
-            (BufferView { len: 0, ..c.write(&mut call) }, Some(activated))
+            (BufferView { len: 0, ..c.write(call) }, Some(activated))
         }
     };
-    let buffers = MoeBuffers {
+    Ok(MoeBuffers {
         sizes: call.read(offsets),
-        a: a.operand(&mut call),
-        weights: weights.views(&mut call),
+        a: a.operand(call),
+        weights: weights.views(call),
         alphas: weights.alphas.clone(),
         c,
         c_type: plan.problem().output(),
         activated,
-    };
-    // SAFETY: the block's own buffers, alive and ordered by `call` until the launches are
-    // enqueued.
-    unsafe { plan.run_views(stream, &buffers) }
+    })
 }
 
 /// `w13` (`[2I, H]`, the gate rows then the up rows) with its rows in the order of the

@@ -23,6 +23,7 @@ use crate::MoeProblem;
 use cudarc::driver::CudaStream;
 pub use nvfp4_gemm_abi::moe::block::Activation;
 use nvfp4_gemm_abi::moe::block::{activate_items, activate_parts, ActivateParams, Gather, ACTIVATE_PARTS};
+use nvfp4_gemm_abi::moe::sm90::{QuantizeScheduleParams, Sm90ScheduleParams, SCHEDULE_CTAS};
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
 
@@ -263,6 +264,28 @@ impl Quantizer {
         // SAFETY: validated (lengths, alignment, overlap: the kernel's `# Safety`); the caller's
         // contract for the memory.
         unsafe { self.launch_grouped(stream, items, &params) }
+    }
+
+    /// [`Quantizer::quantize_grouped_gather_views`] and, in the same launch (sm_90a), the
+    /// schedulers of the block's two GEMMs (`schedules`, from `MoePlan::prepare_scheduled`):
+    /// `sm90_quantize_schedule`. The same checks; `Error::Unsupported` off sm_90a.
+    ///
+    /// # Safety
+    /// As [`Quantizer::quantize_grouped_gather_views`]; `schedules` are the prepared calls'.
+    pub(crate) unsafe fn quantize_schedule_gather_views(
+        &self,
+        stream: &CudaStream,
+        problem: &MoeProblem,
+        bf16: bool,
+        inputs: &GatherInputs,
+        out: BlockOutput,
+        schedules: [Sm90ScheduleParams; SCHEDULE_CTAS as usize],
+    ) -> Result<()> {
+        let (quantize, items) = gather_params(problem, bf16, inputs, out)?;
+        let params = QuantizeScheduleParams { quantize, schedules };
+        // SAFETY: validated as for the quantization alone; the schedulers' parameters are their
+        // plans' (the caller's contract), and write only those plans' memory.
+        unsafe { self.launch_quantize_schedule(stream, items, problem.groups() as u32, &params) }
     }
 
     /// The MoE block's activation (+ requantization) (contract steps 4–5; module docs):

@@ -257,7 +257,7 @@ mod tests {
             schedule_geometry(4),
             LaunchGeometry {
                 grid: 1,
-                block: 256,
+                block: nvfp4_gemm_abi::moe::schedule::SCHEDULE_THREADS,
                 cluster: 1,
                 smem_bytes: nvfp4_gemm_abi::moe::schedule::smem::bytes(4)
             }

@@ -21,20 +21,22 @@
 //!   item where its class rank says.
 
 use crate::ptx::smem::SmemAddr;
+use crate::ptx::sreg;
+use crate::quantize_grouped::quantize_grouped;
 use crate::scan;
-use crate::schedule::{schedule, TilePolicy, WARPS};
+use crate::schedule::{schedule, schedule_after_wait, TilePolicy, WARPS};
 use nvfp4_gemm_abi::moe::schedule::{
-    lpt_picks, smem as layout, ScheduleCommon, StepLoads, LPT_MAX_CTAS, SCHEDULE_THREADS, SUMS,
+    lpt_picks, smem as layout, ScheduleCommon, StepLoads, LPT_MAX_CTAS, LPT_THREADS, SCHEDULE_THREADS, SUMS,
 };
 use nvfp4_gemm_abi::moe::sm90::{
-    chosen_config, kernel_slot, runs_decode, GroupTiles, Sm90ScheduleParams, WeightTiles, FLAG_WIDE_GROUP,
-    KERNELS_DECODE,
+    chosen_config, kernel_slot, runs_decode, GroupTiles, QuantizeScheduleParams, Sm90ScheduleParams, WeightTiles,
+    FLAG_WIDE_GROUP, KERNELS_DECODE, SCHEDULE_CTAS,
 };
 use nvfp4_gemm_abi::moe::{GroupRows, STATUS_WORK_OVERFLOW};
 use nvfp4_gemm_abi::sm90::{dequant_ctas, tail_box_rows, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
 
-/// Most LPT CTAs one scheduling thread handles (`b = tid, tid + SCHEDULE_THREADS, ...`).
-const CTAS_PER_THREAD: usize = (LPT_MAX_CTAS / SCHEDULE_THREADS) as usize;
+/// Most LPT CTAs one of the placing threads handles (`b = tid, tid + LPT_THREADS, ...`).
+const CTAS_PER_THREAD: usize = (LPT_MAX_CTAS / LPT_THREADS) as usize;
 
 /// The sm_90a tile policy.
 struct Sm90 {
@@ -132,9 +134,10 @@ impl TilePolicy for Sm90 {
             return;
         }
         let p = &self.p;
-        let grid = p.lpt_grid;
+        // Threads past the placing ones own no CTA (a grid of 0 for them).
+        let grid = if tid < LPT_THREADS { p.lpt_grid } else { 0 };
         let ranks = p.ranks as *mut u32;
-        let mine = |i: usize| tid + i as u32 * SCHEDULE_THREADS;
+        let mine = |i: usize| tid + i as u32 * LPT_THREADS;
         let mut pos = [0u32; CTAS_PER_THREAD];
         // The full-width class starts on empty CTAs; the narrow one on what it leaves.
         let after_first = StepLoads::after_first(plan.items[0], p.costs[0], grid);
@@ -255,4 +258,29 @@ impl TilePolicy for Sm90 {
 pub unsafe fn sm90_schedule(p: Sm90ScheduleParams) {
     // SAFETY: the caller's contract.
     unsafe { schedule(&Sm90 { p }) }
+}
+
+/// The MoE block's quantization (or gather) and both GEMMs' schedulers in one grid
+/// (`nvfp4_gemm_abi::moe::sm90::QUANTIZE_SCHEDULE_KERNEL`): CTA 0 schedules the first GEMM,
+/// CTA 1 the second, the others quantize. Launch: `quantize_schedule_launch`.
+///
+/// # Safety
+/// `p.schedules` as `sm90_schedule`'s parameters, `p.quantize` as `nvfp4_quantize_grouped`'s;
+/// the quantization writes nothing the schedulers read or write.
+#[crate::ptx::kernel]
+pub unsafe fn sm90_quantize_schedule(p: QuantizeScheduleParams) {
+    crate::moe::start_in_chain();
+    let cta = sreg::ctaid_x();
+    // Each scheduler inlined on its own parameters (a selected copy of either would go through
+    // local memory).
+    // SAFETY: the caller's contract; the wait above is the schedulers' and the quantization's.
+    unsafe {
+        if cta == 0 {
+            schedule_after_wait(&Sm90 { p: p.schedules[0] });
+        } else if cta == 1 {
+            schedule_after_wait(&Sm90 { p: p.schedules[1] });
+        } else {
+            quantize_grouped(&p.quantize, cta - SCHEDULE_CTAS, sreg::nctaid_x() - SCHEDULE_CTAS, SCHEDULE_THREADS);
+        }
+    }
 }
