@@ -282,9 +282,9 @@ impl MoePlan {
         call: ScheduledCall,
     ) -> Result<()> {
         let DevicePlan::Sm90(e) = &mut self.plan else { unreachable!("prepare_scheduled prepares sm_90a plans only") };
-        // The layout lists its scheduler first (`Sm90DeviceLayout::launches`).
-        // SAFETY: prepared for `buffers`; the caller's contract.
-        unsafe { e.launch(stream, buffers, call.prepared, 1) }
+        // SAFETY: prepared for `buffers`; the caller's contract (its scheduler, the layout's
+        // first launch, enqueued).
+        unsafe { e.launch(stream, buffers, call.prepared, &[crate::sm90::SCHEDULE]) }
     }
 
     /// Tells the plan that the calls that follow route at most `rows` rows in all their groups

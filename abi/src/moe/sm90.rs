@@ -213,9 +213,15 @@ pub const QUANTIZE_SCHEDULE_KERNEL: &str = "sm90_quantize_schedule";
 /// Schedulers of [`QuantizeScheduleParams`]: the block's two GEMMs.
 pub const SCHEDULE_CTAS: u32 = 2;
 
-/// Resident quantizing CTAs per SM a [`QUANTIZE_SCHEDULE_KERNEL`] grid is sized for (its CTAs
-/// have the schedulers' [`SCHEDULE_THREADS`] threads; the threads grid-stride beyond).
-pub const QUANTIZE_CTAS_PER_SM: u32 = 2;
+/// Quantizing CTAs per SM a [`QUANTIZE_SCHEDULE_KERNEL`] grid is sized for: one, what an SM
+/// holds (the CTAs have the schedulers' [`SCHEDULE_THREADS`] threads at their register cap, the
+/// whole register file); the threads grid-stride beyond. Half the threads per SM of
+/// `nvfp4_quantize_grouped`'s grids, which matters only where the quantization is long (large
+/// `T`), where the schedulers it hides are a small part of the call.
+pub const QUANTIZE_CTAS_PER_SM: u32 = 1;
+const _: () = assert!(
+    QUANTIZE_CTAS_PER_SM * SCHEDULE_THREADS * super::schedule::SCHEDULE_REGISTERS <= crate::launch::REGISTERS_PER_SM
+);
 
 /// Parameters of [`QUANTIZE_SCHEDULE_KERNEL`].
 #[repr(C)]
@@ -256,6 +262,16 @@ mod tests {
     use super::*;
     use crate::sm90::SMALL_TILE_M;
     use std::vec::Vec;
+
+    #[test]
+    fn quantize_schedule_grid() {
+        // Two schedulers, then one quantizing CTA per 1024 items up to one per SM (at least one).
+        let g = |items: u64, sms: u32| quantize_schedule_launch(items, sms, 128);
+        assert_eq!((g(0, 132).grid, g(1, 132).grid, g(1024, 132).grid, g(1025, 132).grid), (3, 3, 3, 4));
+        assert_eq!((g(1 << 30, 132).grid, g(1 << 30, 0).grid), (134, 3));
+        let l = g(5000, 132);
+        assert_eq!((l.block, l.cluster, l.smem_bytes), (SCHEDULE_THREADS, 1, super::super::schedule::smem::bytes(128)));
+    }
 
     #[test]
     fn tiles_of_a_group() {

@@ -517,7 +517,7 @@ impl<L: Layout> Engine<L> {
         // SAFETY: the caller's contract.
         unsafe {
             let prepared = self.prepare(stream_arc, call, alphas)?;
-            self.launch(stream_arc, call, prepared, 0)
+            self.launch(stream_arc, call, prepared, &[])
         }
     }
 
@@ -598,17 +598,17 @@ impl<L: Layout> Engine<L> {
     }
 
     /// [`Engine::run`]'s second half: enqueues the launches of `call` (the call `prepared` was
-    /// prepared for, on the same stream) after the first `skip` (which the caller ran its own
-    /// way; a layout whose launches one graph serves is launched whole, `skip` 0).
+    /// prepared for, on the same stream) after the leading ones named in `skip` (which the caller
+    /// ran its own way; a layout whose launches one graph serves is launched whole, `skip` empty).
     ///
     /// # Safety
-    /// As [`Engine::run`]; the first `skip` launches' work must be enqueued already.
+    /// As [`Engine::run`]; the skipped launches' work must be enqueued already.
     pub unsafe fn launch(
         &mut self,
         stream_arc: &Arc<CudaStream>,
         call: &L::Call,
         prepared: Prepared,
-        skip: usize,
+        skip: &[&str],
     ) -> Result<()> {
         let stream: &CudaStream = stream_arc;
         let Prepared { set: i, upload, capturing } = prepared;
@@ -618,11 +618,13 @@ impl<L: Layout> Engine<L> {
         // same signature) and every other address is the plan's own memory.
         unsafe {
             match &mut self.tables[i].graph {
-                Some(graph) if !capturing && skip == 0 => graph.launch(stream)?,
+                Some(graph) if !capturing && skip.is_empty() => graph.launch(stream)?,
                 _ => {
                     self.launches.clear();
                     self.layout.launches(Some(call), &at, &mut self.launches);
-                    for l in &self.launches[skip.min(self.launches.len())..] {
+                    let first = self.launches.iter().take(skip.len()).map(|l| l.kernel);
+                    assert!(first.eq(skip.iter().copied()), "the launches the caller ran are the layout's first");
+                    for l in &self.launches[skip.len()..] {
                         launch_raw(function(&self.functions, l.kernel), stream, l.geometry, l.start, &l.params)?;
                     }
                 }

@@ -282,10 +282,12 @@ impl Quantizer {
         schedules: [Sm90ScheduleParams; SCHEDULE_CTAS as usize],
     ) -> Result<()> {
         let (quantize, items) = gather_params(problem, bf16, inputs, out)?;
+        // The shared memory of the scheduler of the most groups.
+        let groups = schedules.iter().map(|s| s.common.sizes.groups).max().unwrap_or(0);
         let params = QuantizeScheduleParams { quantize, schedules };
         // SAFETY: validated as for the quantization alone; the schedulers' parameters are their
         // plans' (the caller's contract), and write only those plans' memory.
-        unsafe { self.launch_quantize_schedule(stream, items, problem.groups() as u32, &params) }
+        unsafe { self.launch_quantize_schedule(stream, items, groups, &params) }
     }
 
     /// The MoE block's activation (+ requantization) (contract steps 4–5; module docs):

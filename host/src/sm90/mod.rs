@@ -17,6 +17,7 @@ mod device_sizes;
 // Reached through `crate::layout` (the `testing` feature).
 #[cfg_attr(not(any(test, feature = "testing")), allow(unused_imports))]
 pub use device_sizes::Sm90DeviceLayout;
+pub(crate) use device_sizes::SCHEDULE;
 
 use cost::item_cost;
 
