@@ -8,6 +8,7 @@ use crate::prepack::PrepackShape;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions};
+use nvfp4_gemm::moe_block::SchedulerPlacement;
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -221,6 +222,11 @@ struct Args {
     /// default)
     #[arg(long = "block-precision", value_name = "LIST", value_parser = precision_list)]
     block_precision: Option<PrecisionList>,
+    /// Where the block's GEMM schedulers run on sm_90a: `launches` (each its own launch, the
+    /// default) or `quantization` (both in the token quantization's launch; not yet run on a
+    /// GPU before this flag)
+    #[arg(long = "block-schedulers", value_name = "WHERE", default_value = "launches", value_parser = scheduler_placement, verbatim_doc_comment)]
+    block_schedulers: SchedulerPlacement,
     /// Tokens of each block's check against the CPU reference (few: the reference decodes
     /// every expert they touch)
     #[arg(long = "block-check-tokens", value_name = "N", default_value_t = CHECK_TOKENS, value_parser = at_least::<1>, verbatim_doc_comment)]
@@ -281,6 +287,15 @@ fn precision_list(v: &str) -> Result<PrecisionList, String> {
         }
     }
     Ok(PrecisionList(out))
+}
+
+/// `--block-schedulers`.
+fn scheduler_placement(v: &str) -> Result<SchedulerPlacement, String> {
+    match v {
+        "launches" => Ok(SchedulerPlacement::Launches),
+        "quantization" => Ok(SchedulerPlacement::InQuantization),
+        other => Err(format!("unknown scheduler placement `{other}` (launches, quantization)")),
+    }
 }
 
 /// `--shapes`: the listed shapes of the default set.
@@ -473,6 +488,8 @@ pub struct BlockSelection {
     pub precisions: Vec<BlockPrecision>,
     /// Tokens of each block's check.
     pub check_tokens: usize,
+    /// Where the block's GEMM schedulers run (sm_90a).
+    pub schedulers: SchedulerPlacement,
 }
 
 impl Default for BlockSelection {
@@ -482,6 +499,7 @@ impl Default for BlockSelection {
             tokens: BLOCK_TOKENS.to_vec(),
             precisions: BlockPrecision::ALL.to_vec(),
             check_tokens: CHECK_TOKENS,
+            schedulers: SchedulerPlacement::Launches,
         }
     }
 }
@@ -689,6 +707,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
         },
         precisions: a.block_precision.map_or_else(|| BlockPrecision::ALL.to_vec(), |p| p.0),
         check_tokens: a.block_check_tokens,
+        schedulers: a.block_schedulers,
     };
     if problems.is_empty() && moe.is_empty() && prepack.is_empty() && block.layers.is_empty() {
         return fail(
@@ -919,6 +938,8 @@ mod tests {
             [BlockPrecision::W4a16, BlockPrecision::W4a4]
         );
         assert_eq!(run("--block --block-precision all").block.precisions, BlockPrecision::ALL);
+        assert_eq!(run("--block").block.schedulers, SchedulerPlacement::Launches);
+        assert_eq!(run("--block --block-schedulers quantization").block.schedulers, SchedulerPlacement::InQuantization);
         assert_eq!(run("--block-shapes all").block.layers, BLOCK_LAYERS);
         assert!(run("--block-shapes none").block.layers.is_empty());
         // The quick subset, unless the layers or the tokens are named.
@@ -936,6 +957,8 @@ mod tests {
         assert!(err("--block --block-tokens 1,x").contains("`x` is not a whole number"));
         assert!(err("--block --block-tokens 16385").contains("1 to 16384"));
         assert!(err("--block --block-precision w4a8").contains("unknown precision `w4a8` (w4a4, w4a4-epilogue, w4a16)"));
+        assert!(err("--block --block-schedulers gemm")
+            .contains("unknown scheduler placement `gemm` (launches, quantization)"));
         assert!(err("--block --block-check-tokens 0").contains("at least 1"));
         assert!(err("--block-tokens 1").contains("need --block"));
         assert!(err("--block-precision w4a4 --shapes none").contains("need --block"));

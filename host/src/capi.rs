@@ -353,7 +353,7 @@ pub fn block_inputs(
     } else {
         ActivationPlacement::Kernel
     };
-    Ok((loaded, shape, block_options, BlockPlan { activation: placement }))
+    Ok((loaded, shape, block_options, BlockPlan { activation: placement, ..BlockPlan::default() }))
 }
 
 fn null_error(call: &'static str, field: &'static str) -> Error {

@@ -1,8 +1,9 @@
 //! The whole MoE expert block in the device model: the chain of kernels
 //! `nvfp4_gemm::moe_block::ExpertBlock::run_views` launches — `moe_route`, the gather into
-//! expert-sorted rows (`nvfp4_quantize_grouped`, quantizing under W4A4; on sm_90a
-//! `sm90_quantize_schedule`, the same loop with both GEMMs' schedulers in its first two CTAs),
-//! the first device-sized grouped GEMM (on sm_100a its scheduler, then its GEMM),
+//! expert-sorted rows (`nvfp4_quantize_grouped`, quantizing under W4A4; on sm_90a, in the cases
+//! that ask for it, `sm90_quantize_schedule`: the same loop with both GEMMs' schedulers in its
+//! first two CTAs), the first device-sized grouped GEMM (its scheduler unless it ran there, then
+//! its GEMM),
 //! `moe_activate` (requantizing under W4A4), the second device-sized GEMM and `moe_combine` — in
 //! that order, on buffers that flow from one
 //! launch to the next (the model's device addresses are host addresses), with the parameters,
@@ -169,6 +170,9 @@ struct Case {
     fused: bool,
     /// sm_90a: the GEMMs' general kernel runs a group's last tile 64 wide (`MoeOptions::tail64`).
     tail64: bool,
+    /// sm_90a: both GEMMs' schedulers in the quantization's launch (`sm90_quantize_schedule`,
+    /// `SchedulerPlacement::InQuantization`), else each its own launch.
+    in_quantization: bool,
 }
 
 impl Case {
@@ -737,16 +741,17 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         c_type: p2.output(),
         activated: None,
     };
-    // On sm_90a the block prepares both and runs their schedulers in the quantization's launch.
+    // With the schedulers in the quantization's launch (sm_90a) the block prepares both calls
+    // and runs their schedulers there.
     let prepared = match c.device {
-        Device::Sm90 { sms } => {
+        Device::Sm90 { sms } if c.in_quantization => {
             let prepare = |p: &MoeProblem, buffers: &MoeBuffers| {
                 validate_moe_buffers(p, buffers).unwrap_or_else(|e| panic!("{what}: {e}"));
                 Sm90Prepared::routed(p, buffers, sms, &sm90_options(c), Some(slots))
             };
             Some((prepare(p1, &gemm1), prepare(p2, &gemm2)))
         }
-        Device::Sm100 { .. } => None,
+        _ => None,
     };
     let (prepared1, prepared2) = match prepared {
         Some((one, two)) => {
@@ -1007,6 +1012,7 @@ fn case(device: Device, activation: Activation, precision: Precision, dtype: Den
         run: ModelRun::default(),
         fused: false,
         tail64: false,
+        in_quantization: false,
     }
 }
 
@@ -1062,7 +1068,8 @@ fn model_moe_block_chain_sm100_gelu_tanh() {
 
 /// sm_90a, W4A4 (the token dequantization, then the GEMM), gated silu, f16, 3 local experts,
 /// H = 128, I = 64, on 3 SMs: T = 5 (the decode GEMM: no expert has more than 16 rows) and 32
-/// (the general GEMM: the two experts that get tokens have about 30 rows each).
+/// (the general GEMM: the two experts that get tokens have about 30 rows each); the schedulers
+/// as launches of their own, then in the quantization's launch.
 #[test]
 fn model_moe_block_chain_sm90_w4a4() {
     let device = Device::Sm90 { sms: 3 };
@@ -1075,6 +1082,7 @@ fn model_moe_block_chain_sm90_w4a4() {
         ..case(device, Activation::Silu, Precision::W4a4, Dense16::F16)
     };
     run_case("sm90 w4a4 silu f16", c, &[5, 32], 6);
+    run_case("sm90 w4a4 silu f16, schedulers in the quantization", Case { in_quantization: true, ..c }, &[5, 32], 11);
 }
 
 /// sm_90a, W4A4, with the first GEMM also run with the activation in its epilogue (general
@@ -1092,6 +1100,7 @@ fn model_moe_block_chain_sm90_w4a4_activation_epilogue() {
         inter: 192,
         max_tokens: 48,
         fused: true,
+        in_quantization: true,
         ..case(device, Activation::Relu2, Precision::W4a4, Dense16::Bf16)
     };
     run_case("sm90 w4a4 relu2 bf16, activation epilogue", c, &[48], 9);
@@ -1116,6 +1125,7 @@ fn model_moe_block_chain_sm90_w4a16() {
         inter: 64,
         max_tokens: 24,
         ids_i64: true,
+        in_quantization: true,
         ..case(device, Activation::Relu2, Precision::W4a16, Dense16::Bf16)
     };
     run_case("sm90 w4a16 relu2 bf16 at input", c, &[24], 7);

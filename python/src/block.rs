@@ -174,8 +174,8 @@ fn plan(
         let s = unsafe { dev.gpu().context().wrap_borrowed_stream(handle as sys::CUstream) };
         let activation =
             if activation_epilogue { ActivationPlacement::FirstGemmEpilogue } else { ActivationPlacement::Kernel };
-        let block = ExpertBlock::with_plan(dev.gpu(), &s, shape, kind.options, loaded, BlockPlan { activation })
-            .map_err(py_err)?;
+        let plan = BlockPlan { activation, ..BlockPlan::default() };
+        let block = ExpertBlock::with_plan(dev.gpu(), &s, shape, kind.options, loaded, plan).map_err(py_err)?;
         Inner { block, stream: Some((handle, s)) }
     };
     let (hidden, top_k, max_tokens) = (shape.hidden, shape.top_k, shape.max_tokens);

@@ -298,11 +298,26 @@ pub enum ActivationPlacement {
     FirstGemmEpilogue,
 }
 
+/// Where a block on sm_90a runs its two GEMMs' device schedulers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SchedulerPlacement {
+    /// Each GEMM's own `sm90_schedule` launch before its kernels (and on sm_100a, always).
+    #[default]
+    Launches,
+    /// Both in the token quantization's launch (`sm90_quantize_schedule`, sm_90a): two launches
+    /// fewer per call, the schedulers' time behind the quantization's; the same output bit for
+    /// bit (the same tables and lists). ⚠ Not yet run on a GPU: checked in the device model
+    /// (`model_moe_block_chain`); the default stays [`SchedulerPlacement::Launches`] until it is.
+    InQuantization,
+}
+
 /// How [`ExpertBlock::with_plan`] builds the block beyond its shape and options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BlockPlan {
     /// Where the activation runs (W4A4 on sm_90a; [`ActivationPlacement::Kernel`] otherwise).
     pub activation: ActivationPlacement,
+    /// Where the GEMMs' schedulers run (sm_90a; [`SchedulerPlacement::Launches`] otherwise).
+    pub schedulers: SchedulerPlacement,
 }
 
 /// The whole MoE expert block for one GPU (module docs): planned once by [`ExpertBlock::new`]
@@ -349,6 +364,8 @@ pub struct ExpertBlock {
     w2: Weights,
     /// The activation runs in the first GEMM's epilogue ([`ActivationPlacement`]).
     fused: bool,
+    /// The GEMMs' schedulers run in the quantization's launch ([`SchedulerPlacement`]).
+    schedulers_in_quantization: bool,
     /// Each local expert's input scales (the W4A4 quantizers' global scales; 1 under W4A16, where
     /// nothing reads them): the first GEMM's, the second's.
     input_scales: (CudaSlice<f32>, CudaSlice<f32>),
@@ -384,7 +401,8 @@ impl ExpertBlock {
     }
 
     /// [`ExpertBlock::new`] built as `plan` says. Errors as there, and [`Error::Unsupported`]
-    /// for [`ActivationPlacement::FirstGemmEpilogue`] other than W4A4 on sm_90a.
+    /// for [`ActivationPlacement::FirstGemmEpilogue`] other than W4A4 on sm_90a, and for
+    /// [`SchedulerPlacement::InQuantization`] other than on sm_90a.
     pub fn with_plan(
         gpu: &Gpu,
         stream: &Arc<CudaStream>,
@@ -425,6 +443,13 @@ impl ExpertBlock {
             return Err(Error::Unsupported(format!(
                 "the activation in the first GEMM's epilogue is built for W4A4 on sm_90a; this block is {:?} on {:?}",
                 options.precision,
+                gpu.arch()
+            )));
+        }
+        let schedulers_in_quantization = plan.schedulers == SchedulerPlacement::InQuantization;
+        if schedulers_in_quantization && gpu.arch() != Arch::Sm90a {
+            return Err(Error::Unsupported(format!(
+                "the schedulers in the quantization's launch are built for sm_90a; this GPU is {:?}",
                 gpu.arch()
             )));
         }
@@ -508,6 +533,7 @@ impl ExpertBlock {
             // The fused epilogue stores no `h`.
             h: Dense::alloc(stream, options.dtype, if fused { 0 } else { rows * n1 })?,
             fused,
+            schedulers_in_quantization,
             z: Tokens::alloc(stream, &p2, &options)?,
             o: Dense::alloc(stream, options.dtype, rows * hidden)?,
         };
@@ -591,11 +617,15 @@ impl ExpertBlock {
         // kernel alone. Told before the calls are prepared: it picks their schedulers' kernels.
         self.gemm1.set_routed_rows(Some(slots));
         self.gemm2.set_routed_rows(Some(slots));
-        // On sm_90a both GEMMs' schedulers run in the quantization's launch (they read only the
-        // routing's sizes): their tables are prepared first, their launches enqueued later.
+        // With the schedulers in the quantization's launch (they read only the routing's sizes),
+        // both GEMMs' tables are prepared first and their launches enqueued later.
         let fused = self.fused;
-        let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
-        let s1 = prepare_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out1)?;
+        let s1 = if self.schedulers_in_quantization {
+            let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
+            prepare_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out1)?
+        } else {
+            None
+        };
         let scheduled = match s1 {
             Some(s1) => {
                 let s2 =

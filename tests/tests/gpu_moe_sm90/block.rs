@@ -166,6 +166,19 @@ fn gpu_moe_block_relu2_w4a16_weight_at_input() {
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_block_graph_replays_routings() {
+    graph_replays(nvfp4_gemm::moe_block::BlockPlan::default());
+}
+
+/// [`gpu_moe_block_graph_replays_routings`] with the GEMMs' schedulers in the quantization's
+/// launch.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_graph_replays_routings_schedulers_in_quantization() {
+    use nvfp4_gemm::moe_block::{BlockPlan, SchedulerPlacement};
+    graph_replays(BlockPlan { schedulers: SchedulerPlacement::InQuantization, ..BlockPlan::default() });
+}
+
+fn graph_replays(plan: nvfp4_gemm::moe_block::BlockPlan) {
     use nvfp4_gemm_tests::moe::{capture, with_capture_stream};
     let gpu = require_gpu(Arch::Sm90a);
     with_capture_stream(&gpu, |stream| {
@@ -173,7 +186,7 @@ fn gpu_moe_block_graph_replays_routings() {
         let loaded = experts(true, &mut rng);
         let options = BlockOptions::new(Activation::Silu, Precision::W4a4, Dense16::Bf16);
         let shape = block_shape(MAX_TOKENS);
-        let mut block = ExpertBlock::new(&gpu, stream, shape, options, &loaded).unwrap();
+        let mut block = ExpertBlock::with_plan(&gpu, stream, shape, options, &loaded, plan).unwrap();
         let tokens = 24;
         let mut x_dev = stream.clone_htod(&vec![bf16::ZERO; tokens * H]).unwrap();
         let mut ids_dev = stream.clone_htod(&vec![-1i32; tokens * TOP_K]).unwrap();
@@ -216,6 +229,60 @@ fn gpu_moe_block_graph_replays_routings() {
     });
 }
 
+/// The GEMMs' schedulers in the quantization's launch (`SchedulerPlacement::InQuantization`):
+/// the same output bit for bit as the schedulers' own launches, W4A4 with the activation kernel
+/// and with the epilogue, and W4A16, at T = 0, 1, 17 and the bound (the decode and the general
+/// GEMMs), each within the tolerance of the reference; the output poisoned first.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_schedulers_in_quantization() {
+    use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan, SchedulerPlacement};
+    let gpu = require_gpu(Arch::Sm90a);
+    let stream = gpu.context().default_stream();
+    let shape = block_shape(MAX_TOKENS);
+    let mut rng = SplitMix64::new(0x5C4E);
+    let cases = [
+        (Precision::W4a4, ActivationPlacement::Kernel),
+        (Precision::W4a4, ActivationPlacement::FirstGemmEpilogue),
+        (Precision::W4a16, ActivationPlacement::Kernel),
+    ];
+    for (precision, activation) in cases {
+        let loaded = experts(true, &mut rng);
+        let options = BlockOptions::new(Activation::Silu, precision, Dense16::Bf16);
+        let plan = |schedulers| BlockPlan { activation, schedulers };
+        let mut launches =
+            ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, plan(SchedulerPlacement::Launches)).unwrap();
+        let mut inside =
+            ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, plan(SchedulerPlacement::InQuantization))
+                .unwrap();
+        for tokens in [0, 1, 17, MAX_TOKENS] {
+            let what = format!("{precision:?} {activation:?} T={tokens}");
+            let x: Vec<bf16> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal())).collect();
+            let r = routing(tokens, &mut rng);
+            let ids: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
+            let (x_dev, ids_dev) = (stream.clone_htod(&x).unwrap(), stream.clone_htod(&ids).unwrap());
+            let w_dev = stream.clone_htod(&r.weights).unwrap();
+            let run = |block: &mut ExpertBlock| {
+                let mut y: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
+                block.run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y).unwrap();
+                stream.clone_dtoh(&y).unwrap()
+            };
+            let (want_bits, got) = (run(&mut launches), run(&mut inside));
+            assert!(
+                got.iter().zip(&want_bits).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the schedulers in the quantization's launch changed the output"
+            );
+            let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+            let want = round_output_as(&reference(&x64, H, &r, &loaded, &options).unwrap(), Dense16::Bf16);
+            let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
+            let err = norm(got.iter().zip(&want).map(|(g, w)| g - w));
+            let scale = norm(want.iter().copied());
+            println!("CASE {what}: in quantization = launches bit for bit; ‖got − ref‖ = {err:.3e} of {scale:.3e}");
+            assert!(err <= 2e-2 * scale.max(1e-30) || (scale == 0.0 && err == 0.0), "{what}: {err} of {scale}");
+        }
+    }
+}
+
 /// An expert's input scale that is not finite and positive is refused by the constructor, named
 /// by its field and expert, under W4A4 (W4A16 reads no input scale).
 #[test]
@@ -255,7 +322,7 @@ fn gpu_moe_block_activation_epilogue_matches_the_kernel() {
     let gpu = require_gpu(Arch::Sm90a);
     let stream = gpu.context().default_stream();
     let shape = block_shape(MAX_TOKENS);
-    let fused_plan = BlockPlan { activation: ActivationPlacement::FirstGemmEpilogue };
+    let fused_plan = BlockPlan { activation: ActivationPlacement::FirstGemmEpilogue, ..BlockPlan::default() };
     let mut rng = SplitMix64::new(0xF05E);
     for activation in [Activation::Silu, Activation::GeluTanh, Activation::Relu2] {
         for dtype in [Dense16::Bf16, Dense16::F16] {
@@ -337,7 +404,7 @@ fn gpu_moe_block_4096_tokens() {
     ] {
         let what = format!("{precision:?} {activation:?} T={tokens}");
         let options = BlockOptions::new(Activation::Silu, precision, Dense16::Bf16);
-        let plan = BlockPlan { activation };
+        let plan = BlockPlan { activation, ..BlockPlan::default() };
         let mut block = ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, plan).unwrap();
         let mut y: CudaSlice<bf16> = stream.clone_htod(&vec![bf16::NAN; tokens * H]).unwrap();
         block.run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y).unwrap();
