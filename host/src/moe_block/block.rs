@@ -622,15 +622,19 @@ impl ExpertBlock {
         let fused = self.fused;
         let s1 = if self.schedulers_in_quantization {
             let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
-            prepare_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out1)?
+            prepare_gemm(
+                &mut self.gemm1,
+                stream,
+                GemmIo { offsets: &self.offsets, a: &self.a, weights: &self.w13, out: out1 },
+            )?
         } else {
             None
         };
         let scheduled = match s1 {
             Some(s1) => {
+                let io = GemmIo { offsets: &self.offsets, a: &self.z, weights: &self.w2, out: GemmOut::C(&mut self.o) };
                 let s2 =
-                    prepare_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o))?
-                        .expect("both GEMMs are planned for one architecture");
+                    prepare_gemm(&mut self.gemm2, stream, io)?.expect("both GEMMs are planned for one architecture");
                 Some((s1, s2))
             }
             None => None,
@@ -683,7 +687,12 @@ impl ExpertBlock {
             None => (None, None),
         };
         let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
-        run_gemm(&mut self.gemm1, stream, &self.offsets, &self.a, &self.w13, out1, s1)?;
+        run_gemm(
+            &mut self.gemm1,
+            stream,
+            GemmIo { offsets: &self.offsets, a: &self.a, weights: &self.w13, out: out1 },
+            s1,
+        )?;
         if !fused {
             let mut call = CallBuffers::new(stream);
             let h = self.h.read(&mut call);
@@ -695,7 +704,8 @@ impl ExpertBlock {
                 self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out, slots)?;
             }
         }
-        run_gemm(&mut self.gemm2, stream, &self.offsets, &self.z, &self.w2, GemmOut::C(&mut self.o), s2)?;
+        let io = GemmIo { offsets: &self.offsets, a: &self.z, weights: &self.w2, out: GemmOut::C(&mut self.o) };
+        run_gemm(&mut self.gemm2, stream, io, s2)?;
         let mut call = CallBuffers::new(stream);
         let o = self.o.read(&mut call);
         let slot_row = call.read(&self.slot_row);
@@ -731,20 +741,25 @@ enum GemmOut<'s> {
     Activated { c: &'s mut Dense, z: &'s mut Tokens, scales: &'s CudaSlice<f32> },
 }
 
-/// One of the block's grouped GEMMs over its own buffers: the device sizes `offsets`, tokens
-/// `a`, the experts' `weights`, and `out`. With `scheduled` (its call prepared, its scheduler
-/// launched inside the quantization's launch) the launches after the scheduler
+/// One of the block's GEMMs' buffers: the device sizes, the tokens, the experts' weights, and
+/// what it writes.
+struct GemmIo<'s> {
+    offsets: &'s CudaSlice<u32>,
+    a: &'s Tokens,
+    weights: &'s Weights,
+    out: GemmOut<'s>,
+}
+
+/// One of the block's grouped GEMMs over its own buffers. With `scheduled` (its call prepared,
+/// its scheduler launched inside the quantization's launch) the launches after the scheduler
 /// ([`MoePlan::launch_scheduled`]), else the whole call ([`MoePlan::run_views`]).
 fn run_gemm(
     plan: &mut MoePlan,
     stream: &Arc<CudaStream>,
-    offsets: &CudaSlice<u32>,
-    a: &Tokens,
-    weights: &Weights,
-    out: GemmOut<'_>,
+    io: GemmIo<'_>,
     scheduled: Option<ScheduledCall>,
 ) -> Result<()> {
-    with_gemm_buffers(plan, stream, offsets, a, weights, out, |plan, buffers| {
+    with_gemm_buffers(plan, stream, io, |plan, buffers| {
         // SAFETY: the block's own buffers, alive and ordered until the launches are enqueued; a
         // prepared call was prepared for these buffers.
         unsafe {
@@ -757,19 +772,10 @@ fn run_gemm(
 }
 
 /// [`MoePlan::prepare_scheduled`] for [`run_gemm`]'s call on the same buffers.
-fn prepare_gemm(
-    plan: &mut MoePlan,
-    stream: &Arc<CudaStream>,
-    offsets: &CudaSlice<u32>,
-    a: &Tokens,
-    weights: &Weights,
-    out: GemmOut<'_>,
-) -> Result<Option<ScheduledCall>> {
+fn prepare_gemm(plan: &mut MoePlan, stream: &Arc<CudaStream>, io: GemmIo<'_>) -> Result<Option<ScheduledCall>> {
     // SAFETY: the block's own buffers, alive and ordered until the preparation's copies are
     // enqueued.
-    with_gemm_buffers(plan, stream, offsets, a, weights, out, |plan, buffers| unsafe {
-        plan.prepare_scheduled(stream, buffers)
-    })
+    with_gemm_buffers(plan, stream, io, |plan, buffers| unsafe { plan.prepare_scheduled(stream, buffers) })
 }
 
 /// `f` on one of the block's GEMMs and its buffers' views, their stream-ordering guards held
@@ -777,28 +783,19 @@ fn prepare_gemm(
 fn with_gemm_buffers<R>(
     plan: &mut MoePlan,
     stream: &Arc<CudaStream>,
-    offsets: &CudaSlice<u32>,
-    a: &Tokens,
-    weights: &Weights,
-    out: GemmOut<'_>,
+    io: GemmIo<'_>,
     f: impl FnOnce(&mut MoePlan, &MoeBuffers) -> Result<R>,
 ) -> Result<R> {
     let mut call = CallBuffers::new(stream);
-    let buffers = gemm_buffers(plan, &mut call, offsets, a, weights, out)?;
+    let buffers = gemm_buffers(plan, &mut call, io)?;
     let result = f(plan, &buffers);
     drop(call);
     result
 }
 
 /// The views of one of the block's GEMMs' buffers, held by `call`.
-fn gemm_buffers<'s>(
-    plan: &MoePlan,
-    call: &mut CallBuffers<'s>,
-    offsets: &'s CudaSlice<u32>,
-    a: &'s Tokens,
-    weights: &'s Weights,
-    out: GemmOut<'s>,
-) -> Result<MoeBuffers> {
+fn gemm_buffers<'s>(plan: &MoePlan, call: &mut CallBuffers<'s>, io: GemmIo<'s>) -> Result<MoeBuffers> {
+    let GemmIo { offsets, a, weights, out } = io;
     let (c, activated) = match out {
         GemmOut::C(c) => (c.write(call), None),
         GemmOut::Activated { c, z, scales } => {
