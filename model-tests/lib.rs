@@ -1172,9 +1172,7 @@ pub fn run_sm90_moe_routed(
     routed: Option<usize>,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let mut layout = Sm90DeviceLayout::new(problem, sm_count, options).expect("sm90 device layout");
-    layout.set_routed_rows(routed);
-    run_sm90_device_sized(layout, buffers, run)
+    run_sm90_prepared(Sm90Prepared::routed(problem, buffers, sm_count, options, routed), buffers, run)
 }
 
 fn run_sm90_device_sized(
@@ -1182,7 +1180,11 @@ fn run_sm90_device_sized(
     buffers: &MoeBuffers,
     run: &ModelRun,
 ) -> Result<Sm90MoeRun, Failure> {
-    let call = Sm90Prepared::new(layout, buffers);
+    run_sm90_prepared(Sm90Prepared::new(layout, buffers), buffers, run)
+}
+
+/// A prepared call's scheduler, then the launches after it.
+fn run_sm90_prepared(call: Sm90Prepared, buffers: &MoeBuffers, run: &ModelRun) -> Result<Sm90MoeRun, Failure> {
     let scheduler = run_sm90_schedule_launch(&call.layout, buffers, &call.tables, &call.launches, run)?;
     call.run_after_scheduler(vec![scheduler], run)
 }

@@ -97,7 +97,12 @@ pub const fn dequantize_items(rows: u32, k: u32) -> u64 {
 /// CTAs for `items` work items, at most `max_ctas` (the threads grid-stride beyond); 0 when
 /// there is nothing to do (no launch).
 pub const fn grid(items: u64, max_ctas: u32) -> u32 {
-    let ctas = items.div_ceil(THREADS as u64);
+    grid_of(items, THREADS, max_ctas)
+}
+
+/// [`grid`] for CTAs of `threads` threads (one item each per pass).
+pub const fn grid_of(items: u64, threads: u32, max_ctas: u32) -> u32 {
+    let ctas = items.div_ceil(threads as u64);
     if ctas < max_ctas as u64 {
         ctas as u32
     } else {

@@ -239,15 +239,8 @@ const _: () = assert!(core::mem::size_of::<QuantizeScheduleParams>() == 96 + 2 *
 /// `sms` SMs, with `groups` groups: [`SCHEDULE_CTAS`] CTAs, then one per [`SCHEDULE_THREADS`]
 /// items up to [`QUANTIZE_CTAS_PER_SM`] per SM (at least one); the schedulers' shared memory.
 pub const fn quantize_schedule_launch(items: u64, sms: u32, groups: u32) -> LaunchGeometry {
-    let most = if sms == 0 { 1 } else { sms * QUANTIZE_CTAS_PER_SM };
-    let want = items.div_ceil(SCHEDULE_THREADS as u64);
-    let quantize = if want == 0 {
-        1
-    } else if want < most as u64 {
-        want as u32
-    } else {
-        most
-    };
+    let quantize = crate::quantize::grid_of(items, SCHEDULE_THREADS, sms * QUANTIZE_CTAS_PER_SM);
+    let quantize = if quantize == 0 { 1 } else { quantize };
     LaunchGeometry {
         grid: SCHEDULE_CTAS + quantize,
         block: SCHEDULE_THREADS,

@@ -620,24 +620,16 @@ impl ExpertBlock {
         // With the schedulers in the quantization's launch (they read only the routing's sizes),
         // both GEMMs' tables are prepared first and their launches enqueued later.
         let fused = self.fused;
-        let s1 = if self.schedulers_in_quantization {
+        // Both prepared or neither (`with_plan` refuses the option off sm_90a, where a
+        // preparation is `None`).
+        let scheduled = if self.schedulers_in_quantization {
             let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
-            prepare_gemm(
-                &mut self.gemm1,
-                stream,
-                GemmIo { offsets: &self.offsets, a: &self.a, weights: &self.w13, out: out1 },
-            )?
+            let io1 = GemmIo { offsets: &self.offsets, a: &self.a, weights: &self.w13, out: out1 };
+            let s1 = prepare_gemm(&mut self.gemm1, stream, io1)?;
+            let io2 = GemmIo { offsets: &self.offsets, a: &self.z, weights: &self.w2, out: GemmOut::C(&mut self.o) };
+            s1.zip(prepare_gemm(&mut self.gemm2, stream, io2)?)
         } else {
             None
-        };
-        let scheduled = match s1 {
-            Some(s1) => {
-                let io = GemmIo { offsets: &self.offsets, a: &self.z, weights: &self.w2, out: GemmOut::C(&mut self.o) };
-                let s2 =
-                    prepare_gemm(&mut self.gemm2, stream, io)?.expect("both GEMMs are planned for one architecture");
-                Some((s1, s2))
-            }
-            None => None,
         };
         {
             let mut call = CallBuffers::new(stream);
@@ -682,10 +674,7 @@ impl ExpertBlock {
                 }
             }
         }
-        let (s1, s2) = match scheduled {
-            Some((s1, s2)) => (Some(s1), Some(s2)),
-            None => (None, None),
-        };
+        let (s1, s2) = scheduled.unzip();
         let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
         run_gemm(
             &mut self.gemm1,

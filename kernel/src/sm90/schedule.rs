@@ -260,6 +260,9 @@ pub unsafe fn sm90_schedule(p: Sm90ScheduleParams) {
     unsafe { schedule(&Sm90 { p }) }
 }
 
+// `sm90_quantize_schedule` has one branch per scheduler.
+const _: () = assert!(SCHEDULE_CTAS == 2);
+
 /// The MoE block's quantization (or gather) and both GEMMs' schedulers in one grid
 /// (`nvfp4_gemm_abi::moe::sm90::QUANTIZE_SCHEDULE_KERNEL`): CTA 0 schedules the first GEMM,
 /// CTA 1 the second, the others quantize. Launch: `quantize_schedule_launch`.
