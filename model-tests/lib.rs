@@ -1220,6 +1220,14 @@ impl Sm90Prepared {
         Sm90Prepared::new(layout, buffers)
     }
 
+    /// The plan's f16 token workspace, every byte set to `poison` first: where a plan whose
+    /// caller dequantizes (`MoeOptions::caller_dequantizes`) reads the tokens the block's gather
+    /// or activation write.
+    pub fn poisoned_workspace(&mut self, poison: u8) -> BufferView {
+        self.tables.workspace.bytes_mut().fill(poison);
+        self.tables.workspace.view(self.layout.workspace_bytes)
+    }
+
     /// The scheduler's parameters (its launch's, the layout's first).
     pub fn schedule_params(&self) -> Sm90ScheduleParams {
         let l = scheduler_launch(&self.launches, "sm90_schedule", self.layout.problem.groups() as u32);

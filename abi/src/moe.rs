@@ -346,7 +346,7 @@ pub struct GroupedConvertParams {
     pub gather: block::Gather,
 }
 
-const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 96);
+const _: () = assert!(core::mem::size_of::<GroupedConvertParams>() == 104);
 
 #[cfg(test)]
 mod tests {

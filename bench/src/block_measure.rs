@@ -135,7 +135,7 @@ impl Bench {
         };
         let options = BlockOptions::new(Activation::Silu, kind, Dense16::Bf16);
         let started = Instant::now();
-        let plan = BlockPlan { activation, schedulers: o.block.schedulers };
+        let plan = BlockPlan { activation, schedulers: o.block.schedulers, dequantization: o.block.dequantization };
         let mut block = ExpertBlock::with_plan(&self.gpu, &stream, shape, options, experts, plan)
             .map_err(lib("ExpertBlock::with_plan"))?;
         // Whatever the plans allocated on other streams is in place before this stream uses it.

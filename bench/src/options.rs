@@ -8,7 +8,7 @@ use crate::prepack::PrepackShape;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
 use nvfp4_gemm::moe::{MoeKernels, MoeOptions};
-use nvfp4_gemm::moe_block::SchedulerPlacement;
+use nvfp4_gemm::moe_block::{SchedulerPlacement, TokenDequantization};
 use nvfp4_gemm_cli::spec::{self, NamedShapes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -222,11 +222,15 @@ struct Args {
     /// default)
     #[arg(long = "block-precision", value_name = "LIST", value_parser = precision_list)]
     block_precision: Option<PrecisionList>,
-    /// Where the block's GEMM schedulers run on sm_90a: `launches` (each its own launch, the
-    /// default) or `quantization` (both in the token quantization's launch; not yet run on a
-    /// GPU before this flag)
-    #[arg(long = "block-schedulers", value_name = "WHERE", default_value = "launches", value_parser = scheduler_placement, verbatim_doc_comment)]
+    /// Where the block's GEMM schedulers run on sm_90a: `quantization` (both in the token
+    /// quantization's launch, the default) or `launches` (each its own launch)
+    #[arg(long = "block-schedulers", value_name = "WHERE", default_value = "quantization", value_parser = scheduler_placement, verbatim_doc_comment)]
     block_schedulers: SchedulerPlacement,
+    /// Where the block's W4A4 tokens are dequantized for the sm_90a GEMMs: `launches` (each
+    /// GEMM's own launch, the default) or `quantizers` (by the gather and the activation as they
+    /// quantize)
+    #[arg(long = "block-dequant", value_name = "WHERE", default_value = "launches", value_parser = token_dequantization, verbatim_doc_comment)]
+    block_dequant: TokenDequantization,
     /// Tokens of each block's check against the CPU reference (few: the reference decodes
     /// every expert they touch)
     #[arg(long = "block-check-tokens", value_name = "N", default_value_t = CHECK_TOKENS, value_parser = at_least::<1>, verbatim_doc_comment)]
@@ -298,6 +302,15 @@ fn scheduler_placement(v: &str) -> Result<SchedulerPlacement, String> {
     }
 }
 
+/// `--block-dequant`.
+fn token_dequantization(v: &str) -> Result<TokenDequantization, String> {
+    match v {
+        "launches" => Ok(TokenDequantization::Launches),
+        "quantizers" => Ok(TokenDequantization::InQuantizers),
+        other => Err(format!("unknown dequantization placement `{other}` (launches, quantizers)")),
+    }
+}
+
 /// `--shapes`: the listed shapes of the default set.
 #[derive(Debug, Clone)]
 struct ShapeList(Vec<NamedShapes>);
@@ -334,7 +347,7 @@ pub fn moe_options(name: &str) -> Option<MoeOptions> {
         "general-n192" => (MoeKernels::General, false, true),
         _ => return None,
     };
-    Some(MoeOptions { kernels, tail64, spans192 })
+    Some(MoeOptions { kernels, tail64, spans192, caller_dequantizes: false })
 }
 
 fn at_least<const MIN: usize>(v: &str) -> Result<usize, String> {
@@ -490,6 +503,8 @@ pub struct BlockSelection {
     pub check_tokens: usize,
     /// Where the block's GEMM schedulers run (sm_90a).
     pub schedulers: SchedulerPlacement,
+    /// Where the block's W4A4 tokens are dequantized (sm_90a).
+    pub dequantization: TokenDequantization,
 }
 
 impl Default for BlockSelection {
@@ -499,7 +514,8 @@ impl Default for BlockSelection {
             tokens: BLOCK_TOKENS.to_vec(),
             precisions: BlockPrecision::ALL.to_vec(),
             check_tokens: CHECK_TOKENS,
-            schedulers: SchedulerPlacement::Launches,
+            schedulers: SchedulerPlacement::InQuantization,
+            dequantization: TokenDequantization::Launches,
         }
     }
 }
@@ -708,6 +724,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, clap::Error> {
         precisions: a.block_precision.map_or_else(|| BlockPrecision::ALL.to_vec(), |p| p.0),
         check_tokens: a.block_check_tokens,
         schedulers: a.block_schedulers,
+        dequantization: a.block_dequant,
     };
     if problems.is_empty() && moe.is_empty() && prepack.is_empty() && block.layers.is_empty() {
         return fail(
@@ -902,13 +919,19 @@ mod tests {
         assert_eq!(run("--moe").moe_kernels, vec![("auto".to_owned(), MoeOptions::default())]);
         assert_eq!(
             super::moe_options("general-n192"),
-            Some(MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true })
+            Some(MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false })
         );
         let o = run("--moe --moe-kernels auto,decode,general-t64");
         let names: Vec<&str> = o.moe_kernels.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["auto", "decode", "general-t64"]);
-        assert_eq!(o.moe_kernels[1].1, MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false });
-        assert_eq!(o.moe_kernels[2].1, MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false });
+        assert_eq!(
+            o.moe_kernels[1].1,
+            MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false }
+        );
+        assert_eq!(
+            o.moe_kernels[2].1,
+            MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false, caller_dequantizes: false }
+        );
         assert!(err("--moe --moe-kernels auto,fast").contains("unknown `fast`"));
         assert!(err("--moe-shape e=1,t=1,n=8").contains("missing k"));
         assert!(err("--moe=1").contains("unexpected value '1' for '--moe'"));
@@ -938,8 +961,10 @@ mod tests {
             [BlockPrecision::W4a16, BlockPrecision::W4a4]
         );
         assert_eq!(run("--block --block-precision all").block.precisions, BlockPrecision::ALL);
-        assert_eq!(run("--block").block.schedulers, SchedulerPlacement::Launches);
-        assert_eq!(run("--block --block-schedulers quantization").block.schedulers, SchedulerPlacement::InQuantization);
+        assert_eq!(run("--block").block.schedulers, SchedulerPlacement::InQuantization);
+        assert_eq!(run("--block --block-schedulers launches").block.schedulers, SchedulerPlacement::Launches);
+        assert_eq!(run("--block").block.dequantization, TokenDequantization::Launches);
+        assert_eq!(run("--block --block-dequant quantizers").block.dequantization, TokenDequantization::InQuantizers);
         assert_eq!(run("--block-shapes all").block.layers, BLOCK_LAYERS);
         assert!(run("--block-shapes none").block.layers.is_empty());
         // The quick subset, unless the layers or the tokens are named.
@@ -959,6 +984,8 @@ mod tests {
         assert!(err("--block --block-precision w4a8").contains("unknown precision `w4a8` (w4a4, w4a4-epilogue, w4a16)"));
         assert!(err("--block --block-schedulers gemm")
             .contains("unknown scheduler placement `gemm` (launches, quantization)"));
+        assert!(err("--block --block-dequant gemm")
+            .contains("unknown dequantization placement `gemm` (launches, quantizers)"));
         assert!(err("--block --block-check-tokens 0").contains("at least 1"));
         assert!(err("--block-tokens 1").contains("need --block"));
         assert!(err("--block-precision w4a4 --shapes none").contains("need --block"));

@@ -44,11 +44,16 @@ pub struct MoeOptions {
     /// activation epilogue runs the 128-row general kernel whatever this says (the epilogue is in
     /// those kernels only). Default: on.
     pub spans192: bool,
+    /// sm_90a, NVFP4 tokens: the plan launches no token dequantization; every call's tokens are
+    /// in the plan's f16 workspace before the call's GEMM runs ([`crate::MoePlan::token_workspace`]),
+    /// written by the kernel that quantized them (the MoE block's gather and activation). The
+    /// GEMM then starts after the launch before it ends. Default: off.
+    pub caller_dequantizes: bool,
 }
 
 impl Default for MoeOptions {
     fn default() -> Self {
-        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true }
+        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false }
     }
 }
 

@@ -75,6 +75,8 @@ use crate::sm100::{resident_ctas, Sm100DeviceLayout};
 use crate::sm90::Sm90DeviceLayout;
 use crate::summary::PlanSummary;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+#[cfg(doc)]
+use nvfp4_gemm_abi::moe::block::TokenWorkspace;
 use nvfp4_gemm_abi::moe::sm90::Sm90ScheduleParams;
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
@@ -297,6 +299,17 @@ impl MoePlan {
     pub fn set_routed_rows(&mut self, rows: Option<usize>) {
         if let DevicePlan::Sm90(e) = &mut self.plan {
             e.layout.set_routed_rows(rows);
+        }
+    }
+
+    /// The f16 token workspace a plan with [`MoeOptions::caller_dequantizes`] reads its tokens
+    /// from, [`TokenWorkspace::bytes`]`(token_rows, K)` bytes at its start, which the caller's
+    /// quantizing kernel writes (the MoE block's gather and activation,
+    /// `nvfp4_gemm::moe_block::BlockOutput::Nvfp4`'s `workspace`); `None` for any other plan.
+    pub fn token_workspace(&mut self) -> Option<&mut CudaSlice<u8>> {
+        match &mut self.plan {
+            DevicePlan::Sm90(e) if e.layout.caller_dequantizes => Some(e.workspace_mut()),
+            _ => None,
         }
     }
 

@@ -11,7 +11,8 @@
 //! `quantize_block`), so that a call's few rows at small T spread over 4× the threads with a
 //! quarter of the dependent work each; in `moe_activate_blocks` (calls of many blocks) a thread
 //! computes the whole block, and its scale and thresholds once. Grid-strided; rows of no group
-//! are skipped.
+//! are skipped. With `workspace` set (W4A4 on sm_90a), each quantized block is also written
+//! dequantized into the second GEMM's f16 token workspace (`crate::workspace`).
 
 use crate::ptx::sreg;
 use crate::quantize_grouped::{round_to_half, row_global_scale};
@@ -112,7 +113,8 @@ unsafe fn store_words<const W: usize>(p: *mut u8, z: [u32; W]) {
 /// `p.h` holds `rows · n1` readable 16-bit values (`rows = p.sizes.token_rows()`, `n1 = 2I`
 /// gated, else `I`); `p.out` `rows · I` writable 16-bit values (W4A16) or `rows · I / 2` bytes
 /// (W4A4), and then `p.scales` `p.sizes.scale_rows() · I / 16` bytes and, with `p.group_scales`
-/// set, that address `p.sizes.groups` readable `f32`s; `p.sizes.sizes` points to
+/// set, that address `p.sizes.groups` readable `f32`s; with `p.workspace` set, it holds the
+/// workspace of `rows` rows of `I` values (writable); `p.sizes.sizes` points to
 /// `p.sizes.sizes_len()` readable `u32`s; the outputs overlap nothing the kernel reads. The host's
 /// `Quantizer::activate_grouped_views` checks all of it before launching.
 #[crate::ptx::kernel]
@@ -185,13 +187,24 @@ unsafe fn activate<const PARTS: u32, const W: usize>(p: ActivateParams) {
         let first = row as usize * inter as usize + col;
         if p.quantize != 0 {
             let amax = crate::scan::lanes_max(block_part_amax(z) as u32, PARTS.trailing_zeros()) as u16;
-            if let Some((group, scale_row)) = located {
+            let quantized = located.map(|(group, scale_row)| {
+                // SAFETY: `group_scales`, when set, holds an `f32` per group (the caller's
+                // contract).
+                let global = unsafe { row_global_scale(p.group_scales, group, global) };
+                (scale_row, quantize_block_part(z, amax, bf16, global))
+            });
+            // In the 4-thread kernel, a workspace word (values `8h .. 8h + 8` of the block) is
+            // parts `2h` and `2h + 1`, lanes `l` and `l ^ 1`: the whole warp swaps its parts.
+            let partner = if W == 2 && p.workspace != 0 {
+                crate::ptx::warp::shfl_xor(quantized.map_or(0, |(_, (_, packed))| packed as u32 & 0xFFFF), 1)
+            } else {
+                0
+            };
+            if let Some((scale_row, (s, packed))) = quantized {
                 // SAFETY: the outputs of row < rows (the caller's contract), the part's `W`
-                // bytes `W`-byte aligned; `scale_row` is below the scale rows; `group_scales`,
-                // when set, holds an `f32` per group.
+                // bytes `W`-byte aligned; `scale_row` is below the scale rows; the workspace,
+                // when set, holds the rows (the caller's contract).
                 unsafe {
-                    let global = row_global_scale(p.group_scales, group, global);
-                    let (s, packed) = quantize_block_part(z, amax, bf16, global);
                     let at = (p.out as *mut u8).add(first / 2);
                     if W == 8 {
                         *(at as *mut u64) = packed;
@@ -200,6 +213,17 @@ unsafe fn activate<const PARTS: u32, const W: usize>(p: ActivateParams) {
                     }
                     if part == 0 {
                         *(p.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
+                    }
+                    if p.workspace != 0 {
+                        if W == 8 {
+                            crate::workspace::store_block(p.workspace, row, inter, j, packed, s);
+                        } else {
+                            // Part `2h + e` writes pairs `2e` and `2e + 1` of word `h`.
+                            let (half, upper) = (part / 2, part % 2);
+                            let mine = packed as u32 & 0xFFFF;
+                            let word = if upper == 0 { mine | partner << 16 } else { partner | mine << 16 };
+                            crate::workspace::store_pairs(p.workspace, row, inter, j, half, word, s, 2 * upper, 2);
+                        }
                     }
                 }
             }

@@ -37,6 +37,7 @@ pub mod quantize_grouped;
 pub mod scan;
 pub mod schedule;
 pub mod work;
+pub mod workspace;
 
 // The nvptx64 builds select one architecture; the host build has both.
 #[cfg(any(arch_sm90, not(target_arch = "nvptx64")))]

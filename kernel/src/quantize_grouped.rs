@@ -108,7 +108,8 @@ unsafe fn load_block(dense: u64, k: u32, g: &Gather, row: u32, j: u32, bf16: boo
 /// `u32`s. With `p.gather.row_token` set, `p.convert.dense` holds `p.gather.tokens` rows and
 /// `row_token` `rows` readable `u32`s; with `row_weight` set, it holds `rows` readable `f32`s;
 /// with `group_scales` set, `p.sizes.groups` readable `f32`s;
-/// with `dense_output`, `p.convert.values` holds `rows · k` writable 16-bit values. The host's
+/// with `dense_output`, `p.convert.values` holds `rows · k` writable 16-bit values; with
+/// `workspace` set, it holds the workspace of `rows` rows of `k` values (writable). The host's
 /// `Quantizer::quantize_grouped` and `quantize_grouped_gather_views` check all of it before
 /// launching.
 #[crate::ptx::kernel]
@@ -159,6 +160,9 @@ pub(crate) unsafe fn quantize_grouped(p: &GroupedConvertParams, cta: u32, ctas: 
                     let (s, packed) = quantize_block(w, bf16, global);
                     *((c.values as *mut u8).add(first / 2) as *mut u64) = packed;
                     *(c.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
+                    if p.gather.workspace != 0 {
+                        crate::workspace::store_block(p.gather.workspace, row, c.k, j, packed, s);
+                    }
                 }
             }
         }

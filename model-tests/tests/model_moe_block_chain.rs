@@ -173,6 +173,10 @@ struct Case {
     /// sm_90a: both GEMMs' schedulers in the quantization's launch (`sm90_quantize_schedule`,
     /// `SchedulerPlacement::InQuantization`), else each its own launch.
     in_quantization: bool,
+    /// sm_90a W4A4: the gather and the activation write the GEMMs' f16 token workspaces, the
+    /// GEMMs launch no dequantization (`TokenDequantization::InQuantizers`; with
+    /// `in_quantization`).
+    in_quantizers: bool,
 }
 
 impl Case {
@@ -377,12 +381,18 @@ impl Tokens {
         }
     }
 
-    /// The view the gather or the activation writes (`ExpertBlock`'s `Tokens::out`).
-    fn out(&self, p: &MoeProblem, global_scale: GlobalScale) -> BlockOutput {
+    /// The view the gather or the activation writes (`ExpertBlock`'s `Tokens::out`), with the
+    /// GEMM's token workspace when it is theirs to write.
+    fn out(&self, p: &MoeProblem, global_scale: GlobalScale, workspace: Option<BufferView>) -> BlockOutput {
         match self {
             Tokens::Nvfp4 { values, scales } => {
                 let a = p.a_sizes();
-                BlockOutput::Nvfp4 { values: values.view(a.values), scales: scales.view(a.scales), global_scale }
+                BlockOutput::Nvfp4 {
+                    values: values.view(a.values),
+                    scales: scales.view(a.scales),
+                    global_scale,
+                    workspace,
+                }
             }
             Tokens::Dense(d) => BlockOutput::Dense(d.view(p.token_rows() * p.k())),
         }
@@ -631,7 +641,7 @@ fn run_gemm(
 
 /// The block's options for its sm_90a GEMM plans in this case.
 fn sm90_options(c: &Case) -> MoeOptions {
-    MoeOptions { tail64: c.tail64, spans192: !c.tail64, ..MoeOptions::default() }
+    MoeOptions { tail64: c.tail64, spans192: !c.tail64, caller_dequantizes: c.in_quantizers, ..MoeOptions::default() }
 }
 
 /// At most 16 routed rows: the GEMMs launch their decode kernel alone (as `MoePlan` is told).
@@ -719,8 +729,6 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         row_weight: at_input.then(|| row_weight.view(p1.token_rows())),
         sizes: offsets.view(e + 1),
     };
-    let (params, items) =
-        gather_params(p1, bf16, &gather, a.out(p1, s13.global_scale())).unwrap_or_else(|err| panic!("{what}: {err}"));
 
     // Both GEMMs' calls (the block's buffers; the sizes are read on the device).
     let gemm1 = MoeBuffers {
@@ -743,7 +751,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
     };
     // With the schedulers in the quantization's launch (sm_90a) the block prepares both calls
     // and runs their schedulers there.
-    let prepared = match c.device {
+    let mut prepared = match c.device {
         Device::Sm90 { sms } if c.in_quantization => {
             let prepare = |p: &MoeProblem, buffers: &MoeBuffers| {
                 validate_moe_buffers(p, buffers).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -753,6 +761,15 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         }
         _ => None,
     };
+    // With the dequantization in the quantizers, each GEMM's workspace (poisoned) is written by
+    // the kernel that quantizes its tokens.
+    assert!(!c.in_quantizers || prepared.is_some(), "{what}: in_quantizers runs the prepared calls");
+    let workspaces = match &mut prepared {
+        Some((one, two)) if c.in_quantizers => (Some(one.poisoned_workspace(0xA5)), Some(two.poisoned_workspace(0xA5))),
+        _ => (None, None),
+    };
+    let (params, items) = gather_params(p1, bf16, &gather, a.out(p1, s13.global_scale(), workspaces.0))
+        .unwrap_or_else(|err| panic!("{what}: {err}"));
     let (prepared1, prepared2) = match prepared {
         Some((one, two)) => {
             let schedules = [one.schedule_params(), two.schedule_params()];
@@ -786,7 +803,7 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
         bf16,
         hb.view(rows * n1),
         offsets.view(e + 1),
-        z.out(p2, s2.global_scale()),
+        z.out(p2, s2.global_scale(), workspaces.1),
         usize::MAX,
     )
     .unwrap_or_else(|err| panic!("{what}: {err}"));
@@ -816,9 +833,10 @@ fn call(b: &Planned, tokens: usize, rng: &mut SplitMix64) -> Outcome {
                 global_scale: s2.global_scale(),
             }),
         };
+        // Its own plan, which dequantizes the tokens itself.
         kernels.extend(run_gemm(
             &format!("{what}: first GEMM, activation epilogue"),
-            c,
+            &Case { in_quantizers: false, ..*c },
             pf,
             &fused,
             &groups1,
@@ -1013,6 +1031,7 @@ fn case(device: Device, activation: Activation, precision: Precision, dtype: Den
         fused: false,
         tail64: false,
         in_quantization: false,
+        in_quantizers: false,
     }
 }
 
@@ -1069,7 +1088,8 @@ fn model_moe_block_chain_sm100_gelu_tanh() {
 /// sm_90a, W4A4 (the token dequantization, then the GEMM), gated silu, f16, 3 local experts,
 /// H = 128, I = 64, on 3 SMs: T = 5 (the decode GEMM: no expert has more than 16 rows) and 32
 /// (the general GEMM: the two experts that get tokens have about 30 rows each); the schedulers
-/// as launches of their own, then in the quantization's launch.
+/// as launches of their own, then in the quantization's launch, then also the tokens dequantized
+/// by the gather and the activation into the GEMMs' workspaces (no dequantization launches).
 #[test]
 fn model_moe_block_chain_sm90_w4a4() {
     let device = Device::Sm90 { sms: 3 };
@@ -1083,6 +1103,12 @@ fn model_moe_block_chain_sm90_w4a4() {
     };
     run_case("sm90 w4a4 silu f16", c, &[5, 32], 6);
     run_case("sm90 w4a4 silu f16, schedulers in the quantization", Case { in_quantization: true, ..c }, &[5, 32], 11);
+    run_case(
+        "sm90 w4a4 silu f16, schedulers in the quantization, tokens dequantized by the quantizers",
+        Case { in_quantization: true, in_quantizers: true, ..c },
+        &[5, 32],
+        12,
+    );
 }
 
 /// sm_90a, W4A4, with the first GEMM also run with the activation in its epilogue (general

@@ -5,8 +5,12 @@
 //! parameters the library's own checks return. Outputs are poisoned before the run: rows of
 //! groups must equal the CPU's rows (W4A16) or the CPU quantizer's bytes (W4A4, `nvfp4_format`'s
 //! quantizer, bit-identical to the device's), every other byte must still be poison, and the
-//! inputs untouched. Also the activation's `f32` arithmetic against `f64` over every 16-bit input.
+//! inputs untouched. W4A4 runs also write an sm_90a GEMM's f16 token workspace: each row of a
+//! group must hold the expected NVFP4 row decoded (`e2m1 · e4m3`, exact in f16) at the positions
+//! of `nvfp4_gemm_abi::sm90::token_k_position`, every other byte still poison. Also the
+//! activation's `f32` arithmetic against `f64` over every 16-bit input.
 
+use nvfp4_format::codec::{e2m1_to_f32, e4m3_to_f32};
 use nvfp4_format::moe_block::{Activation as Act64, Dense16};
 use nvfp4_format::{quantize_with_global_scale, Nvfp4Matrix, SplitMix64};
 use nvfp4_gemm::moe::GroupRows;
@@ -15,6 +19,7 @@ use nvfp4_gemm::problem::BufferView;
 use nvfp4_gemm::{MoeProblem, OutputType, TokenLayout};
 use nvfp4_gemm_abi::quantize::launch;
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
+use nvfp4_gemm_abi::sm90::token_k_position;
 use nvfp4_gemm_kernel::activate::{moe_activate, moe_activate_blocks};
 use nvfp4_gemm_kernel::quantize_grouped::nvfp4_quantize_grouped;
 use nvfp4_gemm_model_tests::*;
@@ -202,14 +207,21 @@ impl Global {
         }
     }
 
-    /// The output argument over `values` and `scales` (`per_group`: [`Global::upload`]'s buffer).
-    fn output(&self, values: BufferView, scales: BufferView, per_group: Option<&DeviceBuf>) -> BlockOutput {
+    /// The output argument over `values`, `scales` and the f16 token `workspace` (`per_group`:
+    /// [`Global::upload`]'s buffer).
+    fn output(
+        &self,
+        values: BufferView,
+        scales: BufferView,
+        per_group: Option<&DeviceBuf>,
+        workspace: BufferView,
+    ) -> BlockOutput {
         let global_scale = match (self, per_group) {
             (Global::One(s), _) => GlobalScale::Tensor(*s),
             (Global::PerGroup(v), Some(b)) => GlobalScale::PerGroup(b.view(v.len())),
             (Global::PerGroup(_), None) => unreachable!("per-group scales are uploaded"),
         };
-        BlockOutput::Nvfp4 { values, scales, global_scale }
+        BlockOutput::Nvfp4 { values, scales, global_scale, workspace: Some(workspace) }
     }
 }
 
@@ -221,6 +233,7 @@ fn per_group(s: f32, groups: usize) -> Global {
 /// The expected outputs: `want(r)` the 16-bit row `r` of a group. W4A4 (`Some(g)`): each group's
 /// rows quantized by the CPU quantizer, values at the rows, scales from the group's scale row,
 /// every other byte poisoned; W4A16: the rows, others poisoned.
+#[allow(clippy::too_many_arguments)]
 fn check(
     what: &str,
     l: &Layout,
@@ -229,6 +242,7 @@ fn check(
     bf16: bool,
     out: &DeviceBuf,
     scales: &DeviceBuf,
+    workspace: &DeviceBuf,
 ) {
     let (k, rows) = (l.problem.k(), l.problem.token_rows());
     match global {
@@ -261,6 +275,30 @@ fn check(
             if let Some(i) = scales.bytes().iter().zip(&want_scales).position(|(a, b)| a != b) {
                 panic!("{what}: scale byte {i}: got {:#04x}, want {:#04x}", scales.bytes()[i], want_scales[i]);
             }
+            // The workspace: each value of a group's row decoded, at its permuted position.
+            let mut want_ws = vec![POISON_BYTE; rows * k * 2];
+            for gr in &l.rows {
+                for i in 0..gr.rows {
+                    let r = (gr.first + i) as usize;
+                    for v in 0..k {
+                        let code = (values[(r * k + v) / 2] >> (4 * (v % 2))) & 0xF;
+                        let scale = want_scales[blocked_offset(gr.scale_first + i, (v / 16) as u32, rk)];
+                        let x = e2m1_to_f32(code) as f64 * e4m3_to_f32(scale) as f64;
+                        let h = half::f16::from_f64(x);
+                        assert_eq!(h.to_f64(), x, "{what}: {x} is not exact in f16");
+                        let at = r * k * 2 + (v / 64) * 128 + 2 * token_k_position((v % 64) as u32) as usize;
+                        want_ws[at..at + 2].copy_from_slice(&h.to_bits().to_le_bytes());
+                    }
+                }
+            }
+            if let Some(i) = workspace.bytes().iter().zip(&want_ws).position(|(a, b)| a != b) {
+                panic!(
+                    "{what}: workspace byte {i} (row {}): got {:#04x}, want {:#04x}",
+                    i / (2 * k),
+                    workspace.bytes()[i],
+                    want_ws[i]
+                );
+            }
         }
         None => {
             let got = out.bytes();
@@ -270,6 +308,7 @@ fn check(
                 assert!(row == expect.as_slice(), "{what}: row {r} differs");
             }
             assert!(scales.bytes().iter().all(|&b| b == POISON_BYTE), "{what}: scales written");
+            assert!(workspace.bytes().iter().all(|&b| b == POISON_BYTE), "{what}: workspace written");
         }
     }
 }
@@ -322,6 +361,7 @@ fn gather_case(
             Some(_) => (poisoned(a.values), poisoned(a.scales)),
             None => (poisoned(2 * rows * k), poisoned(16)),
         };
+        let workspace = poisoned(2 * rows * k);
         let inputs = GatherInputs {
             x: x_buf.view(tokens * k),
             tokens,
@@ -330,7 +370,9 @@ fn gather_case(
             sizes: sizes.view(l.sizes.len()),
         };
         let output = match global {
-            Some(g) => g.output(out.view(a.values), scales.view(a.scales), group_scales.as_ref()),
+            Some(g) => {
+                g.output(out.view(a.values), scales.view(a.scales), group_scales.as_ref(), workspace.view(2 * rows * k))
+            }
             None => BlockOutput::Dense(out.view(rows * k)),
         };
         let (params, items) = gather_params(&l.problem, bf16, &inputs, output).expect("valid arguments");
@@ -338,7 +380,7 @@ fn gather_case(
         let what = format!("{what} (bf16={bf16}, {} CTAs)", geometry.grid);
         // SAFETY: the library's checks passed for these buffers, which outlive the launch.
         run_model(&what, geometry, || unsafe { nvfp4_quantize_grouped(params) });
-        check(&what, l, want, global, bf16, &out, &scales);
+        check(&what, l, want, global, bf16, &out, &scales, &workspace);
         assert_eq!(x_buf.bytes(), as_bytes(&x).as_slice(), "{what}: x was written");
     }
 }
@@ -414,8 +456,14 @@ fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: O
             Some(_) => (poisoned(a.values), poisoned(a.scales)),
             None => (poisoned(2 * rows * inter), poisoned(16)),
         };
+        let workspace = poisoned(2 * rows * inter);
         let output = match global {
-            Some(g) => g.output(out.view(a.values), scales.view(a.scales), group_scales.as_ref()),
+            Some(g) => g.output(
+                out.view(a.values),
+                scales.view(a.scales),
+                group_scales.as_ref(),
+                workspace.view(2 * rows * inter),
+            ),
             None => BlockOutput::Dense(out.view(rows * inter)),
         };
         let (params, _, parts) = activate_params(
@@ -443,7 +491,7 @@ fn activate_case(l: &Layout, act: Activation, gated: bool, bf16: bool, global: O
                 moe_activate(params)
             }
         });
-        check(&what, l, want, global, bf16, &out, &scales);
+        check(&what, l, want, global, bf16, &out, &scales, &workspace);
         assert_eq!(h_buf.bytes(), as_bytes(&h).as_slice(), "{what}: h was written");
     }
 }

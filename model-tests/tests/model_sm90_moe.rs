@@ -22,7 +22,8 @@ fn problem(groups: usize, n: usize, k: usize, layout: TokenLayout, out: OutputTy
     MoeProblem::new(groups, n, k, layout, out).unwrap()
 }
 
-const AUTO: MoeOptions = MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false };
+const AUTO: MoeOptions =
+    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false, caller_dequantizes: false };
 
 /// What the host-sized planner builds for `rows` (the clamped sizes) with the kernel the device
 /// plan's scheduler must choose, on `sm_count` SMs: the configuration and the work list. A group
@@ -162,7 +163,7 @@ fn model_sm90_moe_device_sizes_contiguous_general_balanced() {
 #[test]
 fn model_sm90_moe_device_sizes_contiguous_tail64() {
     let p = problem(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
-    let options = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false };
+    let options = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false, caller_dequantizes: false };
     assert_eq!(check("tail64", p, &[0, 3, 3, 140, 150], 2, 3, &options, &ModelRun::default()), GemmConfig::T64);
 }
 
@@ -173,7 +174,7 @@ fn model_sm90_moe_device_sizes_contiguous_tail64() {
 #[test]
 fn model_sm90_moe_device_sizes_spans192() {
     let p = || problem(4, 320, 256, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
-    let general = MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true };
+    let general = MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false };
     let auto = MoeOptions { kernels: MoeKernels::Auto, ..general };
     let run = ModelRun::default();
     assert_eq!(check("spans192", p(), &[0, 3, 3, 140, 150], 2, 3, &general, &run), GemmConfig::N192);
@@ -195,7 +196,7 @@ fn model_sm90_moe_device_sizes_auto_picks_the_decode_kernel() {
 #[test]
 fn model_sm90_moe_device_sizes_decode_only_takes_larger_groups() {
     let p = problem(3, 40, 128, TokenLayout::Masked { max_rows: 48 }, Bf16);
-    let options = MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false };
+    let options = MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false };
     assert_eq!(check("decode only", p, &[40, 0, 17], 4, 2, &options, &ModelRun::default()), GemmConfig::DECODE);
 }
 
@@ -260,6 +261,7 @@ fn model_sm90_moe_device_sizes_schedule_matches_the_host_planner() {
             kernels: [MoeKernels::Auto, MoeKernels::Auto, MoeKernels::General, MoeKernels::Decode][case % 4],
             tail64: case % 5 == 1,
             spans192: case % 4 == 2 || case % 12 == 1,
+            caller_dequantizes: false,
         };
         let sm_count = [132, 2, 16, 132, 7][case % 5];
         let (rows, status) = problem.group_rows(&sizes).unwrap();

@@ -107,7 +107,8 @@ fn check_device_sized(
     config
 }
 
-const AUTO: MoeOptions = MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false };
+const AUTO: MoeOptions =
+    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false, caller_dequantizes: false };
 
 fn moe(groups: usize, n: usize, k: usize, layout: TokenLayout, out: OutputType) -> MoeProblem {
     MoeProblem::new(groups, n, k, layout, out).unwrap()
@@ -124,7 +125,7 @@ fn model_sm90_w4a16_device_sizes_contiguous() {
         check_device_sized("contiguous", p, &[0, 3, 3, 140, 150], 1, 2, &AUTO, &ModelRun::default(), Activations::F16);
     assert_eq!(config, GemmConfig::GENERAL);
     let p = moe(4, 136, 320, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
-    let tail64 = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false };
+    let tail64 = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false, caller_dequantizes: false };
     let run = ModelRun::ordered(Completion::Reversed, 2);
     let config =
         check_device_sized("contiguous over T", p, &[0, 3, 3, 140, 1000], 2, 3, &tail64, &run, Activations::Bf16);
@@ -147,7 +148,7 @@ fn model_sm90_w4a16_device_sizes_masked() {
         check_device_sized("masked auto", p, &[4, 0, 16, 1, 9], 4, 2, &AUTO, &ModelRun::default(), Activations::F16);
     assert_eq!(config, GemmConfig::DECODE);
     let p = moe(3, 40, 128, TokenLayout::Masked { max_rows: 48 }, F16);
-    let decode = MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false };
+    let decode = MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false };
     let config =
         check_device_sized("decode only", p, &[40, 0, 17], 5, 2, &decode, &ModelRun::default(), Activations::F16);
     assert_eq!(config, GemmConfig::DECODE);

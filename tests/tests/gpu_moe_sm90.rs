@@ -530,12 +530,12 @@ fn gpu_moe_kernel_options_match_cpu() {
     let stream = gpu.context().default_stream();
     let mut rng = SplitMix64::new(0x0B7);
     let options = [
-        MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
-        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: false },
-        MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false },
-        MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false },
-        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true },
-        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true },
+        MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: false, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false },
     ];
     let (g, n, k, t) = (16usize, 136usize, 576usize, 400usize);
     let contiguous = MoeProblem::new(g, n, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
@@ -573,9 +573,9 @@ fn gpu_moe_options_graph_replays_routings() {
     let mut routings = contiguous_routings(&mut rng, g, t);
     routings.insert(1, ("at most 16 each".into(), offsets_of(&vec![16; g], 0)));
     for o in [
-        MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
-        MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false },
-        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true },
+        MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false },
     ] {
         replay_routings_with(&format!("{test} {o:?}"), &gpu, p.clone(), &routings, 0x6C2, &o);
     }

@@ -243,11 +243,11 @@ fn run_routings<A: Activation16>(
 }
 
 const OPTIONS: [MoeOptions; 5] = [
-    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false },
-    MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false },
-    MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false },
-    MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true },
-    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true },
+    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false, caller_dequantizes: false },
+    MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false },
+    MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false, caller_dequantizes: false },
+    MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false },
+    MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false },
 ];
 
 #[test]

@@ -233,7 +233,7 @@ pub struct QuantizeScheduleParams {
     pub schedules: [Sm90ScheduleParams; SCHEDULE_CTAS as usize],
 }
 
-const _: () = assert!(core::mem::size_of::<QuantizeScheduleParams>() == 96 + 2 * 160);
+const _: () = assert!(core::mem::size_of::<QuantizeScheduleParams>() == 104 + 2 * 160);
 
 /// The launch of [`QUANTIZE_SCHEDULE_KERNEL`] for `items` quantization items (16 values each) on
 /// `sms` SMs, with `groups` groups: [`SCHEDULE_CTAS`] CTAs, then one per [`SCHEDULE_THREADS`]

@@ -449,6 +449,11 @@ impl<L: Layout> Engine<L> {
         &self.fixed.status
     }
 
+    /// The sm_90a token workspace (16 bytes where the layout has none).
+    pub fn workspace_mut(&mut self) -> &mut CudaSlice<u8> {
+        &mut self.fixed.workspace
+    }
+
     /// Zeroes the status word on `stream`.
     pub fn clear_status(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.memset_zeros(&mut self.fixed.status).map_err(|e| Error::driver("clearing the plan's status word", e))

@@ -11,6 +11,7 @@
 use super::route::{route_scratch_len, BlockKernels, CombineViews, IdType, RouteViews, Routing, WeightType};
 use super::tokens::{BlockOutput, GatherInputs};
 use crate::device::{Arch, Gpu};
+use crate::device_sizes::MoeOptions;
 use crate::error::{Error, Result};
 use crate::moe::{
     interleave_w13_row, ActivatedOutput, MoeBuffers, MoePlan, MoeProblem, MoeTokens, ScheduledCall, TokenLayout,
@@ -25,7 +26,7 @@ use half::{bf16, f16};
 use nvfp4_format::checkpoint::{Checkpoint, LoadOptions, LoadedExperts, PlainWeight};
 use nvfp4_format::layout::plain_to_blocked;
 pub use nvfp4_format::moe_block::{Activation, BlockOptions, Dense16, Precision, RouterWeightAt};
-use nvfp4_gemm_abi::moe::block::Activation as KernelActivation;
+use nvfp4_gemm_abi::moe::block::{Activation as KernelActivation, TokenWorkspace};
 use std::sync::Arc;
 
 const CALL: &str = "ExpertBlock";
@@ -156,16 +157,24 @@ impl Tokens {
     }
 
     /// The output view of the kernel that writes these tokens (the quantizer's global scales for
-    /// NVFP4).
-    fn out<'s>(&'s mut self, p: &MoeProblem, call: &mut CallBuffers<'s>, global_scale: GlobalScale) -> BlockOutput {
+    /// NVFP4, and the GEMM's token workspace when it is the writer's to fill).
+    fn out<'s>(
+        &'s mut self,
+        p: &MoeProblem,
+        call: &mut CallBuffers<'s>,
+        global_scale: GlobalScale,
+        workspace: Option<&'s mut CudaSlice<u8>>,
+    ) -> BlockOutput {
         match self {
             Tokens::Nvfp4 { values, scales } => {
                 let (v, s) = (call.write(values), call.write(scales));
                 let a = p.a_sizes();
+                let bytes = TokenWorkspace::bytes(p.token_rows(), p.k());
                 BlockOutput::Nvfp4 {
                     values: BufferView { ptr: v.ptr, len: a.values },
                     scales: BufferView { ptr: s.ptr, len: a.scales },
                     global_scale,
+                    workspace: workspace.map(|w| BufferView { ptr: call.write(w).ptr, len: bytes }),
                 }
             }
             Tokens::Dense(d) => {
@@ -298,17 +307,32 @@ pub enum ActivationPlacement {
     FirstGemmEpilogue,
 }
 
-/// Where a block on sm_90a runs its two GEMMs' device schedulers.
+/// Where a block runs its two GEMMs' device schedulers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SchedulerPlacement {
-    /// Each GEMM's own `sm90_schedule` launch before its kernels (and on sm_100a, always).
+    /// Each GEMM's own scheduler launch before its kernels (`sm90_schedule`, `sm100_schedule`).
+    Launches,
+    /// On sm_90a both in the token quantization's launch (`sm90_quantize_schedule`): two
+    /// launches fewer per call, the schedulers' time behind the quantization's; the same output
+    /// bit for bit (the same tables and lists). sm_100a has no such kernel: there each scheduler
+    /// has its own launch. The default (docs/moe-block.md §8 gives its measured cost).
+    #[default]
+    InQuantization,
+}
+
+/// Where a block's NVFP4 tokens become the f16 operand its sm_90a GEMMs read (W4A4; W4A16's
+/// GEMMs read the 16-bit tokens, sm_100a's the NVFP4 ones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TokenDequantization {
+    /// Each GEMM's own `sm90_dequant_tokens` launch, from the NVFP4 tokens in memory.
     #[default]
     Launches,
-    /// Both in the token quantization's launch (`sm90_quantize_schedule`, sm_90a): two launches
-    /// fewer per call, the schedulers' time behind the quantization's; the same output bit for
-    /// bit (the same tables and lists). ⚠ Not yet run on a GPU: checked in the device model
-    /// (`model_moe_block_chain`); the default stays [`SchedulerPlacement::Launches`] until it is.
-    InQuantization,
+    /// In the kernels that quantize them (the gather for the first GEMM, the activation for the
+    /// second), as they quantize (`nvfp4_gemm_abi::moe::block::TokenWorkspace`): one launch fewer
+    /// per GEMM, the same bytes. The second GEMM keeps its launch when the activation is in the
+    /// first GEMM's epilogue. No effect where the block has no dequantization (W4A16, sm_100a).
+    /// Not the default: it saves time at some sizes and costs it at others (docs/moe-block.md §8).
+    InQuantizers,
 }
 
 /// How [`ExpertBlock::with_plan`] builds the block beyond its shape and options.
@@ -316,8 +340,10 @@ pub enum SchedulerPlacement {
 pub struct BlockPlan {
     /// Where the activation runs (W4A4 on sm_90a; [`ActivationPlacement::Kernel`] otherwise).
     pub activation: ActivationPlacement,
-    /// Where the GEMMs' schedulers run (sm_90a; [`SchedulerPlacement::Launches`] otherwise).
+    /// Where the GEMMs' schedulers run.
     pub schedulers: SchedulerPlacement,
+    /// Where the tokens are dequantized for the GEMMs (W4A4 on sm_90a).
+    pub dequantization: TokenDequantization,
 }
 
 /// The whole MoE expert block for one GPU (module docs): planned once by [`ExpertBlock::new`]
@@ -401,8 +427,7 @@ impl ExpertBlock {
     }
 
     /// [`ExpertBlock::new`] built as `plan` says. Errors as there, and [`Error::Unsupported`]
-    /// for [`ActivationPlacement::FirstGemmEpilogue`] other than W4A4 on sm_90a, and for
-    /// [`SchedulerPlacement::InQuantization`] other than on sm_90a.
+    /// for [`ActivationPlacement::FirstGemmEpilogue`] other than W4A4 on sm_90a.
     pub fn with_plan(
         gpu: &Gpu,
         stream: &Arc<CudaStream>,
@@ -446,13 +471,12 @@ impl ExpertBlock {
                 gpu.arch()
             )));
         }
-        let schedulers_in_quantization = plan.schedulers == SchedulerPlacement::InQuantization;
-        if schedulers_in_quantization && gpu.arch() != Arch::Sm90a {
-            return Err(Error::Unsupported(format!(
-                "the schedulers in the quantization's launch are built for sm_90a; this GPU is {:?}",
-                gpu.arch()
-            )));
-        }
+        let schedulers_in_quantization =
+            plan.schedulers == SchedulerPlacement::InQuantization && gpu.arch() == Arch::Sm90a;
+        // The GEMMs read the tokens their quantizers wrote into their workspaces (W4A4, sm_90a).
+        let in_quantizers =
+            plan.dequantization == TokenDequantization::InQuantizers && w4a4 && gpu.arch() == Arch::Sm90a;
+        let gemm_options = |caller_dequantizes| MoeOptions { caller_dequantizes, ..MoeOptions::default() };
         // W4A4: each expert's input scales (the quantizers' global scales, one per row's expert);
         // W4A16 reads none.
         let input_scales = |v: Vec<f32>, field| -> Result<Vec<f32>> {
@@ -517,8 +541,8 @@ impl ExpertBlock {
             options,
             kernels: BlockKernels::new(gpu)?,
             quantizer: Quantizer::new(gpu)?,
-            gemm1: MoePlan::new(gpu, p1.clone())?,
-            gemm2: MoePlan::new(gpu, p2.clone())?,
+            gemm1: MoePlan::with_options(gpu, p1.clone(), &gemm_options(in_quantizers))?,
+            gemm2: MoePlan::with_options(gpu, p2.clone(), &gemm_options(in_quantizers && !fused))?,
             w13,
             w2,
             input_scales: (stream.clone_htod(&s13).map_err(planning)?, stream.clone_htod(&s2).map_err(planning)?),
@@ -659,7 +683,7 @@ impl ExpertBlock {
                 sizes: offsets,
             };
             let s13 = GlobalScale::PerGroup(call.read(&self.input_scales.0));
-            let a_out = self.a.out(&p1, &mut call, s13);
+            let a_out = self.a.out(&p1, &mut call, s13, self.gemm1.token_workspace());
             // SAFETY: every view is a live buffer of this block or the caller's (the caller's
             // contract), of its length, kept alive until the launches are enqueued; the launches
             // run in stream order.
@@ -687,7 +711,7 @@ impl ExpertBlock {
             let h = self.h.read(&mut call);
             let sizes = call.read(&self.offsets);
             let scale2 = GlobalScale::PerGroup(call.read(&self.input_scales.1));
-            let z_out = self.z.out(&p2, &mut call, scale2);
+            let z_out = self.z.out(&p2, &mut call, scale2, self.gemm2.token_workspace());
             // SAFETY: as above.
             unsafe {
                 self.quantizer.activate_grouped_views(stream, &p2, activation, gated, bf16, h, sizes, z_out, slots)?;

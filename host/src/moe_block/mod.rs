@@ -17,7 +17,8 @@ mod tokens;
 pub use crate::moe_problem::GlobalScale;
 pub use block::{
     interleave_w13, load_checkpoint_experts, Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape,
-    BlockViews, Dense16, ExpertBlock, Precision, RouterWeightAt, SchedulerPlacement, TopkIds, TopkWeights,
+    BlockViews, Dense16, ExpertBlock, Precision, RouterWeightAt, SchedulerPlacement, TokenDequantization, TopkIds,
+    TopkWeights,
 };
 /// The experts as the checkpoint loader returns them (`nvfp4_format::checkpoint`), what
 /// [`ExpertBlock::new`] takes.

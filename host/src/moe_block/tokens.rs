@@ -22,7 +22,9 @@ use crate::quantize::Quantizer;
 use crate::MoeProblem;
 use cudarc::driver::CudaStream;
 pub use nvfp4_gemm_abi::moe::block::Activation;
-use nvfp4_gemm_abi::moe::block::{activate_items, activate_parts, ActivateParams, Gather, ACTIVATE_PARTS};
+use nvfp4_gemm_abi::moe::block::{
+    activate_items, activate_parts, ActivateParams, Gather, TokenWorkspace, ACTIVATE_PARTS,
+};
 use nvfp4_gemm_abi::moe::sm90::{QuantizeScheduleParams, Sm90ScheduleParams, SCHEDULE_CTAS};
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
@@ -57,6 +59,11 @@ pub enum BlockOutput {
         scales: BufferView,
         /// The quantizer's global scale(s).
         global_scale: GlobalScale,
+        /// sm_90a: the GEMM's f16 token workspace ([`crate::MoePlan::token_workspace`],
+        /// [`TokenWorkspace::bytes`]`(token_rows, K)` bytes, 16-byte aligned), where each
+        /// quantized row is also written dequantized, so that the GEMM launches no
+        /// dequantization; `None`: not written.
+        workspace: Option<BufferView>,
     },
     /// W4A16: the 16-bit rows, `[token_rows, K]` of the input type (16-byte aligned).
     Dense(BufferView),
@@ -86,16 +93,22 @@ struct OutputParams {
     /// Per-group scales (0: `global_scale`).
     group_scales: u64,
     quantize: bool,
+    /// The f16 token workspace (0: none).
+    workspace: u64,
 }
 
 /// The output's checks; its spans (ids 5 (per-group scales, read), 8, 9) and parameters.
 fn check_output(call: &'static str, p: &MoeProblem, out: BlockOutput) -> Result<(Vec<Span>, OutputParams)> {
     match out {
-        BlockOutput::Nvfp4 { values, scales, global_scale } => {
+        BlockOutput::Nvfp4 { values, scales, global_scale, workspace } => {
             let a = p.a_sizes();
             check_view(call, "values", values, a.values, BUFFER_ALIGN)?;
             check_view(call, "scales", scales, a.scales, BUFFER_ALIGN)?;
             let mut spans = vec![Span::new(8, values, 1, true), Span::new(9, scales, 1, true)];
+            if let Some(w) = workspace {
+                check_view(call, "workspace", w, TokenWorkspace::bytes(p.token_rows(), p.k()), BUFFER_ALIGN)?;
+                spans.push(Span::new(10, w, 1, true));
+            }
             let (global_scale, group_scales) = match global_scale {
                 GlobalScale::Tensor(s) => {
                     if !(s.is_finite() && s > 0.0) {
@@ -111,14 +124,28 @@ fn check_output(call: &'static str, p: &MoeProblem, out: BlockOutput) -> Result<
             };
             Ok((
                 spans,
-                OutputParams { values: values.ptr, scales: scales.ptr, global_scale, group_scales, quantize: true },
+                OutputParams {
+                    values: values.ptr,
+                    scales: scales.ptr,
+                    global_scale,
+                    group_scales,
+                    quantize: true,
+                    workspace: workspace.map_or(0, |w| w.ptr),
+                },
             ))
         }
         BlockOutput::Dense(dense) => {
             check_view(call, "output", dense, p.token_rows() * p.k(), BUFFER_ALIGN)?;
             Ok((
                 vec![Span::new(8, dense, 2, true)],
-                OutputParams { values: dense.ptr, scales: 0, global_scale: 1.0, group_scales: 0, quantize: false },
+                OutputParams {
+                    values: dense.ptr,
+                    scales: 0,
+                    global_scale: 1.0,
+                    group_scales: 0,
+                    quantize: false,
+                    workspace: 0,
+                },
             ))
         }
     }
@@ -129,7 +156,7 @@ fn name_of(out: BlockOutput) -> impl Fn(u32) -> crate::error::BufferName {
     overlap::fields(match out {
         BlockOutput::Dense(_) => &["x", "row_token", "row_weight", "sizes", "h", "", "", "", "output", "scales"],
         BlockOutput::Nvfp4 { .. } => {
-            &["x", "row_token", "row_weight", "sizes", "h", "global_scale", "", "", "values", "scales"]
+            &["x", "row_token", "row_weight", "sizes", "h", "global_scale", "", "", "values", "scales", "workspace"]
         }
     })
 }
@@ -165,7 +192,7 @@ pub fn gather_params(
         check_view(GATHER, "row_weight", w, rows, 4)?;
         spans.push(Span::new(2, w, 4, false));
     }
-    let (out_spans, OutputParams { values, scales, global_scale, group_scales, quantize }) =
+    let (out_spans, OutputParams { values, scales, global_scale, group_scales, quantize, workspace }) =
         check_output(GATHER, p, out)?;
     spans.extend(out_spans);
     overlap::check(GATHER, &mut spans, name_of(out))?;
@@ -186,6 +213,7 @@ pub fn gather_params(
             tokens,
             dense_output: !quantize as u32,
             group_scales,
+            workspace,
         },
     };
     Ok((params, rows as u64 * (k as u64 / qabi::BLOCK as u64)))
@@ -218,7 +246,7 @@ pub fn activate_params(
     check_view(ACTIVATE, "h", h, rows * n1, BUFFER_ALIGN)?;
     check_view(ACTIVATE, "sizes", sizes, p.sizes_len(), 4)?;
     let mut spans = vec![Span::new(4, h, 2, false), Span::new(3, sizes, 4, false)];
-    let (out_spans, OutputParams { values, scales, global_scale, group_scales, quantize }) =
+    let (out_spans, OutputParams { values, scales, global_scale, group_scales, quantize, workspace }) =
         check_output(ACTIVATE, p, out)?;
     spans.extend(out_spans);
     overlap::check(ACTIVATE, &mut spans, name_of(out))?;
@@ -236,6 +264,7 @@ pub fn activate_params(
         quantize: quantize as u32,
         global_scale,
         group_scales,
+        workspace,
     };
     Ok((params, items, parts))
 }
@@ -361,6 +390,7 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(0.5),
+            workspace: None,
         };
         let (params, items) = gather_params(&p, true, &inputs, nvfp4).unwrap();
         assert_eq!(items, 40 * 8);
@@ -371,7 +401,14 @@ mod tests {
         );
         assert_eq!(
             params.gather,
-            Gather { row_token: 0x20_0000, row_weight: 0x21_0000, tokens: 7, dense_output: 0, group_scales: 0 }
+            Gather {
+                row_token: 0x20_0000,
+                row_weight: 0x21_0000,
+                tokens: 7,
+                dense_output: 0,
+                group_scales: 0,
+                workspace: 0
+            }
         );
         assert_eq!(params.sizes, p.device_sizes(0x22_0004));
         let dense = BlockOutput::Dense(view(0x50_0000, 40 * 128));
@@ -380,7 +417,10 @@ mod tests {
         let identity =
             GatherInputs { row_token: None, row_weight: None, x: view(0x10_0000, 40 * 128), tokens: 40, ..inputs };
         let (params, _) = gather_params(&p, false, &identity, nvfp4).unwrap();
-        assert_eq!(params.gather, Gather { row_token: 0, row_weight: 0, tokens: 40, dense_output: 0, group_scales: 0 });
+        assert_eq!(
+            params.gather,
+            Gather { row_token: 0, row_weight: 0, tokens: 40, dense_output: 0, group_scales: 0, workspace: 0 }
+        );
 
         assert_eq!(field(gather_params(&p, false, &GatherInputs { tokens: 7, ..identity }, nvfp4)), "tokens");
         assert_eq!(field(gather_params(&p, false, &GatherInputs { tokens: 8, ..inputs }, nvfp4)), "x");
@@ -404,12 +444,14 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(f32::NAN),
+            workspace: None,
         };
         assert_eq!(field(gather_params(&p, false, &inputs, bad_scale)), "global_scale");
         let short = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values - 1),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(1.0),
+            workspace: None,
         };
         assert_eq!(field(gather_params(&p, false, &inputs, short)), "values");
         assert_eq!(field(gather_params(&p, false, &inputs, BlockOutput::Dense(view(0x50_0000, 7 * 128)))), "output");
@@ -421,18 +463,21 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x21_0000, a.scales),
             global_scale: GlobalScale::Tensor(1.0),
+            workspace: None,
         };
         assert_eq!(overlap(gather_params(&p, false, &inputs, on_weight)), ("scales", "row_weight"));
         let on_token = BlockOutput::Nvfp4 {
             values: view(0x20_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(1.0),
+            workspace: None,
         };
         assert_eq!(overlap(gather_params(&p, false, &inputs, on_token)), ("values", "row_token"));
         let on_values = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x30_0010, a.scales),
             global_scale: GlobalScale::Tensor(1.0),
+            workspace: None,
         };
         assert_eq!(overlap(gather_params(&p, false, &inputs, on_values)), ("scales", "values"));
         let shared = GatherInputs { row_weight: Some(view(0x20_0000, 40)), ..inputs };
@@ -443,6 +488,7 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::PerGroup(scales),
+            workspace: None,
         };
         let (params, _) = gather_params(&p, true, &inputs, per_group(view(0x60_0000, 3))).unwrap();
         assert_eq!((params.gather.group_scales, params.convert.global_scale), (0x60_0000, 1.0));
@@ -453,6 +499,26 @@ mod tests {
             ("values", "global_scale")
         );
         assert!(gather_params(&p, true, &inputs, per_group(view(0x21_0000, 3))).is_ok(), "inputs may share memory");
+
+        // The GEMM's token workspace: 40 rows of 128 f16, written.
+        let with_workspace = |w: BufferView| BlockOutput::Nvfp4 {
+            values: view(0x30_0000, a.values),
+            scales: view(0x40_0000, a.scales),
+            global_scale: GlobalScale::Tensor(1.0),
+            workspace: Some(w),
+        };
+        let (params, _) = gather_params(&p, true, &inputs, with_workspace(view(0x70_0000, 40 * 128 * 2))).unwrap();
+        assert_eq!(params.gather.workspace, 0x70_0000);
+        assert_eq!(field(gather_params(&p, true, &inputs, with_workspace(view(0x70_0000, 40 * 128)))), "workspace");
+        assert_eq!(field(gather_params(&p, true, &inputs, with_workspace(view(0x70_0008, 40 * 256)))), "workspace");
+        assert_eq!(
+            overlap(gather_params(&p, true, &inputs, with_workspace(view(0x10_0000, 40 * 256)))),
+            ("workspace", "x")
+        );
+        assert_eq!(
+            overlap(gather_params(&p, true, &inputs, with_workspace(view(0x40_0000, 40 * 256)))),
+            ("workspace", "scales")
+        );
     }
 
     #[test]
@@ -465,6 +531,7 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(2.0),
+            workspace: None,
         };
         let (params, items, parts) =
             activate_params(&p, Activation::GeluTanh, true, true, h, sizes, nvfp4, usize::MAX).unwrap();
@@ -477,6 +544,7 @@ mod tests {
             values: view(0x100_0000, ab.values),
             scales: view(0x200_0000, ab.scales),
             global_scale: GlobalScale::Tensor(s),
+            workspace: None,
         };
         let call = |routed| {
             let (hb, sb) = (view(0x1000_0000, 100 * 32768), view(0x20_0000, 3));
@@ -501,6 +569,7 @@ mod tests {
                 quantize: 1,
                 global_scale: 2.0,
                 group_scales: 0,
+                workspace: 0,
             }
         );
         let dense = BlockOutput::Dense(view(0x50_0000, 20 * 128));
@@ -531,12 +600,14 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::Tensor(0.0),
+            workspace: None,
         };
         assert_eq!(field(silu(bad)), "global_scale");
         let short = BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales + 1),
             global_scale: GlobalScale::Tensor(1.0),
+            workspace: None,
         };
         assert_eq!(field(silu(short)), "scales");
         assert_eq!(overlap(silu(BlockOutput::Dense(view(0x10_0000 + 20 * 256 * 2 - 16, 20 * 128)))), ("output", "h"));
@@ -544,16 +615,30 @@ mod tests {
             values: view(0x30_0000, a.values),
             scales: view(0x20_0000, a.scales),
             global_scale: GlobalScale::Tensor(1.0),
+            workspace: None,
         };
         assert_eq!(overlap(silu(on_sizes)), ("scales", "sizes"));
         let per_group = |scales: BufferView| BlockOutput::Nvfp4 {
             values: view(0x30_0000, a.values),
             scales: view(0x40_0000, a.scales),
             global_scale: GlobalScale::PerGroup(scales),
+            workspace: None,
         };
         let (params, _, _) = silu(per_group(view(0x60_0000, 2))).unwrap();
         assert_eq!((params.group_scales, params.global_scale), (0x60_0000, 1.0));
         assert_eq!(field(silu(per_group(view(0x60_0000, 3)))), "global_scale");
         assert_eq!(overlap(silu(per_group(view(0x40_0000, 2)))), ("scales", "global_scale"));
+
+        // The second GEMM's token workspace: 20 rows of I = 128 f16, written.
+        let with_workspace = |w: BufferView| BlockOutput::Nvfp4 {
+            values: view(0x30_0000, a.values),
+            scales: view(0x40_0000, a.scales),
+            global_scale: GlobalScale::Tensor(1.0),
+            workspace: Some(w),
+        };
+        let (params, _, _) = silu(with_workspace(view(0x70_0000, 20 * 128 * 2))).unwrap();
+        assert_eq!(params.workspace, 0x70_0000);
+        assert_eq!(field(silu(with_workspace(view(0x70_0000, 20 * 128 * 2 + 1)))), "workspace");
+        assert_eq!(overlap(silu(with_workspace(view(0x10_0000, 20 * 256)))), ("workspace", "h"));
     }
 }

@@ -83,6 +83,9 @@ pub struct Sm90DeviceLayout {
     pub workspace_bytes: usize,
     /// `sm90_dequant_tokens`' launch (sized for the bounds).
     pub dequant: LaunchGeometry,
+    /// NVFP4 tokens: the caller writes the workspace (`MoeOptions::caller_dequantizes`), the
+    /// plan launches no dequantization.
+    pub caller_dequantizes: bool,
     /// W4A16 (a problem of 16-bit activations): their type. The tokens are then the call's
     /// activations `[token_rows, K]`, read through the token maps as they are: no dequantization
     /// launch, no workspace, the W4A16 twins of the GEMM kernels.
@@ -206,6 +209,7 @@ impl Sm90DeviceLayout {
             dequant: sm90::dequant_launch(
                 max_dequant_ctas.min(sm_count.saturating_mul(sm90::DEQUANT_GRID_CTAS_PER_SM)),
             ),
+            caller_dequantizes: options.caller_dequantizes && activations.is_none(),
             activations,
             decode_alone: false,
         })
@@ -396,7 +400,7 @@ impl Layout for Sm90DeviceLayout {
             start: Start::Early,
             params: Params::of(&schedule),
         });
-        if self.activations.is_none() {
+        if self.activations.is_none() && !self.caller_dequantizes {
             // The dequantization reads the scheduler's table after its `griddepcontrol.wait`.
             out.push(Launch {
                 kernel: sm90::DEQUANT_KERNEL,
@@ -406,6 +410,7 @@ impl Layout for Sm90DeviceLayout {
             });
         }
         let epilogue = self.epilogue_params(call);
+        let mut first_gemm = true;
         for (slot, gemm) in self.gemms.iter().enumerate() {
             if self.decode_alone && slot == kernel_slot(false) {
                 continue;
@@ -416,14 +421,23 @@ impl Layout for Sm90DeviceLayout {
                     ..at.kernel_params(0, gemm.max_list, at.work_len[slot], groups as usize, output)
                 };
                 params.tensor_maps += u64::from(self.map_base(slot)) * TENSOR_MAP_BYTES as u64;
+                // The GEMM may start while the launch before it runs. W4A4: the scheduler's
+                // tables it reads first were complete before the dequantization's wait returned
+                // (or, with the caller's dequantization, before the first GEMM started: that one
+                // starts after the scheduler ends), and it waits before its first token load.
+                // W4A16: it waits before reading anything (`w4a16::GEMM_WAITS_FIRST`).
+                let start = if self.activations.is_some() {
+                    super::W4A16_GEMM_START
+                } else if self.caller_dequantizes && first_gemm {
+                    Start::AfterPrevious
+                } else {
+                    super::GEMM_AFTER_DEQUANT
+                };
+                first_gemm = false;
                 out.push(Launch {
                     kernel: self.gemm_kernel(gemm.config),
                     geometry: gemm.launch,
-                    // The GEMM may start while the launch before it runs. W4A4: the scheduler's
-                    // tables it reads first were complete before the dequantization's wait
-                    // returned, and it waits before its first token load. W4A16: it waits before
-                    // reading anything (`w4a16::GEMM_WAITS_FIRST`).
-                    start: if self.activations.is_some() { super::W4A16_GEMM_START } else { super::GEMM_AFTER_DEQUANT },
+                    start,
                     params: Params::of(&params),
                 });
             }
@@ -474,7 +488,8 @@ mod tests {
     use nvfp4_gemm_abi::sm90::KernelParams;
 
     fn layout(problem: &MoeProblem, kernels: MoeKernels, tail64: bool) -> Sm90DeviceLayout {
-        Sm90DeviceLayout::new(problem, 132, &MoeOptions { kernels, tail64, spans192: false }).unwrap()
+        Sm90DeviceLayout::new(problem, 132, &MoeOptions { kernels, tail64, spans192: false, caller_dequantizes: false })
+            .unwrap()
     }
 
     /// The dequantization bound holds for every split of the tokens (exhaustive on small cases).
@@ -563,7 +578,8 @@ mod tests {
     fn spans192_runs_n192_over_fixed_spans() {
         use nvfp4_gemm_abi::moe::block::Activation;
         let p = MoeProblem::new(8, 7168, 2048, TokenLayout::Contiguous { max_tokens: 1000 }, OutputType::Bf16).unwrap();
-        let options = MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: true };
+        let options =
+            MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: true, caller_dequantizes: false };
         let l = Sm90DeviceLayout::new(&p, 132, &options).unwrap();
         let general = l.gemms[1].unwrap();
         assert!(l.gemms[0].is_none());
@@ -593,7 +609,8 @@ mod tests {
     #[test]
     fn paired_decode_and_n192_tables() {
         let p = MoeProblem::new(4, 320, 512, TokenLayout::Contiguous { max_tokens: 300 }, OutputType::Bf16).unwrap();
-        let options = MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true };
+        let options =
+            MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false };
         let l = Sm90DeviceLayout::new(&p, 132, &options).unwrap();
         assert_eq!(l.gemms.map(|g| g.map(|g| g.config)), [Some(GemmConfig::DECODE), Some(GemmConfig::N192)]);
         assert_eq!((l.map_shift(), l.map_base(0), l.map_base(1)), (1, 1, 0));

@@ -14,10 +14,11 @@
 use super::U32x4;
 use crate::ptx::{barrier, convert, sreg, warp};
 use crate::scan;
+use crate::workspace::dequantized_pair;
 use nvfp4_gemm_abi::scale_layout::{blocked_word_offset, rest_k};
 use nvfp4_gemm_abi::sm90::{
-    dequant_slot_words, GroupParams, KernelParams, CHUNK_K, DECODE_UNSCALE_F16X2, DEQUANT_ITEMS_PER_CTA,
-    DEQUANT_ITEMS_PER_THREAD, DEQUANT_THREADS, DEQUANT_THREADS_PER_ITEM,
+    dequant_slot_words, GroupParams, KernelParams, CHUNK_K, DEQUANT_ITEMS_PER_CTA, DEQUANT_ITEMS_PER_THREAD,
+    DEQUANT_THREADS, DEQUANT_THREADS_PER_ITEM,
 };
 
 /// See the module docs. Launch: `nvfp4_gemm_abi::sm90::dequant_launch` (`DEQUANT_THREADS`
@@ -82,8 +83,8 @@ unsafe fn dequant_cta(g: &TokenGroup, cta: u32) {
     let tid = sreg::tid_x();
     let j = tid % DEQUANT_THREADS_PER_ITEM;
     let words = dequant_slot_words(j);
-    // This thread's pair of each of its words (the decoder's pair `j % 4`), as a shift.
-    let shift = 4 * (j % 4);
+    // This thread's pair of each of its words (the decoder's pair `j % 4`).
+    let pair = j % 4;
     // Pass `base`: items `base + 32u` for u < DEQUANT_ITEMS_PER_THREAD (all loads first).
     const ROUND: u32 = DEQUANT_THREADS / DEQUANT_THREADS_PER_ITEM;
     let mut base = (cta - g.dequant_first_cta) * DEQUANT_ITEMS_PER_CTA + tid / DEQUANT_THREADS_PER_ITEM;
@@ -107,14 +108,11 @@ unsafe fn dequant_cta(g: &TokenGroup, cta: u32) {
         for u in 0..DEQUANT_ITEMS_PER_THREAD {
             let item = base + ROUND * u;
             if item < items {
-                // Word `words[q]` lies in scale block q. The decoder gives values times 2⁻¹⁴;
-                // times the block scale they are exact in f16 (`convert::e4m3_bytes_to_f16x2`'s
-                // argument), and times 2¹⁴ the exact value · scale (at most 6 · 448).
+                // Word `words[q]` lies in scale block q (`dequantized_pair`: exact in f16).
                 let mut out = [0u32; 4];
                 for q in 0..4 {
-                    let pair = convert::e2m1x2_pair_to_f16x2_scaled(v[u as usize][q], shift);
                     let scale = convert::e4m3_byte_to_f16x2(sw[u as usize], q as u32);
-                    out[q] = convert::mul_f16x2(convert::mul_f16x2(pair, scale), DECODE_UNSCALE_F16X2);
+                    out[q] = dequantized_pair(v[u as usize][q], pair, scale);
                 }
                 // Items follow each other in the group's workspace, 128 bytes each.
                 // SAFETY: item < m · k/64: inside the group's workspace (the plan's).

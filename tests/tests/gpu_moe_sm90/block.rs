@@ -11,7 +11,8 @@ use nvfp4_format::checkpoint::{ExpertWeights, LoadedExperts, PlainWeight};
 use nvfp4_format::moe_block::{reference, round_output_as, Routing};
 use nvfp4_format::{random_matrix, InputDistribution, SplitMix64};
 use nvfp4_gemm::moe_block::{
-    Activation, BlockOptions, BlockShape, Dense16, ExpertBlock, Precision, RouterWeightAt, TopkIds, TopkWeights,
+    Activation, ActivationPlacement, BlockOptions, BlockPlan, BlockShape, Dense16, ExpertBlock, Precision,
+    RouterWeightAt, TopkIds, TopkWeights,
 };
 use nvfp4_gemm::{Arch, Error};
 use nvfp4_gemm_tests::require_gpu;
@@ -166,19 +167,31 @@ fn gpu_moe_block_relu2_w4a16_weight_at_input() {
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_block_graph_replays_routings() {
-    graph_replays(nvfp4_gemm::moe_block::BlockPlan::default());
+    graph_replays(BlockPlan::default());
+}
+
+/// [`gpu_moe_block_graph_replays_routings`] with each GEMM's scheduler in a launch of its own.
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_graph_replays_routings_schedulers_launched() {
+    use nvfp4_gemm::moe_block::SchedulerPlacement;
+    graph_replays(BlockPlan { schedulers: SchedulerPlacement::Launches, ..BlockPlan::default() });
 }
 
 /// [`gpu_moe_block_graph_replays_routings`] with the GEMMs' schedulers in the quantization's
-/// launch.
+/// launch and the tokens dequantized by the gather and the activation.
 #[test]
 #[ignore = "needs an sm_90a GPU"]
-fn gpu_moe_block_graph_replays_routings_schedulers_in_quantization() {
-    use nvfp4_gemm::moe_block::{BlockPlan, SchedulerPlacement};
-    graph_replays(BlockPlan { schedulers: SchedulerPlacement::InQuantization, ..BlockPlan::default() });
+fn gpu_moe_block_graph_replays_routings_dequantization_in_quantizers() {
+    use nvfp4_gemm::moe_block::{SchedulerPlacement, TokenDequantization};
+    graph_replays(BlockPlan {
+        schedulers: SchedulerPlacement::InQuantization,
+        dequantization: TokenDequantization::InQuantizers,
+        ..BlockPlan::default()
+    });
 }
 
-fn graph_replays(plan: nvfp4_gemm::moe_block::BlockPlan) {
+fn graph_replays(plan: BlockPlan) {
     use nvfp4_gemm_tests::moe::{capture, with_capture_stream};
     let gpu = require_gpu(Arch::Sm90a);
     with_capture_stream(&gpu, |stream| {
@@ -229,18 +242,52 @@ fn graph_replays(plan: nvfp4_gemm::moe_block::BlockPlan) {
     });
 }
 
-/// The GEMMs' schedulers in the quantization's launch (`SchedulerPlacement::InQuantization`):
-/// the same output bit for bit as the schedulers' own launches, W4A4 with the activation kernel
-/// and with the epilogue, and W4A16, at T = 0, 1, 17 and the bound (the decode and the general
-/// GEMMs), each within the tolerance of the reference; the output poisoned first.
+/// The GEMMs' schedulers in the quantization's launch (`SchedulerPlacement::InQuantization`, the
+/// default): the same output bit for bit as the schedulers' own launches, W4A4 with the
+/// activation kernel and with the epilogue, and W4A16, at T = 0, 1, 17 and the bound (the decode
+/// and the general GEMMs), each within the tolerance of the reference; the output poisoned first.
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_block_schedulers_in_quantization() {
-    use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan, SchedulerPlacement};
+    use nvfp4_gemm::moe_block::SchedulerPlacement;
+    same_as_separate_launches("schedulers in the quantization", 0x5C4E, |activation| BlockPlan {
+        activation,
+        schedulers: SchedulerPlacement::InQuantization,
+        ..BlockPlan::default()
+    });
+}
+
+/// The tokens dequantized by the gather and the activation into the GEMMs' workspaces
+/// (`TokenDequantization::InQuantizers`), alone and with the schedulers in the quantization's
+/// launch: the same output bit for bit as the separate launches, in the cases of
+/// [`gpu_moe_block_schedulers_in_quantization`] (W4A16 and the epilogue's second GEMM keep
+/// their plans' own paths).
+#[test]
+#[ignore = "needs an sm_90a GPU"]
+fn gpu_moe_block_dequantization_in_quantizers() {
+    use nvfp4_gemm::moe_block::{SchedulerPlacement, TokenDequantization};
+    same_as_separate_launches("dequantization in the quantizers", 0xDE0A, |activation| BlockPlan {
+        activation,
+        schedulers: SchedulerPlacement::Launches,
+        dequantization: TokenDequantization::InQuantizers,
+    });
+    same_as_separate_launches("both in the quantization", 0xDE0B, |activation| BlockPlan {
+        activation,
+        schedulers: SchedulerPlacement::InQuantization,
+        dequantization: TokenDequantization::InQuantizers,
+    });
+}
+
+/// A block planned as `variant` says (given the case's activation placement) against the same
+/// block with every scheduler and dequantization in a launch of its own: the output bit for bit, W4A4 with the activation kernel
+/// and with the epilogue, and W4A16, at T = 0, 1, 17 and the bound, each within the tolerance of
+/// the reference; the output poisoned first.
+fn same_as_separate_launches(label: &str, seed: u64, variant: impl Fn(ActivationPlacement) -> BlockPlan) {
+    use nvfp4_gemm::moe_block::{SchedulerPlacement, TokenDequantization};
     let gpu = require_gpu(Arch::Sm90a);
     let stream = gpu.context().default_stream();
     let shape = block_shape(MAX_TOKENS);
-    let mut rng = SplitMix64::new(0x5C4E);
+    let mut rng = SplitMix64::new(seed);
     let cases = [
         (Precision::W4a4, ActivationPlacement::Kernel),
         (Precision::W4a4, ActivationPlacement::FirstGemmEpilogue),
@@ -249,14 +296,15 @@ fn gpu_moe_block_schedulers_in_quantization() {
     for (precision, activation) in cases {
         let loaded = experts(true, &mut rng);
         let options = BlockOptions::new(Activation::Silu, precision, Dense16::Bf16);
-        let plan = |schedulers| BlockPlan { activation, schedulers };
-        let mut launches =
-            ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, plan(SchedulerPlacement::Launches)).unwrap();
-        let mut inside =
-            ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, plan(SchedulerPlacement::InQuantization))
-                .unwrap();
+        let separate = BlockPlan {
+            activation,
+            schedulers: SchedulerPlacement::Launches,
+            dequantization: TokenDequantization::Launches,
+        };
+        let mut base = ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, separate).unwrap();
+        let mut other = ExpertBlock::with_plan(&gpu, &stream, shape, options, &loaded, variant(activation)).unwrap();
         for tokens in [0, 1, 17, MAX_TOKENS] {
-            let what = format!("{precision:?} {activation:?} T={tokens}");
+            let what = format!("{label}: {precision:?} {activation:?} T={tokens}");
             let x: Vec<bf16> = (0..tokens * H).map(|_| bf16::from_f64(rng.normal())).collect();
             let r = routing(tokens, &mut rng);
             let ids: Vec<i32> = r.ids.iter().map(|&i| i as i32).collect();
@@ -267,17 +315,17 @@ fn gpu_moe_block_schedulers_in_quantization() {
                 block.run(&stream, &x_dev, tokens, TopkIds::I32(&ids_dev), TopkWeights::F32(&w_dev), &mut y).unwrap();
                 stream.clone_dtoh(&y).unwrap()
             };
-            let (want_bits, got) = (run(&mut launches), run(&mut inside));
+            let (want_bits, got) = (run(&mut base), run(&mut other));
             assert!(
                 got.iter().zip(&want_bits).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{what}: the schedulers in the quantization's launch changed the output"
+                "{what}: the plan changed the output"
             );
             let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
             let want = round_output_as(&reference(&x64, H, &r, &loaded, &options).unwrap(), Dense16::Bf16);
             let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
             let err = norm(got.iter().zip(&want).map(|(g, w)| g - w));
             let scale = norm(want.iter().copied());
-            println!("CASE {what}: in quantization = launches bit for bit; ‖got − ref‖ = {err:.3e} of {scale:.3e}");
+            println!("CASE {what}: = the separate launches bit for bit; ‖got − ref‖ = {err:.3e} of {scale:.3e}");
             assert!(err <= 2e-2 * scale.max(1e-30) || (scale == 0.0 && err == 0.0), "{what}: {err} of {scale}");
         }
     }
@@ -318,7 +366,6 @@ fn gpu_moe_block_refuses_bad_input_scales() {
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_block_activation_epilogue_matches_the_kernel() {
-    use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan};
     let gpu = require_gpu(Arch::Sm90a);
     let stream = gpu.context().default_stream();
     let shape = block_shape(MAX_TOKENS);
@@ -383,7 +430,6 @@ fn gpu_moe_block_activation_epilogue_matches_the_kernel() {
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_block_4096_tokens() {
-    use nvfp4_gemm::moe_block::{ActivationPlacement, BlockPlan};
     let gpu = require_gpu(Arch::Sm90a);
     let stream = gpu.context().default_stream();
     let tokens = 4096;

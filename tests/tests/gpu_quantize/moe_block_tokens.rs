@@ -153,7 +153,7 @@ fn outputs(b: &mut Buffers, p: &MoeProblem, g: Option<&[f32]>) -> (BlockOutput, 
                 [one] => GlobalScale::Tensor(*one),
                 each => GlobalScale::PerGroup(b.put(&bytes32(each, f32::to_le_bytes), each.len()).0),
             };
-            (BlockOutput::Nvfp4 { values, scales, global_scale }, (iv, is))
+            (BlockOutput::Nvfp4 { values, scales, global_scale, workspace: None }, (iv, is))
         }
         None => {
             let n = p.token_rows() * p.k();
