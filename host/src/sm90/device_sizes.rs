@@ -780,6 +780,41 @@ mod tests {
         general.set_routed_rows(Some(1));
         assert_eq!((names(&general), general.decode_alone), (before, false));
 
+        // The caller dequantizes: the same tables, lists and workspace, no dequantization launch;
+        // the first GEMM launch starts after the scheduler ends, the one after it early. Told to
+        // run the decode kernel alone, that one starts after the scheduler. W4A16 has nothing to
+        // dequantize: the option changes nothing there.
+        let options = MoeOptions {
+            kernels: MoeKernels::Auto,
+            spans192: false,
+            caller_dequantizes: true,
+            ..MoeOptions::default()
+        };
+        let mut caller = Sm90DeviceLayout::new(&p, 132, &options).unwrap();
+        assert!(caller.caller_dequantizes);
+        assert_eq!((&caller.gemms, caller.workspace_bytes), (&l.gemms, l.workspace_bytes));
+        assert_eq!(caller.schedule_params(&buffers, &tables), s);
+        let all = launches(&caller, Some(&buffers), &tables);
+        let starts: Vec<_> = all.iter().map(|l| (l.kernel, l.start)).collect();
+        assert_eq!(
+            starts,
+            [
+                ("sm90_schedule", Start::Early),
+                ("sm90_grouped_gemm_decode", Start::AfterPrevious),
+                ("sm90_grouped_gemm", super::super::GEMM_AFTER_DEQUANT)
+            ]
+        );
+        caller.set_routed_rows(Some(16));
+        let starts: Vec<_> = launches(&caller, Some(&buffers), &tables).iter().map(|l| (l.kernel, l.start)).collect();
+        assert_eq!(starts, [("sm90_schedule", Start::Early), ("sm90_grouped_gemm_decode", Start::AfterPrevious)]);
+        let dense = Sm90DeviceLayout::new(
+            &p.clone().with_tokens(crate::problem::TokenKind::Dense(Activations::F16)),
+            132,
+            &options,
+        )
+        .unwrap();
+        assert!(!dense.caller_dequantizes);
+
         // W4A16: the same tiles and lists; the token maps and the scheduler's token base are the
         // activations, no workspace, no dequantization, the W4A16 twins started early.
         let dense_problem = |a| p.clone().with_tokens(crate::problem::TokenKind::Dense(a));
