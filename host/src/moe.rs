@@ -75,12 +75,12 @@ use crate::sm100::{resident_ctas, Sm100DeviceLayout};
 use crate::sm90::Sm90DeviceLayout;
 use crate::summary::PlanSummary;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-#[cfg(doc)]
-use nvfp4_gemm_abi::moe::block::TokenWorkspace;
 use nvfp4_gemm_abi::moe::sm90::Sm90ScheduleParams;
 pub use nvfp4_gemm_abi::moe::GroupRows;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
+#[cfg(doc)]
+use nvfp4_gemm_abi::sm90::TokenWorkspace;
 use std::sync::Arc;
 
 /// How the grouped quantizer and the block's routing start: early, while the kernel before them

@@ -1,10 +1,10 @@
-//! The f16 token workspace of an sm_90a GEMM (`nvfp4_gemm_abi::moe::block::TokenWorkspace`): the
+//! The f16 token workspace of an sm_90a GEMM (`nvfp4_gemm_abi::sm90::TokenWorkspace`): the
 //! one decoding of an NVFP4 block into it, which `sm90_dequant_tokens` applies to the tokens in
 //! memory and the block's quantizing kernels (`nvfp4_quantize_grouped`, `moe_activate`) to the
 //! block they have just quantized, so that both write the same bytes.
 
 use crate::ptx::convert;
-use nvfp4_gemm_abi::moe::block::TokenWorkspace;
+use nvfp4_gemm_abi::sm90::TokenWorkspace;
 use nvfp4_gemm_abi::sm90::DECODE_UNSCALE_F16X2;
 
 /// Decoded pair `pair` (0..4) of packed e2m1 word `word` — logical values `pair` and `pair + 4`

@@ -168,39 +168,12 @@ pub struct Gather {
     /// `group_scales[g]` (each finite and positive) instead of `convert.global_scale` (an MoE
     /// checkpoint's per-expert input scales). 0: `convert.global_scale` for every row.
     pub group_scales: u64,
-    /// Device address of an sm_90a GEMM's f16 token workspace ([`TokenWorkspace`]), where each
+    /// Device address of an sm_90a GEMM's f16 token workspace ([`crate::sm90::TokenWorkspace`]), where each
     /// quantized row is also written dequantized; 0: none.
     pub workspace: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<Gather>() == 40);
-
-/// The f16 token workspace of an sm_90a grouped GEMM of NVFP4 tokens (the operand its general and
-/// decode kernels read through their token maps): row `r` of the token layout at byte
-/// `r · 2K`, each of its 64-wide K chunks 128 bytes, logical value `l` of a chunk at position
-/// [`crate::sm90::token_k_position`]`(l)`, holding `e2m1 · e4m3` exactly (the block scale
-/// applied, the global scale not: it is in the GEMM's alpha). `sm90_dequant_tokens` writes it from
-/// the NVFP4 tokens; a quantizing kernel given its address ([`Gather::workspace`],
-/// [`ActivateParams::workspace`]) writes the same bytes as it quantizes, so that the GEMM's plan
-/// needs no dequantization launch. Rows of no group are not written.
-pub struct TokenWorkspace;
-
-impl TokenWorkspace {
-    /// Bytes of the workspace of `rows` token rows of `k` values.
-    pub const fn bytes(rows: usize, k: usize) -> usize {
-        rows * k * 2
-    }
-
-    /// Byte offset of the f16 pair that holds the decoded pair `pair` (0..4) of packed word
-    /// `word` (0..2) of scale block `block` (0..k/16) of row `row`: logical values
-    /// `8·word + pair` and `8·word + pair + 4` of the block, low half first (the order of the
-    /// dequantization's decoder, `crate::sm90::token_pair_slot`).
-    pub const fn pair_offset(row: u32, k: u32, block: u32, word: u32, pair: u32) -> usize {
-        let chunk = block / 4;
-        let slot = crate::sm90::token_pair_slot(2 * (block % 4) + word, pair);
-        row as usize * k as usize * 2 + chunk as usize * 128 + 4 * slot as usize
-    }
-}
 
 /// Parameters of `moe_activate` (both architectures): `h` `[rows, n1]` of the 16-bit type `D`
 /// (`n1 = 2I` gated, gate columns first, else `I`) → `z = D(act(gate) · up)` or `D(act(h))`,
@@ -233,7 +206,7 @@ pub struct ActivateParams {
     /// W4A4: device address of `f32 group_scales[groups]`, the second GEMM's input scale per
     /// group (each finite and positive), used instead of `global_scale`; 0: `global_scale`.
     pub group_scales: u64,
-    /// W4A4: device address of the second GEMM's f16 token workspace ([`TokenWorkspace`]),
+    /// W4A4: device address of the second GEMM's f16 token workspace ([`crate::sm90::TokenWorkspace`]),
     /// where each quantized row is also written dequantized; 0: none.
     pub workspace: u64,
 }

@@ -72,6 +72,33 @@ pub const fn token_pair_slot(w: u32, k: u32) -> u32 {
     token_k_position(8 * w + k) / 2
 }
 
+/// The f16 token workspace of an sm_90a grouped GEMM of NVFP4 tokens (the operand its general and
+/// decode kernels read through their token maps): row `r` of the token layout at byte
+/// `r · 2K`, each of its 64-wide K chunks 128 bytes, logical value `l` of a chunk at position
+/// [`token_k_position`]`(l)`, holding `e2m1 · e4m3` exactly (the block scale
+/// applied, the global scale not: it is in the GEMM's alpha). `sm90_dequant_tokens` writes it from
+/// the NVFP4 tokens; a quantizing kernel given its address (`moe::block::Gather::workspace`,
+/// `moe::block::ActivateParams::workspace`) writes the same bytes as it quantizes, so that the GEMM's plan
+/// needs no dequantization launch. Rows of no group are not written.
+pub struct TokenWorkspace;
+
+impl TokenWorkspace {
+    /// Bytes of the workspace of `rows` token rows of `k` values.
+    pub const fn bytes(rows: usize, k: usize) -> usize {
+        rows * k * 2
+    }
+
+    /// Byte offset of the f16 pair that holds the decoded pair `pair` (0..4) of packed word
+    /// `word` (0..2) of scale block `block` (0..k/16) of row `row`: logical values
+    /// `8·word + pair` and `8·word + pair + 4` of the block, low half first (the order of the
+    /// dequantization's decoder, [`token_pair_slot`]).
+    pub const fn pair_offset(row: u32, k: u32, block: u32, word: u32, pair: u32) -> usize {
+        let chunk = block / 4;
+        let slot = token_pair_slot(2 * (block % 4) + word, pair);
+        Self::bytes(row as usize, k as usize) + chunk as usize * 128 + 4 * slot as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::sm90::*;

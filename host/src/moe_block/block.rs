@@ -26,7 +26,8 @@ use half::{bf16, f16};
 use nvfp4_format::checkpoint::{Checkpoint, LoadOptions, LoadedExperts, PlainWeight};
 use nvfp4_format::layout::plain_to_blocked;
 pub use nvfp4_format::moe_block::{Activation, BlockOptions, Dense16, Precision, RouterWeightAt};
-use nvfp4_gemm_abi::moe::block::{Activation as KernelActivation, TokenWorkspace};
+use nvfp4_gemm_abi::moe::block::Activation as KernelActivation;
+use nvfp4_gemm_abi::sm90::TokenWorkspace;
 use std::sync::Arc;
 
 const CALL: &str = "ExpertBlock";
@@ -328,7 +329,7 @@ pub enum TokenDequantization {
     #[default]
     Launches,
     /// In the kernels that quantize them (the gather for the first GEMM, the activation for the
-    /// second), as they quantize (`nvfp4_gemm_abi::moe::block::TokenWorkspace`): one launch fewer
+    /// second), as they quantize (`nvfp4_gemm_abi::sm90::TokenWorkspace`): one launch fewer
     /// per GEMM, the same bytes. The second GEMM keeps its launch when the activation is in the
     /// first GEMM's epilogue. No effect where the block has no dequantization (W4A16, sm_100a).
     /// Not the default: it saves time at some sizes and costs it at others (docs/moe-block.md §8).
@@ -644,8 +645,8 @@ impl ExpertBlock {
         // With the schedulers in the quantization's launch (they read only the routing's sizes),
         // both GEMMs' tables are prepared first and their launches enqueued later.
         let fused = self.fused;
-        // Both prepared or neither (`with_plan` refuses the option off sm_90a, where a
-        // preparation is `None`).
+        // Both prepared or neither (`with_plan` keeps the option to sm_90a, where a preparation
+        // is never `None`).
         let scheduled = if self.schedulers_in_quantization {
             let out1 = first_out(&mut self.h, &mut self.z, &self.input_scales.1, fused);
             let io1 = GemmIo { offsets: &self.offsets, a: &self.a, weights: &self.w13, out: out1 };

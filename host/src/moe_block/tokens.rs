@@ -22,12 +22,11 @@ use crate::quantize::Quantizer;
 use crate::MoeProblem;
 use cudarc::driver::CudaStream;
 pub use nvfp4_gemm_abi::moe::block::Activation;
-use nvfp4_gemm_abi::moe::block::{
-    activate_items, activate_parts, ActivateParams, Gather, TokenWorkspace, ACTIVATE_PARTS,
-};
+use nvfp4_gemm_abi::moe::block::{activate_items, activate_parts, ActivateParams, Gather, ACTIVATE_PARTS};
 use nvfp4_gemm_abi::moe::sm90::{QuantizeScheduleParams, Sm90ScheduleParams, SCHEDULE_CTAS};
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
 use nvfp4_gemm_abi::quantize::{self as qabi, ConvertParams};
+use nvfp4_gemm_abi::sm90::TokenWorkspace;
 
 /// The inputs of a gather ([`Quantizer::quantize_grouped_gather_views`]).
 #[derive(Debug, Clone, Copy)]

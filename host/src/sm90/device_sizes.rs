@@ -40,7 +40,7 @@ use nvfp4_gemm_abi::moe::sm90::{
 };
 use nvfp4_gemm_abi::moe::{self as abi, DeviceSizes};
 use nvfp4_gemm_abi::sm90::w4a16::Activations;
-use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, WorkItem, SMALL_TILE_M};
+use nvfp4_gemm_abi::sm90::{self, GemmConfig, GroupParams, TokenWorkspace, WorkItem, SMALL_TILE_M};
 use nvfp4_gemm_abi::tensor_map::{TensorMap, TENSOR_MAP_BYTES};
 use nvfp4_gemm_abi::work::KernelParams;
 
@@ -204,7 +204,11 @@ impl Sm90DeviceLayout {
             lpt_grid,
             costs,
             max_dequant_ctas,
-            workspace_bytes: if activations.is_some() { 0 } else { problem.token_rows() * problem.k() * 2 },
+            workspace_bytes: if activations.is_some() {
+                0
+            } else {
+                TokenWorkspace::bytes(problem.token_rows(), problem.k())
+            },
             // The kernel takes the scheduled CTAs grid-strided: at most what the GPU holds at once.
             dequant: sm90::dequant_launch(
                 max_dequant_ctas.min(sm_count.saturating_mul(sm90::DEQUANT_GRID_CTAS_PER_SM)),

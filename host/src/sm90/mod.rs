@@ -114,7 +114,7 @@ impl Sm90Layout {
             workspace_offsets.push(ws);
             let c = if nvfp4 { sm90::dequant_ctas(m, k) } else { 0 };
             if nvfp4 {
-                ws += (s.m * s.k * 2) as u64;
+                ws += sm90::TokenWorkspace::bytes(s.m, s.k) as u64;
             }
             dequant_ctas.push((ctas, c));
             ctas += c;
