@@ -118,14 +118,37 @@ def stacked_rows(row, ms, n, k, sets_n):
     call = lambda it: nvfp4_gemm.grouped_gemm_stacked(*it[:6], out=it[6])  # noqa: E731
     row["stacked_same_us"] = per_call(call, items[:1])
     row["stacked_new_us"] = per_call(call, items)
+    # The same call with each Python-level argument in another form: what reading it costs.
+    a, b, sa, sb, _, _, out = items[0]
+    device_alphas = torch.tensor(alphas, dtype=torch.float32, device=bench.CUDA)
+    variants = {
+        "alpha_none": (ms, None),
+        "alpha_scalar": (ms, 1.0),
+        "alpha_tensor": (ms, device_alphas),
+        "sizes_tuple": (tuple(ms), alphas),
+    }
+    for name, (sizes, alpha) in variants.items():
+        row[f"stacked_same_{name}_us"] = per_call(
+            lambda _: nvfp4_gemm.grouped_gemm_stacked(a, b, sa, sb, sizes, alpha, out=out), [None]
+        )
+    row["native_call_us"] = per_call(lambda _: nvfp4_gemm.blocked_bytes(128, k), [None])
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=".")
     p.add_argument("--shapes", default="b0,d0")
+    p.add_argument("--stacked-only", action="store_true", help="only the stacked call's rows (shapes of one N and K)")
     args = p.parse_args()
-    rows = [profile(s) for s in args.shapes.split(",")]
+    if args.stacked_only:
+        rows = []
+        for s in args.shapes.split(","):
+            ms, ns, ks = bench.SHAPES[s]
+            row = {"shape": s, "groups": len(ms)}
+            stacked_rows(row, ms, ns[0], ks[0], 16)
+            rows.append(row)
+    else:
+        rows = [profile(s) for s in args.shapes.split(",")]
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host-profile.json"), "w") as f:

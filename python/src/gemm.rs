@@ -239,7 +239,7 @@ fn out_type(
 /// and descriptor, for the device check with the call's other tensors), or host floats (None,
 /// one number, one per group), checked.
 fn alphas(call: &'static str, alpha: Option<&Bound<'_, PyAny>>, groups: usize) -> PyResult<(Vec<f32>, DeviceAlphas)> {
-    if let Some(a) = alpha.filter(|a| read::is_tensor(a)) {
+    if let Some(a) = alpha.filter(|a| !read::is_host_number_or_sequence(a) && read::is_tensor(a)) {
         let arg = Arg::of(call, "alpha");
         let t = read::tensor(a, arg)?;
         let view = tensor::device_alphas(&t, arg, groups).map_err(py_err)?;

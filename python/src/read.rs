@@ -294,6 +294,16 @@ pub fn floats(obj: Option<&Bound<'_, PyAny>>, groups: usize, name: &str) -> PyRe
     Ok(values.into_iter().map(|x| x as f32).collect())
 }
 
+/// `None`, a Python number or a list or tuple: what is never a tensor, told by type checks alone
+/// (asking a list for a tensor's attributes raises and clears an `AttributeError` each time).
+pub fn is_host_number_or_sequence(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_none()
+        || obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>()
+        || obj.is_instance_of::<pyo3::types::PyFloat>()
+        || obj.is_instance_of::<pyo3::types::PyInt>()
+}
+
 /// Whether `obj` is read as a tensor (torch-like or CUDA array interface).
 pub fn is_tensor(obj: &Bound<'_, PyAny>) -> bool {
     let py = obj.py();
