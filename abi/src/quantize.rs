@@ -246,10 +246,17 @@ pub fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
 /// the even code `i`, `i` even), the largest pattern below it when a tie goes up (`i` odd).
 #[inline(always)]
 pub fn thresholds(unit: f64, bf16: bool) -> [u16; 7] {
+    thresholds_by(unit, bf16, half_floor)
+}
+
+/// [`thresholds`] with `floor` in place of [`half_floor`] (a function that returns what it
+/// returns for every positive finite argument: the device's rounding conversion).
+#[inline(always)]
+pub fn thresholds_by(unit: f64, bf16: bool, floor: impl Fn(f64, bool) -> (u16, bool)) -> [u16; 7] {
     let mut c = [0u16; 7];
     let mut i = 0;
     while i < 7 {
-        let (floor, exact) = half_floor(E2M1_MIDPOINTS[i] * unit, bf16);
+        let (floor, exact) = floor(E2M1_MIDPOINTS[i] * unit, bf16);
         // `exact` implies floor > 0 (the midpoint is positive).
         c[i] = floor - (i % 2 == 1 && exact) as u16;
         i += 1;
@@ -344,6 +351,29 @@ pub fn block_part_amax<const W: usize>(words: [u32; W]) -> u16 {
 /// [`quantize_block`]'s scale and codes.
 #[inline(always)]
 pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16: bool, global: f64) -> (u8, u64) {
+    quantize_block_part_by(words, amax_bits, bf16, global, half_floor)
+}
+
+/// [`quantize_block`] with `floor` in place of [`half_floor`] (see [`thresholds_by`]).
+#[inline(always)]
+pub fn quantize_block_by(
+    words: [u32; 8],
+    bf16: bool,
+    global: f64,
+    floor: impl Fn(f64, bool) -> (u16, bool),
+) -> (u8, u64) {
+    quantize_block_part_by(words, block_part_amax(words), bf16, global, floor)
+}
+
+/// [`quantize_block_part`] with `floor` in place of [`half_floor`] (see [`thresholds_by`]).
+#[inline(always)]
+pub fn quantize_block_part_by<const W: usize>(
+    words: [u32; W],
+    amax_bits: u16,
+    bf16: bool,
+    global: f64,
+    floor: impl Fn(f64, bool) -> (u16, bool),
+) -> (u8, u64) {
     const { assert!(W >= 1 && W <= 8) };
     let scale = block_scale(amax_bits, bf16, global);
     if scale == E4M3_NAN {
@@ -353,7 +383,7 @@ pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16
     if unit == 0.0 {
         return (scale, 0);
     }
-    let c = pair_thresholds(&thresholds(unit, bf16));
+    let c = pair_thresholds(&thresholds_by(unit, bf16, floor));
     let byte = |word: u32| e2m1_code_pair(word, &c) as u64;
     let mut packed = 0;
     let mut i = 0;

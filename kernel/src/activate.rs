@@ -14,10 +14,11 @@
 //! are skipped. With `workspace` set (W4A4 on sm_90a), each quantized block is also written
 //! dequantized into the second GEMM's f16 token workspace (`crate::workspace`).
 
+use crate::ptx::cvt_f64::{half_bits_to_f32, half_floor};
 use crate::ptx::sreg;
 use crate::quantize_grouped::{round_to_half, row_global_scale};
-use nvfp4_gemm_abi::moe::block::{activated, ActivateParams, Activation, ACTIVATE_PARTS};
-use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part, BLOCK, THREADS};
+use nvfp4_gemm_abi::moe::block::{ActivateParams, Activation, ACTIVATE_PARTS};
+use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part_by, BLOCK, THREADS};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
 /// One output word (two values) from a gate word and an up word (`None`: not gated).
@@ -26,6 +27,18 @@ pub(crate) fn word(act: Activation, gate: u32, up: Option<u32>, bf16: bool) -> u
     let lo = activated(act, gate as u16, up.map(|u| u as u16), bf16);
     let hi = activated(act, (gate >> 16) as u16, up.map(|u| (u >> 16) as u16), bf16);
     round_to_half(lo, bf16) as u32 | (round_to_half(hi, bf16) as u32) << 16
+}
+
+/// `nvfp4_gemm_abi::moe::block::activated` with the 16-bit values widened by the conversion
+/// instructions (`half_bits_to_f32`: exact, as the reference's `half_to_f64` is; a NaN may keep
+/// its payload, which the arithmetic after it does not read).
+#[inline(always)]
+fn activated(act: Activation, gate: u16, up: Option<u16>, bf16: bool) -> f64 {
+    let a = act.apply(half_bits_to_f32(gate, bf16));
+    match up {
+        Some(u) => a * half_bits_to_f32(u, bf16) as f64,
+        None => a,
+    }
 }
 
 /// 4 consecutive 16-bit values at `p` (8-byte aligned) as 2 words.
@@ -191,7 +204,7 @@ unsafe fn activate<const PARTS: u32, const W: usize>(p: ActivateParams) {
                 // SAFETY: `group_scales`, when set, holds an `f32` per group (the caller's
                 // contract).
                 let global = unsafe { row_global_scale(p.group_scales, group, global) };
-                (scale_row, quantize_block_part(z, amax, bf16, global))
+                (scale_row, quantize_block_part_by(z, amax, bf16, global, half_floor))
             });
             // In the 4-thread kernel, a workspace word (values `8h .. 8h + 8` of the block) is
             // parts `2h` and `2h + 1`, lanes `l` and `l ^ 1`: the whole warp swaps its parts.

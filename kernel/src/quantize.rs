@@ -12,7 +12,7 @@
 
 use crate::ptx::{cvt_f64, sreg};
 use nvfp4_gemm_abi::quantize::{
-    dequantize_items, dequantize_value, e4m3_to_f64, quantize_block, quantize_items, ConvertParams, BLOCK, THREADS,
+    dequantize_items, dequantize_value, e4m3_to_f64, quantize_block_by, quantize_items, ConvertParams, BLOCK, THREADS,
 };
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
@@ -56,7 +56,8 @@ pub unsafe fn nvfp4_quantize(p: ConvertParams) {
                 let src = (p.dense as *const u8).add(2 * first) as *const U32x4;
                 ((*src).0, (*src.add(1)).0)
             };
-            let (s, packed) = quantize_block([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]], bf16, global);
+            let (s, packed) =
+                quantize_block_by([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]], bf16, global, cvt_f64::half_floor);
             // SAFETY: the block's 8 packed bytes (8-byte aligned) are in the values buffer; the
             // scale byte as above.
             unsafe {

@@ -245,3 +245,49 @@ fn f64_to_16_bit_rounds_once() {
     assert!(half::f16::from_bits(f64_to_f16_bits(f64::NAN)).is_nan());
     assert!(half::bf16::from_bits(f64_to_bf16_bits(f64::NAN)).is_nan());
 }
+
+/// The kernels' `half_floor` (a rounding conversion toward zero, `cvt.rz.{bf16,f16}.f64`, in the
+/// model) against the software one every CPU quantizer uses (`abi::quantize::half_floor`, the
+/// thresholds' floor): equal on every positive finite 16-bit value, its neighbours one f64 step
+/// away, the midpoints of every e4m3 scale times a spread of global scales (the products the
+/// thresholds floor), and magnitudes beyond the largest finite value and below the smallest.
+#[test]
+fn half_floor_by_conversion_matches_the_software_floor() {
+    use nvfp4_gemm_abi::quantize::{e4m3_to_f64, half_floor, half_to_f64, E2M1_MIDPOINTS};
+    use nvfp4_gemm_kernel::ptx::cvt_f64::half_floor as device_floor;
+    for bf16 in [false, true] {
+        let mut ts = vec![1e-300, 1e-45, 1e-9, 65504.0, 65519.0, 65520.0, 1e5, 3.4e38, 3.5e38, 1e300];
+        let top = if bf16 { 0x7F80u16 } else { 0x7C00 };
+        for bits in 1..top {
+            let v = half_to_f64(bits, bf16);
+            ts.extend([v, f64::from_bits(v.to_bits() - 1), f64::from_bits(v.to_bits() + 1)]);
+        }
+        for code in 1..0x7Fu8 {
+            for global in [1.0, 0.37, 2f64.powi(-9), 1e-30, 6.0 * 448.0, 1.0 / 2688.0, 1e-4, 7e3] {
+                let unit = e4m3_to_f64(code) * global;
+                ts.extend(E2M1_MIDPOINTS.iter().map(|m| m * unit));
+            }
+        }
+        for &t in ts.iter().filter(|t| t.is_finite() && **t > 0.0) {
+            assert_eq!(device_floor(t, bf16), half_floor(t, bf16), "t = {t:e}, bf16 {bf16}");
+        }
+    }
+}
+
+/// The kernels' widening of a 16-bit value (`half_bits_to_f32`: a shift for bf16, `cvt.f32.f16`)
+/// equals the software `abi::quantize::half_to_f64` on every pattern (NaN for NaN).
+#[test]
+fn half_bits_to_f32_matches_the_software_widening() {
+    use nvfp4_gemm_abi::quantize::half_to_f64;
+    use nvfp4_gemm_kernel::ptx::cvt_f64::half_bits_to_f32;
+    for bf16 in [false, true] {
+        for bits in 0..=u16::MAX {
+            let (got, want) = (half_bits_to_f32(bits, bf16) as f64, half_to_f64(bits, bf16));
+            if want.is_nan() {
+                assert!(got.is_nan(), "{bits:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}, bf16 {bf16}");
+            }
+        }
+    }
+}

@@ -108,6 +108,43 @@ pub fn cvt_rn_bf16_f64(x: f64) -> u16 {
     half::bf16::from_f32(round_to_odd_f32(x)).to_bits()
 }
 
+/// `cvt.rz.bf16.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): toward zero, as [`cvt_rz_f32_f64`]; the
+/// bf16 values are f32 values with 16 trailing zero bits, so rounding toward zero to `f32` and
+/// then dropping those bits is one rounding toward zero. Returns the bit pattern.
+pub fn cvt_rz_bf16_f64(x: f64) -> u16 {
+    let r = cvt_rz_f32_f64(x);
+    if r.is_nan() {
+        return half::bf16::from_f32(r).to_bits();
+    }
+    (r.to_bits() >> 16) as u16
+}
+
+/// `cvt.rz.f16.f64 d, x;` (PTX ISA 9.0 §9.7.9.21): toward zero, subnormals kept, a finite
+/// magnitude beyond the largest f16 (65504) becomes it; NaN stays NaN. Through `f32` toward zero
+/// (every f16 value is an f32 value, so that rounding loses no f16 value at most `|x|`), then
+/// the nearest f16 stepped toward zero when it lies beyond. Returns the bit pattern.
+pub fn cvt_rz_f16_f64(x: f64) -> u16 {
+    let r = cvt_rz_f32_f64(x);
+    if r.is_nan() || r.is_infinite() {
+        return half::f16::from_f32(r).to_bits();
+    }
+    let sign = if r.is_sign_negative() { 0x8000 } else { 0 };
+    if r.abs() >= 65504.0 {
+        return sign | 0x7BFF;
+    }
+    let h = half::f16::from_f32(r);
+    if h.to_f32().abs() > r.abs() {
+        h.to_bits() - 1
+    } else {
+        h.to_bits()
+    }
+}
+
+/// `cvt.f32.f16 d, a;` (PTX ISA 9.0 §9.7.9.21): exact (every f16 value is an f32 value).
+pub fn cvt_f32_f16(a: u16) -> f32 {
+    half::f16::from_bits(a).to_f32()
+}
+
 /// `x` rounded to `f32` to odd (toward zero, the last bit set when inexact): rounding that to
 /// nearest even in a format at least two significand bits narrower (f16: 11 of 24, bf16: 8) is
 /// one rounding of `x` (Boldo and Melquiond, IEEE Trans. Computers 57(4), 2008). `half`'s own
@@ -137,6 +174,29 @@ mod tests {
         assert_eq!(cvt_rz_f32_f64(1e300), f32::MAX);
         assert!(cvt_rz_f32_f64(f64::NAN).is_nan());
         assert_eq!(cvt_rz_f32_f64(f64::NEG_INFINITY), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn rz_to_16_bit_formats() {
+        // Exact values stay; others step toward zero; beyond the largest finite value, it.
+        assert_eq!(cvt_rz_bf16_f64(1.0), 0x3F80);
+        assert_eq!(cvt_rz_bf16_f64(1.0 + 1.0 / 128.0 - 1e-12), 0x3F80);
+        assert_eq!(cvt_rz_bf16_f64(-(1.0 + 1.0 / 128.0 - 1e-12)), 0xBF80);
+        assert_eq!(cvt_rz_bf16_f64(1e300), 0x7F7F);
+        assert_eq!(cvt_rz_f16_f64(1.0 + 1.0 / 1024.0 - 1e-12), 0x3C00);
+        assert_eq!(cvt_rz_f16_f64(65519.0), 0x7BFF);
+        assert_eq!(cvt_rz_f16_f64(-1e300), 0xFBFF);
+        assert_eq!(cvt_rz_f16_f64(1e-9), 0);
+        assert_eq!(cvt_rz_f16_f64(2f64.powi(-24) * 1.5), 1);
+        assert!(half::f16::from_bits(cvt_rz_f16_f64(f64::NAN)).is_nan());
+        assert!(half::bf16::from_bits(cvt_rz_bf16_f64(f64::NAN)).is_nan());
+        for bits in 1..0x7C00u16 {
+            let v = half::f16::from_bits(bits).to_f64();
+            assert_eq!(cvt_rz_f16_f64(v), bits);
+            assert_eq!(cvt_rz_f16_f64(f64::from_bits(v.to_bits() + 1)), bits);
+            assert_eq!(cvt_rz_f16_f64(f64::from_bits(v.to_bits() - 1)), bits - 1);
+            assert_eq!(cvt_f32_f16(bits) as f64, v);
+        }
     }
 
     #[test]

@@ -131,10 +131,15 @@ pub fn exp_neg(a: f32) -> f32 {
 pub fn gate_times_sigmoid(g: f32, s: f32) -> f32 {
     let m = exp_neg_scaled(f32::from_bits(s.to_bits() & 0x7FFF_FFFF));
     let d = 1.0 + m * TWO_M64;
-    if s >= 0.0 {
-        g / d
+    // One quotient whatever the sign (the numerator and the scaling selected, the same
+    // operations as a branch per sign): on the device the lanes of a warp hold gates of both
+    // signs, and two branches would each run the division.
+    let positive = s >= 0.0;
+    let q = (if positive { g } else { g * m }) / d;
+    if positive {
+        q
     } else {
-        ((g * m) / d) * TWO_M64
+        q * TWO_M64
     }
 }
 
