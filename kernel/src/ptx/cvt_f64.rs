@@ -6,84 +6,51 @@ use super::model::convert as model;
 #[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
-/// `cvt.rn.f16.f64 d, x;` (PTX ISA 1.0, sm_20): round to nearest even, overflow to ±inf,
-/// subnormals kept. Returns the f16 bit pattern.
-#[inline(always)]
-pub fn f64_to_f16_bits(x: f64) -> u16 {
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::cvt_rn_f16_f64(x);
-    #[cfg(target_arch = "nvptx64")]
-    let d: u16;
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rn.f16.f64 {d}, {x};", d = out(reg16) d, x = in(reg64) x, options(pure, nomem, nostack));
-    }
-    d
+/// One conversion `$op d, x;` from a `$from` register (`$from_reg`) to a `$to` one, or its model
+/// on the host.
+macro_rules! conversion {
+    ($(#[$doc:meta])* $name:ident($from:ty, $from_reg:ident) -> $to:ty, $to_reg:ident, $op:literal, $model:ident) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $name(x: $from) -> $to {
+            #[cfg(not(target_arch = "nvptx64"))]
+            let d = model::$model(x);
+            #[cfg(target_arch = "nvptx64")]
+            let d: $to;
+            #[cfg(target_arch = "nvptx64")]
+            // SAFETY: register arithmetic only.
+            unsafe {
+                asm!(concat!($op, " {d}, {x};"), d = out($to_reg) d, x = in($from_reg) x, options(pure, nomem, nostack));
+            }
+            d
+        }
+    };
 }
 
-/// `cvt.rn.bf16.f64 d, x;` (PTX ISA 7.8, sm_90): round to nearest even, overflow to ±inf,
-/// subnormals kept. Returns the bf16 bit pattern.
-#[inline(always)]
-pub fn f64_to_bf16_bits(x: f64) -> u16 {
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::cvt_rn_bf16_f64(x);
-    #[cfg(target_arch = "nvptx64")]
-    let d: u16;
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rn.bf16.f64 {d}, {x};", d = out(reg16) d, x = in(reg64) x, options(pure, nomem, nostack));
-    }
-    d
-}
-
-/// `cvt.rz.bf16.f64 d, x;` (PTX ISA 7.8, sm_90): toward zero, subnormals kept. Returns the bf16
-/// bit pattern.
-#[inline(always)]
-pub fn f64_to_bf16_bits_rz(x: f64) -> u16 {
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::cvt_rz_bf16_f64(x);
-    #[cfg(target_arch = "nvptx64")]
-    let d: u16;
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rz.bf16.f64 {d}, {x};", d = out(reg16) d, x = in(reg64) x, options(pure, nomem, nostack));
-    }
-    d
-}
-
-/// `cvt.rz.f16.f64 d, x;` (PTX ISA 1.0, sm_20): toward zero, subnormals kept. Returns the f16
-/// bit pattern.
-#[inline(always)]
-pub fn f64_to_f16_bits_rz(x: f64) -> u16 {
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::cvt_rz_f16_f64(x);
-    #[cfg(target_arch = "nvptx64")]
-    let d: u16;
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rz.f16.f64 {d}, {x};", d = out(reg16) d, x = in(reg64) x, options(pure, nomem, nostack));
-    }
-    d
-}
-
-/// `cvt.f32.f16 d, a;`: the f16 bit pattern `a` as `f32`, exactly.
-#[inline(always)]
-pub fn f16_bits_to_f32(a: u16) -> f32 {
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::cvt_f32_f16(a);
-    #[cfg(target_arch = "nvptx64")]
-    let d: f32;
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.f32.f16 {d}, {a};", d = out(reg32) d, a = in(reg16) a, options(pure, nomem, nostack));
-    }
-    d
-}
+conversion!(
+    /// `cvt.rn.f16.f64 d, x;` (PTX ISA 1.0, sm_20): round to nearest even, overflow to ±inf,
+    /// subnormals kept. Returns the f16 bit pattern.
+    f64_to_f16_bits(f64, reg64) -> u16, reg16, "cvt.rn.f16.f64", cvt_rn_f16_f64
+);
+conversion!(
+    /// `cvt.rn.bf16.f64 d, x;` (PTX ISA 7.8, sm_90): round to nearest even, overflow to ±inf,
+    /// subnormals kept. Returns the bf16 bit pattern.
+    f64_to_bf16_bits(f64, reg64) -> u16, reg16, "cvt.rn.bf16.f64", cvt_rn_bf16_f64
+);
+conversion!(
+    /// `cvt.rz.bf16.f64 d, x;` (PTX ISA 7.8, sm_90): toward zero, subnormals kept. Returns the
+    /// bf16 bit pattern.
+    f64_to_bf16_bits_rz(f64, reg64) -> u16, reg16, "cvt.rz.bf16.f64", cvt_rz_bf16_f64
+);
+conversion!(
+    /// `cvt.rz.f16.f64 d, x;` (PTX ISA 1.0, sm_20): toward zero, subnormals kept. Returns the f16
+    /// bit pattern.
+    f64_to_f16_bits_rz(f64, reg64) -> u16, reg16, "cvt.rz.f16.f64", cvt_rz_f16_f64
+);
+conversion!(
+    /// `cvt.f32.f16 d, a;`: the f16 bit pattern `a` as `f32`, exactly.
+    f16_bits_to_f32(u16, reg16) -> f32, reg32, "cvt.f32.f16", cvt_f32_f16
+);
 
 /// The 16-bit float `bits` (bf16 when `bf16`, else f16) as `f32`, exactly: a bf16 pattern is the
 /// upper half of its f32 pattern.
