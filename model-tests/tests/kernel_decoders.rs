@@ -275,18 +275,22 @@ fn half_floor_by_conversion_matches_the_software_floor() {
 }
 
 /// The kernels' widening of a 16-bit value (`half_bits_to_f32`: a shift for bf16, `cvt.f32.f16`)
-/// equals the software `abi::quantize::half_to_f64` on every pattern (NaN for NaN).
+/// equals the software ones, `abi::quantize::half_to_f64` and `abi::moe_block::half_bits_to_f32`,
+/// on every pattern (NaN for NaN).
 #[test]
 fn half_bits_to_f32_matches_the_software_widening() {
     use nvfp4_gemm_abi::quantize::half_to_f64;
     use nvfp4_gemm_kernel::ptx::cvt_f64::half_bits_to_f32;
     for bf16 in [false, true] {
         for bits in 0..=u16::MAX {
-            let (got, want) = (half_bits_to_f32(bits, bf16) as f64, half_to_f64(bits, bf16));
-            if want.is_nan() {
-                assert!(got.is_nan(), "{bits:#06x}");
-            } else {
-                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}, bf16 {bf16}");
+            let got = half_bits_to_f32(bits, bf16);
+            let wants = [half_to_f64(bits, bf16), nvfp4_gemm_abi::moe_block::half_bits_to_f32(bits, bf16) as f64];
+            for want in wants {
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{bits:#06x}");
+                } else {
+                    assert_eq!((got as f64).to_bits(), want.to_bits(), "{bits:#06x}, bf16 {bf16}");
+                }
             }
         }
     }

@@ -53,7 +53,10 @@ conversion!(
 );
 
 /// The 16-bit float `bits` (bf16 when `bf16`, else f16) as `f32`, exactly: a bf16 pattern is the
-/// upper half of its f32 pattern.
+/// upper half of its f32 pattern, an f16 widens with [`f16_bits_to_f32`]. The same values as
+/// `nvfp4_gemm_abi::moe_block::half_bits_to_f32` (integer arithmetic, which the routing and combine
+/// kernels and the CPU use) in one instruction for f16; `model-tests/tests/kernel_decoders.rs`
+/// compares them on every pattern.
 #[inline(always)]
 pub fn half_bits_to_f32(bits: u16, bf16: bool) -> f32 {
     if bf16 {
