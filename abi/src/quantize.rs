@@ -239,6 +239,52 @@ pub fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
     ((bits + n) as u16, n as f64 == scaled)
 }
 
+/// The steps of a block's quantization that a device may do with instructions of its own, with
+/// the same results as [`Software`]'s: the thresholds' floor ([`half_floor`]) and the e2m1 codes
+/// of a word's two halves ([`e2m1_code_pair`]).
+pub trait BlockOps {
+    /// The block's thresholds in the form [`Self::code_pair`] reads.
+    type Thresholds: Copy;
+    /// [`half_floor`] for a positive finite `t`.
+    fn half_floor(t: f64, bf16: bool) -> (u16, bool);
+    /// [`thresholds`]' result in this form.
+    fn prepare(c: &[u16; 7]) -> Self::Thresholds;
+    /// The packed e2m1 codes of `W` words (not NaN; element `2i + h` in bits `4(2i + h)..`): each
+    /// word's two halves' [`e2m1_code`].
+    fn codes<const W: usize>(words: [u32; W], c: &Self::Thresholds, bf16: bool) -> u64;
+}
+
+/// The CPU's steps (integer and `f64` arithmetic).
+pub struct Software;
+
+impl BlockOps for Software {
+    type Thresholds = [u32; 7];
+    #[inline(always)]
+    fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
+        half_floor(t, bf16)
+    }
+    #[inline(always)]
+    fn prepare(c: &[u16; 7]) -> [u32; 7] {
+        pair_thresholds(c)
+    }
+    #[inline(always)]
+    fn codes<const W: usize>(words: [u32; W], c: &[u32; 7], _bf16: bool) -> u64 {
+        pack_codes(words, |w| e2m1_code_pair(w, c))
+    }
+}
+
+/// The bytes `pair(word)` of `W` words packed little-endian (word `i` in bits `8i..8i + 8`).
+#[inline(always)]
+pub fn pack_codes<const W: usize>(words: [u32; W], pair: impl Fn(u32) -> u8) -> u64 {
+    let mut packed = 0;
+    let mut i = 0;
+    while i < W {
+        packed |= (pair(words[i]) as u64) << (8 * i);
+        i += 1;
+    }
+    packed
+}
+
 /// The block's 7 comparison thresholds for a positive finite scale unit `unit`: the e2m1
 /// magnitude code of a 16-bit float whose magnitude pattern is `mag` (not NaN) is the number of
 /// thresholds `c` with `mag > c`. Threshold `i` stands for the midpoint `m_i * unit` between
@@ -246,17 +292,16 @@ pub fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
 /// the even code `i`, `i` even), the largest pattern below it when a tie goes up (`i` odd).
 #[inline(always)]
 pub fn thresholds(unit: f64, bf16: bool) -> [u16; 7] {
-    thresholds_by(unit, bf16, half_floor)
+    thresholds_with::<Software>(unit, bf16)
 }
 
-/// [`thresholds`] with `floor` in place of [`half_floor`] (a function that returns what it
-/// returns for every positive finite argument: the device's rounding conversion).
+/// [`thresholds`] with `O`'s floor.
 #[inline(always)]
-pub fn thresholds_by(unit: f64, bf16: bool, floor: impl Fn(f64, bool) -> (u16, bool)) -> [u16; 7] {
+pub fn thresholds_with<O: BlockOps>(unit: f64, bf16: bool) -> [u16; 7] {
     let mut c = [0u16; 7];
     let mut i = 0;
     while i < 7 {
-        let (floor, exact) = floor(E2M1_MIDPOINTS[i] * unit, bf16);
+        let (floor, exact) = O::half_floor(E2M1_MIDPOINTS[i] * unit, bf16);
         // `exact` implies floor > 0 (the midpoint is positive).
         c[i] = floor - (i % 2 == 1 && exact) as u16;
         i += 1;
@@ -351,28 +396,22 @@ pub fn block_part_amax<const W: usize>(words: [u32; W]) -> u16 {
 /// [`quantize_block`]'s scale and codes.
 #[inline(always)]
 pub fn quantize_block_part<const W: usize>(words: [u32; W], amax_bits: u16, bf16: bool, global: f64) -> (u8, u64) {
-    quantize_block_part_by(words, amax_bits, bf16, global, half_floor)
+    quantize_block_part_with::<Software, W>(words, amax_bits, bf16, global)
 }
 
-/// [`quantize_block`] with `floor` in place of [`half_floor`] (see [`thresholds_by`]).
+/// [`quantize_block`] with `O`'s steps.
 #[inline(always)]
-pub fn quantize_block_by(
-    words: [u32; 8],
-    bf16: bool,
-    global: f64,
-    floor: impl Fn(f64, bool) -> (u16, bool),
-) -> (u8, u64) {
-    quantize_block_part_by(words, block_part_amax(words), bf16, global, floor)
+pub fn quantize_block_with<O: BlockOps>(words: [u32; 8], bf16: bool, global: f64) -> (u8, u64) {
+    quantize_block_part_with::<O, 8>(words, block_part_amax(words), bf16, global)
 }
 
-/// [`quantize_block_part`] with `floor` in place of [`half_floor`] (see [`thresholds_by`]).
+/// [`quantize_block_part`] with `O`'s steps.
 #[inline(always)]
-pub fn quantize_block_part_by<const W: usize>(
+pub fn quantize_block_part_with<O: BlockOps, const W: usize>(
     words: [u32; W],
     amax_bits: u16,
     bf16: bool,
     global: f64,
-    floor: impl Fn(f64, bool) -> (u16, bool),
 ) -> (u8, u64) {
     const { assert!(W >= 1 && W <= 8) };
     let scale = block_scale(amax_bits, bf16, global);
@@ -383,15 +422,8 @@ pub fn quantize_block_part_by<const W: usize>(
     if unit == 0.0 {
         return (scale, 0);
     }
-    let c = pair_thresholds(&thresholds_by(unit, bf16, floor));
-    let byte = |word: u32| e2m1_code_pair(word, &c) as u64;
-    let mut packed = 0;
-    let mut i = 0;
-    while i < W {
-        packed |= byte(words[i]) << (8 * i);
-        i += 1;
-    }
-    (scale, packed)
+    let c = O::prepare(&thresholds_with::<O>(unit, bf16));
+    (scale, O::codes(words, &c, bf16))
 }
 
 /// The exact value `e2m1(code) * e4m3(scale) * g` of one element (`code` in the low nibble), as

@@ -14,11 +14,12 @@
 //! are skipped. With `workspace` set (W4A4 on sm_90a), each quantized block is also written
 //! dequantized into the second GEMM's f16 token workspace (`crate::workspace`).
 
-use crate::ptx::cvt_f64::{half_bits_to_f32, half_floor};
+use crate::ptx::cvt_f64::half_bits_to_f32;
 use crate::ptx::sreg;
+use crate::quantize::DeviceOps;
 use crate::quantize_grouped::{round_to_half, row_global_scale};
 use nvfp4_gemm_abi::moe::block::{ActivateParams, Activation, ACTIVATE_PARTS};
-use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part_by, BLOCK, THREADS};
+use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part_with, BLOCK, THREADS};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
 /// One output word (two values) from a gate word and an up word (`None`: not gated).
@@ -204,7 +205,7 @@ unsafe fn activate<const PARTS: u32, const W: usize>(p: ActivateParams) {
                 // SAFETY: `group_scales`, when set, holds an `f32` per group (the caller's
                 // contract).
                 let global = unsafe { row_global_scale(p.group_scales, group, global) };
-                (scale_row, quantize_block_part_by(z, amax, bf16, global, half_floor))
+                (scale_row, quantize_block_part_with::<DeviceOps, W>(z, amax, bf16, global))
             });
             // In the 4-thread kernel, a workspace word (values `8h .. 8h + 8` of the block) is
             // parts `2h` and `2h + 1`, lanes `l` and `l ^ 1`: the whole warp swaps its parts.

@@ -10,11 +10,58 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use crate::ptx::{cvt_f64, sreg};
+use crate::ptx::{convert, cvt_f64, sreg};
 use nvfp4_gemm_abi::quantize::{
-    dequantize_items, dequantize_value, e4m3_to_f64, quantize_block_by, quantize_items, ConvertParams, BLOCK, THREADS,
+    dequantize_items, dequantize_value, e4m3_to_f64, pack_codes, quantize_block_with, quantize_items, BlockOps,
+    ConvertParams, BLOCK, THREADS,
 };
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
+
+/// The block quantization's steps on the device's instructions (`BlockOps`; the same results as
+/// the CPU's `Software`): the thresholds' floor is `cvt.rz.{bf16,f16}.f64`
+/// (`cvt_f64::half_floor`), and a word's two codes count the thresholds below each half's
+/// magnitude with packed comparisons (`set.gt.{f16,bf16}x2`, 1.0 where greater) summed onto 1024
+/// (f16) or 128 (bf16), where the format's step is 1, so the count lands in the low bits. For
+/// magnitudes that are not NaN (a NaN block never reaches the codes) the float order of two
+/// non-negative 16-bit values is the order of their patterns, which the CPU's count compares.
+pub struct DeviceOps;
+
+impl BlockOps for DeviceOps {
+    type Thresholds = [u32; 7];
+    #[inline(always)]
+    fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
+        cvt_f64::half_floor(t, bf16)
+    }
+    #[inline(always)]
+    fn prepare(c: &[u16; 7]) -> [u32; 7] {
+        c.map(|c| c as u32 | (c as u32) << 16)
+    }
+    #[inline(always)]
+    fn codes<const W: usize>(words: [u32; W], c: &[u32; 7], bf16: bool) -> u64 {
+        // One branch for the block (not a predicated pair of instructions per threshold).
+        if bf16 {
+            pack_codes(words, |w| code_pair::<true>(w, c))
+        } else {
+            pack_codes(words, |w| code_pair::<false>(w, c))
+        }
+    }
+}
+
+/// A word's two e2m1 codes (`BlockOps::codes` of `DeviceOps`, module docs there).
+#[inline(always)]
+pub fn code_pair<const BF16: bool>(word: u32, c: &[u32; 7]) -> u8 {
+    let mag = word & 0x7FFF_7FFF;
+    let mut count = if BF16 { 0x4300_4300 } else { 0x6400_6400 };
+    for &c in c {
+        count = if BF16 {
+            convert::add_bf16x2(count, convert::set_gt_bf16x2(mag, c))
+        } else {
+            convert::add_f16x2(count, convert::set_gt_f16x2(mag, c))
+        };
+    }
+    let codes = (count & 0x0007_0007) | ((word >> 12) & 0x0008_0008);
+    (codes & 0xF) as u8 | ((codes >> 12) & 0xF0) as u8
+}
 
 /// 16 bytes, so that loads and stores through it become `ld.v4` / `st.v4`.
 #[repr(C, align(16))]
@@ -57,7 +104,7 @@ pub unsafe fn nvfp4_quantize(p: ConvertParams) {
                 ((*src).0, (*src.add(1)).0)
             };
             let (s, packed) =
-                quantize_block_by([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]], bf16, global, cvt_f64::half_floor);
+                quantize_block_with::<DeviceOps>([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]], bf16, global);
             // SAFETY: the block's 8 packed bytes (8-byte aligned) are in the values buffer; the
             // scale byte as above.
             unsafe {

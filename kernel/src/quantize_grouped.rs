@@ -15,9 +15,10 @@
 //! from the device sizes (a binary search over the offsets, or a division for the masked layout).
 
 use crate::ptx::{cvt_f64, sreg};
+use crate::quantize::DeviceOps;
 use nvfp4_gemm_abi::moe::block::Gather;
 use nvfp4_gemm_abi::moe::GroupedConvertParams;
-use nvfp4_gemm_abi::quantize::{half_to_f64, quantize_block_by, BLOCK, THREADS};
+use nvfp4_gemm_abi::quantize::{half_to_f64, quantize_block_with, BLOCK, THREADS};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 
 /// 16 bytes, so that loads and stores through it become `ld.v4` / `st.v4`.
@@ -157,7 +158,7 @@ pub(crate) unsafe fn quantize_grouped(p: &GroupedConvertParams, cta: u32, ctas: 
                     *dst.add(1) = U32x4([w[4], w[5], w[6], w[7]]);
                 } else {
                     let global = row_global_scale(p.gather.group_scales, group, global);
-                    let (s, packed) = quantize_block_by(w, bf16, global, cvt_f64::half_floor);
+                    let (s, packed) = quantize_block_with::<DeviceOps>(w, bf16, global);
                     *((c.values as *mut u8).add(first / 2) as *mut u64) = packed;
                     *(c.scales as *mut u8).add(blocked_offset(scale_row, j, rk)) = s;
                     if p.gather.workspace != 0 {

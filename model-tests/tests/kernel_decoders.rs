@@ -295,3 +295,74 @@ fn half_bits_to_f32_matches_the_software_widening() {
         }
     }
 }
+
+/// The device quantizer's steps (`DeviceOps`: `cvt.rz` floors, codes counted with packed
+/// half-precision comparisons) against the CPU's (`Software`): every 16-bit pattern that is not
+/// NaN, in both halves of a word, against the thresholds of every e4m3 scale times several global
+/// scales (and of the extreme units); then whole blocks and their parts on random words with
+/// specials, as `abi::quantize`'s own test draws them.
+#[test]
+fn device_block_steps_match_the_cpu() {
+    use nvfp4_gemm_abi::quantize::{
+        e4m3_to_f64, quantize_block, quantize_block_part, quantize_block_part_with, quantize_block_with, thresholds,
+        BlockOps, Software,
+    };
+    use nvfp4_gemm_kernel::quantize::DeviceOps;
+    let mut rng = nvfp4_format::SplitMix64::new(0xB10C);
+    for bf16 in [false, true] {
+        let nan_from = if bf16 { 0x7F81u16 } else { 0x7C01 };
+        let mut units: Vec<f64> = vec![2f64.powi(-9) * 1e-30, 1e-12, 448.0 * 7e3, 3e30];
+        for code in (1..0x7Fu8).step_by(3) {
+            for global in [1.0, 0.37, 1.0 / 2688.0, 1e-4, 7e3] {
+                units.push(e4m3_to_f64(code) * global);
+            }
+        }
+        for unit in units {
+            let t = thresholds(unit, bf16);
+            let (dev, cpu) = (DeviceOps::prepare(&t), Software::prepare(&t));
+            for lo in 0..=u16::MAX {
+                if lo & 0x7FFF >= nan_from {
+                    continue;
+                }
+                let mut hi = rng.below(0x10000) as u16;
+                if hi & 0x7FFF >= nan_from {
+                    hi &= 0x8000;
+                }
+                let w = lo as u32 | (hi as u32) << 16;
+                assert_eq!(
+                    DeviceOps::codes([w], &dev, bf16),
+                    Software::codes([w], &cpu, bf16),
+                    "word {w:#010x}, unit {unit:e}, bf16 {bf16}"
+                );
+            }
+        }
+    }
+    let specials = [0u16, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x3C00, 0x0400, 0x8001];
+    for case in 0..40_000 {
+        let bf16 = case % 2 == 1;
+        let words: [u32; 8] = core::array::from_fn(|_| {
+            let mut half = || {
+                let x = rng.below(u64::MAX);
+                if x % 11 == 0 {
+                    specials[(x / 11 % specials.len() as u64) as usize] as u32
+                } else {
+                    (x as u32 & 0x83FF) | ((((x >> 16) % 31) as u32) << 10)
+                }
+            };
+            half() | half() << 16
+        });
+        let global = [1.0, 0.37, 2f64.powi(-9), 1e-30, 6.0 * 448.0, 1.0 / 2688.0][case % 6];
+        assert_eq!(
+            quantize_block_with::<DeviceOps>(words, bf16, global),
+            quantize_block(words, bf16, global),
+            "case {case}: {words:x?}"
+        );
+        let amax = nvfp4_gemm_abi::quantize::block_part_amax(words);
+        let part = [words[2], words[3]];
+        assert_eq!(
+            quantize_block_part_with::<DeviceOps, 2>(part, amax, bf16, global),
+            quantize_block_part(part, amax, bf16, global),
+            "case {case}"
+        );
+    }
+}

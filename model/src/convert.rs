@@ -145,6 +145,40 @@ pub fn cvt_f32_f16(a: u16) -> f32 {
     half::f16::from_bits(a).to_f32()
 }
 
+/// `set.gt.f16x2.f16x2 d, a, b;` (PTX ISA 9.0 §9.7.4.x, half-precision comparison): each half of
+/// `d` is 1.0 (`0x3C00`) where `a`'s half is greater than `b`'s, else 0 (a NaN is greater than
+/// nothing); subnormals compared as they are.
+pub fn set_gt_f16x2(a: u32, b: u32) -> u32 {
+    let h = |x: u32, s: u32| half::f16::from_bits((x >> s) as u16).to_f32();
+    let one = |s: u32| if h(a, s) > h(b, s) { 0x3C00u32 << s } else { 0 };
+    one(0) | one(16)
+}
+
+/// `set.gt.bf16x2.bf16x2 d, a, b;` (sm_90): as [`set_gt_f16x2`] for bf16 halves, 1.0 being
+/// `0x3F80`.
+pub fn set_gt_bf16x2(a: u32, b: u32) -> u32 {
+    let h = |x: u32, s: u32| half::bf16::from_bits((x >> s) as u16).to_f32();
+    let one = |s: u32| if h(a, s) > h(b, s) { 0x3F80u32 << s } else { 0 };
+    one(0) | one(16)
+}
+
+/// `add.rn.f16x2 d, a, b;`: each half's sum rounded once to nearest even (exact in `f64`, whose
+/// 53 bits hold any sum of two f16 values).
+pub fn add_rn_f16x2(a: u32, b: u32) -> u32 {
+    let h = |x: u32, s: u32| half::f16::from_bits((x >> s) as u16).to_f64();
+    let sum = |s: u32| (cvt_rn_f16_f64(h(a, s) + h(b, s)) as u32) << s;
+    sum(0) | sum(16)
+}
+
+/// `add.rn.bf16x2 d, a, b;` (sm_90): each half's sum rounded once to nearest even. The `f64` sum
+/// is exact unless the exponents differ by more than 45, and then the smaller value is far below
+/// half a bf16 step of the larger, which both roundings return.
+pub fn add_rn_bf16x2(a: u32, b: u32) -> u32 {
+    let h = |x: u32, s: u32| half::bf16::from_bits((x >> s) as u16).to_f64();
+    let sum = |s: u32| (cvt_rn_bf16_f64(h(a, s) + h(b, s)) as u32) << s;
+    sum(0) | sum(16)
+}
+
 /// `x` rounded to `f32` to odd (toward zero, the last bit set when inexact): rounding that to
 /// nearest even in a format at least two significand bits narrower (f16: 11 of 24, bf16: 8) is
 /// one rounding of `x` (Boldo and Melquiond, IEEE Trans. Computers 57(4), 2008). `half`'s own

@@ -320,6 +320,46 @@ pub fn mul_f16x2(a: u32, b: u32) -> u32 {
     d
 }
 
+/// One packed half-precision operation `$op d, a, b;` on two 32-bit registers, or its model.
+macro_rules! half2_op {
+    ($(#[$doc:meta])* $name:ident, $op:literal, $model:ident) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $name(a: u32, b: u32) -> u32 {
+            #[cfg(target_arch = "nvptx64")]
+            let d = {
+                let d: u32;
+                // SAFETY: register arithmetic only.
+                unsafe {
+                    asm!(concat!($op, " {d}, {a}, {b};"), d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
+                         options(pure, nomem, nostack));
+                }
+                d
+            };
+            #[cfg(not(target_arch = "nvptx64"))]
+            let d = model::$model(a, b);
+            d
+        }
+    };
+}
+
+half2_op!(
+    /// `set.gt.f16x2.f16x2 d, a, b;` (PTX ISA 6.5, sm_53): each half 1.0 where `a`'s is greater.
+    set_gt_f16x2, "set.gt.f16x2.f16x2", set_gt_f16x2
+);
+half2_op!(
+    /// `set.gt.bf16x2.bf16x2 d, a, b;` (PTX ISA 7.8, sm_90): each half 1.0 where `a`'s is greater.
+    set_gt_bf16x2, "set.gt.bf16x2.bf16x2", set_gt_bf16x2
+);
+half2_op!(
+    /// `add.rn.f16x2 d, a, b;` (PTX ISA 4.2, sm_53); `.rn` keeps it out of an fma.
+    add_f16x2, "add.rn.f16x2", add_rn_f16x2
+);
+half2_op!(
+    /// `add.rn.bf16x2 d, a, b;` (PTX ISA 7.8, sm_90).
+    add_bf16x2, "add.rn.bf16x2", add_rn_bf16x2
+);
+
 /// Packs two f32 to f16x2, `lo` in the low half: `cvt.rn.f16x2.f32 d, hi, lo;` (PTX ISA 7.0, sm_80).
 #[inline(always)]
 pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {

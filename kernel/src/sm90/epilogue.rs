@@ -12,7 +12,7 @@ use crate::ptx::{barrier, convert, gmem, opaque_u32, opaque_u64, sreg};
 use crate::quantize_grouped::row_global_scale;
 use nvfp4_gemm_abi::moe::block::{epilogue_slice_columns, Activation, ActivationEpilogue, EPILOGUE_SLICE_ROWS};
 use nvfp4_gemm_abi::moe::contiguous_scale_first;
-use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part_by, BLOCK};
+use nvfp4_gemm_abi::quantize::{block_part_amax, quantize_block_part_with, BLOCK};
 use nvfp4_gemm_abi::scale_layout::{blocked_offset, rest_k};
 use nvfp4_gemm_abi::sm90::*;
 
@@ -240,7 +240,7 @@ unsafe fn store_activated(
         if m < g.m {
             // SAFETY: `group_scales`, when set, holds an `f32` per group (the caller's contract).
             let global = unsafe { row_global_scale(e.group_scales, group, e.global_scale as f64) };
-            let (s, packed) = quantize_block_part_by(z, amax, bf16, global, crate::ptx::cvt_f64::half_floor);
+            let (s, packed) = quantize_block_part_with::<crate::quantize::DeviceOps, 2>(z, amax, bf16, global);
             let col = col0 + BLOCK * b + 4 * part;
             // Byte offsets in u32: the host keeps both outputs below 4 GiB.
             let at = (g.token_row + m) * (inter / 2) + col / 2;
