@@ -47,7 +47,7 @@ impl BlockOps for DeviceOps {
     }
 }
 
-/// A word's two e2m1 codes (`BlockOps::codes` of `DeviceOps`, module docs there).
+/// A word's two e2m1 codes, low half in the low nibble (`DeviceOps`'s `BlockOps::codes`; its docs say how).
 #[inline(always)]
 pub fn code_pair<const BF16: bool>(word: u32, c: &[u32; 7]) -> u8 {
     let mag = word & 0x7FFF_7FFF;
