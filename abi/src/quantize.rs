@@ -243,7 +243,7 @@ pub fn half_floor(t: f64, bf16: bool) -> (u16, bool) {
 /// the same results as [`Software`]'s: the thresholds' floor ([`half_floor`]) and the e2m1 codes
 /// of a word's two halves ([`e2m1_code_pair`]).
 pub trait BlockOps {
-    /// The block's thresholds in the form [`Self::code_pair`] reads.
+    /// The block's thresholds in the form [`Self::codes`] reads.
     type Thresholds: Copy;
     /// [`half_floor`] for a positive finite `t`.
     fn half_floor(t: f64, bf16: bool) -> (u16, bool);
