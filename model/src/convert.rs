@@ -145,7 +145,7 @@ pub fn cvt_f32_f16(a: u16) -> f32 {
     half::f16::from_bits(a).to_f32()
 }
 
-/// `set.gt.f16x2.f16x2 d, a, b;` (PTX ISA 9.0 §9.7.4.x, half-precision comparison): each half of
+/// `set.gt.f16x2.f16x2 d, a, b;` (PTX ISA, "Half Precision Comparison Instructions: set"): each half of
 /// `d` is 1.0 (`0x3C00`) where `a`'s half is greater than `b`'s, else 0 (a NaN is greater than
 /// nothing); subnormals compared as they are.
 pub fn set_gt_f16x2(a: u32, b: u32) -> u32 {
