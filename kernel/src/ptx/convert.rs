@@ -302,24 +302,6 @@ pub fn mul_bf16x2_by_half<const HIGH: bool>(a: u32, s: u32) -> u32 {
     mul_by_half::<HIGH, true>(a, s)
 }
 
-/// `mul.rn.f16x2 d, a, b;` (PTX ISA 4.2, sm_53). `.rn` keeps it from being fused into an fma.
-#[inline(always)]
-pub fn mul_f16x2(a: u32, b: u32) -> u32 {
-    #[cfg(target_arch = "nvptx64")]
-    let d = {
-        let d: u32;
-        // SAFETY: register arithmetic only.
-        unsafe {
-            asm!("mul.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
-                 options(pure, nomem, nostack));
-        }
-        d
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    let d = model::mul_rn_f16x2(a, b);
-    d
-}
-
 /// One packed half-precision operation `$op d, a, b;` on two 32-bit registers, or its model.
 macro_rules! half2_op {
     ($(#[$doc:meta])* $name:ident, $op:literal, $model:ident) => {
@@ -343,6 +325,10 @@ macro_rules! half2_op {
     };
 }
 
+half2_op!(
+    /// `mul.rn.f16x2 d, a, b;` (PTX ISA 4.2, sm_53). `.rn` keeps it from being fused into an fma.
+    mul_f16x2, "mul.rn.f16x2", mul_rn_f16x2
+);
 half2_op!(
     /// `set.gt.f16x2.f16x2 d, a, b;` (PTX ISA 6.5, sm_53): each half 1.0 where `a`'s is greater.
     set_gt_f16x2, "set.gt.f16x2.f16x2", set_gt_f16x2
