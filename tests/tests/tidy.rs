@@ -25,23 +25,47 @@ fn root() -> PathBuf {
 
 /// Every `*.rs` under the repository, outside build outputs and hidden folders.
 fn rust_files() -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_ending(".rs")
+}
+
+/// Every file whose name ends with `suffix` under the repository, outside build outputs and
+/// hidden folders.
+fn files_ending(suffix: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
         entries.sort();
         for p in entries {
             let name = p.file_name().unwrap().to_str().unwrap();
             if p.is_dir() {
                 if !(name.starts_with('.') || name == "target" || name == "bundle") {
-                    walk(&p, out);
+                    walk(&p, suffix, out);
                 }
-            } else if name.ends_with(".rs") {
+            } else if name.ends_with(suffix) {
                 out.push(p);
             }
         }
     }
     let mut out = vec![];
-    walk(&root(), &mut out);
+    walk(&root(), suffix, &mut out);
     out
+}
+
+/// The shell scripts (every `*.sh` and CI's `.ci/run`) parse: most of them run only on the GPU
+/// machine, where a syntax error would cost a device call.
+#[test]
+fn shell_scripts_parse() {
+    let mut scripts = files_ending(".sh");
+    scripts.push(root().join(".ci").join("run"));
+    assert!(scripts.len() > 1, "no shell scripts found under {}", root().display());
+    let mut problems = vec![];
+    for path in &scripts {
+        match std::process::Command::new("bash").arg("-n").arg(path).output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => problems.push(format!("{}: {}", relative(path), String::from_utf8_lossy(&o.stderr).trim())),
+            Err(e) => problems.push(format!("{}: bash could not run: {e}", relative(path))),
+        }
+    }
+    fail(problems, "shell scripts that bash -n refuses");
 }
 
 fn relative(p: &Path) -> String {

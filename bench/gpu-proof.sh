@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The library's figures on a GPU in one command under a time budget: each step runs the commands
+# the docs give for it, writes its logs and results under OUT, and a table of the steps ends the
+# output. On the GPU machine, from the repository root:
+#
+#   bench/gpu-proof.sh [--budget SECONDS] [--pack] OUT STEP...
+#
+# Steps (run in the order given):
+#   host     the host cost of every call (docs/python.md, "host budget of every row"): the Rust
+#            bench with W4A16, the MoE rows m0..m3 and d0..d2 with W4A16, then python/gpu-check.sh
+#            (the Python suites and bench) against both JSONs
+#   gpumode  both GPU MODE harnesses on the wheel (bench/gpumode/README.md; needs .gpumode/)
+#   moe      device-sized against host-sized plans (MoePlan ÷ GemmPlan) on m0..m3, d0..d2 and the
+#            four prefill shapes p0..p3, W4A4 and W4A16 (bench/README.md, "MoE rows")
+#   block    the expert block's rows, the Rust bench then the Python one (bench/README.md,
+#            docs/python.md "Expert-block rows")
+#   tests    every bundled GPU test binary (bundle/run-gpu-tests.sh)
+#
+# Needs bundle/ (or bundle.tar.xz in the root, unpacked first: `cargo xtask bundle`, then
+# `cargo xtask bench`) and, for host, gpumode and block, the wheel in python/dist/. A step runs
+# for at most what is left of the budget (default 570 s) and is not started with less than its
+# minimum left: it is then reported as not run. --pack also writes OUT/results.tar.xz with every
+# file under OUT (one file to copy back). Exit status: 0 when every step ran and passed.
+set -uo pipefail
+budget=570
+pack=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+    --pack) pack=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) break ;;
+  esac
+done
+out=${1:?usage: bench/gpu-proof.sh [--budget SECONDS] [--pack] OUT STEP...}
+shift
+[ $# -gt 0 ] || { echo "gpu-proof: name at least one step: host gpumode moe block tests" >&2; exit 2; }
+for s in "$@"; do
+  case "$s" in host|gpumode|moe|block|tests) ;; *) echo "gpu-proof: unknown step $s" >&2; exit 2 ;; esac
+done
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 2
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$out/gpu.txt" 2>&1
+if [ ! -x bundle/bin/run-bench.sh ] && [ -f bundle.tar.xz ]; then
+  tar xJf bundle.tar.xz || exit 2
+fi
+[ -x bundle/bin/run-bench.sh ] || { echo "gpu-proof: no bundle/ (cargo xtask bundle, then cargo xtask bench)" >&2; exit 2; }
+bench=bundle/bin/run-bench.sh
+
+# `run LIMIT LOG CMD...`: CMD with its output in LOG, stopped after LIMIT seconds.
+run() {
+  local limit=$1 log=$2
+  shift 2
+  timeout "$limit" "$@" > "$log" 2>&1
+}
+
+# The four prefill shapes of the device-sized path's target (bench/README.md, "MoE rows").
+prefill=(--moe-shape e=8,t=64-248,n=4096,k=7168,name=p0 --moe-shape e=8,t=40-196,n=7168,k=2048,name=p1
+  --moe-shape e=64,t=32-128,n=7168,k=2048,name=p2 --moe-shape e=32,t=100-300,n=4096,k=7168,name=p3)
+
+step_host() {
+  local d="$out/host"
+  mkdir -p "$d"
+  run "$1" "$d/rust-bench.log" "$bench" --w4a16 --out "$d" || return 1
+  run "$(left)" "$d/rust-moe.log" "$bench" --moe --shapes none --w4a16 --moe-shapes m0,m1,m2,m3,d0,d1,d2 --out "$d" || return 1
+  run "$(left)" "$d/gpu-check.log" python/gpu-check.sh "$d" --rust "$d/nvfp4-bench.json" --rust "$d/nvfp4-bench-moe.json"
+}
+
+step_gpumode() {
+  local wheel
+  wheel=$(ls python/dist/nvfp4_gemm-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || { echo "gpu-proof: no wheel in python/dist" > "$out/gpumode.log"; return 1; }
+  run "$1" "$out/gpumode.log" bench/gpumode/run.sh --wheel "$wheel" --timeout 80 .gpumode "$out/gpumode"
+}
+
+step_moe() {
+  run "$1" "$out/moe.log" "$bench" --moe --shapes none --w4a16 --moe-shapes m0,m1,m2,m3,d0,d1,d2 "${prefill[@]}" \
+    --torch off --no-baseline --out "$out/moe"
+}
+
+step_block() {
+  local wheel site
+  run "$1" "$out/block.log" "$bench" --block --shapes none --block-precision all --out "$out/block" || return 1
+  wheel=$(ls python/dist/nvfp4_gemm-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || { echo "gpu-proof: no wheel in python/dist" > "$out/python-block.log"; return 1; }
+  site=$(mktemp -d /tmp/gpu-proof-site.XXXXXX)
+  python3 -m pip install --quiet --no-index --no-deps --target "$site" "$wheel" || return 1
+  mkdir -p "$out/python-block"
+  run "$(left)" "$out/python-block.log" env PYTHONPATH="$site" python3 python/bench/bench.py --block-only --out "$out/python-block"
+}
+
+step_tests() {
+  run "$1" "$out/gpu-tests.log" bundle/run-gpu-tests.sh
+  local rc=$?
+  cp -r bundle/logs "$out/gpu-test-logs" 2>/dev/null
+  return $rc
+}
+
+# The least time each step is started with (its usual length on an H100, with some margin).
+minimum() {
+  case "$1" in host) echo 150 ;; gpumode) echo 90 ;; moe) echo 90 ;; block) echo 150 ;; tests) echo 240 ;; esac
+}
+
+table=()
+status=0
+for s in "$@"; do
+  t0=$(date +%s)
+  if [ "$(left)" -lt "$(minimum "$s")" ]; then
+    table+=("$(printf '%-8s %-8s %5s s  %s' "$s" "not run" 0 "$(left) s left of the budget, $(minimum "$s") needed")")
+    status=1
+    continue
+  fi
+  "step_$s" "$(left)"
+  rc=$?
+  [ "$rc" = 0 ] || status=1
+  what=$([ "$rc" = 0 ] && echo pass || { [ "$rc" = 124 ] && echo "timeout" || echo "FAIL"; })
+  table+=("$(printf '%-8s %-8s %5s s  rc %s' "$s" "$what" $(($(date +%s) - t0)) "$rc")")
+done
+
+{
+  echo "GPU: $(cat "$out/gpu.txt")"
+  printf '%s\n' "${table[@]}"
+  grep -h -E '^(checks:|CPU SUITE|GPU SUITE|block targets)' "$out"/host/gpu-check.log "$out"/python-block.log 2>/dev/null
+  grep -h -E '^(ebb|eval)-' "$out/gpumode.log" 2>/dev/null | grep -v '^---'
+  grep -h -E '^total:' "$out/gpu-tests.log" 2>/dev/null
+  echo "gpu-proof: $([ $status = 0 ] && echo OK || echo 'NOT ALL PASSED') ($(($(date +%s) - start)) s; logs in $out)"
+} | tee "$out/summary.txt"
+if [ "$pack" = 1 ]; then
+  tar cJf /tmp/gpu-proof-results.tar.xz -C "$out" . && mv /tmp/gpu-proof-results.tar.xz "$out/results.tar.xz"
+fi
+exit $status
