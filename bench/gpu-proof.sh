@@ -103,7 +103,7 @@ step_tests() {
 
 # The least time each step is started with (its usual length on an H100, with some margin).
 minimum() {
-  case "$1" in host) echo 150 ;; gpumode) echo 90 ;; moe) echo 90 ;; block) echo 150 ;; tests) echo 240 ;; esac
+  case "$1" in host) echo 150 ;; gpumode) echo 90 ;; moe) echo 90 ;; block) echo 150 ;; tests) echo 170 ;; esac
 }
 
 table=()
