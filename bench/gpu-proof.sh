@@ -38,10 +38,10 @@ shift
 for s in "$@"; do
   case "$s" in host|gpumode|moe|block|tests) ;; *) echo "gpu-proof: unknown step $s" >&2; exit 2 ;; esac
 done
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root" || exit 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 2
 start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
 
