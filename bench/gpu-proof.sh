@@ -11,7 +11,7 @@
 #            (the Python suites and bench) against both JSONs
 #   gpumode  both GPU MODE harnesses on the wheel (bench/gpumode/README.md; needs .gpumode/)
 #   moe      device-sized against host-sized plans (MoePlan ÷ GemmPlan) on m0..m3, d0..d2 and the
-#            four prefill shapes p0..p3, W4A4 and W4A16 (bench/README.md, "MoE rows")
+#            prefill-sized p0..p3 (nvfp4-bench --help), W4A4 and W4A16 (bench/README.md, "MoE rows")
 #   block    the expert block's rows, the Rust bench then the Python one (bench/README.md,
 #            docs/python.md "Expert-block rows")
 #   tests    every bundled GPU test binary (bundle/run-gpu-tests.sh)
@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
     --pack) pack=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -59,9 +59,8 @@ run() {
   timeout "$limit" "$@" > "$log" 2>&1
 }
 
-# The four prefill shapes of the device-sized path's target (bench/README.md, "MoE rows").
-prefill=(--moe-shape e=8,t=64-248,n=4096,k=7168,name=p0 --moe-shape e=8,t=40-196,n=7168,k=2048,name=p1
-  --moe-shape e=64,t=32-128,n=7168,k=2048,name=p2 --moe-shape e=32,t=100-300,n=4096,k=7168,name=p3)
+# The wheel in python/dist/ (the first one), or nothing.
+wheel() { ls python/dist/nvfp4_gemm-*.whl 2>/dev/null | head -n 1; }
 
 step_host() {
   local d="$out/host"
@@ -72,24 +71,24 @@ step_host() {
 }
 
 step_gpumode() {
-  local wheel
-  wheel=$(ls python/dist/nvfp4_gemm-*.whl 2>/dev/null | head -n 1)
-  [ -n "$wheel" ] || { echo "gpu-proof: no wheel in python/dist" > "$out/gpumode.log"; return 1; }
-  run "$1" "$out/gpumode.log" bench/gpumode/run.sh --wheel "$wheel" --timeout 80 .gpumode "$out/gpumode"
+  local w
+  w=$(wheel)
+  [ -n "$w" ] || { echo "gpu-proof: no wheel in python/dist" > "$out/gpumode.log"; return 1; }
+  run "$1" "$out/gpumode.log" bench/gpumode/run.sh --wheel "$w" --timeout 80 .gpumode "$out/gpumode"
 }
 
 step_moe() {
-  run "$1" "$out/moe.log" "$bench" --moe --shapes none --w4a16 --moe-shapes m0,m1,m2,m3,d0,d1,d2 "${prefill[@]}" \
+  run "$1" "$out/moe.log" "$bench" --moe --shapes none --w4a16 --moe-shapes m0,m1,m2,m3,d0,d1,d2,p0,p1,p2,p3 \
     --torch off --no-baseline --out "$out/moe"
 }
 
 step_block() {
-  local wheel site
+  local w site
   run "$1" "$out/block.log" "$bench" --block --shapes none --block-precision all --out "$out/block" || return 1
-  wheel=$(ls python/dist/nvfp4_gemm-*.whl 2>/dev/null | head -n 1)
-  [ -n "$wheel" ] || { echo "gpu-proof: no wheel in python/dist" > "$out/python-block.log"; return 1; }
+  w=$(wheel)
+  [ -n "$w" ] || { echo "gpu-proof: no wheel in python/dist" > "$out/python-block.log"; return 1; }
   site=$(mktemp -d /tmp/gpu-proof-site.XXXXXX)
-  python3 -m pip install --quiet --no-index --no-deps --target "$site" "$wheel" || return 1
+  python3 -m pip install --quiet --no-index --no-deps --target "$site" "$w" || return 1
   mkdir -p "$out/python-block"
   run "$(left)" "$out/python-block.log" env PYTHONPATH="$site" python3 python/bench/bench.py --block-only --out "$out/python-block"
 }

@@ -26,6 +26,15 @@ pub const MOE_SHAPES: [(&str, &str); 4] = [
 pub const DECODE_MOE_SHAPES: [(&str, &str); 3] =
     [("d0", "e=64,t=4,n=7168,k=2048"), ("d1", "e=8,t=1-8,n=7168,k=2048"), ("d2", "e=32,t=16,n=4096,k=7168")];
 
+/// Prefill-sized MoE rows (`--moe-shapes p0,p1,p2,p3`): a few to a few hundred tokens per expert,
+/// where a device-sized plan runs the general kernel (the decode kernel finding no work).
+pub const PREFILL_MOE_SHAPES: [(&str, &str); 4] = [
+    ("p0", "e=8,t=64-248,n=4096,k=7168"),
+    ("p1", "e=8,t=40-196,n=7168,k=2048"),
+    ("p2", "e=64,t=32-128,n=7168,k=2048"),
+    ("p3", "e=32,t=100-300,n=4096,k=7168"),
+];
+
 /// Most experts of a MoE shape (the library's `moe::MAX_GROUPS`).
 pub const MAX_EXPERTS: usize = 4096;
 
@@ -46,9 +55,11 @@ pub struct MoeShape {
 }
 
 impl MoeShape {
-    /// A shape of the default set by name (`m0`..`m3`), or a decode shape (`d0`..`d2`).
+    /// A shape of the default set by name (`m0`..`m3`), a decode shape (`d0`..`d2`) or a
+    /// prefill-sized one (`p0`..`p3`).
     pub fn named(name: &str) -> Option<MoeShape> {
-        let (name, text) = MOE_SHAPES.iter().chain(&DECODE_MOE_SHAPES).find(|(n, _)| *n == name)?;
+        let (name, text) =
+            MOE_SHAPES.iter().chain(&DECODE_MOE_SHAPES).chain(&PREFILL_MOE_SHAPES).find(|(n, _)| *n == name)?;
         let mut s = MoeShape::parse(text).expect("the default MoE specs are valid");
         s.name = (*name).to_owned();
         Some(s)
@@ -575,6 +586,8 @@ mod tests {
         let d0 = MoeShape::named("d0").unwrap();
         assert_eq!((d0.name.as_str(), d0.experts, d0.tokens, d0.n, d0.k), ("d0", 64, (4, 4), 7168, 2048));
         assert_eq!(MoeShape::named("d2").unwrap().to_spec(), "e=32,t=16,n=4096,k=7168");
+        let p1 = MoeShape::named("p1").unwrap();
+        assert_eq!((p1.name.as_str(), p1.experts, p1.tokens, p1.n, p1.k), ("p1", 8, (40, 196), 7168, 2048));
         // 64 experts of 7168 x 2048: values 7168 * 1024 bytes, scales 7168 * 128.
         assert_eq!(d[0].weight_bytes(), (64 * (7168 * 1024 + 7168 * 128)) as f64);
     }

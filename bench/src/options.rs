@@ -175,7 +175,9 @@ struct Args {
     moe: bool,
     /// Which of m0..m3 (comma-separated, `all` or `none`); implies --moe; also the decode
     /// shapes as MoE rows: d0 = e=64,t=4,n=7168,k=2048, d1 = e=8,t=1-8,n=7168,k=2048,
-    /// d2 = e=32,t=16,n=4096,k=7168
+    /// d2 = e=32,t=16,n=4096,k=7168; and prefill-sized rows: p0 = e=8,t=64-248,n=4096,k=7168,
+    /// p1 = e=8,t=40-196,n=7168,k=2048, p2 = e=64,t=32-128,n=7168,k=2048,
+    /// p3 = e=32,t=100-300,n=4096,k=7168
     #[arg(long = "moe-shapes", value_name = "LIST", value_parser = moe_list)]
     moe_shapes: Option<MoeList>,
     /// An extra MoE problem (repeatable), e.g. e=128,t=0-4,n=2048,k=1024,name=mine
@@ -382,7 +384,7 @@ fn moe_list(v: &str) -> Result<MoeList, String> {
         "none" => vec![],
         _ => v
             .split(',')
-            .map(|s| MoeShape::named(s.trim()).ok_or_else(|| format!("unknown shape `{s}` (m0..m3, d0..d2)")))
+            .map(|s| MoeShape::named(s.trim()).ok_or_else(|| format!("unknown shape `{s}` (m0..m3, d0..d2, p0..p3)")))
             .collect::<Result<_, _>>()?,
     }))
 }
@@ -914,8 +916,9 @@ mod tests {
         assert_eq!(moe_names(&o), ["only"]);
         assert_eq!(run("--block-svg r/b.json").block_svg, Some(PathBuf::from("r/b.json")));
         let err = |s: &str| parse(&args(s)).unwrap_err().to_string();
-        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3, d0..d2)"));
+        assert!(err("--moe-shapes m9").contains("unknown shape `m9` (m0..m3, d0..d2, p0..p3)"));
         assert_eq!(moe_names(&run("--shapes none --moe-shapes d0,m1,d2")), ["d0", "m1", "d2"]);
+        assert_eq!(moe_names(&run("--shapes none --moe-shapes m0,p0,p3")), ["m0", "p0", "p3"]);
         assert_eq!(run("--moe").moe_kernels, vec![("auto".to_owned(), MoeOptions::default())]);
         assert_eq!(
             super::moe_options("general-n192"),
