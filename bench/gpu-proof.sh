@@ -15,6 +15,9 @@
 #   block    the expert block's rows, the Rust bench then the Python one (bench/README.md,
 #            docs/python.md "Expert-block rows")
 #   tests    every bundled GPU test binary (bundle/run-gpu-tests.sh)
+#   chains   what the device-sized plans' extra time is made of: each MoE row of $CHAIN_ROWS
+#            (default d0 d1 p0 p1 p2) under ncu, one launch per line (bench/ncu-launches.py),
+#            the W4A4 chains (first 40 launches) and the W4A16 GEMMs with the scheduler (16)
 #
 # Needs bundle/ (or bundle.tar.xz in the root, unpacked first: `cargo xtask bundle`, then
 # `cargo xtask bench`) and, for host, gpumode and block, the wheel in python/dist/. A step runs
@@ -34,9 +37,9 @@ while [ $# -gt 0 ]; do
 done
 out=${1:?usage: bench/gpu-proof.sh [--budget SECONDS] [--pack] OUT STEP...}
 shift
-[ $# -gt 0 ] || { echo "gpu-proof: name at least one step: host gpumode moe block tests" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "gpu-proof: name at least one step: host gpumode moe block tests chains" >&2; exit 2; }
 for s in "$@"; do
-  case "$s" in host|gpumode|moe|block|tests) ;; *) echo "gpu-proof: unknown step $s" >&2; exit 2 ;; esac
+  case "$s" in host|gpumode|moe|block|tests|chains) ;; *) echo "gpu-proof: unknown step $s" >&2; exit 2 ;; esac
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -100,9 +103,30 @@ step_tests() {
   return $rc
 }
 
+# `ncu` over the bench's first launches of each row (short timing loops, no check: the launches
+# are what is read), then each report as one line per launch.
+step_chains() {
+  local d="$out/chains" ncu=${NCU:-ncu} row rep quick
+  mkdir -p "$d"
+  command -v "$ncu" > /dev/null || { echo "gpu-proof: no ncu on PATH (or \$NCU)" > "$d/chains.log"; return 1; }
+  quick=(--shapes none --torch off --no-baseline --no-check --iters 4 --reps 1 --sets 1 --host-batches 1 --host-calls 2)
+  for row in ${CHAIN_ROWS:-d0 d1 p0 p1 p2}; do
+    run "$(left)" "$d/$row-w4a4.log" "$ncu" --clock-control none --launch-count 40 -f -o "$d/$row-w4a4" \
+      "$bench" --moe-shapes "$row" "${quick[@]}" --out "$d/bench" || return 1
+    run "$(left)" "$d/$row-w4a16.log" "$ncu" --clock-control none --launch-count 16 -f -o "$d/$row-w4a16" \
+      -k 'regex:^sm90_(w4a16_(gemm|bf16_gemm)|schedule)' "$bench" --moe-shapes "$row" --w4a16 "${quick[@]}" \
+      --out "$d/bench" || return 1
+  done
+  for rep in "$d"/*.ncu-rep; do
+    "$ncu" -i "$rep" --csv --page raw --print-units base \
+      --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size > "${rep%.ncu-rep}.csv" || return 1
+  done
+  python3 bench/ncu-launches.py "$d"/*.csv > "$d/launches.txt"
+}
+
 # The least time each step is started with (its usual length on an H100, with some margin).
 minimum() {
-  case "$1" in host) echo 150 ;; gpumode) echo 90 ;; moe) echo 90 ;; block) echo 150 ;; tests) echo 170 ;; esac
+  case "$1" in host) echo 150 ;; gpumode) echo 90 ;; moe) echo 90 ;; block) echo 150 ;; tests) echo 170 ;; chains) echo 120 ;; esac
 }
 
 table=()
