@@ -188,8 +188,9 @@ struct Args {
     /// 192-row weight spans, the scheduler picks per call), `auto-128` (the same with the
     /// 128-row general kernel), `decode` (the decode kernel only), `general` (the 128-row
     /// general kernel only), `auto-t64`, `general-t64` (the 128-row general kernel with
-    /// 64-wide last tiles), `general-n192` (the 192-row-span kernel only); the first fills
-    /// moe_us and graph_us, every one gets a line after the table
+    /// 64-wide last tiles), `general-n192` (the 192-row-span kernel only),
+    /// `auto-general-first` (as `auto`, the general kernel launched before the decode
+    /// kernel); the first fills moe_us and graph_us, every one gets a line after the table
     #[arg(long = "moe-kernels", value_name = "LIST", value_parser = moe_kernels, verbatim_doc_comment)]
     moe_kernels: Option<MoeKernelList>,
     /// The PyTorch baseline of the MoE rows: `auto` (run torch_moe.py beside this
@@ -330,7 +331,7 @@ fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
         .map(|name| {
             let name = name.trim();
             moe_options(name).map(|opt| (name.to_owned(), opt)).ok_or_else(|| {
-                format!("unknown `{name}` (auto, decode, general, auto-128, auto-t64, general-t64, general-n192)")
+                format!("unknown `{name}` (auto, decode, general, auto-128, auto-t64, general-t64, general-n192, auto-general-first)")
             })
         })
         .collect::<Result<_, _>>()
@@ -347,6 +348,7 @@ pub fn moe_options(name: &str) -> Option<MoeOptions> {
         "general" => (MoeKernels::General, false, false),
         "general-t64" => (MoeKernels::General, true, false),
         "general-n192" => (MoeKernels::General, false, true),
+        "auto-general-first" => (MoeKernels::AutoGeneralFirst, false, true),
         _ => return None,
     };
     Some(MoeOptions { kernels, tail64, spans192, caller_dequantizes: false })
@@ -923,6 +925,10 @@ mod tests {
         assert_eq!(
             super::moe_options("general-n192"),
             Some(MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false })
+        );
+        assert_eq!(
+            super::moe_options("auto-general-first"),
+            Some(MoeOptions { kernels: MoeKernels::AutoGeneralFirst, ..MoeOptions::default() })
         );
         let o = run("--moe --moe-kernels auto,decode,general-t64");
         let names: Vec<&str> = o.moe_kernels.iter().map(|(n, _)| n.as_str()).collect();

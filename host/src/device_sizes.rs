@@ -23,6 +23,11 @@ pub enum MoeKernels {
     Decode,
     /// Only the general kernel (tiles of up to 128 tokens).
     General,
+    /// As [`MoeKernels::Auto`], the general kernel launched first: the launch that finds no work
+    /// is then the decode kernel's after a prefill-sized call, the general kernel's before a
+    /// decode-sized one (with `Auto` the other way round), for plans that serve mostly
+    /// prefill-sized calls.
+    AutoGeneralFirst,
 }
 
 /// Options of a device-sized plan ([`crate::moe::MoePlan::with_options`]). The default: both

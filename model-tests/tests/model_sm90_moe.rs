@@ -170,7 +170,8 @@ fn model_sm90_moe_device_sizes_contiguous_tail64() {
 /// The general kernel over `N192` spans (`MoeOptions::spans192`): N = 320 is a 128-row span and
 /// a 192-row one, the groups' last tiles 64 wide where they fit, 3 SMs (the LPT order); alone,
 /// and beside the decode kernel (the table with both weight maps per group, each launch from its
-/// own base), where groups of at most 16 rows go to the decode kernel.
+/// own base), where groups of at most 16 rows go to the decode kernel; and the same with the
+/// general kernel launched first (`MoeKernels::AutoGeneralFirst`).
 #[test]
 fn model_sm90_moe_device_sizes_spans192() {
     let p = || problem(4, 320, 256, TokenLayout::Contiguous { max_tokens: 150 }, Bf16);
@@ -180,6 +181,10 @@ fn model_sm90_moe_device_sizes_spans192() {
     assert_eq!(check("spans192", p(), &[0, 3, 3, 140, 150], 2, 3, &general, &run), GemmConfig::N192);
     assert_eq!(check("spans192 auto", p(), &[0, 3, 3, 140, 150], 4, 3, &auto, &run), GemmConfig::N192);
     assert_eq!(check("spans192 auto, small groups", p(), &[0, 5, 5, 21, 37], 5, 3, &auto, &run), GemmConfig::DECODE);
+    let first = MoeOptions { kernels: MoeKernels::AutoGeneralFirst, ..general };
+    assert_eq!(check("spans192 general first", p(), &[0, 3, 3, 140, 150], 4, 3, &first, &run), GemmConfig::N192);
+    let small = check("spans192 general first, small groups", p(), &[0, 5, 5, 21, 37], 5, 3, &first, &run);
+    assert_eq!(small, GemmConfig::DECODE);
 }
 
 /// A bound far above 16 tokens per group, sizes of at most 16: the decode kernel takes the call

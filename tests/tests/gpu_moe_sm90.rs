@@ -536,6 +536,7 @@ fn gpu_moe_kernel_options_match_cpu() {
         MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false, caller_dequantizes: false },
         MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false },
         MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::AutoGeneralFirst, tail64: false, spans192: true, caller_dequantizes: false },
     ];
     let (g, n, k, t) = (16usize, 136usize, 576usize, 400usize);
     let contiguous = MoeProblem::new(g, n, k, TokenLayout::Contiguous { max_tokens: t }, OutputType::F16).unwrap();
@@ -561,7 +562,7 @@ fn gpu_moe_kernel_options_match_cpu() {
 /// One captured graph of a plan of the decode kernel alone replays routings of every size (the
 /// larger groups as several 16-token tiles), and one of the automatic choice with 64-wide tails
 /// switches between the decode and the general kernel from one replay to the next, as does one
-/// pairing the decode kernel with `N192` (two weight maps per group).
+/// pairing the decode kernel with `N192` (two weight maps per group), in either launch order.
 #[test]
 #[ignore = "needs an sm_90a GPU"]
 fn gpu_moe_options_graph_replays_routings() {
@@ -576,6 +577,7 @@ fn gpu_moe_options_graph_replays_routings() {
         MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false },
         MoeOptions { kernels: MoeKernels::Auto, tail64: true, spans192: false, caller_dequantizes: false },
         MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: true, caller_dequantizes: false },
+        MoeOptions { kernels: MoeKernels::AutoGeneralFirst, tail64: false, spans192: true, caller_dequantizes: false },
     ] {
         replay_routings_with(&format!("{test} {o:?}"), &gpu, p.clone(), &routings, 0x6C2, &o);
     }

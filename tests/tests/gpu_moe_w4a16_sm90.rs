@@ -242,8 +242,9 @@ fn run_routings<A: Activation16>(
     });
 }
 
-const OPTIONS: [MoeOptions; 5] = [
+const OPTIONS: [MoeOptions; 6] = [
     MoeOptions { kernels: MoeKernels::Auto, tail64: false, spans192: false, caller_dequantizes: false },
+    MoeOptions { kernels: MoeKernels::AutoGeneralFirst, tail64: false, spans192: true, caller_dequantizes: false },
     MoeOptions { kernels: MoeKernels::Decode, tail64: false, spans192: false, caller_dequantizes: false },
     MoeOptions { kernels: MoeKernels::General, tail64: true, spans192: false, caller_dequantizes: false },
     MoeOptions { kernels: MoeKernels::General, tail64: false, spans192: true, caller_dequantizes: false },

@@ -94,6 +94,8 @@ pub struct Sm90DeviceLayout {
     /// both kernels launches the decode kernel alone, which the scheduler would give every such
     /// call anyway, and not the general kernel only to find no work.
     pub decode_alone: bool,
+    /// Both kernels launched, the general one first (`MoeKernels::AutoGeneralFirst`).
+    pub general_first: bool,
 }
 
 fn to_u32(items: u64, what: &str) -> Result<u32> {
@@ -139,7 +141,7 @@ impl Sm90DeviceLayout {
             KERNELS_DECODE
         } else {
             match options.kernels {
-                MoeKernels::Auto => KERNELS_AUTO,
+                MoeKernels::Auto | MoeKernels::AutoGeneralFirst => KERNELS_AUTO,
                 MoeKernels::Decode => KERNELS_DECODE,
                 MoeKernels::General => KERNELS_GENERAL,
             }
@@ -216,6 +218,7 @@ impl Sm90DeviceLayout {
             caller_dequantizes: options.caller_dequantizes && activations.is_none(),
             activations,
             decode_alone: false,
+            general_first: kernels == KERNELS_AUTO && options.kernels == MoeKernels::AutoGeneralFirst,
         })
     }
 
@@ -415,11 +418,14 @@ impl Layout for Sm90DeviceLayout {
         }
         let epilogue = self.epilogue_params(call);
         let mut first_gemm = true;
-        for (slot, gemm) in self.gemms.iter().enumerate() {
+        // Either order is safe: each GEMM reads the scheduler's tables only after a launch that
+        // started after the scheduler ended (below), and waits before its first token load.
+        let order = if self.general_first { [kernel_slot(false), kernel_slot(true)] } else { [0, 1] };
+        for slot in order {
             if self.decode_alone && slot == kernel_slot(false) {
                 continue;
             }
-            if let Some(gemm) = gemm {
+            if let Some(gemm) = &self.gemms[slot] {
                 let mut params = KernelParams {
                     epilogue,
                     ..at.kernel_params(0, gemm.max_list, at.work_len[slot], groups as usize, output)
@@ -778,6 +784,36 @@ mod tests {
             assert_eq!(names(&bounded), names(&l), "{rows:?}");
             assert_eq!(bounded.schedule_params(&buffers, &tables), s, "{rows:?}");
         }
+        // The general kernel first: the same launches and parameters, the two GEMMs swapped;
+        // the scheduler told the same. With 16 routed rows or fewer, the decode kernel alone.
+        let mut first = layout(&p, MoeKernels::AutoGeneralFirst, false);
+        assert_eq!((first.kernels, first.general_first, &first.gemms), (KERNELS_AUTO, true, &l.gemms));
+        assert_eq!(first.schedule_params(&buffers, &tables), s);
+        let swapped = launches(&first, Some(&buffers), &tables);
+        let order = |v: &[Launch]| v.iter().map(|l| (l.kernel, l.start, l.params)).collect::<Vec<_>>();
+        let mut want = order(&all);
+        want.swap(2, 3);
+        assert_eq!(order(&swapped), want);
+        first.set_routed_rows(Some(16));
+        assert_eq!(names(&first), ["sm90_schedule", "sm90_dequant_tokens", "sm90_grouped_gemm_decode"]);
+        // Paired with `N192` (two weight maps per group): each GEMM keeps its table base.
+        let paired = |kernels| {
+            let l = Sm90DeviceLayout::new(&p, 132, &MoeOptions { kernels, ..MoeOptions::default() }).unwrap();
+            let bases: Vec<_> = launches(&l, Some(&buffers), &tables)[2..]
+                .iter()
+                .map(|g| (g.kernel, g.params.get::<KernelParams>().unwrap().tensor_maps))
+                .collect();
+            (l.map_shift(), bases)
+        };
+        let (shift, mut bases) = paired(MoeKernels::Auto);
+        assert_eq!(shift, 1);
+        bases.reverse();
+        assert_eq!(paired(MoeKernels::AutoGeneralFirst), (1, bases));
+        // Bounds that keep every group within one decode tile: the decode kernel alone.
+        let small = MoeProblem::new(4, 256, 512, TokenLayout::Contiguous { max_tokens: 16 }, OutputType::Bf16).unwrap();
+        let small = layout(&small, MoeKernels::AutoGeneralFirst, false);
+        assert_eq!((small.kernels, small.general_first), (KERNELS_DECODE, false));
+
         // A plan of one kernel keeps it.
         let mut general = layout(&p, MoeKernels::General, false);
         let before = names(&general);
