@@ -420,7 +420,7 @@ impl Layout for Sm90DeviceLayout {
         let mut first_gemm = true;
         // Either order is safe: each GEMM reads the scheduler's tables only after a launch that
         // started after the scheduler ended (below), and waits before its first token load.
-        let order = if self.general_first { [kernel_slot(false), kernel_slot(true)] } else { [0, 1] };
+        let order = [kernel_slot(!self.general_first), kernel_slot(self.general_first)];
         for slot in order {
             if self.decode_alone && slot == kernel_slot(false) {
                 continue;
