@@ -110,19 +110,20 @@ step_tests() {
 # are what is read), then each report as one line per launch.
 step_chains() {
   local d="$out/chains" ncu=${NCU:-ncu} row rep quick
+  # Only what the table prints: one pass per kernel (the default sections replay each many times).
+  local metrics=gpu__time_duration.sum,launch__grid_size,launch__block_size
   mkdir -p "$d"
   command -v "$ncu" > /dev/null || { echo "gpu-proof: no ncu on PATH (or \$NCU)" > "$d/chains.log"; return 1; }
   quick=(--shapes none --torch off --no-baseline --no-check --iters 4 --reps 1 --sets 1 --host-batches 1 --host-calls 2)
   for row in ${CHAIN_ROWS:-d0 d1 p0 p1 p2}; do
-    run "$(left)" "$d/$row-w4a4.log" "$ncu" --clock-control none --launch-count 40 -f -o "$d/$row-w4a4" \
+    run "$(left)" "$d/$row-w4a4.log" "$ncu" --clock-control none --metrics "$metrics" --launch-count 40 -f -o "$d/$row-w4a4" \
       "$bench" --moe-shapes "$row" "${quick[@]}" --out "$d/bench" || return 1
-    run "$(left)" "$d/$row-w4a16.log" "$ncu" --clock-control none --launch-count 16 -f -o "$d/$row-w4a16" \
+    run "$(left)" "$d/$row-w4a16.log" "$ncu" --clock-control none --metrics "$metrics" --launch-count 16 -f -o "$d/$row-w4a16" \
       -k 'regex:^sm90_(w4a16_(gemm|bf16_gemm)|schedule)' "$bench" --moe-shapes "$row" --w4a16 "${quick[@]}" \
       --out "$d/bench" || return 1
   done
   for rep in "$d"/*.ncu-rep; do
-    "$ncu" -i "$rep" --csv --page raw --print-units base \
-      --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size > "${rep%.ncu-rep}.csv" || return 1
+    "$ncu" -i "$rep" --csv --page raw --print-units base --metrics "$metrics" > "${rep%.ncu-rep}.csv" || return 1
   done
   python3 bench/ncu-launches.py "$d"/*.csv > "$d/launches.txt"
 }
