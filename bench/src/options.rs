@@ -331,26 +331,29 @@ fn moe_kernels(v: &str) -> Result<MoeKernelList, String> {
         .map(|name| {
             let name = name.trim();
             moe_options(name).map(|opt| (name.to_owned(), opt)).ok_or_else(|| {
-                format!("unknown `{name}` (auto, decode, general, auto-128, auto-t64, general-t64, general-n192, auto-general-first)")
+                let names: Vec<&str> = MOE_OPTIONS.iter().map(|(n, ..)| *n).collect();
+                format!("unknown `{name}` ({})", names.join(", "))
             })
         })
         .collect::<Result<_, _>>()
         .map(MoeKernelList)
 }
 
+/// The `--moe-kernels` names: the kernels, `tail64` and `spans192` of each.
+const MOE_OPTIONS: [(&str, MoeKernels, bool, bool); 8] = [
+    ("auto", MoeKernels::Auto, false, true),
+    ("decode", MoeKernels::Decode, false, false),
+    ("general", MoeKernels::General, false, false),
+    ("auto-128", MoeKernels::Auto, false, false),
+    ("auto-t64", MoeKernels::Auto, true, false),
+    ("general-t64", MoeKernels::General, true, false),
+    ("general-n192", MoeKernels::General, false, true),
+    ("auto-general-first", MoeKernels::AutoGeneralFirst, false, true),
+];
+
 /// The `MoePlan` options of a `--moe-kernels` name.
 pub fn moe_options(name: &str) -> Option<MoeOptions> {
-    let (kernels, tail64, spans192) = match name {
-        "auto" => (MoeKernels::Auto, false, true),
-        "auto-128" => (MoeKernels::Auto, false, false),
-        "auto-t64" => (MoeKernels::Auto, true, false),
-        "decode" => (MoeKernels::Decode, false, false),
-        "general" => (MoeKernels::General, false, false),
-        "general-t64" => (MoeKernels::General, true, false),
-        "general-n192" => (MoeKernels::General, false, true),
-        "auto-general-first" => (MoeKernels::AutoGeneralFirst, false, true),
-        _ => return None,
-    };
+    let &(_, kernels, tail64, spans192) = MOE_OPTIONS.iter().find(|(n, ..)| *n == name)?;
     Some(MoeOptions { kernels, tail64, spans192, caller_dequantizes: false })
 }
 
