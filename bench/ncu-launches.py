@@ -24,6 +24,9 @@ def launches(path):
     scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(units[col[TIME]], None)
     if scale is None:
         raise SystemExit(f"{path}: unknown unit {units[col[TIME]]!r} for {TIME}")
+    # The metrics when collected, else ncu's own launch columns.
+    grid = col["launch__grid_size"] if "launch__grid_size" in col else col["Grid Size"]
+    block = col["launch__block_size"] if "launch__block_size" in col else col["Block Size"]
     out = []
     for r in rows[start + 2:]:
         if len(r) != len(head):
@@ -31,8 +34,8 @@ def launches(path):
         out.append({
             "name": r[col["Kernel Name"]].split("(")[0],
             "us": float(r[col[TIME]].replace(",", "")) * scale,
-            "grid": r[col.get("launch__grid_size", col["Grid Size"])],
-            "block": r[col.get("launch__block_size", col["Block Size"])],
+            "grid": r[grid],
+            "block": r[block],
         })
     return out
 
