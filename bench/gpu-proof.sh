@@ -110,7 +110,8 @@ step_tests() {
 }
 
 # `ncu` over the bench's first launches of each row (short timing loops, no check: the launches
-# are what is read), then each report as one line per launch.
+# are what is read), then each report as one line per launch. The kernel filter keeps the GEMM
+# chain's kernels (the bench's TMA ceiling probe runs before them).
 step_chains() {
   local d="$out/chains" ncu=${NCU:-ncu} row rep quick
   # Only what the table prints: one pass per kernel (the default sections replay each many times).
@@ -120,7 +121,8 @@ step_chains() {
   quick=(--shapes none --torch off --no-baseline --no-check --iters 4 --reps 1 --sets 1 --host-batches 1 --host-calls 2)
   for row in ${CHAIN_ROWS:-d0 d1 p0 p1 p2}; do
     run "$(left)" "$d/$row-w4a4.log" "$ncu" --clock-control none --metrics "$metrics" --launch-count 40 -f -o "$d/$row-w4a4" \
-      "$bench" --moe-shapes "$row" "${quick[@]}" --out "$d/bench" || return 1
+      -k 'regex:^(sm90_(grouped_gemm|schedule|quantize_schedule)|nvfp4_quantize_grouped)' "$bench" --moe-shapes "$row" \
+      "${quick[@]}" --out "$d/bench" || return 1
     run "$(left)" "$d/$row-w4a16.log" "$ncu" --clock-control none --metrics "$metrics" --launch-count 16 -f -o "$d/$row-w4a16" \
       -k 'regex:^sm90_(w4a16_(gemm|bf16_gemm)|schedule)' "$bench" --moe-shapes "$row" --w4a16 "${quick[@]}" \
       --out "$d/bench" || return 1

@@ -21,7 +21,10 @@ def launches(path):
         return []
     head, units = rows[start], rows[start + 1]
     col = {name: i for i, name in enumerate(head)}
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(units[col[TIME]], None)
+    # `--print-units base` writes "ns"; ncu's default units are spelled out ("nsecond", "usecond").
+    scale = {
+        "ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+    }.get(units[col[TIME]], None)
     if scale is None:
         raise SystemExit(f"{path}: unknown unit {units[col[TIME]]!r} for {TIME}")
     # The metrics when collected, else ncu's own launch columns.
