@@ -52,7 +52,8 @@ MOE ROWS (--moe, --moe-shapes, --moe-shape; run after the shapes above)
   (e experts, each given a uniform count of tokens in t = lo-hi). Per MoE row, each checked once
   against the CPU reference, then timed like kernel-only (L2 flushed, events, median of ITERS):
   (a) quantize_grouped + GemmPlan::run (sizes known on the host), (b) quantize_grouped +
-  MoePlan::run (contiguous layout, sizes read on the device), (c) replay of a CUDA graph holding
+  MoePlan::run (contiguous layout, sizes read on the device; the plan told the row's total of
+  rows, set_routed_rows, as an engine tells it T x top_k), (c) replay of a CUDA graph holding
   (b). Table: us and NVFP4 weight TB/s of each, PyTorch's best us and x_* = PyTorch us / ours
   (above 1: faster than PyTorch). New tensors: (b) on max(16, SETS) sets of activations,
   offsets, NVFP4 tokens and C in turn (weights fixed), timed alternated with (b), and its host

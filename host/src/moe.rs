@@ -293,9 +293,11 @@ impl MoePlan {
     /// together (`None`, the default: no bound beyond the problem's), e.g. `T · top_k` of an MoE
     /// layer's step. On sm_90a a plan that may run both GEMM kernels ([`MoeKernels::Auto`])
     /// launches the decode kernel alone for at most 16 rows: the scheduler gives every such call
-    /// to it anyway, and the general kernel's launch would find no work. A call with more rows
-    /// than told is still computed (by the decode kernel), or flagged in the status word where
-    /// the decode kernel's list cannot hold it.
+    /// to it anyway, and the general kernel's launch would find no work. Above 16 rows per group
+    /// it launches the general kernel first, the one that does the work when they are all
+    /// routed (the decode kernel's launch after it then finds none). A call with more rows than
+    /// told is still computed (by the decode kernel), or flagged in the status word where the
+    /// decode kernel's list cannot hold it; one with fewer is computed as without the hint.
     pub fn set_routed_rows(&mut self, rows: Option<usize>) {
         if let DevicePlan::Sm90(e) = &mut self.plan {
             e.layout.set_routed_rows(rows);

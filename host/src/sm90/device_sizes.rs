@@ -96,6 +96,11 @@ pub struct Sm90DeviceLayout {
     pub decode_alone: bool,
     /// Both kernels launched, the general one first (`MoeKernels::AutoGeneralFirst`).
     pub general_first: bool,
+    /// The calls that follow route more than 16 rows per group on average
+    /// ([`Self::set_routed_rows`]): where all of them are routed, some group has more than 16
+    /// and the general kernel does the work, so a plan of both kernels launches it first (the
+    /// decode kernel's launch after it finds no work), as `general_first` does.
+    pub prefill_sized: bool,
 }
 
 fn to_u32(items: u64, what: &str) -> Result<u32> {
@@ -218,6 +223,7 @@ impl Sm90DeviceLayout {
             caller_dequantizes: options.caller_dequantizes && activations.is_none(),
             activations,
             decode_alone: false,
+            prefill_sized: false,
             general_first: kernels == KERNELS_AUTO && options.kernels == MoeKernels::AutoGeneralFirst,
         })
     }
@@ -225,9 +231,13 @@ impl Sm90DeviceLayout {
     /// Tells the layout that the calls that follow have at most `rows` rows in all their groups
     /// together (`None`: no bound beyond the problem's). At most 16 rows keep every group within
     /// one decode tile, so a plan of both kernels launches the decode kernel alone (and its
-    /// scheduler with the decode kernel's choice); above that, both as planned.
+    /// scheduler with the decode kernel's choice); above that, both: the general kernel first
+    /// when `rows` exceeds 16 per group, else the decode kernel first (or as the options say).
     pub fn set_routed_rows(&mut self, rows: Option<usize>) {
-        self.decode_alone = self.kernels == KERNELS_AUTO && rows.is_some_and(|r| r <= SMALL_TILE_M as usize);
+        let auto = self.kernels == KERNELS_AUTO;
+        self.decode_alone = auto && rows.is_some_and(|r| r <= SMALL_TILE_M as usize);
+        let per_group = SMALL_TILE_M as usize * self.sizes.groups as usize;
+        self.prefill_sized = auto && rows.is_some_and(|r| r > per_group);
     }
 
     /// The scheduler's kernel choice for the calls that follow.
@@ -420,7 +430,8 @@ impl Layout for Sm90DeviceLayout {
         let mut first_gemm = true;
         // Either order is safe: each GEMM reads the scheduler's tables only after a launch that
         // started after the scheduler ended (below), and waits before its first token load.
-        let order = [kernel_slot(!self.general_first), kernel_slot(self.general_first)];
+        let general_first = self.general_first || self.prefill_sized;
+        let order = [kernel_slot(!general_first), kernel_slot(general_first)];
         for slot in order {
             if self.decode_alone && slot == kernel_slot(false) {
                 continue;
@@ -796,6 +807,13 @@ mod tests {
         assert_eq!(order(&swapped), want);
         first.set_routed_rows(Some(16));
         assert_eq!(names(&first), ["sm90_schedule", "sm90_dequant_tokens", "sm90_grouped_gemm_decode"]);
+        // Told of more than 16 routed rows per group (4 groups here): the general kernel first,
+        // as that option orders them; up to 16 per group, the decode kernel first.
+        bounded.set_routed_rows(Some(64));
+        assert_eq!(order(&launches(&bounded, Some(&buffers), &tables)), order(&all));
+        bounded.set_routed_rows(Some(65));
+        assert_eq!(order(&launches(&bounded, Some(&buffers), &tables)), want);
+        assert_eq!(bounded.schedule_params(&buffers, &tables), s);
         // Paired with `N192` (two weight maps per group): each GEMM keeps its table base.
         let paired = |kernels| {
             let l = Sm90DeviceLayout::new(&p, 132, &MoeOptions { kernels, ..MoeOptions::default() }).unwrap();
@@ -818,7 +836,9 @@ mod tests {
         let mut general = layout(&p, MoeKernels::General, false);
         let before = names(&general);
         general.set_routed_rows(Some(1));
-        assert_eq!((names(&general), general.decode_alone), (before, false));
+        assert_eq!((names(&general), general.decode_alone), (before.clone(), false));
+        general.set_routed_rows(Some(100_000));
+        assert_eq!((names(&general), general.prefill_sized), (before, false));
 
         // The caller dequantizes: the same tables, lists and workspace, no dequantization launch;
         // the first GEMM launch starts after the scheduler ends, the one after it early. Told to
