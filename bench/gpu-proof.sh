@@ -121,7 +121,7 @@ step_chains() {
   quick=(--shapes none --torch off --no-baseline --no-check --iters 4 --reps 1 --sets 1 --host-batches 1 --host-calls 2)
   for row in ${CHAIN_ROWS:-d0 d1 p0 p1 p2}; do
     run "$(left)" "$d/$row-w4a4.log" "$ncu" --clock-control none --metrics "$metrics" --launch-count 40 -f -o "$d/$row-w4a4" \
-      -k 'regex:^(sm90_(grouped_gemm|schedule|quantize_schedule)|nvfp4_quantize_grouped)' "$bench" --moe-shapes "$row" \
+      -k 'regex:^(sm90_(grouped_gemm|schedule|quantize_schedule|dequant_tokens)|nvfp4_quantize_grouped)' "$bench" --moe-shapes "$row" \
       "${quick[@]}" --out "$d/bench" || return 1
     run "$(left)" "$d/$row-w4a16.log" "$ncu" --clock-control none --metrics "$metrics" --launch-count 16 -f -o "$d/$row-w4a16" \
       -k 'regex:^sm90_(w4a16_(gemm|bf16_gemm)|schedule)' "$bench" --moe-shapes "$row" --w4a16 "${quick[@]}" \
