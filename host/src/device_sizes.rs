@@ -26,8 +26,8 @@ pub enum MoeKernels {
     /// As [`MoeKernels::Auto`], the general kernel launched first: the launch that finds no work
     /// is then the decode kernel's after a prefill-sized call, the general kernel's before a
     /// decode-sized one (with `Auto` the other way round), for plans that serve mostly
-    /// prefill-sized calls. `Auto` orders them so for the calls it is told route more than 16
-    /// rows per group (`MoePlan::set_routed_rows`).
+    /// prefill-sized calls. `Auto` takes this order by itself for the calls it is told route
+    /// more than 16 rows per group (`MoePlan::set_routed_rows`).
     AutoGeneralFirst,
 }
 
