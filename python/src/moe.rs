@@ -381,6 +381,22 @@ impl MoeLayer {
         Ok((status.0, status.to_string()))
     }
 
+    /// Tells the plan that the calls that follow route at most `rows` rows in all their groups
+    /// together (None: no bound beyond the layout's); the package's `MoE.set_routed_rows`.
+    fn set_routed_rows(&self, rows: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rows = if rows.is_none() {
+            None
+        } else {
+            match read::exact_int(rows) {
+                Some(v) if v >= 0 => Some(v as usize),
+                Some(v) => return Err(value_error(format!("rows: {v}; needs None or an int >= 0"))),
+                None => return Err(type_error(format!("rows: {}; needs None or an int >= 0", rows.repr()?))),
+            }
+        };
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).plan.set_routed_rows(rows);
+        Ok(())
+    }
+
     /// Zeroes the status word on the stream (capturable).
     #[pyo3(signature = (stream=None))]
     fn clear_status(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {

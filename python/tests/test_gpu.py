@@ -448,6 +448,40 @@ def test_moe_layer_capture_and_replay_with_changing_routing(layout):
     assert layer.status()[0] == 0
 
 
+def test_moe_layer_routed_rows_hint():
+    # The hint picks the launches (the decode kernel alone, or the general kernel first); every
+    # routing within it is computed as without it. 4 experts: above 64 rows the general kernel
+    # goes first, even on a call the decode kernel takes.
+    gen = torch.Generator(device=CUDA).manual_seed(78)
+    e, n, k, bound = 4, 256, 512, 96
+    w, ws, plain = moe_weights(e, n, k, gen)
+    alphas = [0.5 + i / 4 for i in range(e)]
+    layer = nvfp4_gemm.MoE(w, ws, alphas, layout="contiguous", max_tokens=bound, out_dtype=torch.bfloat16)
+    x = exact_activations(bound, k, gen, torch.bfloat16)
+    xs = x.to(torch.float64)
+    sizes = torch.zeros((layer.sizes_len,), dtype=torch.int32, device=CUDA)
+    out = poisoned(layer._out_shape(), torch.bfloat16)
+    cases = [(None, [12, 0, 30, 40]), (96, [12, 0, 30, 40]), (96, [2, 1, 0, 3]), (16, [3, 0, 13, 0]), (None, [0, 50, 0, 46])]
+    for hint, counts in cases:
+        layer.set_routed_rows(hint)
+        offs = [0]
+        for c in counts:
+            offs.append(offs[-1] + c)
+        sizes.copy_(torch.tensor(offs, dtype=torch.int32))
+        out.fill_(float("nan"))
+        layer(x, sizes, out=out)
+        torch.cuda.synchronize()
+        for i in range(e):
+            if counts[i]:
+                rows = slice(offs[i], offs[i + 1])
+                ref = alphas[i] * xs[rows] @ dequant(w[i], plain[i], n, k).T
+                assert_close(out[rows], ref, torch.bfloat16, f"hint {hint} routing {counts} expert {i}")
+        assert layer.status()[0] == 0, f"hint {hint} routing {counts}"
+    for bad, err in [(-1, ValueError), (True, TypeError), (1.5, TypeError), ("3", TypeError)]:
+        with pytest.raises(err, match="rows"):
+            layer.set_routed_rows(bad)
+
+
 def test_moe_gemm_on_prequantized_tokens_and_vllm_scales():
     gen = torch.Generator(device=CUDA).manual_seed(3)
     e, n, k, t = 4, 128, 256, 200

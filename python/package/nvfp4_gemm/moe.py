@@ -107,6 +107,17 @@ class MoE:
         :func:`nvfp4_gemm.layout.vllm_scales_to_moe` for vLLM's layout). Returns ``out``."""
         return self._layer.gemm(a_values, a_scales, sizes, out, stream)
 
+    def set_routed_rows(self, rows):
+        """Tells the layer that the calls that follow route at most ``rows`` rows to its groups
+        in all (e.g. ``T · top_k`` of an engine's step; None, the default: no bound beyond the
+        layout's), like DeepGEMM's ``expected_m``. On sm_90a, with both GEMM kernels planned, at
+        most 16 rows launch the decode kernel alone, and more than 16 per group launch the
+        general kernel first (the one that then does the work), its launch without work after
+        it. A call that routes more rows than told is still computed, or flagged in
+        :meth:`status` where the decode kernel's list cannot hold it. A CUDA graph replays the
+        launches of its capture: tell the layer before capturing."""
+        self._layer.set_routed_rows(rows)
+
     def status(self, stream=None):
         """The sticky status word ``(bits, text)``: which sizes were beyond the bounds (clamped)
         since the last :meth:`clear_status`. Synchronizes the stream."""
