@@ -67,6 +67,12 @@ struct Calls<'a> {
 }
 
 impl Calls<'_> {
+    /// The rows the routing sends to the experts in all: what the MoE plans are told
+    /// (`MoePlan::set_routed_rows`), as an engine tells its plan `T · top_k`.
+    fn routed_rows(&self) -> usize {
+        self.rows.iter().map(|r| r.rows as usize).sum()
+    }
+
     fn quantize(&self, b: &mut Buffers) -> Result<()> {
         self.quantizer
             .quantize_grouped(&self.stream, &b.x, self.problem, &b.sizes, G_X, b.a.operand_mut())
@@ -228,7 +234,7 @@ impl Bench {
         let kind = activations_of::<A>();
         let problem = calls.problem.clone().with_tokens(nvfp4_gemm::TokenKind::Dense(kind));
         let mut plan = MoePlan::with_options(&self.gpu, problem, &options).map_err(lib("planning (W4A16 MoePlan)"))?;
-        plan.set_routed_rows(Some(calls.rows.iter().map(|r| r.rows as usize).sum()));
+        plan.set_routed_rows(Some(calls.routed_rows()));
         // The plan allocates its tables on the default stream.
         self.gpu.context().synchronize().map_err(drv("planning"))?;
         let weights: Vec<Nvfp4Operand> =
@@ -442,10 +448,6 @@ impl Bench {
             .map(|(_, options)| MoePlan::with_options(&self.gpu, problem.clone(), options))
             .collect::<std::result::Result<_, _>>()
             .map_err(lib("planning (MoePlan)"))?;
-        // Each call routes the row's rows, as an engine tells its plan (T · top_k).
-        for moe in &mut moes {
-            moe.set_routed_rows(Some(counts.iter().map(|&m| m as usize).sum()));
-        }
         // The plans allocate and fill their tables on the default stream.
         ctx.synchronize().map_err(drv("planning"))?;
         let plan_kernel = gemm.summary().kernel.clone();
@@ -457,6 +459,9 @@ impl Bench {
             weights: &weights,
             alphas: &alphas,
         };
+        for moe in &mut moes {
+            moe.set_routed_rows(Some(calls.routed_rows()));
+        }
 
         step("checking against the CPU reference");
         let reference: Option<Vec<GroupOutput<f16>>> = if o.check {
