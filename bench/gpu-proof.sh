@@ -40,7 +40,10 @@ while [ $# -gt 0 ]; do
 done
 out=${1:?usage: bench/gpu-proof.sh [--budget SECONDS] [--pack] OUT STEP...}
 shift
-steps="host gpumode moe block tests chains"
+# Each step and the least time it is started with (its usual length on an H100, with some margin).
+minimums="host:150 gpumode:90 moe:150 block:150 tests:170 chains:120"
+steps=""
+for e in $minimums; do steps+="${steps:+ }${e%%:*}"; done
 [ $# -gt 0 ] || { echo "gpu-proof: name at least one step: $steps" >&2; exit 2; }
 for s in "$@"; do
   known=0
@@ -133,9 +136,10 @@ step_chains() {
   python3 bench/ncu-launches.py "$d"/*.csv > "$d/launches.txt"
 }
 
-# The least time each step is started with (its usual length on an H100, with some margin).
+# The least time step $1 is started with (`minimums`).
 minimum() {
-  case "$1" in host) echo 150 ;; gpumode) echo 90 ;; moe) echo 150 ;; block) echo 150 ;; tests) echo 170 ;; chains) echo 120 ;; esac
+  local e
+  for e in $minimums; do [ "${e%%:*}" = "$1" ] && echo "${e#*:}"; done
 }
 
 table=()
